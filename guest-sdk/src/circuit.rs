@@ -1,0 +1,300 @@
+//! The circuit: a graph of operators built once by user code, then run one
+//! step at a time on Z-set deltas.
+
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::exchange::{Exchange, RawEvent};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use std::any::Any;
+use std::cell::RefCell;
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+/// What a stream can carry: plain, ordered, serializable values.
+///
+/// Ordering makes consolidation and every operator's output deterministic,
+/// which the host relies on when it replays a step.
+pub trait Data: Clone + Ord + Debug + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Ord + Debug + Serialize + DeserializeOwned + 'static> Data for T {}
+
+/// Index of a node in the circuit graph; nodes are numbered in creation order,
+/// which is a topological order.
+pub(crate) type NodeId = usize;
+
+/// Everything an operator may touch while it runs one step.
+pub(crate) struct StepContext<'a> {
+    /// Input events per input port (values are JSON).
+    pub inputs: &'a [Vec<RawEvent>],
+    /// Output events per output port (values are JSON).
+    pub outputs: &'a mut [Vec<RawEvent>],
+    /// The exchange between workers.
+    pub exchange: &'a mut dyn Exchange,
+}
+
+/// One node of the graph, type-erased. Each operator downcasts its inputs to
+/// the `ZSet` types it was built with; the builder guarantees they match.
+pub(crate) trait Operator {
+    /// A stable name, recorded in snapshots to catch shape changes.
+    fn name(&self) -> &'static str;
+    /// Computes this step's output delta (a boxed `ZSet<_>`) from the input
+    /// deltas of this step.
+    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>>;
+    /// Whether the operator keeps state across steps (and so takes part in
+    /// snapshots).
+    fn stateful(&self) -> bool {
+        false
+    }
+    /// Serializes the operator's state.
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    /// Replaces the operator's state with a snapshot.
+    fn restore(&mut self, _state: &[u8]) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Node {
+    op: Box<dyn Operator>,
+    inputs: Vec<NodeId>,
+}
+
+#[derive(Default)]
+pub(crate) struct Graph {
+    nodes: Vec<Node>,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    snapshot_version: u32,
+    errors: Vec<String>,
+}
+
+impl Graph {
+    pub(crate) fn add(&mut self, op: Box<dyn Operator>, inputs: Vec<NodeId>) -> NodeId {
+        self.nodes.push(Node { op, inputs });
+        self.nodes.len() - 1
+    }
+
+    fn port(&mut self, kind: &str, name: &str, output: bool) -> usize {
+        let ports = if output { &mut self.outputs } else { &mut self.inputs };
+        if name.is_empty() || ports.iter().any(|p| p == name) {
+            self.errors.push(format!("{kind} port name `{name}` is empty or used twice"));
+        }
+        let ports = if output { &mut self.outputs } else { &mut self.inputs };
+        ports.push(name.to_owned());
+        ports.len() - 1
+    }
+}
+
+/// The builder handed to a circuit's build function.
+///
+/// ```
+/// use sluice_guest::Circuit;
+/// let instance = sluice_guest::CircuitInstance::build(|c: &mut Circuit| {
+///     c.input::<i64>("numbers").filter(|n| *n > 0).output("positive");
+/// })
+/// .unwrap();
+/// assert_eq!(instance.inputs(), ["numbers"]);
+/// assert_eq!(instance.outputs(), ["positive"]);
+/// ```
+pub struct Circuit {
+    graph: Rc<RefCell<Graph>>,
+}
+
+impl Circuit {
+    /// Declares an input port whose events decode (from JSON) as `T`.
+    pub fn input<T: Data>(&mut self, name: &str) -> Stream<T> {
+        let mut g = self.graph.borrow_mut();
+        let port = g.port("input", name, false);
+        let node = g.add(Box::new(crate::operator::input::Input::<T>::new(port, name)), vec![]);
+        Stream::new(self.graph.clone(), node)
+    }
+
+    /// Sets the circuit's snapshot version (default 1). Bump it when a
+    /// change makes old checkpoints unreadable; restoring one then fails
+    /// with a clear error instead of misreading state.
+    pub fn snapshot_version(&mut self, version: u32) {
+        self.graph.borrow_mut().snapshot_version = version;
+    }
+}
+
+/// A stream of Z-set deltas of `T`, one delta per step.
+///
+/// Operators are methods on `Stream`; each returns a new stream.
+pub struct Stream<T> {
+    graph: Rc<RefCell<Graph>>,
+    node: NodeId,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Stream<T> {
+    fn clone(&self) -> Self {
+        Stream { graph: self.graph.clone(), node: self.node, _type: PhantomData }
+    }
+}
+
+impl<T: Data> Stream<T> {
+    fn new(graph: Rc<RefCell<Graph>>, node: NodeId) -> Self {
+        Stream { graph, node, _type: PhantomData }
+    }
+
+    /// Adds an operator reading this stream and returns its output stream.
+    pub(crate) fn unary<U: Data>(&self, op: impl Operator + 'static) -> Stream<U> {
+        let node = self.graph.borrow_mut().add(Box::new(op), vec![self.node]);
+        Stream::new(self.graph.clone(), node)
+    }
+
+    /// The channel a keyed operator added next will use on the exchange: its
+    /// node index, which is the same on every worker because every worker
+    /// builds the same graph.
+    pub(crate) fn next_channel(&self) -> u32 {
+        self.graph.borrow().nodes.len() as u32
+    }
+
+    /// Sends this stream's deltas to the output port `name`, consolidated and
+    /// encoded as JSON.
+    pub fn output(&self, name: &str) {
+        let mut g = self.graph.borrow_mut();
+        let port = g.port("output", name, true);
+        g.add(Box::new(crate::operator::output::Output::<T>::new(port)), vec![self.node]);
+    }
+}
+
+/// The format of the envelope around operator states in a snapshot.
+const ENVELOPE_FORMAT: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    format: u32,
+    snapshot_version: u32,
+    operators: Vec<(u32, String, Vec<u8>)>,
+}
+
+/// A built circuit, ready to run steps: what one worker instance holds.
+pub struct CircuitInstance {
+    graph: Graph,
+}
+
+impl CircuitInstance {
+    /// Runs `build` to construct the circuit's graph.
+    ///
+    /// Fails if the build declared ports twice or with empty names.
+    pub fn build(build: impl FnOnce(&mut Circuit)) -> Result<Self> {
+        let graph = Rc::new(RefCell::new(Graph { snapshot_version: 1, ..Graph::default() }));
+        build(&mut Circuit { graph: graph.clone() });
+        let graph = Rc::try_unwrap(graph)
+            .map_err(|_| Error::Failed("a Stream outlived the circuit's build function".into()))?
+            .into_inner();
+        if !graph.errors.is_empty() {
+            return Err(Error::Failed(graph.errors.join("; ")));
+        }
+        Ok(CircuitInstance { graph })
+    }
+
+    /// Input port names, in port order.
+    pub fn inputs(&self) -> &[String] {
+        &self.graph.inputs
+    }
+
+    /// Output port names, in port order.
+    pub fn outputs(&self) -> &[String] {
+        &self.graph.outputs
+    }
+
+    /// The circuit's snapshot version.
+    pub fn snapshot_version(&self) -> u32 {
+        self.graph.snapshot_version
+    }
+
+    /// Runs one step. `inputs[p]` holds input port `p`'s events (JSON
+    /// values); returns each output port's consolidated events.
+    pub fn step(
+        &mut self,
+        mut inputs: Vec<Vec<RawEvent>>,
+        exchange: &mut dyn Exchange,
+    ) -> Result<Vec<Vec<RawEvent>>> {
+        if inputs.len() > self.graph.inputs.len() {
+            return Err(Error::Protocol(format!(
+                "step got {} input ports, the circuit has {}",
+                inputs.len(),
+                self.graph.inputs.len()
+            )));
+        }
+        inputs.resize_with(self.graph.inputs.len(), Vec::new);
+        let mut outputs = vec![Vec::new(); self.graph.outputs.len()];
+        let mut cx = StepContext { inputs: &inputs, outputs: &mut outputs, exchange };
+        let mut values: Vec<Option<Box<dyn Any>>> = Vec::with_capacity(self.graph.nodes.len());
+        for node in &mut self.graph.nodes {
+            let ins: Vec<&dyn Any> = node
+                .inputs
+                .iter()
+                .map(|&i| values[i].as_deref().expect("inputs precede their readers"))
+                .collect();
+            let out = node.op.eval(&mut cx, &ins)?;
+            values.push(Some(out));
+        }
+        Ok(outputs)
+    }
+
+    /// Serializes every stateful operator's state, with the circuit's shape
+    /// and snapshot version so that `restore` can refuse a mismatch.
+    pub fn snapshot(&self) -> Result<Vec<u8>> {
+        let mut operators = Vec::new();
+        for (i, node) in self.graph.nodes.iter().enumerate() {
+            if node.op.stateful() {
+                operators.push((i as u32, node.op.name().to_owned(), node.op.snapshot()?));
+            }
+        }
+        codec::to_bytes(&Envelope {
+            format: ENVELOPE_FORMAT,
+            snapshot_version: self.graph.snapshot_version,
+            operators,
+        })
+    }
+
+    /// Restores state written by [`snapshot`](Self::snapshot) of a circuit
+    /// with the same shape and snapshot version.
+    pub fn restore(&mut self, state: &[u8]) -> Result<()> {
+        let env: Envelope = codec::from_bytes(state)
+            .map_err(|e| Error::IncompatibleSnapshot(format!("unreadable envelope: {e}")))?;
+        if env.format != ENVELOPE_FORMAT {
+            return Err(Error::IncompatibleSnapshot(format!(
+                "envelope format {} (this SDK reads {ENVELOPE_FORMAT})",
+                env.format
+            )));
+        }
+        if env.snapshot_version != self.graph.snapshot_version {
+            return Err(Error::IncompatibleSnapshot(format!(
+                "snapshot version {} but the circuit reads version {}",
+                env.snapshot_version, self.graph.snapshot_version
+            )));
+        }
+        let stateful: Vec<usize> =
+            (0..self.graph.nodes.len()).filter(|&i| self.graph.nodes[i].op.stateful()).collect();
+        if stateful.len() != env.operators.len() {
+            return Err(Error::IncompatibleSnapshot(format!(
+                "snapshot holds {} stateful operators, the circuit has {}",
+                env.operators.len(),
+                stateful.len()
+            )));
+        }
+        for (&i, (index, name, bytes)) in stateful.iter().zip(&env.operators) {
+            let op = &mut self.graph.nodes[i].op;
+            if *index as usize != i || op.name() != name {
+                return Err(Error::IncompatibleSnapshot(format!(
+                    "operator {index} `{name}` in the snapshot, `{}` at {i} in the circuit",
+                    op.name()
+                )));
+            }
+            op.restore(bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Downcasts an operator input to the Z-set type the builder promised.
+pub(crate) fn input<'a, T: 'static>(inputs: &[&'a dyn Any], i: usize) -> &'a crate::ZSet<T> {
+    inputs[i]
+        .downcast_ref::<crate::ZSet<T>>()
+        .expect("the builder connects streams of matching types")
+}

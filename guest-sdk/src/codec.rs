@@ -1,0 +1,25 @@
+//! Encodings: JSON at the ports (what users and the host see), postcard inside
+//! the circuit (exchange and snapshots: compact and deterministic).
+
+use crate::error::{Error, Result};
+use serde::{Serialize, de::DeserializeOwned};
+
+/// Encodes a port value as JSON.
+pub fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| Error::Failed(format!("encoding output as JSON: {e}")))
+}
+
+/// Decodes a port value from JSON.
+pub fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// Encodes internal data (exchange keys and values, operator state).
+pub fn to_bytes<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    postcard::to_allocvec(value).map_err(|e| Error::Failed(format!("encoding state: {e}")))
+}
+
+/// Decodes internal data written by [`to_bytes`].
+pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
+    postcard::from_bytes(bytes).map_err(|e| e.to_string())
+}

@@ -1,0 +1,90 @@
+//! # sluice-guest: write Sluice circuits in Rust
+//!
+//! A circuit is a dataflow over *Z-sets*: each record carries a weight, +1
+//! for an insert and −1 for a delete, and every operator turns the deltas of
+//! one step into the deltas of its output, keeping whatever state it needs
+//! (which the host checkpoints through [`CircuitInstance::snapshot`]).
+//!
+//! A whole circuit is a build function plus one macro call:
+//!
+//! ```
+//! use sluice_guest::Circuit;
+//!
+//! fn build(c: &mut Circuit) {
+//!     c.input::<String>("lines")
+//!         .flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+//!         .count_by(|w| w.clone())
+//!         .output("counts");
+//! }
+//! sluice_guest::circuit!(build);
+//! # fn main() {}
+//! ```
+//!
+//! Compile the crate (with `crate-type = ["cdylib"]`) for `wasm32-wasip2`,
+//! for example with `sluice build PATH`, and the result is a component the
+//! Sluice host runs. The same circuit runs natively through
+//! [`CircuitInstance`], which is how operators are tested.
+//!
+//! Values cross the ports as JSON (serde); inside the circuit, exchange and
+//! snapshots use postcard.
+
+extern crate self as sluice_guest;
+
+mod circuit;
+pub mod codec;
+mod error;
+pub mod exchange;
+pub mod operator;
+#[doc(hidden)]
+pub mod sys;
+pub mod zset;
+
+pub use circuit::{Circuit, CircuitInstance, Data, Stream};
+pub use error::{Error, Result};
+pub use operator::Sum;
+pub use zset::{Weight, ZSet};
+
+/// What circuit code usually needs.
+pub mod prelude {
+    pub use crate::{Circuit, Data, Stream, Weight, ZSet};
+    pub use serde::{Deserialize, Serialize};
+}
+
+#[doc(hidden)]
+pub use serde as __serde;
+
+/// Exports a circuit as the component's implementation of the
+/// `sluice:circuit` world.
+///
+/// Takes the path of a `fn(&mut Circuit)` that builds the circuit. The
+/// function runs once per worker instance (and again for `describe`), so it
+/// must build the same graph every time.
+#[macro_export]
+macro_rules! circuit {
+    ($build:path) => {
+        #[doc(hidden)]
+        pub struct __SluiceCircuit;
+
+        impl $crate::sys::Guest for __SluiceCircuit {
+            fn describe() -> $crate::sys::CircuitInfo {
+                $crate::sys::describe($build)
+            }
+            fn init(info: $crate::sys::WorkerInfo) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+                $crate::sys::init($build, info)
+            }
+            fn step(
+                inputs: ::std::vec::Vec<$crate::sys::Batch>,
+            ) -> ::core::result::Result<::std::vec::Vec<$crate::sys::Batch>, $crate::sys::CircuitError> {
+                $crate::sys::step(inputs)
+            }
+            fn snapshot() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError> {
+                $crate::sys::snapshot()
+            }
+            fn restore(state: ::std::vec::Vec<u8>) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+                $crate::sys::restore(state)
+            }
+        }
+
+        $crate::sys::bindings::__sluice_export!(__SluiceCircuit);
+    };
+}

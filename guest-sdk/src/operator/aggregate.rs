@@ -1,0 +1,295 @@
+//! Keyed aggregates: `count_by` and `sum_by`, incremental under inserts and
+//! deletes.
+//!
+//! Each worker first combines its share of the step's delta per key, then
+//! sends the per-key changes through the exchange to the key's owner, which
+//! updates its state and emits, for every key whose result changed, a delete
+//! of the old result and an insert of the new one.
+
+use crate::circuit::{Data, Operator, StepContext, input};
+use crate::codec;
+use crate::error::{Error, Result};
+use crate::exchange::RawEvent;
+use crate::zset::Weight;
+use crate::{Stream, ZSet};
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+/// Values `sum_by` can add up. Sums wrap on overflow (deterministically)
+/// rather than trap.
+pub trait Sum: Data + Default {
+    /// Adds `value` times `weight` to `self`.
+    fn add_weighted(&mut self, value: &Self, weight: Weight);
+}
+
+macro_rules! impl_sum {
+    ($($t:ty),*) => {$(
+        impl Sum for $t {
+            fn add_weighted(&mut self, value: &Self, weight: Weight) {
+                *self = self.wrapping_add(value.wrapping_mul(weight as $t));
+            }
+        }
+    )*};
+}
+impl_sum!(i8, i16, i32, i64, i128, isize);
+
+/// Per-key state: the multiplicity of the group and the weighted sum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Acc<S> {
+    count: Weight,
+    sum: S,
+}
+
+impl<S: Sum> Acc<S> {
+    fn merge(&mut self, other: &Acc<S>) {
+        self.count += other.count;
+        self.sum.add_weighted(&other.sum, 1);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0 && self.sum == S::default()
+    }
+
+    /// The group's result while it has records.
+    fn result(&self) -> Option<&S> {
+        (self.count > 0).then_some(&self.sum)
+    }
+}
+
+struct GroupSum<T, K, S, KF, VF> {
+    channel: u32,
+    key: KF,
+    value: VF,
+    state: BTreeMap<K, Acc<S>>,
+    _type: PhantomData<fn(T)>,
+}
+
+impl<T, K, S, KF, VF> Operator for GroupSum<T, K, S, KF, VF>
+where
+    T: Data,
+    K: Data,
+    S: Sum,
+    KF: Fn(&T) -> K + 'static,
+    VF: Fn(&T) -> S + 'static,
+{
+    fn name(&self) -> &'static str {
+        "group_sum"
+    }
+
+    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        // Combine this worker's share per key before it crosses the exchange.
+        let mut local: BTreeMap<K, Acc<S>> = BTreeMap::new();
+        for (record, weight) in input::<T>(inputs, 0) {
+            let acc = local.entry((self.key)(record)).or_default();
+            acc.count += weight;
+            acc.sum.add_weighted(&(self.value)(record), *weight);
+        }
+        let mut send = Vec::with_capacity(local.len());
+        for (key, acc) in local.iter().filter(|(_, a)| !a.is_empty()) {
+            send.push(RawEvent { key: codec::to_bytes(key)?, value: codec::to_bytes(acc)?, weight: 1 });
+        }
+        let received = cx.exchange.shuffle(self.channel, send)?;
+
+        // Apply the changes this worker owns, remembering each key's old result.
+        let mut touched: BTreeMap<K, Option<S>> = BTreeMap::new();
+        for event in received {
+            let key: K = codec::from_bytes(&event.key)
+                .map_err(|e| Error::Failed(format!("exchange: undecodable key: {e}")))?;
+            let delta: Acc<S> = codec::from_bytes(&event.value)
+                .map_err(|e| Error::Failed(format!("exchange: undecodable value: {e}")))?;
+            let acc = self.state.entry(key.clone()).or_default();
+            touched.entry(key).or_insert_with(|| acc.result().cloned());
+            acc.merge(&delta);
+        }
+        let mut out: ZSet<(K, S)> = Vec::new();
+        for (key, old) in touched {
+            let acc = self.state.get(&key).cloned().unwrap_or_default();
+            let new = acc.result().cloned();
+            if acc.is_empty() {
+                self.state.remove(&key);
+            }
+            if old != new {
+                if let Some(old) = old {
+                    out.push(((key.clone(), old), -1));
+                }
+                if let Some(new) = new {
+                    out.push(((key, new), 1));
+                }
+            }
+        }
+        Ok(Box::new(out))
+    }
+
+    fn stateful(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        codec::to_bytes(&self.state)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.state = codec::from_bytes(state)
+            .map_err(|e| Error::IncompatibleSnapshot(format!("{} state: {e}", self.name())))?;
+        Ok(())
+    }
+}
+
+impl<T: Data> Stream<T> {
+    /// Counts records per key: emits `(key, count)` for every key with a
+    /// positive count. When a count changes, the old pair is deleted and the
+    /// new one inserted; a key whose count drops to zero is only deleted.
+    /// Re-shards by key through the exchange.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("words").count_by(|w| w.clone()).output("counts");
+    /// }).unwrap();
+    /// ```
+    pub fn count_by<K: Data>(&self, key: impl Fn(&T) -> K + 'static) -> Stream<(K, i64)> {
+        self.sum_by(key, |_| 1i64)
+    }
+
+    /// Sums `value` of the records per key (each record counted with its
+    /// weight): emits `(key, sum)` for every key that has records, with the
+    /// same delete-old/insert-new convention as [`count_by`](Self::count_by).
+    /// Re-shards by key through the exchange.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<(String, i64)>("sales").sum_by(|(region, _)| region.clone(), |(_, n)| *n)
+    ///         .output("revenue");
+    /// }).unwrap();
+    /// ```
+    pub fn sum_by<K: Data, S: Sum>(
+        &self,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl Fn(&T) -> S + 'static,
+    ) -> Stream<(K, S)> {
+        let channel = self.next_channel();
+        self.unary(GroupSum {
+            channel,
+            key,
+            value,
+            state: BTreeMap::new(),
+            _type: PhantomData,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exchange::LocalExchange;
+    use crate::operator::testing::{decode, events, run_steps};
+    use crate::zset::integrate;
+    use crate::{Circuit, CircuitInstance};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn counts(c: &mut Circuit) {
+        c.input::<u8>("in").count_by(|x| x % 5).output("out");
+    }
+
+    #[test]
+    fn count_changes_delete_old_and_insert_new() {
+        let out: Vec<Vec<((u8, i64), i64)>> = run_steps(
+            counts,
+            &[vec![(1, 1), (6, 1)], vec![(11, 1)], vec![(1, -1), (6, -1), (11, -1)]],
+        );
+        assert_eq!(
+            out,
+            vec![
+                vec![((1, 2), 1)],
+                vec![((1, 2), -1), ((1, 3), 1)],
+                vec![((1, 3), -1)],
+            ]
+        );
+    }
+
+    /// The from-scratch answer: count the integrated input.
+    fn recount(input: &BTreeMap<u8, i64>) -> BTreeMap<(u8, i64), i64> {
+        let mut per_key: BTreeMap<u8, i64> = BTreeMap::new();
+        for (x, w) in input {
+            *per_key.entry(x % 5).or_default() += w;
+        }
+        per_key.into_iter().filter(|(_, n)| *n > 0).map(|kv| (kv, 1)).collect()
+    }
+
+    fn batches() -> impl Strategy<Value = Vec<Vec<(u8, i64)>>> {
+        proptest::collection::vec(proptest::collection::vec((0u8..20, -2i64..=2), 0..12), 1..10)
+    }
+
+    proptest! {
+        #[test]
+        fn incremental_count_equals_recount(steps in batches()) {
+            let mut c = CircuitInstance::build(counts).unwrap();
+            let (mut input, mut output) = (BTreeMap::new(), BTreeMap::new());
+            for step in &steps {
+                integrate(&mut input, step);
+                let out = c.step(vec![events(step)], &mut LocalExchange).unwrap();
+                integrate(&mut output, &decode::<(u8, i64)>(&out[0]));
+                prop_assert_eq!(&output, &recount(&input));
+            }
+        }
+
+        #[test]
+        fn snapshot_restore_continue_equals_uninterrupted(steps in batches(), cut in 0usize..10) {
+            let cut = cut.min(steps.len());
+            let mut a = CircuitInstance::build(counts).unwrap();
+            let mut b = CircuitInstance::build(counts).unwrap();
+            for step in &steps[..cut] {
+                a.step(vec![events(step)], &mut LocalExchange).unwrap();
+                b.step(vec![events(step)], &mut LocalExchange).unwrap();
+            }
+            let mut restored = CircuitInstance::build(counts).unwrap();
+            restored.restore(&b.snapshot().unwrap()).unwrap();
+            for step in &steps[cut..] {
+                let x = a.step(vec![events(step)], &mut LocalExchange).unwrap();
+                let y = restored.step(vec![events(step)], &mut LocalExchange).unwrap();
+                prop_assert_eq!(x, y);
+            }
+        }
+    }
+
+    #[test]
+    fn sum_by_tracks_sums_under_retraction() {
+        let out: Vec<Vec<((String, i64), i64)>> = run_steps(
+            |c| {
+                c.input::<(String, i64)>("in")
+                    .sum_by(|(k, _)| k.clone(), |(_, v)| *v)
+                    .output("out")
+            },
+            &[vec![(("a".to_owned(), 5), 1), (("a".to_owned(), 3), 1)], vec![(("a".to_owned(), 5), -1)]],
+        );
+        assert_eq!(
+            out,
+            // Output is consolidated, so sorted by record.
+            vec![vec![(("a".into(), 8), 1)], vec![(("a".into(), 3), 1), (("a".into(), 8), -1)]]
+        );
+    }
+
+    #[test]
+    fn restore_refuses_other_shapes_and_versions() {
+        let mut a = CircuitInstance::build(counts).unwrap();
+        a.step(vec![events(&[(1u8, 1)])], &mut LocalExchange).unwrap();
+        let snap = a.snapshot().unwrap();
+
+        let mut stateless = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<u8>("in").output("out");
+        })
+        .unwrap();
+        assert!(stateless.restore(&snap).unwrap_err().to_string().contains("stateful operators"));
+
+        let mut v2 = CircuitInstance::build(|c: &mut Circuit| {
+            c.snapshot_version(2);
+            counts(c);
+        })
+        .unwrap();
+        assert!(v2.restore(&snap).unwrap_err().to_string().contains("snapshot version 1"));
+        assert!(a.restore(b"garbage").is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! The WIT glue: the only module that touches wit-bindgen. It turns the
+//! component's exports into calls on a [`CircuitInstance`] and implements
+//! [`Exchange`] with the host's `exchange.shuffle` import.
+//!
+//! Users never name anything here; [`circuit!`](crate::circuit!) does.
+
+use crate::exchange::{Exchange, RawEvent};
+use crate::{Circuit, CircuitInstance, Error};
+use std::cell::RefCell;
+
+#[doc(hidden)]
+pub use wit_bindgen::rt;
+
+/// Bindings generated from `wit/`.
+#[doc(hidden)]
+#[allow(missing_docs, clippy::all)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "pipeline-worker",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "__sluice_export",
+        default_bindings_module: "sluice_guest::sys::bindings",
+        runtime_path: "sluice_guest::sys::rt",
+    });
+}
+
+use bindings::sluice::circuit::types as wit;
+
+#[doc(hidden)]
+pub use bindings::exports::sluice::circuit::circuit::Guest;
+#[doc(hidden)]
+pub use wit::{Batch, CircuitError, CircuitInfo, WorkerInfo};
+
+thread_local! {
+    /// The instance's circuit: built by `init`, used by every later call.
+    static INSTANCE: RefCell<Option<CircuitInstance>> = const { RefCell::new(None) };
+}
+
+impl From<Error> for CircuitError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::BadInput { .. } => CircuitError::BadInput(e.to_string()),
+            Error::IncompatibleSnapshot(m) => CircuitError::IncompatibleSnapshot(m),
+            Error::Protocol(m) => CircuitError::Protocol(m),
+            Error::Failed(m) => CircuitError::Failed(m),
+        }
+    }
+}
+
+fn with_instance<R>(
+    f: impl FnOnce(&mut CircuitInstance) -> Result<R, Error>,
+) -> Result<R, CircuitError> {
+    INSTANCE.with_borrow_mut(|slot| match slot {
+        Some(instance) => f(instance).map_err(CircuitError::from),
+        None => Err(CircuitError::Protocol("called before init".into())),
+    })
+}
+
+/// `describe` export.
+#[doc(hidden)]
+pub fn describe(build: fn(&mut Circuit)) -> CircuitInfo {
+    match CircuitInstance::build(build) {
+        Ok(c) => CircuitInfo {
+            inputs: c.inputs().to_vec(),
+            outputs: c.outputs().to_vec(),
+            snapshot_version: c.snapshot_version(),
+        },
+        // `init` reports the build error; describe has no error channel.
+        Err(_) => CircuitInfo { inputs: vec![], outputs: vec![], snapshot_version: 0 },
+    }
+}
+
+/// `init` export.
+#[doc(hidden)]
+pub fn init(build: fn(&mut Circuit), _info: WorkerInfo) -> Result<(), CircuitError> {
+    let instance = CircuitInstance::build(build)?;
+    INSTANCE.with_borrow_mut(|slot| match slot {
+        Some(_) => Err(CircuitError::Protocol("init called twice".into())),
+        None => {
+            *slot = Some(instance);
+            Ok(())
+        }
+    })
+}
+
+/// `step` export.
+#[doc(hidden)]
+pub fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
+    with_instance(|c| {
+        let mut ports: Vec<Vec<RawEvent>> = vec![Vec::new(); c.inputs().len()];
+        for batch in inputs {
+            let slot = ports.get_mut(batch.port as usize).ok_or_else(|| {
+                Error::Protocol(format!("input batch for unknown port {}", batch.port))
+            })?;
+            slot.extend(batch.events.into_iter().map(from_wit));
+        }
+        let outputs = c.step(ports, &mut HostExchange)?;
+        Ok(outputs
+            .into_iter()
+            .enumerate()
+            .filter(|(_, events)| !events.is_empty())
+            .map(|(port, events)| Batch {
+                port: port as u32,
+                events: events.into_iter().map(to_wit).collect(),
+            })
+            .collect())
+    })
+}
+
+/// `snapshot` export.
+#[doc(hidden)]
+pub fn snapshot() -> Result<Vec<u8>, CircuitError> {
+    with_instance(|c| c.snapshot())
+}
+
+/// `restore` export.
+#[doc(hidden)]
+pub fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
+    with_instance(|c| c.restore(&state))
+}
+
+fn from_wit(e: wit::Event) -> RawEvent {
+    RawEvent { key: e.key, value: e.value, weight: e.weight }
+}
+
+fn to_wit(e: RawEvent) -> wit::Event {
+    wit::Event { key: e.key, value: e.value, weight: e.weight }
+}
+
+/// The host's exchange, reached through the `exchange` import.
+struct HostExchange;
+
+impl Exchange for HostExchange {
+    fn shuffle(&mut self, channel: u32, events: Vec<RawEvent>) -> crate::Result<Vec<RawEvent>> {
+        let events: Vec<wit::Event> = events.into_iter().map(to_wit).collect();
+        let received = bindings::sluice::circuit::exchange::shuffle(channel, &events);
+        Ok(received.into_iter().map(from_wit).collect())
+    }
+}

@@ -1,0 +1,81 @@
+//! Z-sets: collections of records with integer weights.
+
+use crate::Data;
+
+/// Change in a record's multiplicity: +1 insert, −1 delete.
+pub type Weight = i64;
+
+/// A Z-set delta: records with their weight changes. The same record may
+/// appear several times until the set is [consolidated](consolidate).
+pub type ZSet<T> = Vec<(T, Weight)>;
+
+/// Sorts `zset` by record, merges equal records by adding their weights and
+/// drops records whose weight sums to zero. The result is canonical: two
+/// Z-sets denote the same change exactly when they consolidate to the same
+/// vector.
+///
+/// ```
+/// use sluice_guest::zset::consolidate;
+/// let mut z = vec![("b", 1), ("a", 2), ("b", -1), ("a", 1)];
+/// consolidate(&mut z);
+/// assert_eq!(z, vec![("a", 3)]);
+/// ```
+pub fn consolidate<T: Ord>(zset: &mut ZSet<T>) {
+    if zset.len() < 2 {
+        zset.retain(|(_, w)| *w != 0);
+        return;
+    }
+    zset.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out: ZSet<T> = Vec::with_capacity(zset.len());
+    for (record, weight) in zset.drain(..) {
+        match out.last_mut() {
+            Some((last, w)) if *last == record => *w += weight,
+            _ => {
+                if matches!(out.last(), Some((_, 0))) {
+                    out.pop();
+                }
+                out.push((record, weight));
+            }
+        }
+    }
+    if matches!(out.last(), Some((_, 0))) {
+        out.pop();
+    }
+    *zset = out;
+}
+
+/// Adds `delta` into an integrated multiset `into` (record → weight), keeping
+/// only non-zero weights. Used by tests and by anyone integrating an output
+/// stream.
+pub fn integrate<T: Data>(into: &mut std::collections::BTreeMap<T, Weight>, delta: &[(T, Weight)]) {
+    for (record, weight) in delta {
+        let entry = into.entry(record.clone()).or_insert(0);
+        *entry += weight;
+        if *entry == 0 {
+            into.remove(record);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    proptest! {
+        #[test]
+        fn consolidate_is_canonical(z in proptest::collection::vec((0u8..8, -3i64..4), 0..40)) {
+            let mut c = z.clone();
+            consolidate(&mut c);
+            // Sorted, unique, no zero weights.
+            prop_assert!(c.windows(2).all(|w| w[0].0 < w[1].0));
+            prop_assert!(c.iter().all(|(_, w)| *w != 0));
+            // Same total per record as the input.
+            let mut expect = BTreeMap::new();
+            integrate(&mut expect, &z);
+            let got: BTreeMap<_, _> = c.into_iter().collect();
+            prop_assert_eq!(got, expect);
+        }
+    }
+}
