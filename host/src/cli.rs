@@ -1,0 +1,167 @@
+//! The `sluice` command line.
+
+use crate::runtime::pipeline::{RunRequest, run};
+use crate::runtime::{Limits, PipelineOptions};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Sluice: run WebAssembly circuits as exactly-once pipelines.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build the circuit crate at PATH for wasm32-wasip2; prints the
+    /// component's path as the last line.
+    Build {
+        /// The crate directory (or its Cargo.toml).
+        path: PathBuf,
+        /// Cargo target directory (default: cargo's).
+        #[arg(long)]
+        target_dir: Option<PathBuf>,
+    },
+    /// Append input files to a pipeline's input logs, run until all input is
+    /// consumed and committed, and write the output logs. Run again on the
+    /// same --data after a crash: it recovers and finishes.
+    Run(RunArgs),
+    /// Build the word-count example and run it on bundled text.
+    Demo {
+        /// Workers W.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Append the bundled text this many times.
+        #[arg(long, default_value_t = 50)]
+        repeat: u32,
+        /// Keep the pipeline's data here instead of a temporary directory.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Also write the final counts as a JSON object to this file.
+        #[arg(long)]
+        save_counts: Option<PathBuf>,
+        /// How many top words to print.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+}
+
+/// Arguments of `sluice run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The component (.wasm) to run.
+    pub component: PathBuf,
+    /// The pipeline's data directory (created if missing).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Number of workers W (fixed for the life of the data directory).
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// PORT=FILE: append FILE's JSON lines to input PORT (repeatable).
+    #[arg(long = "input", value_parser = port_file)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// PORT=FILE: write output PORT's log to FILE as JSON lines (repeatable).
+    #[arg(long = "output", value_parser = port_file)]
+    pub outputs: Vec<(String, PathBuf)>,
+    /// At most this many events per input partition per step.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_batch: u64,
+    /// Checkpoint every N committed steps.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// …or every this many milliseconds, whichever comes first.
+    #[arg(long, default_value_t = 10_000)]
+    pub checkpoint_interval_ms: u64,
+    /// Memory limit per instance, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub memory_mib: usize,
+    /// Fuel per call into the guest (deterministic CPU bound).
+    #[arg(long, default_value_t = Limits::default().fuel_per_call)]
+    pub fuel: u64,
+    /// Wall-clock deadline per call into the guest, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub deadline_secs: u64,
+    /// No progress bars and no summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn port_file(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((port, file)) if !port.is_empty() && !file.is_empty() => Ok((port.to_owned(), PathBuf::from(file))),
+        _ => Err(format!("expected PORT=FILE, got {s:?}")),
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Build { path, target_dir } => {
+            let wasm = tokio::task::spawn_blocking(move || crate::compile::build_component(&path, target_dir.as_deref()))
+                .await??;
+            println!("{}", wasm.display());
+        }
+        Command::Run(a) => {
+            for (_, file) in &a.inputs {
+                if !file.is_file() {
+                    anyhow::bail!("input file {} does not exist", file.display());
+                }
+            }
+            let report = run(RunRequest {
+                component: a.component,
+                data: a.data,
+                workers: a.workers,
+                inputs: a.inputs,
+                outputs: a.outputs,
+                options: PipelineOptions {
+                    name: "run".into(),
+                    max_batch: a.max_batch,
+                    checkpoint_every_steps: a.checkpoint_every,
+                    checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
+                    inherit_guest_stderr: true,
+                    config: vec![],
+                },
+                limits: Limits {
+                    memory: a.memory_mib << 20,
+                    fuel_per_call: a.fuel,
+                    deadline: Duration::from_secs(a.deadline_secs),
+                },
+                progress: !a.quiet,
+            })
+            .await?;
+            if !a.quiet {
+                let s = &report.stats;
+                let appended: u64 = report.ingested.iter().map(|i| i.appended).sum();
+                eprintln!(
+                    "appended {appended} events; restored checkpoint {:?}, replayed {} steps; \
+                     committed {} steps ({} in total), {} checkpoints; {} events in, {} out; {:.0} events/s",
+                    s.restored_checkpoint,
+                    s.replayed_steps,
+                    s.steps,
+                    report.total_steps,
+                    s.checkpoints,
+                    s.events_in,
+                    s.events_out,
+                    report.events_per_second()
+                );
+            }
+        }
+        Command::Demo { workers, repeat, data, save_counts, top } => {
+            crate::demo::demo(crate::demo::DemoOptions {
+                workers,
+                repeat,
+                data,
+                save_counts,
+                top,
+                progress: true,
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}

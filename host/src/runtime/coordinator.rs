@@ -1,0 +1,491 @@
+//! The coordinator: one per running pipeline. It owns the W workers and runs
+//! the step protocol:
+//!
+//! 1. **divide**: fix each worker's end offsets for the step (at most
+//!    `max_batch` events per partition);
+//! 2. **run**: every worker reads its events and runs `step`, concurrently,
+//!    exchanging keyed events through the [`Exchange`];
+//! 3. **commit**: all outputs and the step record in one atomic, durable write;
+//! 4. **checkpoint** every N steps or T seconds (and on [`finish`](Coordinator::finish));
+//! 5. **trim** input below the newest checkpoint's frontier.
+//!
+//! [`Coordinator::open`] is also recovery: restore the newest checkpoint,
+//! replay the steps committed after it with their recorded divisions,
+//! comparing output hashes (I4), then continue live.
+
+use super::bindings::{Batch, Event as WitEvent, WorkerInfo};
+use super::engine::{LoadedComponent, SluiceEngine};
+use super::exchange::Exchange;
+use super::worker::Worker;
+use crate::error::{Error, Result};
+use crate::storage::checkpoint::CheckpointMeta;
+use crate::storage::{Checkpoint, Event, Frontier, Guarded, OutputEntry, PartitionId, StepCommit, StepRecord};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a pipeline runs.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// The pipeline's name (diagnostics only).
+    pub name: String,
+    /// At most this many events per input partition per step.
+    pub max_batch: u64,
+    /// Checkpoint after this many committed steps…
+    pub checkpoint_every_steps: u64,
+    /// …or this much time, whichever comes first.
+    pub checkpoint_interval: Duration,
+    /// Let guests write to the host's stderr (panic messages); for local
+    /// runs only, never for a shared host.
+    pub inherit_guest_stderr: bool,
+    /// Settings handed to the circuit in `worker-info.config`.
+    pub config: Vec<(String, String)>,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            name: "pipeline".into(),
+            max_batch: 10_000,
+            checkpoint_every_steps: 100,
+            checkpoint_interval: Duration::from_secs(10),
+            inherit_guest_stderr: false,
+            config: Vec::new(),
+        }
+    }
+}
+
+/// What a coordinator has done since it was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Checkpoint restored on open, if any.
+    pub restored_checkpoint: Option<u64>,
+    /// Steps replayed during recovery (outputs dropped as duplicates).
+    pub replayed_steps: u64,
+    /// Steps committed.
+    pub steps: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Input events consumed by committed steps.
+    pub events_in: u64,
+    /// Output events committed.
+    pub events_out: u64,
+}
+
+/// One worker's output of one step.
+struct WorkerOutput {
+    /// Events per output port.
+    ports: Vec<Vec<Event>>,
+    hash: u128,
+}
+
+/// The runtime of one pipeline.
+pub struct Coordinator {
+    engine: Arc<SluiceEngine>,
+    storage: Arc<Guarded>,
+    outputs: Vec<String>,
+    /// Per worker, the partitions it reads, with the input log name.
+    owned: Vec<Vec<(PartitionId, String)>>,
+    options: PipelineOptions,
+    exchange: Arc<Exchange>,
+    instances: Vec<Option<Worker>>,
+    next_step: u64,
+    frontiers: Vec<Frontier>,
+    checkpointed_step: Option<u64>,
+    last_checkpoint_at: Instant,
+    snapshot_version: u32,
+    stats: Stats,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Engine(format!("storage task failed: {e}")))?
+}
+
+impl Coordinator {
+    /// Starts the pipeline's workers and recovers its state: restores the
+    /// newest checkpoint, then replays committed steps after it.
+    ///
+    /// `inputs` are the input logs with their partition counts, in port order;
+    /// partition `p` is read by worker `p mod workers`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open(
+        engine: Arc<SluiceEngine>,
+        component: &LoadedComponent,
+        storage: Arc<Guarded>,
+        inputs: Vec<(String, u32)>,
+        outputs: Vec<String>,
+        workers: u32,
+        snapshot_version: u32,
+        options: PipelineOptions,
+    ) -> Result<Self> {
+        if workers == 0 {
+            return Err(Error::Config("a pipeline needs at least one worker".into()));
+        }
+        let mut owned = vec![Vec::new(); workers as usize];
+        for (i, (name, partitions)) in inputs.iter().enumerate() {
+            for p in 0..*partitions {
+                owned[(p % workers) as usize].push((PartitionId { input: i as u32, partition: p }, name.clone()));
+            }
+        }
+        let exchange = Exchange::new(workers);
+        let mut instances = Vec::with_capacity(workers as usize);
+        for w in 0..workers {
+            let info = WorkerInfo {
+                worker: w,
+                workers,
+                pipeline: options.name.clone(),
+                config: options.config.clone(),
+            };
+            let worker =
+                Worker::start(&engine, component, info, Some(exchange.clone()), options.inherit_guest_stderr).await?;
+            instances.push(Some(worker));
+        }
+        let checkpoint = {
+            let s = storage.clone();
+            blocking(move || s.checkpoints().latest()).await?
+        };
+        let mut c = Coordinator {
+            engine,
+            storage,
+            outputs,
+            frontiers: owned.iter().map(|ps| ps.iter().map(|(id, _)| (*id, 0)).collect()).collect(),
+            owned,
+            options,
+            exchange,
+            instances,
+            next_step: 0,
+            checkpointed_step: None,
+            last_checkpoint_at: Instant::now(),
+            snapshot_version,
+            stats: Stats::default(),
+        };
+        if let Some(cp) = checkpoint {
+            if cp.states.len() != workers as usize {
+                return Err(Error::Config(format!(
+                    "the newest checkpoint (step {}) has {} workers, the pipeline {workers}",
+                    cp.meta.step,
+                    cp.states.len()
+                )));
+            }
+            for (slot, state) in c.instances.iter_mut().zip(&cp.states) {
+                if let Some(worker) = slot {
+                    worker.restore(state).await?;
+                }
+            }
+            c.frontiers = cp.meta.frontiers.clone();
+            c.next_step = cp.meta.step + 1;
+            c.checkpointed_step = Some(cp.meta.step);
+            c.stats.restored_checkpoint = Some(cp.meta.step);
+        }
+        c.replay().await?;
+        Ok(c)
+    }
+
+    /// Replays the steps committed after the restored state, checking that
+    /// each produces the committed output (by hash) and dropping it.
+    async fn replay(&mut self) -> Result<()> {
+        let s = self.storage.clone();
+        let last = blocking(move || s.log().last_step()).await?;
+        let Some(last) = last else { return Ok(()) };
+        while self.next_step <= last {
+            let step = self.next_step;
+            let s = self.storage.clone();
+            let record = blocking(move || s.log().step_record(step)).await?.ok_or_else(|| Error::Corrupt {
+                what: "step log".into(),
+                message: format!("step {step} is missing below the last committed step {last}"),
+            })?;
+            let outputs = self.execute(&record.frontiers).await?;
+            for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
+                if out.hash != *committed {
+                    self.instances.iter_mut().for_each(|i| *i = None);
+                    return Err(Error::Nondeterministic {
+                        step,
+                        worker: w as u32,
+                        committed: format!("{committed:032x}"),
+                        replayed: format!("{:032x}", out.hash),
+                    });
+                }
+            }
+            self.frontiers = record.frontiers;
+            self.next_step += 1;
+            self.stats.replayed_steps += 1;
+        }
+        Ok(())
+    }
+
+    /// Fixes the next step's division: each worker's end offsets.
+    async fn divide(&self) -> Result<Vec<Frontier>> {
+        let (storage, owned, mut target) = (self.storage.clone(), self.owned.clone(), self.frontiers.clone());
+        let max = self.options.max_batch.max(1);
+        blocking(move || {
+            for (w, parts) in owned.iter().enumerate() {
+                for (id, name) in parts {
+                    let (_, high) = storage.log().watermarks(name, id.partition)?;
+                    let at = target[w].entry(*id).or_insert(0);
+                    *at = high.min(*at + max).max(*at);
+                }
+            }
+            Ok(target)
+        })
+        .await
+    }
+
+    /// Runs one step on every worker: the input between the current
+    /// frontiers and `target`. Does not commit.
+    async fn execute(&mut self, target: &[Frontier]) -> Result<Vec<WorkerOutput>> {
+        let inputs = {
+            let (storage, owned, from) = (self.storage.clone(), self.owned.clone(), self.frontiers.clone());
+            let target = target.to_vec();
+            blocking(move || read_inputs(&storage, &owned, &from, &target)).await?
+        };
+        self.exchange.begin_step();
+        let mut tasks = Vec::with_capacity(inputs.len());
+        for (w, batches) in inputs.into_iter().enumerate() {
+            let mut worker = self.instances[w].take().ok_or_else(|| {
+                Error::Config("the pipeline's workers were lost to an earlier failure; reopen it".into())
+            })?;
+            let exchange = self.exchange.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = worker.step(batches).await;
+                exchange.worker_finished(w as u32);
+                (worker, r)
+            }));
+        }
+        let mut outputs = Vec::with_capacity(tasks.len());
+        let mut failure: Option<Error> = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            let result = match task.await {
+                Ok((worker, r)) => {
+                    self.instances[w] = Some(worker);
+                    r.and_then(|batches| self.convert(w as u32, batches))
+                }
+                Err(e) => Err(Error::Engine(format!("worker {w} task failed: {e}"))),
+            };
+            match result {
+                Ok(out) => outputs.push(out),
+                // An exchange failure is usually the echo of another worker's
+                // failure: report the root cause.
+                Err(e) => match &failure {
+                    None | Some(Error::Exchange(_)) => failure = Some(e),
+                    Some(_) => {}
+                },
+            }
+        }
+        if let Some(e) = failure {
+            // Instances stopped mid-step cannot be trusted (or re-entered).
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        Ok(outputs)
+    }
+
+    /// Checks a worker's output batches and hashes them.
+    fn convert(&self, worker: u32, batches: Vec<Batch>) -> Result<WorkerOutput> {
+        let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
+        for batch in batches {
+            let port = ports.get_mut(batch.port as usize).ok_or_else(|| Error::Guest {
+                worker,
+                call: "step",
+                message: format!(
+                    "returned a batch for output port {}, but the circuit has {} output ports",
+                    batch.port,
+                    self.outputs.len()
+                ),
+            })?;
+            for e in batch.events.into_iter().filter(|e| e.weight != 0) {
+                if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&e.value) {
+                    return Err(Error::Guest {
+                        worker,
+                        call: "step",
+                        message: format!("output port {} got a value that is not JSON: {err}", batch.port),
+                    });
+                }
+                port.push(Event { value: e.value, weight: e.weight });
+            }
+        }
+        let hash = hash_outputs(&ports);
+        Ok(WorkerOutput { ports, hash })
+    }
+
+    /// Runs and commits one step. Returns `false` (doing nothing) when no
+    /// worker has new input.
+    pub async fn step(&mut self) -> Result<bool> {
+        let target = self.divide().await?;
+        if target == self.frontiers {
+            return Ok(false);
+        }
+        let step = self.next_step;
+        let mut outputs = self.execute(&target).await?;
+        let events_in: u64 = target
+            .iter()
+            .zip(&self.frontiers)
+            .flat_map(|(t, f)| t.iter().map(move |(id, end)| end - f.get(id).copied().unwrap_or(0)))
+            .sum();
+        let mut events_out = 0;
+        let mut logs = Vec::with_capacity(self.outputs.len());
+        for (port, name) in self.outputs.iter().enumerate() {
+            let entries: Vec<OutputEntry> = outputs
+                .iter_mut()
+                .enumerate()
+                .map(|(w, out)| {
+                    let events = std::mem::take(&mut out.ports[port]);
+                    events_out += events.len() as u64;
+                    OutputEntry { step, worker: w as u32, frontier: target[w].clone(), events }
+                })
+                .collect();
+            logs.push((name.clone(), entries));
+        }
+        let commit = StepCommit {
+            record: StepRecord {
+                step,
+                frontiers: target.clone(),
+                output_hashes: outputs.iter().map(|o| o.hash).collect(),
+            },
+            outputs: logs,
+        };
+        let storage = self.storage.clone();
+        blocking(move || storage.commit_step(&commit)).await?;
+        self.frontiers = target;
+        self.next_step += 1;
+        self.stats.steps += 1;
+        self.stats.events_in += events_in;
+        self.stats.events_out += events_out;
+        if self.checkpoint_due() {
+            self.checkpoint().await?;
+        }
+        Ok(true)
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        let since = self.next_step - self.checkpointed_step.map_or(0, |s| s + 1);
+        since >= self.options.checkpoint_every_steps.max(1)
+            || self.last_checkpoint_at.elapsed() >= self.options.checkpoint_interval
+    }
+
+    /// Checkpoints the state after the last committed step (if not yet
+    /// checkpointed), then trims the input it covers.
+    pub async fn checkpoint(&mut self) -> Result<()> {
+        let Some(step) = self.next_step.checked_sub(1) else { return Ok(()) };
+        if self.checkpointed_step == Some(step) {
+            return Ok(());
+        }
+        let mut tasks = Vec::with_capacity(self.instances.len());
+        for (w, slot) in self.instances.iter_mut().enumerate() {
+            let mut worker = slot.take().ok_or_else(|| {
+                Error::Config(format!("worker {w} was lost to an earlier failure; reopen the pipeline"))
+            })?;
+            tasks.push(tokio::spawn(async move {
+                let r = worker.snapshot().await;
+                (worker, r)
+            }));
+        }
+        let mut states = Vec::with_capacity(tasks.len());
+        let mut failure = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            match task.await {
+                Ok((worker, r)) => {
+                    self.instances[w] = Some(worker);
+                    match r {
+                        Ok(state) => states.push(state),
+                        Err(e) => failure = failure.or(Some(e)),
+                    }
+                }
+                Err(e) => failure = failure.or(Some(Error::Engine(format!("worker {w} task failed: {e}")))),
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let checkpoint = Checkpoint {
+            meta: CheckpointMeta { step, frontiers: self.frontiers.clone(), snapshot_version: self.snapshot_version },
+            states,
+        };
+        let storage = self.storage.clone();
+        blocking(move || {
+            storage.checkpoint(&checkpoint)?;
+            storage.trim_to_checkpoint()
+        })
+        .await?;
+        self.checkpointed_step = Some(step);
+        self.last_checkpoint_at = Instant::now();
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Graceful stop: checkpoints the last committed step.
+    pub async fn finish(&mut self) -> Result<()> {
+        self.checkpoint().await
+    }
+
+    /// What the coordinator has done since it opened.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The next step to run (the number of committed steps).
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Each worker's current frontier.
+    pub fn frontiers(&self) -> &[Frontier] {
+        &self.frontiers
+    }
+
+    /// The engine the workers run on.
+    pub fn engine(&self) -> &Arc<SluiceEngine> {
+        &self.engine
+    }
+}
+
+/// Reads each worker's input for a step, as one batch per input port with
+/// events (partitions in order).
+fn read_inputs(
+    storage: &Guarded,
+    owned: &[Vec<(PartitionId, String)>],
+    from: &[Frontier],
+    to: &[Frontier],
+) -> Result<Vec<Vec<Batch>>> {
+    let mut all = Vec::with_capacity(owned.len());
+    for (w, parts) in owned.iter().enumerate() {
+        let mut batches: Vec<Batch> = Vec::new();
+        for (id, name) in parts {
+            let start = from[w].get(id).copied().unwrap_or(0);
+            let end = to[w].get(id).copied().unwrap_or(start);
+            if end <= start {
+                continue;
+            }
+            let events = storage.log().read(name, id.partition, start..end)?;
+            if events.len() as u64 != end - start {
+                return Err(Error::Corrupt {
+                    what: format!("input `{name}` partition {}", id.partition),
+                    message: format!("offsets {start}..{end} hold only {} events", events.len()),
+                });
+            }
+            let batch = match batches.iter_mut().position(|b| b.port == id.input) {
+                Some(i) => &mut batches[i],
+                None => {
+                    batches.push(Batch { port: id.input, events: Vec::new() });
+                    batches.last_mut().expect("just pushed")
+                }
+            };
+            batch.events.extend(events.into_iter().map(|e| WitEvent { key: Vec::new(), value: e.value, weight: e.weight }));
+        }
+        all.push(batches);
+    }
+    Ok(all)
+}
+
+/// The hash of one worker's output of one step, compared on replay (I4).
+pub fn hash_outputs(ports: &[Vec<Event>]) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (port, events) in ports.iter().enumerate() {
+        h.update(&(port as u64).to_le_bytes());
+        h.update(&(events.len() as u64).to_le_bytes());
+        for e in events {
+            h.update(&(e.value.len() as u64).to_le_bytes());
+            h.update(&e.value);
+            h.update(&e.weight.to_le_bytes());
+        }
+    }
+    h.digest128()
+}

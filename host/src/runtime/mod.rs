@@ -1,0 +1,13 @@
+//! The pipeline runtime: the engine, the workers, the exchange between them
+//! and the coordinator that runs the step protocol.
+
+pub(crate) mod bindings;
+pub mod coordinator;
+pub mod engine;
+pub mod exchange;
+pub mod pipeline;
+pub mod worker;
+
+pub use coordinator::{Coordinator, PipelineOptions, Stats};
+pub use engine::{Limits, LoadedComponent, SluiceEngine};
+pub use worker::{CircuitShape, Worker};

@@ -1,0 +1,228 @@
+//! A pipeline on the embedded backend, run to completion: what `sluice run`
+//! does. Opens (or creates) the data directory, appends the input files
+//! exactly once, recovers, runs steps until all input is consumed and
+//! committed, checkpoints, and writes the output logs as JSON lines.
+
+use super::coordinator::{Coordinator, PipelineOptions, Stats};
+use super::engine::{Limits, LoadedComponent, SluiceEngine};
+use super::worker::{CircuitShape, Worker};
+use crate::error::{Error, Result};
+use crate::ingest::{IngestReport, ingest_file};
+use crate::spec::write_output_line;
+use crate::storage::meta::{self, PipelineMeta};
+use crate::storage::{EmbeddedLog, Guarded, LogBackend, RocksCheckpointStore, db};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// The component file.
+    pub component: PathBuf,
+    /// The pipeline's data directory.
+    pub data: PathBuf,
+    /// Number of workers W.
+    pub workers: u32,
+    /// `(input port, JSON-lines file)` to append.
+    pub inputs: Vec<(String, PathBuf)>,
+    /// `(output port, file)` to write the output log to.
+    pub outputs: Vec<(String, PathBuf)>,
+    /// Step, checkpoint and naming options.
+    pub options: PipelineOptions,
+    /// Per-instance limits.
+    pub limits: Limits,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The coordinator's figures.
+    pub stats: Stats,
+    /// Per input file, what was appended.
+    pub ingested: Vec<IngestReport>,
+    /// Time spent running steps (after ingest and recovery).
+    pub run_time: Duration,
+    /// Steps committed in total, across runs.
+    pub total_steps: u64,
+    /// Output events written per output file.
+    pub written: Vec<u64>,
+}
+
+impl RunReport {
+    /// Input events consumed per second of step time.
+    pub fn events_per_second(&self) -> f64 {
+        self.stats.events_in as f64 / self.run_time.as_secs_f64().max(1e-9)
+    }
+}
+
+fn bar(show: bool, template: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Learns a component's ports from a throwaway instance.
+pub async fn describe(engine: &SluiceEngine, component: &LoadedComponent) -> Result<CircuitShape> {
+    let info = super::bindings::WorkerInfo { worker: 0, workers: 1, pipeline: "describe".into(), config: vec![] };
+    let mut worker = Worker::start(engine, component, info, None, false).await?;
+    worker.describe().await
+}
+
+fn port_index(kind: &'static str, names: &[String], name: &str) -> Result<usize> {
+    names.iter().position(|n| n == name).ok_or_else(|| Error::Unknown {
+        kind,
+        name: name.to_owned(),
+        hint: format!("; the circuit has [{}]", names.join(", ")),
+    })
+}
+
+/// Runs a pipeline to completion on the embedded backend.
+pub async fn run(req: RunRequest) -> Result<RunReport> {
+    let engine = Arc::new(SluiceEngine::new(req.limits, SluiceEngine::default_cache_dir())?);
+    let spinner = bar(req.progress, "{spinner} {msg}");
+    spinner.set_message(format!("loading {}", req.component.display()));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let component = engine.load_file(&req.component)?;
+    let shape = describe(&engine, &component).await?;
+    spinner.finish_and_clear();
+    for (port, _) in &req.inputs {
+        port_index("input port", &shape.inputs, port)?;
+    }
+    for (port, _) in &req.outputs {
+        port_index("output port", &shape.outputs, port)?;
+    }
+    for name in shape.inputs.iter().chain(&shape.outputs) {
+        crate::storage::validate_name("port", name)?;
+    }
+
+    let db = db::open(&req.data)?;
+    let wanted = PipelineMeta {
+        component: component.hash.clone(),
+        inputs: shape.inputs.iter().map(|n| (n.clone(), req.workers)).collect(),
+        outputs: shape.outputs.clone(),
+        workers: req.workers,
+    };
+    let meta = match meta::load(&db)? {
+        Some(stored) => {
+            stored.check_compatible(&wanted)?;
+            stored
+        }
+        None => {
+            meta::store(&db, &wanted)?;
+            wanted
+        }
+    };
+    let log = Arc::new(EmbeddedLog::open(db.clone())?);
+    for (name, partitions) in &meta.inputs {
+        log.create_input(name, *partitions)?;
+    }
+
+    let mut ingested = Vec::new();
+    for (port, file) in &req.inputs {
+        let partitions = log.partitions(port)?;
+        let progress = bar(req.progress, "appending {msg} {wide_bar} {bytes}/{total_bytes}");
+        progress.set_message(format!("{} → {port}", file.display()));
+        let (log2, port2, file2, p2) = (log.clone(), port.clone(), file.clone(), progress.clone());
+        let report =
+            tokio::task::spawn_blocking(move || ingest_file(&*log2, &port2, partitions, &file2, &p2))
+                .await
+                .map_err(|e| Error::Engine(format!("ingest task failed: {e}")))??;
+        progress.finish_and_clear();
+        ingested.push(report);
+    }
+
+    let checkpoints = Arc::new(RocksCheckpointStore::open(db.clone()));
+    let guarded = Arc::new(Guarded::new(
+        log.clone(),
+        checkpoints,
+        meta.inputs.iter().map(|(n, _)| n.clone()).collect(),
+        meta.outputs.clone(),
+        meta.workers as usize,
+    )?);
+    let mut coordinator = Coordinator::open(
+        engine.clone(),
+        &component,
+        guarded,
+        meta.inputs.clone(),
+        meta.outputs.clone(),
+        meta.workers,
+        shape.snapshot_version,
+        req.options.clone(),
+    )
+    .await?;
+
+    let total: u64 = {
+        let mut t = 0;
+        for (name, partitions) in &meta.inputs {
+            for p in 0..*partitions {
+                t += log.watermarks(name, p)?.1;
+            }
+        }
+        t
+    };
+    let consumed = |c: &Coordinator| c.frontiers().iter().flat_map(|f| f.values()).sum::<u64>();
+    let progress = bar(req.progress, "steps {msg} {wide_bar} {pos}/{len} events");
+    progress.set_length(total);
+    progress.set_position(consumed(&coordinator));
+    let started = Instant::now();
+    while coordinator.step().await? {
+        progress.set_position(consumed(&coordinator));
+        progress.set_message(coordinator.next_step().to_string());
+    }
+    coordinator.finish().await?;
+    let run_time = started.elapsed();
+    progress.finish_and_clear();
+
+    let mut written = Vec::new();
+    for (port, file) in &req.outputs {
+        let log = log.clone();
+        let (port, file) = (port.clone(), file.clone());
+        let n = tokio::task::spawn_blocking(move || export_output(&*log, &port, &file))
+            .await
+            .map_err(|e| Error::Engine(format!("export task failed: {e}")))??;
+        written.push(n);
+    }
+    Ok(RunReport {
+        stats: coordinator.stats().clone(),
+        ingested,
+        run_time,
+        total_steps: coordinator.next_step(),
+        written,
+    })
+}
+
+/// Writes output log `output` as JSON lines to `file` (atomically: a
+/// reader never sees a half-written file). Returns the events written.
+pub fn export_output(log: &dyn LogBackend, output: &str, file: &Path) -> Result<u64> {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(Error::io(dir))?;
+    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+    let mut line = Vec::new();
+    let mut n = 0;
+    log.scan_output(output, 0, &mut |entry| {
+        for event in &entry.events {
+            line.clear();
+            write_output_line(&mut line, event);
+            out.write_all(&line).map_err(Error::io(file))?;
+            n += 1;
+        }
+        Ok(())
+    })?;
+    out.flush().map_err(Error::io(file))?;
+    drop(out);
+    tmp.persist(file).map_err(|e| Error::io(file)(e.error))?;
+    Ok(n)
+}

@@ -1,0 +1,223 @@
+//! A worker: one sandboxed instance of a circuit component, with its store,
+//! its limits and its end of the exchange. Every call into the guest goes
+//! through here, and every way it can fail becomes a typed [`Error`].
+
+use super::bindings::{Batch, CircuitError, Event, PipelineWorker, WorkerInfo, sluice};
+use super::engine::{Limits, LoadedComponent, SluiceEngine};
+use super::exchange::Exchange;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// The shape a circuit reports through `describe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitShape {
+    /// Input port names, in port order.
+    pub inputs: Vec<String>,
+    /// Output port names, in port order.
+    pub outputs: Vec<String>,
+    /// Snapshot format version.
+    pub snapshot_version: u32,
+}
+
+/// Refuses memory growth past the limit and remembers the attempt, so the
+/// resulting failure can be reported as the memory limit.
+struct MemoryLimiter {
+    max: usize,
+    refused: Option<usize>,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max {
+            self.refused = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// The host state of one instance.
+pub struct WorkerState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    exchange: Option<Arc<Exchange>>,
+    worker: u32,
+    call_started: Instant,
+    deadline: Duration,
+    deadline_hit: bool,
+    exchange_error: Option<String>,
+}
+
+impl WasiView for WorkerState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl sluice::circuit::types::Host for WorkerState {}
+
+impl sluice::circuit::exchange::Host for WorkerState {
+    async fn shuffle(&mut self, channel: u32, events: Vec<Event>) -> wasmtime::Result<Vec<Event>> {
+        let Some(exchange) = self.exchange.clone() else {
+            return Err(wasmtime::format_err!("exchange.shuffle called outside a step"));
+        };
+        exchange.shuffle(self.worker, channel, events).await.map_err(|message| {
+            self.exchange_error = Some(message.clone());
+            wasmtime::format_err!("exchange: {message}")
+        })
+    }
+}
+
+/// One instance of a circuit.
+pub struct Worker {
+    index: u32,
+    store: Store<WorkerState>,
+    bindings: PipelineWorker,
+    limits: Limits,
+}
+
+impl Worker {
+    /// Instantiates `component` as worker `info.worker` and calls `init`.
+    pub async fn start(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        info: WorkerInfo,
+        exchange: Option<Arc<Exchange>>,
+        inherit_stderr: bool,
+    ) -> Result<Self> {
+        let limits = engine.limits();
+        let mut wasi = WasiCtxBuilder::new();
+        if inherit_stderr {
+            wasi.inherit_stderr();
+        }
+        let state = WorkerState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter { max: limits.memory, refused: None },
+            exchange,
+            worker: info.worker,
+            call_started: Instant::now(),
+            deadline: limits.deadline,
+            deadline_hit: false,
+            exchange_error: None,
+        };
+        let mut store = Store::new(engine.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_callback(|mut cx| {
+            let s = cx.data_mut();
+            if s.call_started.elapsed() > s.deadline {
+                s.deadline_hit = true;
+                return Err(wasmtime::format_err!("wall-clock deadline exceeded"));
+            }
+            Ok(UpdateDeadline::Yield(1))
+        });
+        let index = info.worker;
+        arm(&mut store, &limits);
+        let bindings = match component.pre.instantiate_async(&mut store).await {
+            Ok(b) => b,
+            Err(e) => return Err(classify(&mut store, index, "instantiate", &limits, e)),
+        };
+        let mut worker = Worker { index, store, bindings, limits };
+        worker.arm();
+        let r = worker.bindings.sluice_circuit_circuit().call_init(&mut worker.store, &info).await;
+        worker.check("init", r)?;
+        Ok(worker)
+    }
+
+    fn arm(&mut self) {
+        arm(&mut self.store, &self.limits);
+    }
+
+    fn classify(&mut self, call: &'static str, e: wasmtime::Error) -> Error {
+        classify(&mut self.store, self.index, call, &self.limits, e)
+    }
+
+    fn check<T>(&mut self, call: &'static str, r: wasmtime::Result<std::result::Result<T, CircuitError>>) -> Result<T> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Guest { worker: self.index, call, message: guest_message(e) }),
+            Err(e) => Err(self.classify(call, e)),
+        }
+    }
+
+    /// Asks the circuit for its ports.
+    pub async fn describe(&mut self) -> Result<CircuitShape> {
+        self.arm();
+        let r = self.bindings.sluice_circuit_circuit().call_describe(&mut self.store).await;
+        let info = r.map_err(|e| self.classify("describe", e))?;
+        Ok(CircuitShape { inputs: info.inputs, outputs: info.outputs, snapshot_version: info.snapshot_version })
+    }
+
+    /// Runs one step on `inputs`; returns the output batches.
+    pub async fn step(&mut self, inputs: Vec<Batch>) -> Result<Vec<Batch>> {
+        self.arm();
+        let r = self.bindings.sluice_circuit_circuit().call_step(&mut self.store, &inputs).await;
+        self.check("step", r)
+    }
+
+    /// Takes a snapshot of the circuit's state.
+    pub async fn snapshot(&mut self) -> Result<Vec<u8>> {
+        self.arm();
+        let r = self.bindings.sluice_circuit_circuit().call_snapshot(&mut self.store).await;
+        self.check("snapshot", r)
+    }
+
+    /// Restores the circuit's state from a snapshot.
+    pub async fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.arm();
+        let r = self.bindings.sluice_circuit_circuit().call_restore(&mut self.store, state).await;
+        self.check("restore", r)
+    }
+
+    /// This worker's index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+fn guest_message(e: CircuitError) -> String {
+    match e {
+        CircuitError::BadInput(m) => format!("bad input: {m}"),
+        CircuitError::IncompatibleSnapshot(m) => format!("incompatible snapshot: {m}"),
+        CircuitError::Protocol(m) => format!("protocol error: {m}"),
+        CircuitError::Failed(m) => m,
+    }
+}
+
+/// Resets fuel and deadline before a call into the guest.
+fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
+    // Fuel is enabled on every engine `SluiceEngine` builds, so this cannot fail.
+    let _ = store.set_fuel(limits.fuel_per_call);
+    store.set_epoch_deadline(1);
+    let s = store.data_mut();
+    s.call_started = Instant::now();
+    s.deadline_hit = false;
+    s.exchange_error = None;
+}
+
+/// Turns a failed call into the error that names its cause.
+fn classify(store: &mut Store<WorkerState>, worker: u32, call: &'static str, limits: &Limits, e: wasmtime::Error) -> Error {
+    let s = store.data_mut();
+    if let Some(requested) = s.limiter.refused.take() {
+        return Error::MemoryExceeded { worker, call, requested, limit: limits.memory };
+    }
+    if s.deadline_hit {
+        return Error::DeadlineExceeded { worker, call, deadline: limits.deadline };
+    }
+    if let Some(message) = s.exchange_error.take() {
+        return Error::Exchange(format!("worker {worker} in `{call}`: {message}"));
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => Error::FuelExhausted { worker, call, limit: limits.fuel_per_call },
+        Some(Trap::Interrupt) => Error::DeadlineExceeded { worker, call, deadline: limits.deadline },
+        _ => Error::Trap { worker, call, trap: format!("{e:#}") },
+    }
+}

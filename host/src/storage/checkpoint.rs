@@ -1,0 +1,180 @@
+//! Checkpoints: all W instances' state at the end of one step, with that
+//! step's frontiers, committed at once. The [`CheckpointStore`] trait and its
+//! RocksDB implementation (checkpoints stay in RocksDB whatever the log
+//! backend).
+
+use crate::error::{Error, Result};
+use crate::storage::Frontier;
+use crate::storage::db::{self, CF_CHECKPOINTS};
+use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// How many committed checkpoints a store keeps.
+pub const KEPT: usize = 2;
+
+/// What a checkpoint covers, without the states.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The last step whose effects the states include.
+    pub step: u64,
+    /// Each worker's frontier after that step.
+    pub frontiers: Vec<Frontier>,
+    /// The circuit's snapshot version when it was taken.
+    pub snapshot_version: u32,
+}
+
+/// A committed checkpoint: metadata plus one state per worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Step, frontiers, version.
+    pub meta: CheckpointMeta,
+    /// Worker `w`'s snapshot at index `w`.
+    pub states: Vec<Vec<u8>>,
+}
+
+/// Durable storage of checkpoints.
+pub trait CheckpointStore: Send + Sync {
+    /// Stores `checkpoint` and marks it committed, atomically and durably,
+    /// then drops all but the [`KEPT`] newest. Refuses a step older than the
+    /// newest committed checkpoint (writing the same step again replaces it).
+    fn put(&self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// The newest committed checkpoint's metadata.
+    fn latest_meta(&self) -> Result<Option<CheckpointMeta>>;
+
+    /// A committed checkpoint with its states.
+    fn get(&self, step: u64) -> Result<Option<Checkpoint>>;
+
+    /// Steps of the committed checkpoints, oldest first.
+    fn list(&self) -> Result<Vec<u64>>;
+
+    /// The newest committed checkpoint with its states.
+    fn latest(&self) -> Result<Option<Checkpoint>> {
+        match self.latest_meta()? {
+            Some(meta) => self.get(meta.step),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Checkpoints in the pipeline's RocksDB database.
+///
+/// Keys: `m[step u64]` → postcard [`CheckpointMeta`] (its presence is the
+/// commit mark: it is written in the same batch as the states) and
+/// `s[step u64][worker u32]` → state.
+pub struct RocksCheckpointStore {
+    db: Arc<DB>,
+    lock: std::sync::Mutex<()>,
+}
+
+fn meta_key(step: u64) -> Vec<u8> {
+    [b"m".as_slice(), &step.to_be_bytes()].concat()
+}
+
+fn state_key(step: u64, worker: u32) -> Vec<u8> {
+    [b"s".as_slice(), &step.to_be_bytes(), &worker.to_be_bytes()].concat()
+}
+
+impl RocksCheckpointStore {
+    /// Opens the store in a database opened by [`db::open`].
+    pub fn open(db: Arc<DB>) -> Self {
+        RocksCheckpointStore { db, lock: std::sync::Mutex::new(()) }
+    }
+
+    fn metas(&self) -> Result<Vec<CheckpointMeta>> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(cf, IteratorMode::From(b"m", Direction::Forward)) {
+            let (k, v) = item.map_err(Error::rocks("listing checkpoints"))?;
+            if !k.starts_with(b"m") {
+                break;
+            }
+            out.push(postcard::from_bytes(&v).map_err(Error::corrupt("checkpoint metadata"))?);
+        }
+        Ok(out)
+    }
+}
+
+impl CheckpointStore for RocksCheckpointStore {
+    fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let step = checkpoint.meta.step;
+        if checkpoint.states.len() != checkpoint.meta.frontiers.len() {
+            return Err(Error::Config(format!(
+                "checkpoint of step {step} has {} states for {} workers",
+                checkpoint.states.len(),
+                checkpoint.meta.frontiers.len()
+            )));
+        }
+        let metas = self.metas()?;
+        if let Some(newest) = metas.last()
+            && step < newest.step
+        {
+            return Err(Error::Config(format!(
+                "checkpoint of step {step} is older than the committed checkpoint of step {}",
+                newest.step
+            )));
+        }
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        let mut wb = WriteBatch::default();
+        // Replace any earlier write of this step, then drop the oldest.
+        wb.delete_range_cf(cf, state_key(step, 0), state_key(step + 1, 0));
+        for (w, state) in checkpoint.states.iter().enumerate() {
+            wb.put_cf(cf, state_key(step, w as u32), state);
+        }
+        let meta = postcard::to_allocvec(&checkpoint.meta).map_err(Error::corrupt("checkpoint metadata"))?;
+        wb.put_cf(cf, meta_key(step), meta);
+        let mut kept: Vec<u64> = metas.iter().map(|m| m.step).filter(|s| *s != step).collect();
+        kept.push(step);
+        if kept.len() > KEPT {
+            let oldest_kept = kept[kept.len() - KEPT];
+            wb.delete_range_cf(cf, meta_key(0), meta_key(oldest_kept));
+            wb.delete_range_cf(cf, state_key(0, 0), state_key(oldest_kept, 0));
+        }
+        self.db.write_opt(wb, &db::synced()).map_err(Error::rocks(format!("committing checkpoint {step}")))
+    }
+
+    fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
+        Ok(self.metas()?.pop())
+    }
+
+    fn get(&self, step: u64) -> Result<Option<Checkpoint>> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        let Some(meta) = self.db.get_cf(cf, meta_key(step)).map_err(Error::rocks("reading a checkpoint"))? else {
+            return Ok(None);
+        };
+        let meta: CheckpointMeta = postcard::from_bytes(&meta).map_err(Error::corrupt("checkpoint metadata"))?;
+        let mut states = Vec::with_capacity(meta.frontiers.len());
+        for w in 0..meta.frontiers.len() as u32 {
+            let state = self.db.get_cf(cf, state_key(step, w)).map_err(Error::rocks("reading a checkpoint"))?;
+            states.push(state.ok_or_else(|| Error::Corrupt {
+                what: format!("checkpoint of step {step}"),
+                message: format!("state of worker {w} is missing"),
+            })?);
+        }
+        Ok(Some(Checkpoint { meta, states }))
+    }
+
+    fn list(&self) -> Result<Vec<u64>> {
+        Ok(self.metas()?.into_iter().map(|m| m.step).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::conformance;
+    use std::cell::RefCell;
+
+    #[test]
+    fn passes_the_checkpoint_conformance_suite() {
+        let dirs = RefCell::new(Vec::new());
+        conformance::checkpoint_store(&|| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = RocksCheckpointStore::open(db::open(dir.path()).unwrap());
+            dirs.borrow_mut().push(dir);
+            Arc::new(store)
+        });
+    }
+}

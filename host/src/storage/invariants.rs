@@ -1,0 +1,156 @@
+//! Where the host enforces the storage invariants, whatever the guest or a
+//! backend does:
+//!
+//! - **I1 replay safety**: a step is committed at most once (the backend's
+//!   commit refuses a step that exists; this layer refuses malformed ones).
+//! - **I2 trim safety**: input is trimmed only below the newest committed
+//!   checkpoint's frontier ([`Guarded::trim`]).
+//! - **I3 division durability**: a step's division (its record) is committed
+//!   in the same atomic write as its outputs, never after; frontiers only
+//!   move forward; a checkpoint covers only committed steps.
+
+use crate::error::{Error, Result};
+use crate::storage::{Checkpoint, CheckpointStore, Frontier, LogBackend, PartitionId, StepCommit, StepRecord};
+use std::sync::{Arc, Mutex};
+
+/// A log backend and a checkpoint store behind the host's invariant checks.
+pub struct Guarded {
+    log: Arc<dyn LogBackend>,
+    checkpoints: Arc<dyn CheckpointStore>,
+    /// Input log names, indexed like `PartitionId::input`.
+    inputs: Vec<String>,
+    /// Output log names.
+    outputs: Vec<String>,
+    workers: usize,
+    /// The last committed record, to check that frontiers move forward.
+    last: Mutex<Option<StepRecord>>,
+}
+
+impl Guarded {
+    /// Guards `log` and `checkpoints` for a pipeline with these input and
+    /// output logs and `workers` workers.
+    pub fn new(
+        log: Arc<dyn LogBackend>,
+        checkpoints: Arc<dyn CheckpointStore>,
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+        workers: usize,
+    ) -> Result<Self> {
+        let last = match log.last_step()? {
+            Some(step) => log.step_record(step)?,
+            None => None,
+        };
+        Ok(Guarded { log, checkpoints, inputs, outputs, workers, last: Mutex::new(last) })
+    }
+
+    /// The log, for reads.
+    pub fn log(&self) -> &dyn LogBackend {
+        &*self.log
+    }
+
+    /// The checkpoint store, for reads.
+    pub fn checkpoints(&self) -> &dyn CheckpointStore {
+        &*self.checkpoints
+    }
+
+    /// Input log names in port order.
+    pub fn inputs(&self) -> &[String] {
+        &self.inputs
+    }
+
+    /// Checks a step commit's shape and frontiers, then commits it.
+    pub fn commit_step(&self, commit: &StepCommit) -> Result<()> {
+        let step = commit.record.step;
+        let invalid = |message: String| Error::InvalidCommit { step, message };
+        let rec = &commit.record;
+        if rec.frontiers.len() != self.workers || rec.output_hashes.len() != self.workers {
+            return Err(invalid(format!(
+                "{} frontiers and {} hashes for {} workers",
+                rec.frontiers.len(),
+                rec.output_hashes.len(),
+                self.workers
+            )));
+        }
+        if commit.outputs.len() != self.outputs.len()
+            || commit.outputs.iter().zip(&self.outputs).any(|((a, _), b)| a != b)
+        {
+            return Err(invalid("outputs do not match the pipeline's output logs".into()));
+        }
+        for (name, entries) in &commit.outputs {
+            let well_formed = entries.len() == self.workers
+                && entries.iter().enumerate().all(|(w, e)| {
+                    e.worker as usize == w && e.step == step && e.frontier == rec.frontiers[w]
+                });
+            if !well_formed {
+                return Err(invalid(format!(
+                    "output `{name}` must hold exactly one entry per worker, tagged with this step and its frontier"
+                )));
+            }
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(prev) = &*last {
+            for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {
+                if let Some((p, _)) = old.iter().find(|(p, o)| new.get(p).is_none_or(|n| n < o)) {
+                    return Err(invalid(format!("worker {w}'s frontier moves backwards on {p:?}")));
+                }
+            }
+        }
+        self.log.commit_step(commit)?;
+        *last = Some(commit.record.clone());
+        Ok(())
+    }
+
+    /// Stores a checkpoint, after checking that it covers a committed step
+    /// with that step's frontiers.
+    pub fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let step = checkpoint.meta.step;
+        let record = self.log.step_record(step)?.ok_or_else(|| {
+            Error::Config(format!("refusing a checkpoint of step {step}: the step is not committed (I3)"))
+        })?;
+        if record.frontiers != checkpoint.meta.frontiers {
+            return Err(Error::Config(format!(
+                "refusing a checkpoint of step {step}: its frontiers differ from the step record's"
+            )));
+        }
+        self.checkpoints.put(checkpoint)
+    }
+
+    /// The offset of `input`/`partition` that the newest committed checkpoint
+    /// covers (0 if none).
+    pub fn checkpointed_offset(&self, input: u32, partition: u32) -> Result<u64> {
+        let Some(meta) = self.checkpoints.latest_meta()? else { return Ok(0) };
+        let id = PartitionId { input, partition };
+        Ok(meta.frontiers.iter().find_map(|f| f.get(&id).copied()).unwrap_or(0))
+    }
+
+    /// Trims one input partition below `below`; refused (I2) if the newest
+    /// committed checkpoint does not cover it.
+    pub fn trim(&self, input: u32, partition: u32, below: u64) -> Result<()> {
+        let name = self.inputs.get(input as usize).ok_or_else(|| Error::Unknown {
+            kind: "input port index",
+            name: input.to_string(),
+            hint: String::new(),
+        })?;
+        let allowed = self.checkpointed_offset(input, partition)?;
+        if below > allowed {
+            return Err(Error::TrimAboveCheckpoint {
+                input: name.clone(),
+                partition,
+                requested: below,
+                allowed,
+            });
+        }
+        self.log.trim(name, partition, below)
+    }
+
+    /// Trims every input partition up to the newest committed checkpoint's
+    /// frontier. Returns how many partitions it covered.
+    pub fn trim_to_checkpoint(&self) -> Result<usize> {
+        let Some(meta) = self.checkpoints.latest_meta()? else { return Ok(0) };
+        let all: Frontier = meta.frontiers.into_iter().flatten().collect();
+        for (id, offset) in &all {
+            self.trim(id.input, id.partition, *offset)?;
+        }
+        Ok(all.len())
+    }
+}

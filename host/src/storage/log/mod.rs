@@ -1,0 +1,91 @@
+//! Logs: the [`LogBackend`] trait and its backends, one per file.
+//!
+//! A backend holds a pipeline's input logs (partitioned, append-only), its
+//! output logs (one entry per step per worker) and its step records, and
+//! commits a step atomically. It does not know about checkpoints: the trim
+//! rule (I2) is enforced one level up, in [`Guarded`](super::Guarded).
+
+mod embedded;
+
+pub use embedded::EmbeddedLog;
+
+use super::{Event, OutputEntry, StepCommit, StepRecord};
+use crate::error::Result;
+use std::ops::Range;
+
+/// Events to append to input logs, made durable together.
+#[derive(Debug, Clone, Default)]
+pub struct AppendBatch {
+    /// `(input log, partition, events)`; events keep their order.
+    pub appends: Vec<(String, u32, Vec<Event>)>,
+    /// Stored atomically with the events, so an interrupted ingest resumes
+    /// exactly where the durable part ends.
+    pub mark: Option<IngestMark>,
+}
+
+/// Progress of one ingest source (a file, later a producer), stored with the
+/// events it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngestMark {
+    /// Identifies the source.
+    pub source: String,
+    /// The source's own encoding of how far it got.
+    pub state: Vec<u8>,
+}
+
+/// The durable, partitioned logs of one pipeline.
+///
+/// Implementations are shared between tasks (`Send + Sync`) and may block:
+/// callers on an async runtime run them on its blocking pool.
+pub trait LogBackend: Send + Sync {
+    /// Creates input log `input` with `partitions` partitions, or checks that
+    /// an existing one has that many.
+    fn create_input(&self, input: &str, partitions: u32) -> Result<()>;
+
+    /// The number of partitions of input log `input`.
+    fn partitions(&self, input: &str) -> Result<u32>;
+
+    /// Appends events and returns, per entry of `batch.appends`, the offsets
+    /// they got. Returns only once the events (and the mark) are durable.
+    fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>>;
+
+    /// The last mark stored for `source`, if any.
+    fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>>;
+
+    /// `(low, high)`: the first offset still stored and one past the last
+    /// offset appended.
+    fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)>;
+
+    /// Reads offsets `range` of one partition. Fails with
+    /// [`Error::Trimmed`](crate::Error::Trimmed) if part of it was trimmed;
+    /// returns fewer events only if the range extends past the high
+    /// watermark.
+    fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
+
+    /// Commits a step: every worker's output entries and the step record,
+    /// atomically and durably. Fails with
+    /// [`Error::StepExists`](crate::Error::StepExists) if the step is already
+    /// committed (I1) and [`Error::StepGap`](crate::Error::StepGap) if it does
+    /// not follow the last committed step.
+    fn commit_step(&self, commit: &StepCommit) -> Result<()>;
+
+    /// The last committed step, if any.
+    fn last_step(&self) -> Result<Option<u64>>;
+
+    /// The record of a committed step (the seed's `get_frontier`).
+    fn step_record(&self, step: u64) -> Result<Option<StepRecord>>;
+
+    /// Calls `f` with every entry of output log `output`, in (step, worker)
+    /// order, from step `from_step` on.
+    fn scan_output(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+    ) -> Result<()>;
+
+    /// Discards offsets below `below` of one partition. Idempotent; never
+    /// moves the low watermark down. Callers must go through
+    /// [`Guarded::trim`](super::Guarded::trim), which checks I2.
+    fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()>;
+}

@@ -1,0 +1,66 @@
+//! Pipeline metadata: what a data directory holds, checked on every open so
+//! that a pipeline is never resumed with another component or layout.
+
+use crate::error::{Error, Result};
+use crate::storage::db::{self, CF_META};
+use rocksdb::DB;
+use serde::{Deserialize, Serialize};
+
+/// The fixed shape of a pipeline, recorded when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineMeta {
+    /// SHA-256 of the component, hex.
+    pub component: String,
+    /// Input port names and partition counts, in port order.
+    pub inputs: Vec<(String, u32)>,
+    /// Output port names, in port order.
+    pub outputs: Vec<String>,
+    /// The number of workers W.
+    pub workers: u32,
+}
+
+const KEY: &[u8] = b"pipeline";
+
+/// Reads the pipeline's metadata, if it was created.
+pub fn load(db: &DB) -> Result<Option<PipelineMeta>> {
+    match db.get_cf(db::cf(db, CF_META)?, KEY).map_err(Error::rocks("reading pipeline metadata"))? {
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| Error::Corrupt { what: "pipeline metadata".into(), message: e.to_string() }),
+        None => Ok(None),
+    }
+}
+
+/// Records the pipeline's metadata (durably).
+pub fn store(db: &DB, meta: &PipelineMeta) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(meta)
+        .map_err(|e| Error::Corrupt { what: "pipeline metadata".into(), message: e.to_string() })?;
+    db.put_cf_opt(db::cf(db, CF_META)?, KEY, bytes, &db::synced())
+        .map_err(Error::rocks("writing pipeline metadata"))
+}
+
+impl PipelineMeta {
+    /// Explains why `self` (stored) cannot be resumed as `wanted`, if so.
+    pub fn check_compatible(&self, wanted: &PipelineMeta) -> Result<()> {
+        if self.component != wanted.component {
+            return Err(Error::Config(format!(
+                "this data directory belongs to component {}, not {}; use a new --data directory \
+                 (changing a running pipeline's component is not supported yet)",
+                short(&self.component),
+                short(&wanted.component)
+            )));
+        }
+        if self.workers != wanted.workers {
+            return Err(Error::Config(format!(
+                "this pipeline runs with {} workers, not {}: W is fixed at a checkpoint \
+                 (changing it is a layout change, not supported yet)",
+                self.workers, wanted.workers
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}

@@ -1,0 +1,99 @@
+//! Storage: every durable byte of a pipeline goes through these traits.
+//!
+//! - [`LogBackend`]: input logs, output logs and step records; the atomic
+//!   step commit. Embedded RocksDB ([`EmbeddedLog`]) by default.
+//! - [`CheckpointStore`]: all workers' state at a step boundary, committed at
+//!   once. RocksDB ([`RocksCheckpointStore`]).
+//! - [`Guarded`]: the host's enforcement of invariants I1–I3 over any pair
+//!   of backends; the runtime only talks to storage through it.
+//! - [`conformance`]: the shared test suites every backend must pass.
+
+pub mod checkpoint;
+pub mod conformance;
+pub mod db;
+pub mod invariants;
+pub mod log;
+pub mod meta;
+
+pub use checkpoint::{Checkpoint, CheckpointStore, RocksCheckpointStore};
+pub use invariants::Guarded;
+pub use log::{AppendBatch, EmbeddedLog, IngestMark, LogBackend};
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One Z-set delta at a port: a JSON value and its weight change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The record, as JSON bytes.
+    pub value: Vec<u8>,
+    /// +1 insert, −1 delete, or a multiple.
+    pub weight: i64,
+}
+
+/// One partition of one input log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PartitionId {
+    /// Index of the input port (in the circuit's input order).
+    pub input: u32,
+    /// Partition within that input's log.
+    pub partition: u32,
+}
+
+/// For one worker: for every input partition it reads, the offset one past
+/// the last event consumed.
+pub type Frontier = BTreeMap<PartitionId, u64>;
+
+/// The durable record of a step: its number, every worker's frontier after
+/// it (the division of input into steps) and the hash of every worker's
+/// output, against which a replay is checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Step number, from 0.
+    pub step: u64,
+    /// Frontier of each worker after this step, indexed by worker.
+    pub frontiers: Vec<Frontier>,
+    /// Hash of each worker's output in this step, indexed by worker.
+    pub output_hashes: Vec<u128>,
+}
+
+/// One worker's output on one output port in one step: the unit an output log
+/// holds exactly one of per (step, worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputEntry {
+    /// The step that produced it.
+    pub step: u64,
+    /// The worker that produced it.
+    pub worker: u32,
+    /// The input frontier this output covers (the worker's frontier after
+    /// the step).
+    pub frontier: Frontier,
+    /// The deltas, consolidated by the circuit.
+    pub events: Vec<Event>,
+}
+
+/// Everything one step commits, atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCommit {
+    /// The step record (division and hashes).
+    pub record: StepRecord,
+    /// Per output log name, one entry per worker (indexed by worker).
+    pub outputs: Vec<(String, Vec<OutputEntry>)>,
+}
+
+/// Validates a log or port name: 1–64 characters of `[A-Za-z0-9_.-]`, not
+/// starting with a dot. Names reach storage keys and file names, so nothing
+/// else is accepted.
+pub fn validate_name(kind: &str, name: &str) -> crate::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::Config(format!(
+            "invalid {kind} name {name:?}: use 1-64 characters of A-Z a-z 0-9 _ - . (not starting with .)"
+        )))
+    }
+}

@@ -1,0 +1,144 @@
+//! The crash test: `sluice run` as a child process, SIGKILLed at random
+//! moments (during ingest, steps, commits and checkpoints), rerun each time;
+//! the final output must equal a from-scratch computation exactly, and the
+//! output log must hold exactly one entry per step per worker.
+//!
+//! The seed is printed; set `SLUICE_CRASH_SEED` to replay a run's kill times.
+
+mod support;
+
+use sluice::storage::{EmbeddedLog, LogBackend, db};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use support::{component, recount, sluice_cmd};
+
+const LINES: usize = 100_000;
+const WORKERS: u32 = 2;
+const MIN_KILLS: usize = 5;
+
+/// xorshift64*: enough randomness for kill times and text, reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    eprintln!("crash test seed: {seed} (SLUICE_CRASH_SEED={seed} to repeat)");
+    let mut rng = Rng(seed);
+
+    // Input: lines of words from a small vocabulary, with some lines later deleted.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let vocab: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let mut lines: Vec<(String, i64)> = Vec::with_capacity(LINES);
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+        for i in 0..LINES {
+            if i > 10 && rng.below(20) == 0 {
+                let victim = lines[rng.below(lines.len() as u64) as usize].0.clone();
+                writeln!(f, "{}", serde_json::json!({ "delete": victim })).unwrap();
+                lines.push((victim, -1));
+            } else {
+                let n = 1 + rng.below(6);
+                let line: Vec<&str> = (0..n).map(|_| vocab[rng.below(vocab.len() as u64) as usize].as_str()).collect();
+                let line = line.join(" ");
+                writeln!(f, "{}", serde_json::to_string(&line).unwrap()).unwrap();
+                lines.push((line, 1));
+            }
+        }
+    }
+    let expected = recount(lines.iter().map(|(l, w)| (l.as_str(), *w)));
+
+    let wasm = component("examples/wordcount");
+    let data = dir.path().join("data");
+    let output = dir.path().join("counts.jsonl");
+    let spawn = || {
+        sluice_cmd()
+            .arg("run")
+            .arg(&wasm)
+            .arg("--data")
+            .arg(&data)
+            .args(["--workers", &WORKERS.to_string(), "--max-batch", "300", "--checkpoint-every", "4", "--quiet"])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // A first, undisturbed measurement of how long a run takes would waste
+    // the data; instead kill early and often, widening the window each time.
+    let (mut kills, mut attempts) = (0, 0);
+    let mut finished_early = false;
+    while kills < MIN_KILLS + 3 && attempts < 40 {
+        attempts += 1;
+        let mut child = spawn();
+        let delay = Duration::from_millis(150 + rng.below(250 + 150 * kills as u64));
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                assert!(status.success(), "run failed after {kills} kills: {err}");
+                finished_early = true;
+                break;
+            }
+            if start.elapsed() >= delay {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if finished_early {
+            break;
+        }
+    }
+    if !finished_early {
+        let out = spawn().wait_with_output().unwrap();
+        assert!(out.status.success(), "final run failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    eprintln!("crash test: {kills} SIGKILLs in {attempts} runs");
+    assert!(kills >= MIN_KILLS, "only {kills} kills landed before the pipeline finished; the run is too fast for this test");
+
+    let got = sluice::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    assert_eq!(got.len(), expected.len());
+    assert_eq!(got, expected, "integrated output equals the from-scratch count");
+
+    // The output log: exactly one entry per step per worker.
+    let db = db::open(&data).unwrap();
+    let log = EmbeddedLog::open(db).unwrap();
+    let last = log.last_step().unwrap().expect("steps were committed");
+    let mut entries: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    log.scan_output("counts", 0, &mut |e| {
+        *entries.entry((e.step, e.worker)).or_default() += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(entries.len() as u64, (last + 1) * WORKERS as u64);
+    assert!(entries.values().all(|n| *n == 1));
+    for step in 0..=last {
+        for w in 0..WORKERS {
+            assert!(entries.contains_key(&(step, w)), "missing entry of step {step} worker {w}");
+        }
+    }
+    eprintln!("crash test: {} steps committed, {} distinct words", last + 1, got.len());
+}

@@ -1,0 +1,45 @@
+//! A circuit for the host's failure tests. Input port `in` takes strings and
+//! echoes them to `out`, except:
+//! - `"trap"` panics (a trap);
+//! - `"spin"` loops forever (stopped by fuel or the deadline);
+//! - `"grow"` allocates until the memory limit stops it;
+//! - values starting with `"nondet"` get a suffix from a counter kept in a
+//!   static, outside the snapshot: a replay after a restore differs.
+//!
+//! Then it counts the echoed values per first letter (so W > 1 exercises the
+//! exchange) on output `letters`.
+
+use sluice_guest::Circuit;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn misbehave(s: &String) -> String {
+    match s.as_str() {
+        "trap" => panic!("the input asked this guest to trap"),
+        "spin" => {
+            let mut x = 0u64;
+            loop {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "grow" => {
+            let mut hog: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hog.push(vec![1u8; 16 << 20]);
+                std::hint::black_box(&hog);
+            }
+        }
+        _ if s.starts_with("nondet") => format!("{s}#{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+        _ => s.clone(),
+    }
+}
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    let echoed = c.input::<String>("in").map(misbehave);
+    echoed.output("out");
+    echoed.count_by(|s| s.chars().next().unwrap_or(' ')).output("letters");
+}
+
+sluice_guest::circuit!(build);
