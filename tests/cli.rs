@@ -37,7 +37,7 @@ fn demo_counts_equal_a_plain_recount() {
 
 #[test]
 fn build_prints_the_component_path_last() {
-    let target = support::scratch().join("guests");
+    let target = support::cache_dir().join("guest-target");
     let out = sluice_cmd().arg("build").arg(repo().join("examples/wordcount")).arg("--target-dir").arg(&target).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8(out.stdout).unwrap();

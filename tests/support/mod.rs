@@ -39,7 +39,7 @@ pub fn component(crate_path: &str) -> PathBuf {
     if let Some(p) = built.get(crate_path) {
         return p.clone();
     }
-    let wasm = sluice::compile::build_component(&repo().join(crate_path), Some(&scratch().join("guests")))
+    let wasm = sluice::compile::build_component(&repo().join(crate_path), Some(&cache_dir().join("guest-target")))
         .unwrap_or_else(|e| panic!("building {crate_path}: {e}"));
     built.insert(crate_path.to_owned(), wasm.clone());
     wasm

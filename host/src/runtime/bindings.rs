@@ -11,7 +11,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub(crate) use exports::sluice::circuit::circuit::{CircuitError, CircuitInfo, WorkerInfo};
+pub(crate) use exports::sluice::circuit::circuit::{CircuitError, WorkerInfo};
 pub(crate) use sluice::circuit::types::{Batch, Event};
 
 /// The world's fully qualified name, for error messages.

@@ -64,11 +64,12 @@ impl SluiceEngine {
     /// Builds the engine. `cache_dir` holds precompiled components (none:
     /// compile every time).
     pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Self> {
+        // No `threads` feature is compiled in, so guests cannot spawn threads
+        // or share memory (I4): there is nothing to switch off.
         let mut config = Config::new();
         config
             .wasm_component_model(true)
             .cranelift_nan_canonicalization(true)
-            .wasm_threads(false)
             .consume_fuel(true)
             .epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
