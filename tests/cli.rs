@@ -27,8 +27,12 @@ fn demo_counts_equal_a_plain_recount() {
         .unwrap();
     assert!(out.status.success(), "demo failed: {}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("top words:") && stdout.contains("events/s"), "{stdout}");
-    let counts: BTreeMap<String, i64> = serde_json::from_slice(&std::fs::read(&counts_file).unwrap()).unwrap();
+    assert!(
+        stdout.contains("top words:") && stdout.contains("events/s"),
+        "{stdout}"
+    );
+    let counts: BTreeMap<String, i64> =
+        serde_json::from_slice(&std::fs::read(&counts_file).unwrap()).unwrap();
     let text = std::fs::read_to_string(repo().join("host/data/demo.txt")).unwrap();
     let expected = recount(text.lines().map(|l| (l, 3)));
     assert!(expected.len() > 300, "the bundled text is substantial");
@@ -38,23 +42,49 @@ fn demo_counts_equal_a_plain_recount() {
 #[test]
 fn build_prints_the_component_path_last() {
     let target = support::cache_dir().join("guest-target");
-    let out = sluice_cmd().arg("build").arg(repo().join("examples/wordcount")).arg("--target-dir").arg(&target).output().unwrap();
+    let out = sluice_cmd()
+        .arg("build")
+        .arg(repo().join("examples/wordcount"))
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let last = stdout.lines().last().unwrap();
     assert!(last.ends_with("wordcount.wasm"), "{stdout}");
     assert!(Path::new(last).is_file());
 
-    let out = sluice_cmd().arg("build").arg("/definitely/not/here").output().unwrap();
+    let out = sluice_cmd()
+        .arg("build")
+        .arg("/definitely/not/here")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("not a Rust crate"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a Rust crate"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn run_twice_appends_once_and_resumes_a_grown_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (data, input, output) = (dir.path().join("data"), dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
-    write_lines(&input, &["\"the cat\"", "\"the dog\"", "{\"delete\": \"the cat\"}", "{\"insert\": \"a cat\", \"weight\": 2}"]);
+    let (data, input, output) = (
+        dir.path().join("data"),
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
+    write_lines(
+        &input,
+        &[
+            "\"the cat\"",
+            "\"the dog\"",
+            "{\"delete\": \"the cat\"}",
+            "{\"insert\": \"a cat\", \"weight\": 2}",
+        ],
+    );
     let run = || {
         let out = sluice_cmd()
             .arg("run")
@@ -69,8 +99,10 @@ fn run_twice_appends_once_and_resumes_a_grown_file() {
         assert!(out.status.success(), "{}", stderr(&out));
         sluice::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap()
     };
-    let expected: BTreeMap<String, i64> =
-        [("a", 2), ("cat", 2), ("dog", 1), ("the", 1)].into_iter().map(|(w, n)| (w.to_owned(), n)).collect();
+    let expected: BTreeMap<String, i64> = [("a", 2), ("cat", 2), ("dog", 1), ("the", 1)]
+        .into_iter()
+        .map(|(w, n)| (w.to_owned(), n))
+        .collect();
     assert_eq!(run(), expected);
     assert_eq!(run(), expected, "a second run appends nothing");
     // The file grows: only the new line is appended.
@@ -111,32 +143,83 @@ fn run_reports_bad_input_clearly() {
     };
     let data = dir.path().join("d1");
     let (wc_s, data_s) = (wc.to_str().unwrap(), data.to_str().unwrap());
-    let e = run(&["run", wc_s, "--data", data_s, &format!("--input=lines={}", bad.display())]);
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        data_s,
+        &format!("--input=lines={}", bad.display()),
+    ]);
     assert!(e.contains("line 2") && e.contains("not JSON"), "{e}");
 
-    let e = run(&["run", wc_s, "--data", data_s, "--input=lines=/no/such/file.jsonl"]);
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        data_s,
+        "--input=lines=/no/such/file.jsonl",
+    ]);
     assert!(e.contains("does not exist"), "{e}");
 
     let good = dir.path().join("good.jsonl");
     write_lines(&good, &["\"x\""]);
-    let e = run(&["run", wc_s, "--data", dir.path().join("d2").to_str().unwrap(), &format!("--input=words={}", good.display())]);
-    assert!(e.contains("unknown input port `words`") && e.contains("lines"), "{e}");
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        dir.path().join("d2").to_str().unwrap(),
+        &format!("--input=words={}", good.display()),
+    ]);
+    assert!(
+        e.contains("unknown input port `words`") && e.contains("lines"),
+        "{e}"
+    );
 
     let core = dir.path().join("core.wasm");
     std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
-    let e = run(&["run", core.to_str().unwrap(), "--data", dir.path().join("d3").to_str().unwrap()]);
-    assert!(e.contains("core WebAssembly module, not a component"), "{e}");
+    let e = run(&[
+        "run",
+        core.to_str().unwrap(),
+        "--data",
+        dir.path().join("d3").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("core WebAssembly module, not a component"),
+        "{e}"
+    );
 
     let empty = dir.path().join("empty.wasm");
     std::fs::write(&empty, b"\0asm\x0d\0\x01\0").unwrap();
-    let e = run(&["run", empty.to_str().unwrap(), "--data", dir.path().join("d5").to_str().unwrap()]);
-    assert!(e.contains("does not implement the sluice:circuit/pipeline-worker") && e.contains("exports []"), "{e}");
+    let e = run(&[
+        "run",
+        empty.to_str().unwrap(),
+        "--data",
+        dir.path().join("d5").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("does not implement the sluice:circuit/pipeline-worker")
+            && e.contains("exports []"),
+        "{e}"
+    );
 
     let junk = dir.path().join("junk.wasm");
     std::fs::write(&junk, b"hello").unwrap();
-    let e = run(&["run", junk.to_str().unwrap(), "--data", dir.path().join("d4").to_str().unwrap()]);
+    let e = run(&[
+        "run",
+        junk.to_str().unwrap(),
+        "--data",
+        dir.path().join("d4").to_str().unwrap(),
+    ]);
     assert!(e.contains("not a WebAssembly component"), "{e}");
 
-    let e = run(&["run", "--data", data_s, wc_s, "--workers", "3", &format!("--input=lines={}", good.display())]);
+    let e = run(&[
+        "run",
+        "--data",
+        data_s,
+        wc_s,
+        "--workers",
+        "3",
+        &format!("--input=lines={}", good.display()),
+    ]);
     assert!(e.contains("runs with 1 workers, not 3"), "{e}");
 }

@@ -40,11 +40,17 @@ async fn i1_a_committed_step_is_never_written_again() {
             })
             .collect(),
     };
-    assert!(matches!(h.storage.commit_step(&again), Err(Error::StepExists { step: 0 })));
+    assert!(matches!(
+        h.storage.commit_step(&again),
+        Err(Error::StepExists { step: 0 })
+    ));
     // A malformed commit (missing a worker's entry) is refused before it reaches the log.
     again.record.step = 1;
     again.outputs[0].1.pop();
-    assert!(matches!(h.storage.commit_step(&again), Err(Error::InvalidCommit { step: 1, .. })));
+    assert!(matches!(
+        h.storage.commit_step(&again),
+        Err(Error::InvalidCommit { step: 1, .. })
+    ));
     assert_eq!(h.log.last_step().unwrap(), Some(0));
 }
 
@@ -55,18 +61,39 @@ async fn i2_trim_only_below_the_newest_checkpoint() {
     h.append("in", 0, &["a", "b", "c", "d", "e"]);
     let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
     // Nothing checkpointed: no trim at all.
-    assert!(matches!(h.storage.trim(0, 0, 1), Err(Error::TrimAboveCheckpoint { allowed: 0, .. })));
+    assert!(matches!(
+        h.storage.trim(0, 0, 1),
+        Err(Error::TrimAboveCheckpoint { allowed: 0, .. })
+    ));
     assert!(c.step().await.unwrap()); // consumes a, b
     c.checkpoint().await.unwrap(); // covers offset 2, trims below it
     assert!(c.step().await.unwrap()); // consumes c, d (not checkpointed)
-    assert_eq!(h.log.watermarks("in", 0).unwrap(), (2, 5), "input below the checkpoint is gone");
-    assert!(matches!(h.log.read("in", 0, 0..2), Err(Error::Trimmed { low: 2, .. })));
+    assert_eq!(
+        h.log.watermarks("in", 0).unwrap(),
+        (2, 5),
+        "input below the checkpoint is gone"
+    );
+    assert!(matches!(
+        h.log.read("in", 0, 0..2),
+        Err(Error::Trimmed { low: 2, .. })
+    ));
     let err = h.storage.trim(0, 0, 3).unwrap_err();
     assert!(
-        matches!(err, Error::TrimAboveCheckpoint { requested: 3, allowed: 2, .. }),
+        matches!(
+            err,
+            Error::TrimAboveCheckpoint {
+                requested: 3,
+                allowed: 2,
+                ..
+            }
+        ),
         "trim above the checkpoint must be refused, got {err}"
     );
-    assert_eq!(h.log.read("in", 0, 2..5).unwrap().len(), 3, "refused trim removed nothing");
+    assert_eq!(
+        h.log.read("in", 0, 2..5).unwrap().len(),
+        3,
+        "refused trim removed nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +142,17 @@ async fn i4_a_replay_with_different_output_stops_the_pipeline() {
         Ok(_) => panic!("a nondeterministic replay must stop the pipeline"),
         Err(e) => e,
     };
-    assert!(matches!(err, Error::Nondeterministic { step: 1, worker: 0, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Nondeterministic {
+                step: 1,
+                worker: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("not deterministic"), "{err}");
     assert_eq!(h.integrated("out"), committed, "nothing was written");
 }
@@ -131,10 +168,18 @@ async fn a_trap_fails_the_pipeline_naming_it_and_keeps_committed_work() {
     h.append("in", 1, &["trap"]);
     let err = c.step().await.unwrap_err();
     match &err {
-        Error::Trap { worker: 1, call: "step", trap } => assert!(trap.contains("unreachable"), "{trap}"),
+        Error::Trap {
+            worker: 1,
+            call: "step",
+            trap,
+        } => assert!(trap.contains("unreachable"), "{trap}"),
         other => panic!("expected a trap of worker 1, got {other}"),
     }
-    assert_eq!(h.log.last_step().unwrap(), Some(0), "the failed step committed nothing");
+    assert_eq!(
+        h.log.last_step().unwrap(),
+        Some(0),
+        "the failed step committed nothing"
+    );
     assert_eq!(h.integrated("out").len(), 2, "committed output is intact");
     // The pipeline cannot go on with lost instances, and says so.
     assert!(c.step().await.is_err());
@@ -148,14 +193,27 @@ async fn a_trap_fails_the_pipeline_naming_it_and_keeps_committed_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuel_and_memory_limits_stop_a_guest_with_a_named_error() {
     let wasm = component(MISBEHAVE);
-    let limits = Limits { memory: 64 << 20, fuel_per_call: 200_000_000, deadline: Duration::from_secs(60) };
+    let limits = Limits {
+        memory: 64 << 20,
+        fuel_per_call: 200_000_000,
+        deadline: Duration::from_secs(60),
+    };
 
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::open(dir.path(), &wasm, 1, limits).await;
     h.append("in", 0, &["spin"]);
     let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
     let err = c.step().await.unwrap_err();
-    assert!(matches!(err, Error::FuelExhausted { limit: 200_000_000, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::FuelExhausted {
+                limit: 200_000_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("fuel per step"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
@@ -163,9 +221,16 @@ async fn fuel_and_memory_limits_stop_a_guest_with_a_named_error() {
     h.append("in", 0, &["grow"]);
     let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
     let err = c.step().await.unwrap_err();
-    assert!(matches!(err, Error::MemoryExceeded { limit, .. } if limit == 64 << 20), "{err}");
+    assert!(
+        matches!(err, Error::MemoryExceeded { limit, .. } if limit == 64 << 20),
+        "{err}"
+    );
 
-    let limits = Limits { fuel_per_call: u64::MAX, deadline: Duration::from_millis(300), ..limits };
+    let limits = Limits {
+        fuel_per_call: u64::MAX,
+        deadline: Duration::from_millis(300),
+        ..limits
+    };
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::open(dir.path(), &wasm, 1, limits).await;
     h.append("in", 0, &["spin"]);
@@ -178,6 +243,9 @@ struct PipelineOptionsExt;
 
 impl PipelineOptionsExt {
     fn batch(n: u64) -> sluice::PipelineOptions {
-        sluice::PipelineOptions { max_batch: n, ..manual_checkpoints() }
+        sluice::PipelineOptions {
+            max_batch: n,
+            ..manual_checkpoints()
+        }
     }
 }

@@ -76,11 +76,20 @@ impl Graph {
     }
 
     fn port(&mut self, kind: &str, name: &str, output: bool) -> usize {
-        let ports = if output { &mut self.outputs } else { &mut self.inputs };
+        let ports = if output {
+            &mut self.outputs
+        } else {
+            &mut self.inputs
+        };
         if name.is_empty() || ports.iter().any(|p| p == name) {
-            self.errors.push(format!("{kind} port name `{name}` is empty or used twice"));
+            self.errors
+                .push(format!("{kind} port name `{name}` is empty or used twice"));
         }
-        let ports = if output { &mut self.outputs } else { &mut self.inputs };
+        let ports = if output {
+            &mut self.outputs
+        } else {
+            &mut self.inputs
+        };
         ports.push(name.to_owned());
         ports.len() - 1
     }
@@ -106,7 +115,10 @@ impl Circuit {
     pub fn input<T: Data>(&mut self, name: &str) -> Stream<T> {
         let mut g = self.graph.borrow_mut();
         let port = g.port("input", name, false);
-        let node = g.add(Box::new(crate::operator::input::Input::<T>::new(port, name)), vec![]);
+        let node = g.add(
+            Box::new(crate::operator::input::Input::<T>::new(port, name)),
+            vec![],
+        );
         Stream::new(self.graph.clone(), node)
     }
 
@@ -129,13 +141,21 @@ pub struct Stream<T> {
 
 impl<T> Clone for Stream<T> {
     fn clone(&self) -> Self {
-        Stream { graph: self.graph.clone(), node: self.node, _type: PhantomData }
+        Stream {
+            graph: self.graph.clone(),
+            node: self.node,
+            _type: PhantomData,
+        }
     }
 }
 
 impl<T: Data> Stream<T> {
     fn new(graph: Rc<RefCell<Graph>>, node: NodeId) -> Self {
-        Stream { graph, node, _type: PhantomData }
+        Stream {
+            graph,
+            node,
+            _type: PhantomData,
+        }
     }
 
     /// Adds an operator reading this stream and returns its output stream.
@@ -156,7 +176,10 @@ impl<T: Data> Stream<T> {
     pub fn output(&self, name: &str) {
         let mut g = self.graph.borrow_mut();
         let port = g.port("output", name, true);
-        g.add(Box::new(crate::operator::output::Output::<T>::new(port)), vec![self.node]);
+        g.add(
+            Box::new(crate::operator::output::Output::<T>::new(port)),
+            vec![self.node],
+        );
     }
 }
 
@@ -180,8 +203,13 @@ impl CircuitInstance {
     ///
     /// Fails if the build declared ports twice or with empty names.
     pub fn build(build: impl FnOnce(&mut Circuit)) -> Result<Self> {
-        let graph = Rc::new(RefCell::new(Graph { snapshot_version: 1, ..Graph::default() }));
-        build(&mut Circuit { graph: graph.clone() });
+        let graph = Rc::new(RefCell::new(Graph {
+            snapshot_version: 1,
+            ..Graph::default()
+        }));
+        build(&mut Circuit {
+            graph: graph.clone(),
+        });
         let graph = Rc::try_unwrap(graph)
             .map_err(|_| Error::Failed("a Stream outlived the circuit's build function".into()))?
             .into_inner();
@@ -222,7 +250,11 @@ impl CircuitInstance {
         }
         inputs.resize_with(self.graph.inputs.len(), Vec::new);
         let mut outputs = vec![Vec::new(); self.graph.outputs.len()];
-        let mut cx = StepContext { inputs: &inputs, outputs: &mut outputs, exchange };
+        let mut cx = StepContext {
+            inputs: &inputs,
+            outputs: &mut outputs,
+            exchange,
+        };
         let mut values: Vec<Option<Box<dyn Any>>> = Vec::with_capacity(self.graph.nodes.len());
         for node in &mut self.graph.nodes {
             let ins: Vec<&dyn Any> = node
@@ -269,8 +301,9 @@ impl CircuitInstance {
                 env.snapshot_version, self.graph.snapshot_version
             )));
         }
-        let stateful: Vec<usize> =
-            (0..self.graph.nodes.len()).filter(|&i| self.graph.nodes[i].op.stateful()).collect();
+        let stateful: Vec<usize> = (0..self.graph.nodes.len())
+            .filter(|&i| self.graph.nodes[i].op.stateful())
+            .collect();
         if stateful.len() != env.operators.len() {
             return Err(Error::IncompatibleSnapshot(format!(
                 "snapshot holds {} stateful operators, the circuit has {}",

@@ -27,7 +27,11 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::BadInput { port, index, message } => {
+            Error::BadInput {
+                port,
+                index,
+                message,
+            } => {
                 write!(f, "input port `{port}`, event {index}: {message}")
             }
             Error::IncompatibleSnapshot(m) => write!(f, "incompatible snapshot: {m}"),

@@ -69,18 +69,26 @@ macro_rules! circuit {
             fn describe() -> $crate::sys::CircuitInfo {
                 $crate::sys::describe($build)
             }
-            fn init(info: $crate::sys::WorkerInfo) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+            fn init(
+                info: $crate::sys::WorkerInfo,
+            ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
                 $crate::sys::init($build, info)
             }
             fn step(
                 inputs: ::std::vec::Vec<$crate::sys::Batch>,
-            ) -> ::core::result::Result<::std::vec::Vec<$crate::sys::Batch>, $crate::sys::CircuitError> {
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::sys::Batch>,
+                $crate::sys::CircuitError,
+            > {
                 $crate::sys::step(inputs)
             }
-            fn snapshot() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError> {
+            fn snapshot() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError>
+            {
                 $crate::sys::snapshot()
             }
-            fn restore(state: ::std::vec::Vec<u8>) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+            fn restore(
+                state: ::std::vec::Vec<u8>,
+            ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
                 $crate::sys::restore(state)
             }
         }

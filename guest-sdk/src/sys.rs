@@ -67,7 +67,11 @@ pub fn describe(build: fn(&mut Circuit)) -> CircuitInfo {
             snapshot_version: c.snapshot_version(),
         },
         // `init` reports the build error; describe has no error channel.
-        Err(_) => CircuitInfo { inputs: vec![], outputs: vec![], snapshot_version: 0 },
+        Err(_) => CircuitInfo {
+            inputs: vec![],
+            outputs: vec![],
+            snapshot_version: 0,
+        },
     }
 }
 
@@ -121,11 +125,19 @@ pub fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
 }
 
 fn from_wit(e: wit::Event) -> RawEvent {
-    RawEvent { key: e.key, value: e.value, weight: e.weight }
+    RawEvent {
+        key: e.key,
+        value: e.value,
+        weight: e.weight,
+    }
 }
 
 fn to_wit(e: RawEvent) -> wit::Event {
-    wit::Event { key: e.key, value: e.value, weight: e.weight }
+    wit::Event {
+        key: e.key,
+        value: e.value,
+        weight: e.weight,
+    }
 }
 
 /// The host's exchange, reached through the `exchange` import.

@@ -93,7 +93,9 @@ pub struct RunArgs {
 
 fn port_file(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
-        Some((port, file)) if !port.is_empty() && !file.is_empty() => Ok((port.to_owned(), PathBuf::from(file))),
+        Some((port, file)) if !port.is_empty() && !file.is_empty() => {
+            Ok((port.to_owned(), PathBuf::from(file)))
+        }
         _ => Err(format!("expected PORT=FILE, got {s:?}")),
     }
 }
@@ -102,8 +104,10 @@ fn port_file(s: &str) -> Result<(String, PathBuf), String> {
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Build { path, target_dir } => {
-            let wasm = tokio::task::spawn_blocking(move || crate::compile::build_component(&path, target_dir.as_deref()))
-                .await??;
+            let wasm = tokio::task::spawn_blocking(move || {
+                crate::compile::build_component(&path, target_dir.as_deref())
+            })
+            .await??;
             println!("{}", wasm.display());
         }
         Command::Run(a) => {
@@ -151,7 +155,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Demo { workers, repeat, data, save_counts, top } => {
+        Command::Demo {
+            workers,
+            repeat,
+            data,
+            save_counts,
+            top,
+        } => {
             crate::demo::demo(crate::demo::DemoOptions {
                 workers,
                 repeat,

@@ -17,7 +17,11 @@ pub const TARGET: &str = "wasm32-wasip2";
 /// or the manifest itself) and returns the component's path. Cargo's own
 /// progress goes to stderr. `target_dir` overrides cargo's target directory.
 pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<PathBuf> {
-    let manifest = if crate_dir.is_file() { crate_dir.to_owned() } else { crate_dir.join("Cargo.toml") };
+    let manifest = if crate_dir.is_file() {
+        crate_dir.to_owned()
+    } else {
+        crate_dir.join("Cargo.toml")
+    };
     if !manifest.is_file() {
         return Err(Error::Config(format!(
             "{} is not a Rust crate (no Cargo.toml there)",
@@ -29,7 +33,13 @@ pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<Pa
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(dir)
-        .args(["build", "--release", "--target", TARGET, "--message-format=json-render-diagnostics"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            TARGET,
+            "--message-format=json-render-diagnostics",
+        ])
         .arg("--manifest-path")
         .arg(&manifest)
         .stdout(Stdio::piped())
@@ -37,8 +47,13 @@ pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<Pa
     if let Some(t) = target_dir {
         cmd.arg("--target-dir").arg(t);
     }
-    let mut child = cmd.spawn().map_err(|e| Error::Config(format!("cannot run cargo: {e}")))?;
-    let stdout = child.stdout.take().ok_or_else(|| Error::Config("cargo has no stdout".into()))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Config(format!("cannot run cargo: {e}")))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Error::Config("cargo has no stdout".into()))?;
     let mut wasm = None;
     for message in Message::parse_stream(BufReader::new(stdout)) {
         let message = message.map_err(|e| Error::Config(format!("reading cargo's output: {e}")))?;
@@ -49,7 +64,9 @@ pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<Pa
             wasm = Some(f.clone().into_std_path_buf());
         }
     }
-    let status = child.wait().map_err(|e| Error::Config(format!("waiting for cargo: {e}")))?;
+    let status = child
+        .wait()
+        .map_err(|e| Error::Config(format!("waiting for cargo: {e}")))?;
     if !status.success() {
         return Err(Error::Config(format!(
             "cargo build of {} for {TARGET} failed ({status}); see its messages above \

@@ -31,21 +31,28 @@ pub struct DemoOptions {
 
 /// Where the word-count example lives in the source tree.
 pub fn wordcount_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("examples").join("wordcount")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("examples")
+        .join("wordcount")
 }
 
 /// Runs the demo; prints to stdout.
 pub async fn demo(opts: DemoOptions) -> anyhow::Result<RunReport> {
     let src = wordcount_dir();
     if !src.join("Cargo.toml").is_file() {
-        bail!("sluice demo builds {} and needs the Sluice source tree", src.display());
+        bail!(
+            "sluice demo builds {} and needs the Sluice source tree",
+            src.display()
+        );
     }
     let guests = SluiceEngine::default_cache_dir()
         .unwrap_or_else(std::env::temp_dir)
         .join("guest-target");
     eprintln!("building examples/wordcount for wasm32-wasip2 …");
-    let component = tokio::task::spawn_blocking(move || crate::compile::build_component(&src, Some(&guests)))
-        .await??;
+    let component =
+        tokio::task::spawn_blocking(move || crate::compile::build_component(&src, Some(&guests)))
+            .await??;
 
     let tmp = tempfile::tempdir().context("creating a temporary directory")?;
     let data = opts.data.clone().unwrap_or_else(|| tmp.path().join("data"));
@@ -96,9 +103,14 @@ pub async fn demo(opts: DemoOptions) -> anyhow::Result<RunReport> {
         s.events_out,
         counts.len()
     );
-    println!("run time: {:.3} s  throughput: {:.0} events/s", report.run_time.as_secs_f64(), report.events_per_second());
+    println!(
+        "run time: {:.3} s  throughput: {:.0} events/s",
+        report.run_time.as_secs_f64(),
+        report.events_per_second()
+    );
     if let Some(path) = &opts.save_counts {
-        std::fs::write(path, serde_json::to_vec_pretty(&counts)?).with_context(|| path.display().to_string())?;
+        std::fs::write(path, serde_json::to_vec_pretty(&counts)?)
+            .with_context(|| path.display().to_string())?;
     }
     Ok(report)
 }
@@ -108,7 +120,8 @@ pub async fn demo(opts: DemoOptions) -> anyhow::Result<RunReport> {
 pub fn integrate_counts(jsonl: &str) -> anyhow::Result<BTreeMap<String, i64>> {
     let mut z: BTreeMap<(String, i64), i64> = BTreeMap::new();
     for (i, line) in jsonl.lines().enumerate() {
-        let (v, w) = crate::spec::parse_output_line(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        let (v, w) = crate::spec::parse_output_line(line)
+            .map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         let word = v["word"].as_str().context("missing word")?.to_owned();
         let count = v["count"].as_i64().context("missing count")?;
         *z.entry((word, count)).or_default() += w;

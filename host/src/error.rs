@@ -138,7 +138,9 @@ pub enum Error {
     },
 
     /// The fuel limit per step (deterministic CPU bound) ran out.
-    #[error("worker {worker} exhausted its fuel limit of {limit} units in `{call}` (limit: fuel per step)")]
+    #[error(
+        "worker {worker} exhausted its fuel limit of {limit} units in `{call}` (limit: fuel per step)"
+    )]
     FuelExhausted {
         /// Worker index.
         worker: u32,
@@ -149,7 +151,9 @@ pub enum Error {
     },
 
     /// The wall-clock deadline per call ran out.
-    #[error("worker {worker} exceeded its wall-clock deadline of {deadline:?} in `{call}` (limit: step deadline)")]
+    #[error(
+        "worker {worker} exceeded its wall-clock deadline of {deadline:?} in `{call}` (limit: step deadline)"
+    )]
     DeadlineExceeded {
         /// Worker index.
         worker: u32,
@@ -231,6 +235,9 @@ impl Error {
 
     pub(crate) fn corrupt(what: impl Into<String>) -> impl FnOnce(postcard::Error) -> Error {
         let what = what.into();
-        move |e| Error::Corrupt { what, message: e.to_string() }
+        move |e| Error::Corrupt {
+            what,
+            message: e.to_string(),
+        }
     }
 }

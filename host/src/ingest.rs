@@ -50,8 +50,10 @@ pub fn ingest_file(
     let mut file = std::fs::File::open(&canonical).map_err(Error::io(path))?;
     let size = file.metadata().map_err(Error::io(path))?.len();
     let mark: FileMark = match log.ingest_mark(&source)? {
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Corrupt { what: format!("ingest mark of {}", path.display()), message: e.to_string() })?,
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+            what: format!("ingest mark of {}", path.display()),
+            message: e.to_string(),
+        })?,
         None => FileMark::default(),
     };
     progress.set_length(size);
@@ -70,10 +72,14 @@ pub fn ingest_file(
                 mark.bytes
             )));
         }
-        file.seek(SeekFrom::Start(mark.bytes)).map_err(Error::io(path))?;
+        file.seek(SeekFrom::Start(mark.bytes))
+            .map_err(Error::io(path))?;
     }
     progress.set_position(mark.bytes);
-    let mut report = IngestReport { appended: 0, already: mark.lines };
+    let mut report = IngestReport {
+        appended: 0,
+        already: mark.lines,
+    };
     let (mut bytes, mut lines) = (mark.bytes, mark.lines);
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut line = String::new();
@@ -82,9 +88,9 @@ pub fn ingest_file(
         let mut chunk_lines = 0;
         while chunk_lines < CHUNK_LINES {
             line.clear();
-            let n = reader.read_line(&mut line).map_err(|e| Error::Config(format!(
-                "{}: line {}: {e}", path.display(), lines + 1
-            )))?;
+            let n = reader.read_line(&mut line).map_err(|e| {
+                Error::Config(format!("{}: line {}: {e}", path.display(), lines + 1))
+            })?;
             if n == 0 {
                 break;
             }
@@ -103,7 +109,11 @@ pub fn ingest_file(
             break;
         }
         let events: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let mark = FileMark { bytes, lines, prefix_sha256: hex::encode(hasher.clone().finalize()) };
+        let mark = FileMark {
+            bytes,
+            lines,
+            prefix_sha256: hex::encode(hasher.clone().finalize()),
+        };
         let state = serde_json::to_vec(&mark).map_err(|e| Error::Config(e.to_string()))?;
         log.append(AppendBatch {
             appends: parts
@@ -112,7 +122,10 @@ pub fn ingest_file(
                 .filter(|(_, events)| !events.is_empty())
                 .map(|(p, events)| (input.to_owned(), p as u32, events))
                 .collect(),
-            mark: Some(IngestMark { source: source.clone(), state }),
+            mark: Some(IngestMark {
+                source: source.clone(),
+                state,
+            }),
         })?;
         report.appended += events;
         progress.set_position(bytes);

@@ -21,11 +21,17 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, String> {
     }
     let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     if let Value::Object(map) = &value {
-        let op = ["insert", "delete"].into_iter().find(|k| map.contains_key(*k));
-        let only_known = map.keys().all(|k| k == "insert" || k == "delete" || k == "weight");
+        let op = ["insert", "delete"]
+            .into_iter()
+            .find(|k| map.contains_key(*k));
+        let only_known = map
+            .keys()
+            .all(|k| k == "insert" || k == "delete" || k == "weight");
         if let (Some(op), true) = (op, only_known) {
             if map.contains_key("insert") && map.contains_key("delete") {
-                return Err("an event is either {\"insert\": v} or {\"delete\": v}, not both".into());
+                return Err(
+                    "an event is either {\"insert\": v} or {\"delete\": v}, not both".into(),
+                );
             }
             let weight = match map.get("weight") {
                 None => 1,
@@ -36,17 +42,27 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, String> {
             };
             let sign = if op == "insert" { 1 } else { -1 };
             let inner = serde_json::to_vec(&map[op]).map_err(|e| e.to_string())?;
-            return Ok(Some(Event { value: inner, weight: sign * weight }));
+            return Ok(Some(Event {
+                value: inner,
+                weight: sign * weight,
+            }));
         }
     }
-    Ok(Some(Event { value: line.as_bytes().to_vec(), weight: 1 }))
+    Ok(Some(Event {
+        value: line.as_bytes().to_vec(),
+        weight: 1,
+    }))
 }
 
 /// Writes one output event as a JSON line (with the trailing newline).
 /// `event.value` must be valid JSON (the host checks every output value
 /// when it commits a step).
 pub fn write_output_line(out: &mut Vec<u8>, event: &Event) {
-    let op: &[u8] = if event.weight >= 0 { b"{\"insert\":" } else { b"{\"delete\":" };
+    let op: &[u8] = if event.weight >= 0 {
+        b"{\"insert\":"
+    } else {
+        b"{\"delete\":"
+    };
     out.extend_from_slice(op);
     out.extend_from_slice(&event.value);
     let n = event.weight.unsigned_abs();
@@ -73,16 +89,28 @@ mod tests {
     use super::*;
 
     fn ev(v: &str, w: i64) -> Event {
-        Event { value: v.as_bytes().to_vec(), weight: w }
+        Event {
+            value: v.as_bytes().to_vec(),
+            weight: w,
+        }
     }
 
     #[test]
     fn input_lines() {
         assert_eq!(parse_input_line("\"a b\"").unwrap(), Some(ev("\"a b\"", 1)));
         assert_eq!(parse_input_line("  ").unwrap(), None);
-        assert_eq!(parse_input_line(r#"{"delete": "x"}"#).unwrap(), Some(ev("\"x\"", -1)));
-        assert_eq!(parse_input_line(r#"{"insert": {"a":1}, "weight": 3}"#).unwrap(), Some(ev(r#"{"a":1}"#, 3)));
-        assert_eq!(parse_input_line(r#"{"insert": 1, "other": 2}"#).unwrap(), Some(ev(r#"{"insert": 1, "other": 2}"#, 1)));
+        assert_eq!(
+            parse_input_line(r#"{"delete": "x"}"#).unwrap(),
+            Some(ev("\"x\"", -1))
+        );
+        assert_eq!(
+            parse_input_line(r#"{"insert": {"a":1}, "weight": 3}"#).unwrap(),
+            Some(ev(r#"{"a":1}"#, 3))
+        );
+        assert_eq!(
+            parse_input_line(r#"{"insert": 1, "other": 2}"#).unwrap(),
+            Some(ev(r#"{"insert": 1, "other": 2}"#, 1))
+        );
         assert!(parse_input_line(r#"{"insert": 1, "delete": 2}"#).is_err());
         assert!(parse_input_line(r#"{"delete": 1, "weight": -2}"#).is_err());
         assert!(parse_input_line("{nope").unwrap_err().contains("not JSON"));

@@ -39,8 +39,11 @@ pub fn component(crate_path: &str) -> PathBuf {
     if let Some(p) = built.get(crate_path) {
         return p.clone();
     }
-    let wasm = sluice::compile::build_component(&repo().join(crate_path), Some(&cache_dir().join("guest-target")))
-        .unwrap_or_else(|e| panic!("building {crate_path}: {e}"));
+    let wasm = sluice::compile::build_component(
+        &repo().join(crate_path),
+        Some(&cache_dir().join("guest-target")),
+    )
+    .unwrap_or_else(|e| panic!("building {crate_path}: {e}"));
     built.insert(crate_path.to_owned(), wasm.clone());
     wasm
 }
@@ -73,7 +76,8 @@ impl Harness {
         let shape = describe(&engine, &component).await.unwrap();
         let db = db::open(dir).unwrap();
         let log = Arc::new(EmbeddedLog::open(db.clone()).unwrap());
-        let inputs: Vec<(String, u32)> = shape.inputs.iter().map(|n| (n.clone(), workers)).collect();
+        let inputs: Vec<(String, u32)> =
+            shape.inputs.iter().map(|n| (n.clone(), workers)).collect();
         for (name, p) in &inputs {
             log.create_input(name, *p).unwrap();
         }
@@ -101,8 +105,19 @@ impl Harness {
 
     /// Appends JSON values (inserts) to `partition` of input `port`.
     pub fn append(&self, port: &str, partition: u32, values: &[&str]) {
-        let events = values.iter().map(|v| Event { value: serde_json::to_vec(v).unwrap(), weight: 1 }).collect();
-        self.log.append(AppendBatch { appends: vec![(port.into(), partition, events)], mark: None }).unwrap();
+        let events = values
+            .iter()
+            .map(|v| Event {
+                value: serde_json::to_vec(v).unwrap(),
+                weight: 1,
+            })
+            .collect();
+        self.log
+            .append(AppendBatch {
+                appends: vec![(port.into(), partition, events)],
+                mark: None,
+            })
+            .unwrap();
     }
 
     /// Opens the coordinator (which recovers).
@@ -152,7 +167,9 @@ pub fn recount<'a>(lines: impl IntoIterator<Item = (&'a str, i64)>) -> BTreeMap<
     let mut counts = BTreeMap::new();
     for (line, weight) in lines {
         for raw in line.split_whitespace() {
-            let w: String = raw.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase();
+            let w: String = raw
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
             if !w.is_empty() {
                 *counts.entry(w).or_insert(0) += weight;
             }

@@ -18,7 +18,10 @@ pub struct WordCount {
 /// Splits a line into normalized words.
 pub fn words(line: &str) -> Vec<String> {
     line.split_whitespace()
-        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase())
+        .map(|w| {
+            w.trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase()
+        })
         .filter(|w| !w.is_empty())
         .collect()
 }
@@ -28,7 +31,10 @@ pub fn build(c: &mut Circuit) {
     c.input::<String>("lines")
         .flat_map(|line| words(line))
         .count_by(|word| word.clone())
-        .map(|(word, count)| WordCount { word: word.clone(), count: *count })
+        .map(|(word, count)| WordCount {
+            word: word.clone(),
+            count: *count,
+        })
         .output("counts");
 }
 

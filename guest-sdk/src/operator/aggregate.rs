@@ -88,7 +88,11 @@ where
         }
         let mut send = Vec::with_capacity(local.len());
         for (key, acc) in local.iter().filter(|(_, a)| !a.is_empty()) {
-            send.push(RawEvent { key: codec::to_bytes(key)?, value: codec::to_bytes(acc)?, weight: 1 });
+            send.push(RawEvent {
+                key: codec::to_bytes(key)?,
+                value: codec::to_bytes(acc)?,
+                weight: 1,
+            });
         }
         let received = cx.exchange.shuffle(self.channel, send)?;
 
@@ -198,7 +202,11 @@ mod tests {
     fn count_changes_delete_old_and_insert_new() {
         let out: Vec<Vec<((u8, i64), i64)>> = run_steps(
             counts,
-            &[vec![(1, 1), (6, 1)], vec![(11, 1)], vec![(1, -1), (6, -1), (11, -1)]],
+            &[
+                vec![(1, 1), (6, 1)],
+                vec![(11, 1)],
+                vec![(1, -1), (6, -1), (11, -1)],
+            ],
         );
         assert_eq!(
             out,
@@ -216,11 +224,18 @@ mod tests {
         for (x, w) in input {
             *per_key.entry(x % 5).or_default() += w;
         }
-        per_key.into_iter().filter(|(_, n)| *n > 0).map(|kv| (kv, 1)).collect()
+        per_key
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|kv| (kv, 1))
+            .collect()
     }
 
     fn batches() -> impl Strategy<Value = Vec<Vec<(u8, i64)>>> {
-        proptest::collection::vec(proptest::collection::vec((0u8..20, -2i64..=2), 0..12), 1..10)
+        proptest::collection::vec(
+            proptest::collection::vec((0u8..20, -2i64..=2), 0..12),
+            1..10,
+        )
     }
 
     proptest! {
@@ -263,33 +278,51 @@ mod tests {
                     .sum_by(|(k, _)| k.clone(), |(_, v)| *v)
                     .output("out")
             },
-            &[vec![(("a".to_owned(), 5), 1), (("a".to_owned(), 3), 1)], vec![(("a".to_owned(), 5), -1)]],
+            &[
+                vec![(("a".to_owned(), 5), 1), (("a".to_owned(), 3), 1)],
+                vec![(("a".to_owned(), 5), -1)],
+            ],
         );
         assert_eq!(
             out,
             // Output is consolidated, so sorted by record.
-            vec![vec![(("a".into(), 8), 1)], vec![(("a".into(), 3), 1), (("a".into(), 8), -1)]]
+            vec![
+                vec![(("a".into(), 8), 1)],
+                vec![(("a".into(), 3), 1), (("a".into(), 8), -1)]
+            ]
         );
     }
 
     #[test]
     fn restore_refuses_other_shapes_and_versions() {
         let mut a = CircuitInstance::build(counts).unwrap();
-        a.step(vec![events(&[(1u8, 1)])], &mut LocalExchange).unwrap();
+        a.step(vec![events(&[(1u8, 1)])], &mut LocalExchange)
+            .unwrap();
         let snap = a.snapshot().unwrap();
 
         let mut stateless = CircuitInstance::build(|c: &mut Circuit| {
             c.input::<u8>("in").output("out");
         })
         .unwrap();
-        assert!(stateless.restore(&snap).unwrap_err().to_string().contains("stateful operators"));
+        assert!(
+            stateless
+                .restore(&snap)
+                .unwrap_err()
+                .to_string()
+                .contains("stateful operators")
+        );
 
         let mut v2 = CircuitInstance::build(|c: &mut Circuit| {
             c.snapshot_version(2);
             counts(c);
         })
         .unwrap();
-        assert!(v2.restore(&snap).unwrap_err().to_string().contains("snapshot version 1"));
+        assert!(
+            v2.restore(&snap)
+                .unwrap_err()
+                .to_string()
+                .contains("snapshot version 1")
+        );
         assert!(a.restore(b"garbage").is_err());
     }
 }

@@ -17,8 +17,11 @@ impl<T: Data, F: Fn(&T) -> bool + 'static> Operator for Filter<T, F> {
     }
 
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let out: ZSet<T> =
-            input::<T>(inputs, 0).iter().filter(|(v, _)| (self.f)(v)).cloned().collect();
+        let out: ZSet<T> = input::<T>(inputs, 0)
+            .iter()
+            .filter(|(v, _)| (self.f)(v))
+            .cloned()
+            .collect();
         Ok(Box::new(out))
     }
 }
@@ -33,7 +36,10 @@ impl<T: Data> Stream<T> {
     /// }).unwrap();
     /// ```
     pub fn filter(&self, f: impl Fn(&T) -> bool + 'static) -> Stream<T> {
-        self.unary(Filter { f, _type: PhantomData })
+        self.unary(Filter {
+            f,
+            _type: PhantomData,
+        })
     }
 }
 

@@ -48,7 +48,10 @@ impl<T: Data> Stream<T> {
         &self,
         f: impl Fn(&T) -> I + 'static,
     ) -> Stream<U> {
-        self.unary(FlatMap { f, _types: PhantomData })
+        self.unary(FlatMap {
+            f,
+            _types: PhantomData,
+        })
     }
 }
 
@@ -64,11 +67,17 @@ mod tests {
                     .flat_map(|l| l.split(' ').map(str::to_owned).collect::<Vec<_>>())
                     .output("out")
             },
-            &[vec![("a b a".to_owned(), 1)], vec![("a b a".to_owned(), -1)]],
+            &[
+                vec![("a b a".to_owned(), 1)],
+                vec![("a b a".to_owned(), -1)],
+            ],
         );
         assert_eq!(
             out,
-            vec![vec![("a".into(), 2), ("b".into(), 1)], vec![("a".into(), -2), ("b".into(), -1)]]
+            vec![
+                vec![("a".into(), 2), ("b".into(), 1)],
+                vec![("a".into(), -2), ("b".into(), -1)]
+            ]
         );
     }
 }

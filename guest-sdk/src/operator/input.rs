@@ -14,7 +14,11 @@ pub(crate) struct Input<T> {
 
 impl<T> Input<T> {
     pub(crate) fn new(port: usize, name: &str) -> Self {
-        Input { port, name: name.to_owned(), _type: PhantomData }
+        Input {
+            port,
+            name: name.to_owned(),
+            _type: PhantomData,
+        }
     }
 }
 

@@ -17,7 +17,10 @@ impl<T: Data, U: Data, F: Fn(&T) -> U + 'static> Operator for Map<T, U, F> {
     }
 
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let out: ZSet<U> = input::<T>(inputs, 0).iter().map(|(v, w)| ((self.f)(v), *w)).collect();
+        let out: ZSet<U> = input::<T>(inputs, 0)
+            .iter()
+            .map(|(v, w)| ((self.f)(v), *w))
+            .collect();
         Ok(Box::new(out))
     }
 }
@@ -32,7 +35,10 @@ impl<T: Data> Stream<T> {
     /// }).unwrap();
     /// ```
     pub fn map<U: Data>(&self, f: impl Fn(&T) -> U + 'static) -> Stream<U> {
-        self.unary(Map { f, _types: PhantomData })
+        self.unary(Map {
+            f,
+            _types: PhantomData,
+        })
     }
 }
 

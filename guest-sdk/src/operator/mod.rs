@@ -31,7 +31,10 @@ pub(crate) mod testing {
 
     /// Decodes one output port's events.
     pub fn decode<T: DeserializeOwned>(events: &[RawEvent]) -> Vec<(T, i64)> {
-        events.iter().map(|e| (serde_json::from_slice(&e.value).unwrap(), e.weight)).collect()
+        events
+            .iter()
+            .map(|e| (serde_json::from_slice(&e.value).unwrap(), e.weight))
+            .collect()
     }
 
     /// A single-worker circuit with one input and one output port.

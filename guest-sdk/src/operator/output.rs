@@ -14,7 +14,10 @@ pub(crate) struct Output<T> {
 
 impl<T> Output<T> {
     pub(crate) fn new(port: usize) -> Self {
-        Output { port, _type: PhantomData }
+        Output {
+            port,
+            _type: PhantomData,
+        }
     }
 }
 
@@ -28,7 +31,11 @@ impl<T: Data> Operator for Output<T> {
         zset::consolidate(&mut delta);
         let port = &mut cx.outputs[self.port];
         for (value, weight) in &delta {
-            port.push(RawEvent { key: Vec::new(), value: codec::to_json(value)?, weight: *weight });
+            port.push(RawEvent {
+                key: Vec::new(),
+                value: codec::to_json(value)?,
+                weight: *weight,
+            });
         }
         Ok(Box::new(()))
     }

@@ -19,7 +19,9 @@ use super::exchange::Exchange;
 use super::worker::Worker;
 use crate::error::{Error, Result};
 use crate::storage::checkpoint::CheckpointMeta;
-use crate::storage::{Checkpoint, Event, Frontier, Guarded, OutputEntry, PartitionId, StepCommit, StepRecord};
+use crate::storage::{
+    Checkpoint, Event, Frontier, Guarded, OutputEntry, PartitionId, StepCommit, StepRecord,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,7 +99,9 @@ pub struct Coordinator {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Engine(format!("storage task failed: {e}")))?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Engine(format!("storage task failed: {e}")))?
 }
 
 impl Coordinator {
@@ -123,7 +127,13 @@ impl Coordinator {
         let mut owned = vec![Vec::new(); workers as usize];
         for (i, (name, partitions)) in inputs.iter().enumerate() {
             for p in 0..*partitions {
-                owned[(p % workers) as usize].push((PartitionId { input: i as u32, partition: p }, name.clone()));
+                owned[(p % workers) as usize].push((
+                    PartitionId {
+                        input: i as u32,
+                        partition: p,
+                    },
+                    name.clone(),
+                ));
             }
         }
         let exchange = Exchange::new(workers);
@@ -135,8 +145,14 @@ impl Coordinator {
                 pipeline: options.name.clone(),
                 config: options.config.clone(),
             };
-            let worker =
-                Worker::start(&engine, component, info, Some(exchange.clone()), options.inherit_guest_stderr).await?;
+            let worker = Worker::start(
+                &engine,
+                component,
+                info,
+                Some(exchange.clone()),
+                options.inherit_guest_stderr,
+            )
+            .await?;
             instances.push(Some(worker));
         }
         let checkpoint = {
@@ -147,7 +163,10 @@ impl Coordinator {
             engine,
             storage,
             outputs,
-            frontiers: owned.iter().map(|ps| ps.iter().map(|(id, _)| (*id, 0)).collect()).collect(),
+            frontiers: owned
+                .iter()
+                .map(|ps| ps.iter().map(|(id, _)| (*id, 0)).collect())
+                .collect(),
             owned,
             options,
             exchange,
@@ -189,10 +208,12 @@ impl Coordinator {
         while self.next_step <= last {
             let step = self.next_step;
             let s = self.storage.clone();
-            let record = blocking(move || s.log().step_record(step)).await?.ok_or_else(|| Error::Corrupt {
-                what: "step log".into(),
-                message: format!("step {step} is missing below the last committed step {last}"),
-            })?;
+            let record = blocking(move || s.log().step_record(step))
+                .await?
+                .ok_or_else(|| Error::Corrupt {
+                    what: "step log".into(),
+                    message: format!("step {step} is missing below the last committed step {last}"),
+                })?;
             let outputs = self.execute(&record.frontiers).await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
                 if out.hash != *committed {
@@ -214,7 +235,11 @@ impl Coordinator {
 
     /// Fixes the next step's division: each worker's end offsets.
     async fn divide(&self) -> Result<Vec<Frontier>> {
-        let (storage, owned, mut target) = (self.storage.clone(), self.owned.clone(), self.frontiers.clone());
+        let (storage, owned, mut target) = (
+            self.storage.clone(),
+            self.owned.clone(),
+            self.frontiers.clone(),
+        );
         let max = self.options.max_batch.max(1);
         blocking(move || {
             for (w, parts) in owned.iter().enumerate() {
@@ -233,7 +258,11 @@ impl Coordinator {
     /// frontiers and `target`. Does not commit.
     async fn execute(&mut self, target: &[Frontier]) -> Result<Vec<WorkerOutput>> {
         let inputs = {
-            let (storage, owned, from) = (self.storage.clone(), self.owned.clone(), self.frontiers.clone());
+            let (storage, owned, from) = (
+                self.storage.clone(),
+                self.owned.clone(),
+                self.frontiers.clone(),
+            );
             let target = target.to_vec();
             blocking(move || read_inputs(&storage, &owned, &from, &target)).await?
         };
@@ -241,7 +270,9 @@ impl Coordinator {
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, batches) in inputs.into_iter().enumerate() {
             let mut worker = self.instances[w].take().ok_or_else(|| {
-                Error::Config("the pipeline's workers were lost to an earlier failure; reopen it".into())
+                Error::Config(
+                    "the pipeline's workers were lost to an earlier failure; reopen it".into(),
+                )
             })?;
             let exchange = self.exchange.clone();
             tasks.push(tokio::spawn(async move {
@@ -282,24 +313,32 @@ impl Coordinator {
     fn convert(&self, worker: u32, batches: Vec<Batch>) -> Result<WorkerOutput> {
         let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
         for batch in batches {
-            let port = ports.get_mut(batch.port as usize).ok_or_else(|| Error::Guest {
-                worker,
-                call: "step",
-                message: format!(
-                    "returned a batch for output port {}, but the circuit has {} output ports",
-                    batch.port,
-                    self.outputs.len()
-                ),
-            })?;
+            let port = ports
+                .get_mut(batch.port as usize)
+                .ok_or_else(|| Error::Guest {
+                    worker,
+                    call: "step",
+                    message: format!(
+                        "returned a batch for output port {}, but the circuit has {} output ports",
+                        batch.port,
+                        self.outputs.len()
+                    ),
+                })?;
             for e in batch.events.into_iter().filter(|e| e.weight != 0) {
                 if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&e.value) {
                     return Err(Error::Guest {
                         worker,
                         call: "step",
-                        message: format!("output port {} got a value that is not JSON: {err}", batch.port),
+                        message: format!(
+                            "output port {} got a value that is not JSON: {err}",
+                            batch.port
+                        ),
                     });
                 }
-                port.push(Event { value: e.value, weight: e.weight });
+                port.push(Event {
+                    value: e.value,
+                    weight: e.weight,
+                });
             }
         }
         let hash = hash_outputs(&ports);
@@ -318,7 +357,10 @@ impl Coordinator {
         let events_in: u64 = target
             .iter()
             .zip(&self.frontiers)
-            .flat_map(|(t, f)| t.iter().map(move |(id, end)| end - f.get(id).copied().unwrap_or(0)))
+            .flat_map(|(t, f)| {
+                t.iter()
+                    .map(move |(id, end)| end - f.get(id).copied().unwrap_or(0))
+            })
             .sum();
         let mut events_out = 0;
         let mut logs = Vec::with_capacity(self.outputs.len());
@@ -329,7 +371,12 @@ impl Coordinator {
                 .map(|(w, out)| {
                     let events = std::mem::take(&mut out.ports[port]);
                     events_out += events.len() as u64;
-                    OutputEntry { step, worker: w as u32, frontier: target[w].clone(), events }
+                    OutputEntry {
+                        step,
+                        worker: w as u32,
+                        frontier: target[w].clone(),
+                        events,
+                    }
                 })
                 .collect();
             logs.push((name.clone(), entries));
@@ -364,14 +411,18 @@ impl Coordinator {
     /// Checkpoints the state after the last committed step (if not yet
     /// checkpointed), then trims the input it covers.
     pub async fn checkpoint(&mut self) -> Result<()> {
-        let Some(step) = self.next_step.checked_sub(1) else { return Ok(()) };
+        let Some(step) = self.next_step.checked_sub(1) else {
+            return Ok(());
+        };
         if self.checkpointed_step == Some(step) {
             return Ok(());
         }
         let mut tasks = Vec::with_capacity(self.instances.len());
         for (w, slot) in self.instances.iter_mut().enumerate() {
             let mut worker = slot.take().ok_or_else(|| {
-                Error::Config(format!("worker {w} was lost to an earlier failure; reopen the pipeline"))
+                Error::Config(format!(
+                    "worker {w} was lost to an earlier failure; reopen the pipeline"
+                ))
             })?;
             tasks.push(tokio::spawn(async move {
                 let r = worker.snapshot().await;
@@ -389,14 +440,21 @@ impl Coordinator {
                         Err(e) => failure = failure.or(Some(e)),
                     }
                 }
-                Err(e) => failure = failure.or(Some(Error::Engine(format!("worker {w} task failed: {e}")))),
+                Err(e) => {
+                    failure =
+                        failure.or(Some(Error::Engine(format!("worker {w} task failed: {e}"))))
+                }
             }
         }
         if let Some(e) = failure {
             return Err(e);
         }
         let checkpoint = Checkpoint {
-            meta: CheckpointMeta { step, frontiers: self.frontiers.clone(), snapshot_version: self.snapshot_version },
+            meta: CheckpointMeta {
+                step,
+                frontiers: self.frontiers.clone(),
+                snapshot_version: self.snapshot_version,
+            },
             states,
         };
         let storage = self.storage.clone();
@@ -464,11 +522,18 @@ fn read_inputs(
             let batch = match batches.iter_mut().position(|b| b.port == id.input) {
                 Some(i) => &mut batches[i],
                 None => {
-                    batches.push(Batch { port: id.input, events: Vec::new() });
+                    batches.push(Batch {
+                        port: id.input,
+                        events: Vec::new(),
+                    });
                     batches.last_mut().expect("just pushed")
                 }
             };
-            batch.events.extend(events.into_iter().map(|e| WitEvent { key: Vec::new(), value: e.value, weight: e.weight }));
+            batch.events.extend(events.into_iter().map(|e| WitEvent {
+                key: Vec::new(),
+                value: e.value,
+                weight: e.weight,
+            }));
         }
         all.push(batches);
     }

@@ -33,7 +33,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory: 1 << 30, fuel_per_call: 50_000_000_000, deadline: Duration::from_secs(120) }
+        Limits {
+            memory: 1 << 30,
+            fuel_per_call: 50_000_000_000,
+            deadline: Duration::from_secs(120),
+        }
     }
 }
 
@@ -74,7 +78,8 @@ impl SluiceEngine {
             .epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| Error::Engine(format!("{e:#}")))?;
         PipelineWorker::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| Error::Engine(format!("{e:#}")))?;
 
@@ -92,7 +97,13 @@ impl SluiceEngine {
                 }
             })
             .map_err(|e| Error::Engine(format!("starting the epoch thread: {e}")))?;
-        Ok(SluiceEngine { engine, linker, cache_dir, limits, ticker_stop })
+        Ok(SluiceEngine {
+            engine,
+            linker,
+            cache_dir,
+            limits,
+            ticker_stop,
+        })
     }
 
     /// The wasmtime engine.
@@ -127,7 +138,10 @@ impl SluiceEngine {
     /// Validates and compiles (or loads from the cache) a component; `origin`
     /// names it in errors.
     pub fn load(&self, origin: &Path, bytes: &[u8]) -> Result<LoadedComponent> {
-        let invalid = |message: String| Error::InvalidComponent { path: origin.to_owned(), message };
+        let invalid = |message: String| Error::InvalidComponent {
+            path: origin.to_owned(),
+            message,
+        };
         match bytes.get(..8) {
             Some([0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00]) => {}
             Some([0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00]) => {
@@ -140,13 +154,18 @@ impl SluiceEngine {
             _ => return Err(invalid("not a WebAssembly component (bad header)".into())),
         }
         let hash = hex::encode(Sha256::digest(bytes));
-        let component = self.compile_cached(&hash, bytes).map_err(|e| invalid(format!("does not compile: {e:#}")))?;
+        let component = self
+            .compile_cached(&hash, bytes)
+            .map_err(|e| invalid(format!("does not compile: {e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             invalid(format!("imports something this host does not provide (only the {WORLD} world and inert WASI): {e:#}"))
         })?;
         let pre = PipelineWorkerPre::new(pre).map_err(|e| {
-            let exports: Vec<String> =
-                component.component_type().exports(&self.engine).map(|(n, _)| n.to_owned()).collect();
+            let exports: Vec<String> = component
+                .component_type()
+                .exports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect();
             invalid(format!(
                 "does not implement the {WORLD} world ({e:#}); it must export {CIRCUIT_EXPORT}, \
                  it exports [{}]",
@@ -162,14 +181,18 @@ impl SluiceEngine {
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.engine.precompile_compatibility_hash().hash(&mut h);
-        let file = dir.join("components").join(format!("{hash}-{:016x}.cwasm", h.finish()));
+        let file = dir
+            .join("components")
+            .join(format!("{hash}-{:016x}.cwasm", h.finish()));
         if file.exists() {
             // SAFETY: the file was written by `precompile_component` of an
             // engine with the same compatibility hash, into our own cache, and
             // renamed into place only once complete.
             match unsafe { Component::deserialize_file(&self.engine, &file) } {
                 Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!(file = %file.display(), "recompiling: unusable cache entry: {e:#}"),
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), "recompiling: unusable cache entry: {e:#}")
+                }
             }
         }
         let compiled = self.engine.precompile_component(bytes)?;

@@ -86,7 +86,9 @@ impl Exchange {
             });
             let me = worker as usize;
             if round.contributed[me] {
-                let msg = format!("worker {worker} called shuffle twice on channel {channel} in one step");
+                let msg = format!(
+                    "worker {worker} called shuffle twice on channel {channel} in one step"
+                );
                 return Err(self.fail(&mut s, msg));
             }
             round.contributed[me] = true;
@@ -118,7 +120,9 @@ impl Exchange {
             s.rounds.get_mut(&channel).expect("round exists").waiters[me] = Some(tx);
             rx
         };
-        receiver.await.unwrap_or_else(|_| Err("the step was abandoned".into()))
+        receiver
+            .await
+            .unwrap_or_else(|_| Err("the step was abandoned".into()))
     }
 
     /// Worker `worker` returned from its step. Fails any round it never
@@ -158,7 +162,11 @@ mod tests {
     use super::*;
 
     fn ev(key: &str, v: u8) -> Event {
-        Event { key: key.as_bytes().to_vec(), value: vec![v], weight: 1 }
+        Event {
+            key: key.as_bytes().to_vec(),
+            value: vec![v],
+            weight: 1,
+        }
     }
 
     #[tokio::test]
@@ -173,7 +181,13 @@ mod tests {
             // Worker 0's contributions come first.
             let sources: Vec<u8> = got.iter().map(|e| e.value[0]).collect();
             assert!(sources.windows(2).all(|p| p[0] <= p[1]));
-            assert_eq!(got.len(), 2 * keys.iter().filter(|k| owner(shard(k.as_bytes()), 2) == w as u32).count());
+            assert_eq!(
+                got.len(),
+                2 * keys
+                    .iter()
+                    .filter(|k| owner(shard(k.as_bytes()), 2) == w as u32)
+                    .count()
+            );
         }
     }
 
@@ -187,6 +201,9 @@ mod tests {
             x.worker_finished(1);
         };
         let (r, ()) = tokio::join!(waiting, finishing);
-        assert!(r.unwrap_err().contains("without calling shuffle on channel 1"));
+        assert!(
+            r.unwrap_err()
+                .contains("without calling shuffle on channel 1")
+        );
     }
 }

@@ -73,22 +73,33 @@ fn bar(show: bool, template: &str) -> ProgressBar {
 
 /// Learns a component's ports from a throwaway instance.
 pub async fn describe(engine: &SluiceEngine, component: &LoadedComponent) -> Result<CircuitShape> {
-    let info = super::bindings::WorkerInfo { worker: 0, workers: 1, pipeline: "describe".into(), config: vec![] };
+    let info = super::bindings::WorkerInfo {
+        worker: 0,
+        workers: 1,
+        pipeline: "describe".into(),
+        config: vec![],
+    };
     let mut worker = Worker::start(engine, component, info, None, false).await?;
     worker.describe().await
 }
 
 fn port_index(kind: &'static str, names: &[String], name: &str) -> Result<usize> {
-    names.iter().position(|n| n == name).ok_or_else(|| Error::Unknown {
-        kind,
-        name: name.to_owned(),
-        hint: format!("; the circuit has [{}]", names.join(", ")),
-    })
+    names
+        .iter()
+        .position(|n| n == name)
+        .ok_or_else(|| Error::Unknown {
+            kind,
+            name: name.to_owned(),
+            hint: format!("; the circuit has [{}]", names.join(", ")),
+        })
 }
 
 /// Runs a pipeline to completion on the embedded backend.
 pub async fn run(req: RunRequest) -> Result<RunReport> {
-    let engine = Arc::new(SluiceEngine::new(req.limits, SluiceEngine::default_cache_dir())?);
+    let engine = Arc::new(SluiceEngine::new(
+        req.limits,
+        SluiceEngine::default_cache_dir(),
+    )?);
     let spinner = bar(req.progress, "{spinner} {msg}");
     spinner.set_message(format!("loading {}", req.component.display()));
     spinner.enable_steady_tick(Duration::from_millis(100));
@@ -108,7 +119,11 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
     let db = db::open(&req.data)?;
     let wanted = PipelineMeta {
         component: component.hash.clone(),
-        inputs: shape.inputs.iter().map(|n| (n.clone(), req.workers)).collect(),
+        inputs: shape
+            .inputs
+            .iter()
+            .map(|n| (n.clone(), req.workers))
+            .collect(),
         outputs: shape.outputs.clone(),
         workers: req.workers,
     };
@@ -130,13 +145,17 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
     let mut ingested = Vec::new();
     for (port, file) in &req.inputs {
         let partitions = log.partitions(port)?;
-        let progress = bar(req.progress, "appending {msg} {wide_bar} {bytes}/{total_bytes}");
+        let progress = bar(
+            req.progress,
+            "appending {msg} {wide_bar} {bytes}/{total_bytes}",
+        );
         progress.set_message(format!("{} → {port}", file.display()));
         let (log2, port2, file2, p2) = (log.clone(), port.clone(), file.clone(), progress.clone());
-        let report =
-            tokio::task::spawn_blocking(move || ingest_file(&*log2, &port2, partitions, &file2, &p2))
-                .await
-                .map_err(|e| Error::Engine(format!("ingest task failed: {e}")))??;
+        let report = tokio::task::spawn_blocking(move || {
+            ingest_file(&*log2, &port2, partitions, &file2, &p2)
+        })
+        .await
+        .map_err(|e| Error::Engine(format!("ingest task failed: {e}")))??;
         progress.finish_and_clear();
         ingested.push(report);
     }

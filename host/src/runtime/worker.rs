@@ -30,7 +30,12 @@ struct MemoryLimiter {
 }
 
 impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.max {
             self.refused = Some(desired);
             return Ok(false);
@@ -38,7 +43,12 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1_000_000)
     }
 }
@@ -58,7 +68,10 @@ pub struct WorkerState {
 
 impl WasiView for WorkerState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -67,12 +80,17 @@ impl sluice::circuit::types::Host for WorkerState {}
 impl sluice::circuit::exchange::Host for WorkerState {
     async fn shuffle(&mut self, channel: u32, events: Vec<Event>) -> wasmtime::Result<Vec<Event>> {
         let Some(exchange) = self.exchange.clone() else {
-            return Err(wasmtime::format_err!("exchange.shuffle called outside a step"));
+            return Err(wasmtime::format_err!(
+                "exchange.shuffle called outside a step"
+            ));
         };
-        exchange.shuffle(self.worker, channel, events).await.map_err(|message| {
-            self.exchange_error = Some(message.clone());
-            wasmtime::format_err!("exchange: {message}")
-        })
+        exchange
+            .shuffle(self.worker, channel, events)
+            .await
+            .map_err(|message| {
+                self.exchange_error = Some(message.clone());
+                wasmtime::format_err!("exchange: {message}")
+            })
     }
 }
 
@@ -101,7 +119,10 @@ impl Worker {
         let state = WorkerState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter { max: limits.memory, refused: None },
+            limiter: MemoryLimiter {
+                max: limits.memory,
+                refused: None,
+            },
             exchange,
             worker: info.worker,
             call_started: Instant::now(),
@@ -125,9 +146,18 @@ impl Worker {
             Ok(b) => b,
             Err(e) => return Err(classify(&mut store, index, "instantiate", &limits, e)),
         };
-        let mut worker = Worker { index, store, bindings, limits };
+        let mut worker = Worker {
+            index,
+            store,
+            bindings,
+            limits,
+        };
         worker.arm();
-        let r = worker.bindings.sluice_circuit_circuit().call_init(&mut worker.store, &info).await;
+        let r = worker
+            .bindings
+            .sluice_circuit_circuit()
+            .call_init(&mut worker.store, &info)
+            .await;
         worker.check("init", r)?;
         Ok(worker)
     }
@@ -140,10 +170,18 @@ impl Worker {
         classify(&mut self.store, self.index, call, &self.limits, e)
     }
 
-    fn check<T>(&mut self, call: &'static str, r: wasmtime::Result<std::result::Result<T, CircuitError>>) -> Result<T> {
+    fn check<T>(
+        &mut self,
+        call: &'static str,
+        r: wasmtime::Result<std::result::Result<T, CircuitError>>,
+    ) -> Result<T> {
         match r {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::Guest { worker: self.index, call, message: guest_message(e) }),
+            Ok(Err(e)) => Err(Error::Guest {
+                worker: self.index,
+                call,
+                message: guest_message(e),
+            }),
             Err(e) => Err(self.classify(call, e)),
         }
     }
@@ -151,29 +189,49 @@ impl Worker {
     /// Asks the circuit for its ports.
     pub async fn describe(&mut self) -> Result<CircuitShape> {
         self.arm();
-        let r = self.bindings.sluice_circuit_circuit().call_describe(&mut self.store).await;
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_describe(&mut self.store)
+            .await;
         let info = r.map_err(|e| self.classify("describe", e))?;
-        Ok(CircuitShape { inputs: info.inputs, outputs: info.outputs, snapshot_version: info.snapshot_version })
+        Ok(CircuitShape {
+            inputs: info.inputs,
+            outputs: info.outputs,
+            snapshot_version: info.snapshot_version,
+        })
     }
 
     /// Runs one step on `inputs`; returns the output batches.
     pub async fn step(&mut self, inputs: Vec<Batch>) -> Result<Vec<Batch>> {
         self.arm();
-        let r = self.bindings.sluice_circuit_circuit().call_step(&mut self.store, &inputs).await;
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_step(&mut self.store, &inputs)
+            .await;
         self.check("step", r)
     }
 
     /// Takes a snapshot of the circuit's state.
     pub async fn snapshot(&mut self) -> Result<Vec<u8>> {
         self.arm();
-        let r = self.bindings.sluice_circuit_circuit().call_snapshot(&mut self.store).await;
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_snapshot(&mut self.store)
+            .await;
         self.check("snapshot", r)
     }
 
     /// Restores the circuit's state from a snapshot.
     pub async fn restore(&mut self, state: &[u8]) -> Result<()> {
         self.arm();
-        let r = self.bindings.sluice_circuit_circuit().call_restore(&mut self.store, state).await;
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_restore(&mut self.store, state)
+            .await;
         self.check("restore", r)
     }
 
@@ -204,20 +262,47 @@ fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
 }
 
 /// Turns a failed call into the error that names its cause.
-fn classify(store: &mut Store<WorkerState>, worker: u32, call: &'static str, limits: &Limits, e: wasmtime::Error) -> Error {
+fn classify(
+    store: &mut Store<WorkerState>,
+    worker: u32,
+    call: &'static str,
+    limits: &Limits,
+    e: wasmtime::Error,
+) -> Error {
     let s = store.data_mut();
     if let Some(requested) = s.limiter.refused.take() {
-        return Error::MemoryExceeded { worker, call, requested, limit: limits.memory };
+        return Error::MemoryExceeded {
+            worker,
+            call,
+            requested,
+            limit: limits.memory,
+        };
     }
     if s.deadline_hit {
-        return Error::DeadlineExceeded { worker, call, deadline: limits.deadline };
+        return Error::DeadlineExceeded {
+            worker,
+            call,
+            deadline: limits.deadline,
+        };
     }
     if let Some(message) = s.exchange_error.take() {
         return Error::Exchange(format!("worker {worker} in `{call}`: {message}"));
     }
     match e.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => Error::FuelExhausted { worker, call, limit: limits.fuel_per_call },
-        Some(Trap::Interrupt) => Error::DeadlineExceeded { worker, call, deadline: limits.deadline },
-        _ => Error::Trap { worker, call, trap: format!("{e:#}") },
+        Some(Trap::OutOfFuel) => Error::FuelExhausted {
+            worker,
+            call,
+            limit: limits.fuel_per_call,
+        },
+        Some(Trap::Interrupt) => Error::DeadlineExceeded {
+            worker,
+            call,
+            deadline: limits.deadline,
+        },
+        _ => Error::Trap {
+            worker,
+            call,
+            trap: format!("{e:#}"),
+        },
     }
 }

@@ -79,13 +79,19 @@ fn state_key(step: u64, worker: u32) -> Vec<u8> {
 impl RocksCheckpointStore {
     /// Opens the store in a database opened by [`db::open`].
     pub fn open(db: Arc<DB>) -> Self {
-        RocksCheckpointStore { db, lock: std::sync::Mutex::new(()) }
+        RocksCheckpointStore {
+            db,
+            lock: std::sync::Mutex::new(()),
+        }
     }
 
     fn metas(&self) -> Result<Vec<CheckpointMeta>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(cf, IteratorMode::From(b"m", Direction::Forward)) {
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(b"m", Direction::Forward))
+        {
             let (k, v) = item.map_err(Error::rocks("listing checkpoints"))?;
             if !k.starts_with(b"m") {
                 break;
@@ -123,16 +129,23 @@ impl CheckpointStore for RocksCheckpointStore {
         for (w, state) in checkpoint.states.iter().enumerate() {
             wb.put_cf(cf, state_key(step, w as u32), state);
         }
-        let meta = postcard::to_allocvec(&checkpoint.meta).map_err(Error::corrupt("checkpoint metadata"))?;
+        let meta = postcard::to_allocvec(&checkpoint.meta)
+            .map_err(Error::corrupt("checkpoint metadata"))?;
         wb.put_cf(cf, meta_key(step), meta);
-        let mut kept: Vec<u64> = metas.iter().map(|m| m.step).filter(|s| *s != step).collect();
+        let mut kept: Vec<u64> = metas
+            .iter()
+            .map(|m| m.step)
+            .filter(|s| *s != step)
+            .collect();
         kept.push(step);
         if kept.len() > KEPT {
             let oldest_kept = kept[kept.len() - KEPT];
             wb.delete_range_cf(cf, meta_key(0), meta_key(oldest_kept));
             wb.delete_range_cf(cf, state_key(0, 0), state_key(oldest_kept, 0));
         }
-        self.db.write_opt(wb, &db::synced()).map_err(Error::rocks(format!("committing checkpoint {step}")))
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(Error::rocks(format!("committing checkpoint {step}")))
     }
 
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
@@ -141,13 +154,21 @@ impl CheckpointStore for RocksCheckpointStore {
 
     fn get(&self, step: u64) -> Result<Option<Checkpoint>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
-        let Some(meta) = self.db.get_cf(cf, meta_key(step)).map_err(Error::rocks("reading a checkpoint"))? else {
+        let Some(meta) = self
+            .db
+            .get_cf(cf, meta_key(step))
+            .map_err(Error::rocks("reading a checkpoint"))?
+        else {
             return Ok(None);
         };
-        let meta: CheckpointMeta = postcard::from_bytes(&meta).map_err(Error::corrupt("checkpoint metadata"))?;
+        let meta: CheckpointMeta =
+            postcard::from_bytes(&meta).map_err(Error::corrupt("checkpoint metadata"))?;
         let mut states = Vec::with_capacity(meta.frontiers.len());
         for w in 0..meta.frontiers.len() as u32 {
-            let state = self.db.get_cf(cf, state_key(step, w)).map_err(Error::rocks("reading a checkpoint"))?;
+            let state = self
+                .db
+                .get_cf(cf, state_key(step, w))
+                .map_err(Error::rocks("reading a checkpoint"))?;
             states.push(state.ok_or_else(|| Error::Corrupt {
                 what: format!("checkpoint of step {step}"),
                 message: format!("state of worker {w} is missing"),

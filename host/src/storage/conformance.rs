@@ -22,21 +22,35 @@ pub struct LogFlags {
 }
 
 fn ev(i: u64) -> Event {
-    Event { value: format!("{i}").into_bytes(), weight: if i % 3 == 0 { -1 } else { 1 } }
+    Event {
+        value: format!("{i}").into_bytes(),
+        weight: if i.is_multiple_of(3) { -1 } else { 1 },
+    }
 }
 
 fn frontier(input: u32, partition: u32, offset: u64) -> Frontier {
-    [(PartitionId { input, partition }, offset)].into_iter().collect()
+    [(PartitionId { input, partition }, offset)]
+        .into_iter()
+        .collect()
 }
 
 /// A well-formed commit of `step` for one worker and output `out`.
 pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
     let f = frontier(0, 0, offset);
     StepCommit {
-        record: StepRecord { step, frontiers: vec![f.clone()], output_hashes: vec![step as u128] },
+        record: StepRecord {
+            step,
+            frontiers: vec![f.clone()],
+            output_hashes: vec![step as u128],
+        },
         outputs: vec![(
             "out".into(),
-            vec![OutputEntry { step, worker: 0, frontier: f, events: vec![ev(step)] }],
+            vec![OutputEntry {
+                step,
+                worker: 0,
+                frontier: f,
+                events: vec![ev(step)],
+            }],
         )],
     }
 }
@@ -56,22 +70,40 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
 pub fn append_read_watermarks(log: &dyn LogBackend) {
     log.create_input("in", 2).unwrap();
     log.create_input("in", 2).unwrap();
-    assert!(log.create_input("in", 3).is_err(), "partition count is fixed");
+    assert!(
+        log.create_input("in", 3).is_err(),
+        "partition count is fixed"
+    );
     assert_eq!(log.partitions("in").unwrap(), 2);
     assert_eq!(log.watermarks("in", 0).unwrap(), (0, 0));
     let r = log
         .append(AppendBatch {
-            appends: vec![("in".into(), 0, (0..5).map(ev).collect()), ("in".into(), 1, vec![ev(9)])],
+            appends: vec![
+                ("in".into(), 0, (0..5).map(ev).collect()),
+                ("in".into(), 1, vec![ev(9)]),
+            ],
             mark: None,
         })
         .unwrap();
     assert_eq!(r, vec![0..5, 0..1]);
-    let r = log.append(AppendBatch { appends: vec![("in".into(), 0, vec![ev(5)])], mark: None }).unwrap();
+    let r = log
+        .append(AppendBatch {
+            appends: vec![("in".into(), 0, vec![ev(5)])],
+            mark: None,
+        })
+        .unwrap();
     assert_eq!(r, vec![5..6]);
     assert_eq!(log.watermarks("in", 0).unwrap(), (0, 6));
-    assert_eq!(log.read("in", 0, 0..6).unwrap(), (0..6).map(ev).collect::<Vec<_>>());
+    assert_eq!(
+        log.read("in", 0, 0..6).unwrap(),
+        (0..6).map(ev).collect::<Vec<_>>()
+    );
     assert_eq!(log.read("in", 0, 2..4).unwrap(), vec![ev(2), ev(3)]);
-    assert_eq!(log.read("in", 0, 4..100).unwrap(), vec![ev(4), ev(5)], "reads stop at the high watermark");
+    assert_eq!(
+        log.read("in", 0, 4..100).unwrap(),
+        vec![ev(4), ev(5)],
+        "reads stop at the high watermark"
+    );
     assert_eq!(log.read("in", 1, 0..1).unwrap(), vec![ev(9)]);
 }
 
@@ -80,7 +112,10 @@ pub fn appends_are_ordered_per_partition(log: &dyn LogBackend) {
     log.create_input("in", 1).unwrap();
     let r = log
         .append(AppendBatch {
-            appends: vec![("in".into(), 0, vec![ev(1), ev(2)]), ("in".into(), 0, vec![ev(3)])],
+            appends: vec![
+                ("in".into(), 0, vec![ev(1), ev(2)]),
+                ("in".into(), 0, vec![ev(3)]),
+            ],
             mark: None,
         })
         .unwrap();
@@ -92,8 +127,15 @@ pub fn appends_are_ordered_per_partition(log: &dyn LogBackend) {
 pub fn ingest_marks_are_atomic_with_appends(log: &dyn LogBackend) {
     log.create_input("in", 1).unwrap();
     assert_eq!(log.ingest_mark("file-a").unwrap(), None);
-    let mark = IngestMark { source: "file-a".into(), state: b"10".to_vec() };
-    log.append(AppendBatch { appends: vec![("in".into(), 0, vec![ev(1)])], mark: Some(mark) }).unwrap();
+    let mark = IngestMark {
+        source: "file-a".into(),
+        state: b"10".to_vec(),
+    };
+    log.append(AppendBatch {
+        appends: vec![("in".into(), 0, vec![ev(1)])],
+        mark: Some(mark),
+    })
+    .unwrap();
     assert_eq!(log.ingest_mark("file-a").unwrap(), Some(b"10".to_vec()));
     assert_eq!(log.ingest_mark("file-b").unwrap(), None);
 }
@@ -101,10 +143,22 @@ pub fn ingest_marks_are_atomic_with_appends(log: &dyn LogBackend) {
 /// I1: a step commits once, and steps commit in order from 0.
 pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
     assert_eq!(log.last_step().unwrap(), None);
-    assert!(matches!(log.commit_step(&sample_commit(1, 1)), Err(Error::StepGap { step: 1, last: None })));
+    assert!(matches!(
+        log.commit_step(&sample_commit(1, 1)),
+        Err(Error::StepGap {
+            step: 1,
+            last: None
+        })
+    ));
     log.commit_step(&sample_commit(0, 1)).unwrap();
-    assert!(matches!(log.commit_step(&sample_commit(0, 1)), Err(Error::StepExists { step: 0 })));
-    assert!(matches!(log.commit_step(&sample_commit(2, 1)), Err(Error::StepGap { step: 2, .. })));
+    assert!(matches!(
+        log.commit_step(&sample_commit(0, 1)),
+        Err(Error::StepExists { step: 0 })
+    ));
+    assert!(matches!(
+        log.commit_step(&sample_commit(2, 1)),
+        Err(Error::StepGap { step: 2, .. })
+    ));
     log.commit_step(&sample_commit(1, 2)).unwrap();
     assert_eq!(log.last_step().unwrap(), Some(1));
     let mut seen = Vec::new();
@@ -113,7 +167,11 @@ pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
         Ok(())
     })
     .unwrap();
-    assert_eq!(seen, vec![(0, 0), (1, 0)], "exactly one entry per step per worker");
+    assert_eq!(
+        seen,
+        vec![(0, 0), (1, 0)],
+        "exactly one entry per step per worker"
+    );
 }
 
 /// Step records and output entries read back as written.
@@ -121,7 +179,10 @@ pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
     for s in 0..4 {
         log.commit_step(&sample_commit(s, s * 10)).unwrap();
     }
-    assert_eq!(log.step_record(2).unwrap(), Some(sample_commit(2, 20).record));
+    assert_eq!(
+        log.step_record(2).unwrap(),
+        Some(sample_commit(2, 20).record)
+    );
     assert_eq!(log.step_record(9).unwrap(), None);
     let mut entries = Vec::new();
     log.scan_output("out", 2, &mut |e| {
@@ -129,7 +190,13 @@ pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
         Ok(())
     })
     .unwrap();
-    assert_eq!(entries, vec![sample_commit(2, 20).outputs[0].1[0].clone(), sample_commit(3, 30).outputs[0].1[0].clone()]);
+    assert_eq!(
+        entries,
+        vec![
+            sample_commit(2, 20).outputs[0].1[0].clone(),
+            sample_commit(3, 30).outputs[0].1[0].clone()
+        ]
+    );
     let mut none = 0;
     log.scan_output("other", 0, &mut |_| {
         none += 1;
@@ -142,15 +209,30 @@ pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
 /// Trim raises the low watermark (never lowers it) and reads below it fail.
 pub fn trim_moves_low_watermark(log: &dyn LogBackend, flags: LogFlags) {
     log.create_input("in", 1).unwrap();
-    log.append(AppendBatch { appends: vec![("in".into(), 0, (0..10).map(ev).collect())], mark: None }).unwrap();
+    log.append(AppendBatch {
+        appends: vec![("in".into(), 0, (0..10).map(ev).collect())],
+        mark: None,
+    })
+    .unwrap();
     log.trim("in", 0, 4).unwrap();
     log.trim("in", 0, 2).unwrap();
     if flags.supports_trim {
         assert_eq!(log.watermarks("in", 0).unwrap(), (4, 10));
-        assert!(matches!(log.read("in", 0, 3..5), Err(Error::Trimmed { low: 4, .. })));
+        assert!(matches!(
+            log.read("in", 0, 3..5),
+            Err(Error::Trimmed { low: 4, .. })
+        ));
     }
-    assert_eq!(log.read("in", 0, 4..10).unwrap(), (4..10).map(ev).collect::<Vec<_>>());
-    let r = log.append(AppendBatch { appends: vec![("in".into(), 0, vec![ev(10)])], mark: None }).unwrap();
+    assert_eq!(
+        log.read("in", 0, 4..10).unwrap(),
+        (4..10).map(ev).collect::<Vec<_>>()
+    );
+    let r = log
+        .append(AppendBatch {
+            appends: vec![("in".into(), 0, vec![ev(10)])],
+            mark: None,
+        })
+        .unwrap();
     assert_eq!(r, vec![10..11], "offsets continue after a trim");
 }
 
@@ -160,7 +242,13 @@ pub fn unknown_input_is_an_error(log: &dyn LogBackend) {
     assert!(log.watermarks("nope", 0).is_err());
     log.create_input("in", 1).unwrap();
     assert!(log.watermarks("in", 1).is_err());
-    assert!(log.append(AppendBatch { appends: vec![("nope".into(), 0, vec![ev(1)])], mark: None }).is_err());
+    assert!(
+        log.append(AppendBatch {
+            appends: vec![("nope".into(), 0, vec![ev(1)])],
+            mark: None
+        })
+        .is_err()
+    );
 }
 
 fn checkpoint(step: u64, workers: usize) -> Checkpoint {
@@ -170,7 +258,9 @@ fn checkpoint(step: u64, workers: usize) -> Checkpoint {
             frontiers: (0..workers as u32).map(|w| frontier(0, w, step)).collect(),
             snapshot_version: 1,
         },
-        states: (0..workers).map(|w| format!("state {step}/{w}").into_bytes()).collect(),
+        states: (0..workers)
+            .map(|w| format!("state {step}/{w}").into_bytes())
+            .collect(),
     }
 }
 

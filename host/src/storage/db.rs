@@ -20,7 +20,14 @@ pub const CF_CHECKPOINTS: &str = "checkpoints";
 /// Column family of pipeline metadata.
 pub const CF_META: &str = "meta";
 
-const FAMILIES: [&str; 6] = [CF_INPUT, CF_OUTPUT, CF_STEPS, CF_INGEST, CF_CHECKPOINTS, CF_META];
+const FAMILIES: [&str; 6] = [
+    CF_INPUT,
+    CF_OUTPUT,
+    CF_STEPS,
+    CF_INGEST,
+    CF_CHECKPOINTS,
+    CF_META,
+];
 
 /// Opens (creating if needed) the pipeline database under `dir/db`.
 ///
@@ -32,15 +39,26 @@ pub fn open(dir: &Path) -> Result<Arc<DB>> {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_max_background_jobs(2);
-    let families = FAMILIES.iter().map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
-    DB::open_cf_descriptors(&opts, &path, families).map(Arc::new).map_err(|source| {
-        let text = source.to_string();
-        if text.contains("LOCK") && (text.contains("lock") || text.contains("Resource temporarily")) {
-            Error::Locked { dir: dir.to_owned() }
-        } else {
-            Error::Rocks { what: format!("opening {}", path.display()), source }
-        }
-    })
+    let families = FAMILIES
+        .iter()
+        .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+    DB::open_cf_descriptors(&opts, &path, families)
+        .map(Arc::new)
+        .map_err(|source| {
+            let text = source.to_string();
+            if text.contains("LOCK")
+                && (text.contains("lock") || text.contains("Resource temporarily"))
+            {
+                Error::Locked {
+                    dir: dir.to_owned(),
+                }
+            } else {
+                Error::Rocks {
+                    what: format!("opening {}", path.display()),
+                    source,
+                }
+            }
+        })
 }
 
 /// Write options for anything that must be durable before it is

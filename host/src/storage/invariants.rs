@@ -10,7 +10,9 @@
 //!   move forward; a checkpoint covers only committed steps.
 
 use crate::error::{Error, Result};
-use crate::storage::{Checkpoint, CheckpointStore, Frontier, LogBackend, PartitionId, StepCommit, StepRecord};
+use crate::storage::{
+    Checkpoint, CheckpointStore, Frontier, LogBackend, PartitionId, StepCommit, StepRecord,
+};
 use std::sync::{Arc, Mutex};
 
 /// A log backend and a checkpoint store behind the host's invariant checks.
@@ -40,7 +42,14 @@ impl Guarded {
             Some(step) => log.step_record(step)?,
             None => None,
         };
-        Ok(Guarded { log, checkpoints, inputs, outputs, workers, last: Mutex::new(last) })
+        Ok(Guarded {
+            log,
+            checkpoints,
+            inputs,
+            outputs,
+            workers,
+            last: Mutex::new(last),
+        })
     }
 
     /// The log, for reads.
@@ -72,9 +81,15 @@ impl Guarded {
             )));
         }
         if commit.outputs.len() != self.outputs.len()
-            || commit.outputs.iter().zip(&self.outputs).any(|((a, _), b)| a != b)
+            || commit
+                .outputs
+                .iter()
+                .zip(&self.outputs)
+                .any(|((a, _), b)| a != b)
         {
-            return Err(invalid("outputs do not match the pipeline's output logs".into()));
+            return Err(invalid(
+                "outputs do not match the pipeline's output logs".into(),
+            ));
         }
         for (name, entries) in &commit.outputs {
             let well_formed = entries.len() == self.workers
@@ -91,7 +106,9 @@ impl Guarded {
         if let Some(prev) = &*last {
             for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {
                 if let Some((p, _)) = old.iter().find(|(p, o)| new.get(p).is_none_or(|n| n < o)) {
-                    return Err(invalid(format!("worker {w}'s frontier moves backwards on {p:?}")));
+                    return Err(invalid(format!(
+                        "worker {w}'s frontier moves backwards on {p:?}"
+                    )));
                 }
             }
         }
@@ -105,7 +122,9 @@ impl Guarded {
     pub fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let step = checkpoint.meta.step;
         let record = self.log.step_record(step)?.ok_or_else(|| {
-            Error::Config(format!("refusing a checkpoint of step {step}: the step is not committed (I3)"))
+            Error::Config(format!(
+                "refusing a checkpoint of step {step}: the step is not committed (I3)"
+            ))
         })?;
         if record.frontiers != checkpoint.meta.frontiers {
             return Err(Error::Config(format!(
@@ -118,19 +137,28 @@ impl Guarded {
     /// The offset of `input`/`partition` that the newest committed checkpoint
     /// covers (0 if none).
     pub fn checkpointed_offset(&self, input: u32, partition: u32) -> Result<u64> {
-        let Some(meta) = self.checkpoints.latest_meta()? else { return Ok(0) };
+        let Some(meta) = self.checkpoints.latest_meta()? else {
+            return Ok(0);
+        };
         let id = PartitionId { input, partition };
-        Ok(meta.frontiers.iter().find_map(|f| f.get(&id).copied()).unwrap_or(0))
+        Ok(meta
+            .frontiers
+            .iter()
+            .find_map(|f| f.get(&id).copied())
+            .unwrap_or(0))
     }
 
     /// Trims one input partition below `below`; refused (I2) if the newest
     /// committed checkpoint does not cover it.
     pub fn trim(&self, input: u32, partition: u32, below: u64) -> Result<()> {
-        let name = self.inputs.get(input as usize).ok_or_else(|| Error::Unknown {
-            kind: "input port index",
-            name: input.to_string(),
-            hint: String::new(),
-        })?;
+        let name = self
+            .inputs
+            .get(input as usize)
+            .ok_or_else(|| Error::Unknown {
+                kind: "input port index",
+                name: input.to_string(),
+                hint: String::new(),
+            })?;
         let allowed = self.checkpointed_offset(input, partition)?;
         if below > allowed {
             return Err(Error::TrimAboveCheckpoint {
@@ -146,7 +174,9 @@ impl Guarded {
     /// Trims every input partition up to the newest committed checkpoint's
     /// frontier. Returns how many partitions it covered.
     pub fn trim_to_checkpoint(&self) -> Result<usize> {
-        let Some(meta) = self.checkpoints.latest_meta()? else { return Ok(0) };
+        let Some(meta) = self.checkpoints.latest_meta()? else {
+            return Ok(0);
+        };
         let all: Frontier = meta.frontiers.into_iter().flatten().collect();
         for (id, offset) in &all {
             self.trim(id.input, id.partition, *offset)?;

@@ -23,18 +23,26 @@ const KEY: &[u8] = b"pipeline";
 
 /// Reads the pipeline's metadata, if it was created.
 pub fn load(db: &DB) -> Result<Option<PipelineMeta>> {
-    match db.get_cf(db::cf(db, CF_META)?, KEY).map_err(Error::rocks("reading pipeline metadata"))? {
+    match db
+        .get_cf(db::cf(db, CF_META)?, KEY)
+        .map_err(Error::rocks("reading pipeline metadata"))?
+    {
         Some(v) => serde_json::from_slice(&v)
             .map(Some)
-            .map_err(|e| Error::Corrupt { what: "pipeline metadata".into(), message: e.to_string() }),
+            .map_err(|e| Error::Corrupt {
+                what: "pipeline metadata".into(),
+                message: e.to_string(),
+            }),
         None => Ok(None),
     }
 }
 
 /// Records the pipeline's metadata (durably).
 pub fn store(db: &DB, meta: &PipelineMeta) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(meta)
-        .map_err(|e| Error::Corrupt { what: "pipeline metadata".into(), message: e.to_string() })?;
+    let bytes = serde_json::to_vec_pretty(meta).map_err(|e| Error::Corrupt {
+        what: "pipeline metadata".into(),
+        message: e.to_string(),
+    })?;
     db.put_cf_opt(db::cf(db, CF_META)?, KEY, bytes, &db::synced())
         .map_err(Error::rocks("writing pipeline metadata"))
 }

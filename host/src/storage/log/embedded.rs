@@ -79,13 +79,21 @@ impl EmbeddedLog {
             }
             None => None,
         };
-        Ok(EmbeddedLog { db, marks: Mutex::new(HashMap::new()), last_step: Mutex::new(last_step) })
+        Ok(EmbeddedLog {
+            db,
+            marks: Mutex::new(HashMap::new()),
+            last_step: Mutex::new(last_step),
+        })
     }
 
     /// Reads `(low, high)` of a partition from the database.
     fn load_marks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
         let meta = db::cf(&self.db, CF_META)?;
-        let low = match self.db.get_cf(meta, low_key(input, partition)).map_err(Error::rocks("reading a low watermark"))? {
+        let low = match self
+            .db
+            .get_cf(meta, low_key(input, partition))
+            .map_err(Error::rocks("reading a low watermark"))?
+        {
             Some(v) => be_u64(&v, "low watermark")?,
             None => 0,
         };
@@ -97,7 +105,8 @@ impl EmbeddedLog {
         let high = match it.key() {
             Some(k) if k.starts_with(prefix) => be_u64(&k[prefix.len()..], "input offset")? + 1,
             _ => {
-                it.status().map_err(Error::rocks("scanning an input partition"))?;
+                it.status()
+                    .map_err(Error::rocks("scanning an input partition"))?;
                 0
             }
         };
@@ -131,30 +140,54 @@ impl LogBackend for EmbeddedLog {
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
         validate_name("input log", input)?;
         if partitions == 0 {
-            return Err(Error::Config(format!("input log `{input}` needs at least one partition")));
+            return Err(Error::Config(format!(
+                "input log `{input}` needs at least one partition"
+            )));
         }
         let meta = db::cf(&self.db, CF_META)?;
-        match self.db.get_cf(meta, input_meta_key(input)).map_err(Error::rocks("reading input metadata"))? {
+        match self
+            .db
+            .get_cf(meta, input_meta_key(input))
+            .map_err(Error::rocks("reading input metadata"))?
+        {
             Some(v) if v.as_slice() == partitions.to_be_bytes() => Ok(()),
             Some(v) => Err(Error::Config(format!(
                 "input log `{input}` exists with {} partitions, not {partitions}",
-                v.first_chunk::<4>().map(|b| u32::from_be_bytes(*b)).unwrap_or(0)
+                v.first_chunk::<4>()
+                    .map(|b| u32::from_be_bytes(*b))
+                    .unwrap_or(0)
             ))),
             None => self
                 .db
-                .put_cf_opt(meta, input_meta_key(input), partitions.to_be_bytes(), &db::synced())
+                .put_cf_opt(
+                    meta,
+                    input_meta_key(input),
+                    partitions.to_be_bytes(),
+                    &db::synced(),
+                )
                 .map_err(Error::rocks("creating an input log")),
         }
     }
 
     fn partitions(&self, input: &str) -> Result<u32> {
         let meta = db::cf(&self.db, CF_META)?;
-        match self.db.get_cf(meta, input_meta_key(input)).map_err(Error::rocks("reading input metadata"))? {
-            Some(v) => v.first_chunk::<4>().map(|b| u32::from_be_bytes(*b)).ok_or_else(|| Error::Corrupt {
-                what: format!("metadata of input log `{input}`"),
-                message: "short value".into(),
+        match self
+            .db
+            .get_cf(meta, input_meta_key(input))
+            .map_err(Error::rocks("reading input metadata"))?
+        {
+            Some(v) => v
+                .first_chunk::<4>()
+                .map(|b| u32::from_be_bytes(*b))
+                .ok_or_else(|| Error::Corrupt {
+                    what: format!("metadata of input log `{input}`"),
+                    message: "short value".into(),
+                }),
+            None => Err(Error::Unknown {
+                kind: "input log",
+                name: input.to_owned(),
+                hint: String::new(),
             }),
-            None => Err(Error::Unknown { kind: "input log", name: input.to_owned(), hint: String::new() }),
         }
     }
 
@@ -178,9 +211,15 @@ impl LogBackend for EmbeddedLog {
             ranges.push(start..end);
         }
         if let Some(mark) = &batch.mark {
-            wb.put_cf(db::cf(&self.db, CF_INGEST)?, mark.source.as_bytes(), &mark.state);
+            wb.put_cf(
+                db::cf(&self.db, CF_INGEST)?,
+                mark.source.as_bytes(),
+                &mark.state,
+            );
         }
-        self.db.write_opt(wb, &db::synced()).map_err(Error::rocks("appending input"))?;
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(Error::rocks("appending input"))?;
         for (key, high) in next {
             if let Some(m) = cache.get_mut(&key) {
                 m.1 = high;
@@ -191,7 +230,9 @@ impl LogBackend for EmbeddedLog {
 
     fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {
         let cf = db::cf(&self.db, CF_INGEST)?;
-        self.db.get_cf(cf, source.as_bytes()).map_err(Error::rocks("reading an ingest mark"))
+        self.db
+            .get_cf(cf, source.as_bytes())
+            .map_err(Error::rocks("reading an ingest mark"))
     }
 
     fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
@@ -202,7 +243,12 @@ impl LogBackend for EmbeddedLog {
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
         let (low, _) = self.watermarks(input, partition)?;
         if range.start < low && !range.is_empty() {
-            return Err(Error::Trimmed { input: input.to_owned(), partition, from: range.start, low });
+            return Err(Error::Trimmed {
+                input: input.to_owned(),
+                partition,
+                from: range.start,
+                low,
+            });
         }
         if range.is_empty() {
             return Ok(Vec::new());
@@ -212,7 +258,10 @@ impl LogBackend for EmbeddedLog {
         opts.set_iterate_upper_bound(input_key(input, partition, range.end));
         let start = input_key(input, partition, range.start);
         let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
-        for item in self.db.iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward)) {
+        for item in
+            self.db
+                .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
+        {
             let (_, v) = item.map_err(Error::rocks("reading input"))?;
             events.push(postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?);
         }
@@ -224,7 +273,12 @@ impl LogBackend for EmbeddedLog {
         let mut last = lock(&self.last_step);
         match *last {
             Some(l) if step <= l => return Err(Error::StepExists { step }),
-            Some(l) if step != l + 1 => return Err(Error::StepGap { step, last: Some(l) }),
+            Some(l) if step != l + 1 => {
+                return Err(Error::StepGap {
+                    step,
+                    last: Some(l),
+                });
+            }
             None if step != 0 => return Err(Error::StepGap { step, last: None }),
             _ => {}
         }
@@ -236,9 +290,12 @@ impl LogBackend for EmbeddedLog {
                 wb.put_cf(out, output_key(name, step, entry.worker), value);
             }
         }
-        let record = postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
+        let record =
+            postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
         wb.put_cf(db::cf(&self.db, CF_STEPS)?, step.to_be_bytes(), record);
-        self.db.write_opt(wb, &db::synced()).map_err(Error::rocks(format!("committing step {step}")))?;
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(Error::rocks(format!("committing step {step}")))?;
         *last = Some(step);
         Ok(())
     }
@@ -249,8 +306,15 @@ impl LogBackend for EmbeddedLog {
 
     fn step_record(&self, step: u64) -> Result<Option<StepRecord>> {
         let cf = db::cf(&self.db, CF_STEPS)?;
-        match self.db.get_cf(cf, step.to_be_bytes()).map_err(Error::rocks("reading a step record"))? {
-            Some(v) => Ok(Some(postcard::from_bytes(&v).map_err(Error::corrupt(format!("record of step {step}")))?)),
+        match self
+            .db
+            .get_cf(cf, step.to_be_bytes())
+            .map_err(Error::rocks("reading a step record"))?
+        {
+            Some(v) => Ok(Some(
+                postcard::from_bytes(&v)
+                    .map_err(Error::corrupt(format!("record of step {step}")))?,
+            )),
             None => Ok(None),
         }
     }
@@ -265,12 +329,16 @@ impl LogBackend for EmbeddedLog {
         let mut prefix = Vec::new();
         db::push_name(&mut prefix, output);
         let start = output_key(output, from_step, 0);
-        for item in self.db.iterator_cf(cf, IteratorMode::From(&start, Direction::Forward)) {
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
             let (k, v) = item.map_err(Error::rocks("reading output"))?;
             if !k.starts_with(&prefix) {
                 break;
             }
-            f(postcard::from_bytes(&v).map_err(Error::corrupt(format!("entry of output log `{output}`")))?)?;
+            f(postcard::from_bytes(&v)
+                .map_err(Error::corrupt(format!("entry of output log `{output}`")))?)?;
         }
         Ok(())
     }
@@ -288,8 +356,14 @@ impl LogBackend for EmbeddedLog {
             input_key(input, partition, low),
             input_key(input, partition, below),
         );
-        wb.put_cf(db::cf(&self.db, CF_META)?, low_key(input, partition), below.to_be_bytes());
-        self.db.write_opt(wb, &db::synced()).map_err(Error::rocks("trimming input"))?;
+        wb.put_cf(
+            db::cf(&self.db, CF_META)?,
+            low_key(input, partition),
+            below.to_be_bytes(),
+        );
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(Error::rocks("trimming input"))?;
         cache.insert((input.to_owned(), partition), (below, high));
         Ok(())
     }
@@ -311,7 +385,9 @@ mod tests {
                 dirs.borrow_mut().push(dir);
                 Arc::new(log)
             },
-            LogFlags { supports_trim: true },
+            LogFlags {
+                supports_trim: true,
+            },
         );
     }
 
@@ -321,15 +397,31 @@ mod tests {
         {
             let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
             log.create_input("in", 1).unwrap();
-            log.append(AppendBatch { appends: vec![("in".into(), 0, vec![Event { value: b"1".to_vec(), weight: 1 }; 5])], mark: None })
-                .unwrap();
+            log.append(AppendBatch {
+                appends: vec![(
+                    "in".into(),
+                    0,
+                    vec![
+                        Event {
+                            value: b"1".to_vec(),
+                            weight: 1
+                        };
+                        5
+                    ],
+                )],
+                mark: None,
+            })
+            .unwrap();
             log.trim("in", 0, 2).unwrap();
             log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
         }
         let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
         assert_eq!(log.watermarks("in", 0).unwrap(), (2, 5));
         assert_eq!(log.last_step().unwrap(), Some(0));
-        assert!(matches!(log.commit_step(&conformance::sample_commit(0, 2)), Err(Error::StepExists { step: 0 })));
+        assert!(matches!(
+            log.commit_step(&conformance::sample_commit(0, 2)),
+            Err(Error::StepExists { step: 0 })
+        ));
     }
 
     #[test]

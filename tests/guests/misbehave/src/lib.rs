@@ -39,7 +39,9 @@ fn misbehave(s: &String) -> String {
 pub fn build(c: &mut Circuit) {
     let echoed = c.input::<String>("in").map(misbehave);
     echoed.output("out");
-    echoed.count_by(|s| s.chars().next().unwrap_or(' ')).output("letters");
+    echoed
+        .count_by(|s| s.chars().next().unwrap_or(' '))
+        .output("letters");
 }
 
 sluice_guest::circuit!(build);
