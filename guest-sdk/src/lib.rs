@@ -62,37 +62,43 @@ pub use serde as __serde;
 #[macro_export]
 macro_rules! circuit {
     ($build:path) => {
-        #[doc(hidden)]
-        pub struct __SluiceCircuit;
+        // Only a WebAssembly build exports the world: a native build of the
+        // same crate (tests, benchmarks) uses the circuit through
+        // `CircuitInstance` and must not emit component export symbols.
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            #[doc(hidden)]
+            pub struct __SluiceCircuit;
 
-        impl $crate::sys::Guest for __SluiceCircuit {
-            fn describe() -> $crate::sys::CircuitInfo {
-                $crate::sys::describe($build)
+            impl $crate::sys::Guest for __SluiceCircuit {
+                fn describe() -> $crate::sys::CircuitInfo {
+                    $crate::sys::describe($build)
+                }
+                fn init(
+                    info: $crate::sys::WorkerInfo,
+                ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+                    $crate::sys::init($build, info)
+                }
+                fn step(
+                    inputs: ::std::vec::Vec<$crate::sys::Batch>,
+                ) -> ::core::result::Result<
+                    ::std::vec::Vec<$crate::sys::Batch>,
+                    $crate::sys::CircuitError,
+                > {
+                    $crate::sys::step(inputs)
+                }
+                fn snapshot()
+                -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError> {
+                    $crate::sys::snapshot()
+                }
+                fn restore(
+                    state: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+                    $crate::sys::restore(state)
+                }
             }
-            fn init(
-                info: $crate::sys::WorkerInfo,
-            ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
-                $crate::sys::init($build, info)
-            }
-            fn step(
-                inputs: ::std::vec::Vec<$crate::sys::Batch>,
-            ) -> ::core::result::Result<
-                ::std::vec::Vec<$crate::sys::Batch>,
-                $crate::sys::CircuitError,
-            > {
-                $crate::sys::step(inputs)
-            }
-            fn snapshot() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError>
-            {
-                $crate::sys::snapshot()
-            }
-            fn restore(
-                state: ::std::vec::Vec<u8>,
-            ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
-                $crate::sys::restore(state)
-            }
-        }
 
-        $crate::sys::bindings::__sluice_export!(__SluiceCircuit);
+            $crate::sys::bindings::__sluice_export!(__SluiceCircuit);
+        };
     };
 }
