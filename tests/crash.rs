@@ -93,44 +93,75 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             ])
             .arg(format!("--input=lines={}", input.display()))
             .arg(format!("--output=counts={}", output.display()))
+            .env("SLUICE_LOG", "sluice=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };
 
-    // Kill after 100-900 ms: a run needs ~0.4 s to start (load, recover,
-    // check the input file) and ~2 s of steps in all, so kills land in
-    // ingest, recovery, steps, commits and checkpoints alike, while each
-    // run still makes some progress.
-    let (mut kills, mut attempts) = (0, 0);
-    let mut finished_early = false;
+    // Kill times follow the child's progress, not the clock, so the test
+    // holds on a fast or a loaded machine: a quarter of the kills land at a
+    // random moment of start-up (ingest, recovery and replay), the rest a
+    // few milliseconds after a random number of step commits (in the next
+    // step's run, its commit, or a checkpoint and trim).
+    let (mut kills, mut attempts, mut after_commits, mut replayed) = (0, 0, 0, 0);
+    let mut finished = false;
     while kills < MIN_KILLS + 3 && attempts < 40 {
         attempts += 1;
         let mut child = spawn();
-        let delay = Duration::from_millis(100 + rng.below(800));
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-                assert!(status.success(), "run failed after {kills} kills: {err}");
-                finished_early = true;
-                break;
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)
+            {
+                if line.contains("step committed") {
+                    let _ = tx.send(());
+                }
+                log.push_str(&line);
+                log.push('\n');
             }
-            if start.elapsed() >= delay {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-                break;
+            log
+        });
+        let during_startup = rng.below(4) == 0;
+        let (commits_wanted, start) = (1 + rng.below(12), Instant::now());
+        let startup_delay = Duration::from_millis(rng.below(300));
+        let mut commits = 0;
+        let kill_now = loop {
+            if during_startup && start.elapsed() >= startup_delay {
+                break true;
             }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if finished_early {
+            match rx.recv_timeout(Duration::from_millis(2)) {
+                Ok(()) => {
+                    commits += 1;
+                    if !during_startup && commits >= commits_wanted {
+                        std::thread::sleep(Duration::from_millis(rng.below(15)));
+                        break true;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                // The child closed stderr: it has exited.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break false,
+            }
+        };
+        if kill_now && child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            kills += 1;
+            after_commits += usize::from(!during_startup);
+            replayed += replayed_steps(&reader.join().unwrap());
+        } else {
+            let status = child.wait().unwrap();
+            let log = reader.join().unwrap();
+            assert!(status.success(), "run failed after {kills} kills: {log}");
+            replayed += replayed_steps(&log);
+            finished = true;
             break;
         }
     }
-    if !finished_early {
+    if !finished {
         let out = spawn().wait_with_output().unwrap();
         assert!(
             out.status.success(),
@@ -138,7 +169,10 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    eprintln!("crash test: {kills} SIGKILLs in {attempts} runs");
+    eprintln!(
+        "crash test: {kills} SIGKILLs ({after_commits} after step commits) in {attempts} runs; \
+         {replayed} committed steps replayed and dropped as duplicates on recovery"
+    );
     assert!(
         kills >= MIN_KILLS,
         "only {kills} kills landed before the pipeline finished; the run is too fast for this test"
@@ -176,4 +210,18 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         last + 1,
         got.len()
     );
+}
+
+/// Steps replayed by one run, from its `recovered` debug line.
+fn replayed_steps(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("recovered"))
+        .filter_map(|l| l.split("replayed=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }

@@ -9,6 +9,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = sluice::cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -196,6 +196,12 @@ impl Coordinator {
             c.stats.restored_checkpoint = Some(cp.meta.step);
         }
         c.replay().await?;
+        tracing::debug!(
+            pipeline = %c.options.name,
+            restored = ?c.stats.restored_checkpoint,
+            replayed = c.stats.replayed_steps,
+            "recovered"
+        );
         Ok(c)
     }
 
@@ -391,6 +397,7 @@ impl Coordinator {
         };
         let storage = self.storage.clone();
         blocking(move || storage.commit_step(&commit)).await?;
+        tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         self.frontiers = target;
         self.next_step += 1;
         self.stats.steps += 1;
@@ -463,6 +470,7 @@ impl Coordinator {
             storage.trim_to_checkpoint()
         })
         .await?;
+        tracing::debug!(pipeline = %self.options.name, step, "checkpoint committed, input trimmed");
         self.checkpointed_step = Some(step);
         self.last_checkpoint_at = Instant::now();
         self.stats.checkpoints += 1;
