@@ -11,8 +11,8 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub(crate) use exports::sluice::circuit::circuit::{CircuitError, WorkerInfo};
-pub(crate) use sluice::circuit::types::{Batch, Event};
+pub(crate) use self::exports::sluice::circuit::circuit::{CircuitError, WorkerInfo};
+pub(crate) use self::sluice::circuit::types::{Batch, Event};
 
 /// The world's fully qualified name, for error messages.
 pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.1.0";
