@@ -141,11 +141,19 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             if !a.quiet {
                 let s = &report.stats;
                 let appended: u64 = report.ingested.iter().map(|i| i.appended).sum();
+                let recovered = match s.restored_checkpoint {
+                    Some(step) => format!(
+                        "restored the checkpoint of step {step}, replayed {} steps",
+                        s.replayed_steps
+                    ),
+                    None if s.replayed_steps > 0 => {
+                        format!("no checkpoint, replayed {} steps", s.replayed_steps)
+                    }
+                    None => "started fresh".to_owned(),
+                };
                 eprintln!(
-                    "appended {appended} events; restored checkpoint {:?}, replayed {} steps; \
-                     committed {} steps ({} in total), {} checkpoints; {} events in, {} out; {:.0} events/s",
-                    s.restored_checkpoint,
-                    s.replayed_steps,
+                    "appended {appended} events; {recovered}; committed {} steps ({} in total) and {} checkpoints; \
+                     {} events in, {} out; {:.0} events/s",
                     s.steps,
                     report.total_steps,
                     s.checkpoints,
