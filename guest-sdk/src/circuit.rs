@@ -164,11 +164,35 @@ impl<T: Data> Stream<T> {
         Stream::new(self.graph.clone(), node)
     }
 
-    /// The channel a keyed operator added next will use on the exchange: its
-    /// node index, which is the same on every worker because every worker
-    /// builds the same graph.
+    /// The first exchange channel of the operator added next: its node index
+    /// shifted left by 4, leaving it 16 channels of its own. Every worker
+    /// builds the same graph, so every worker numbers channels alike.
     pub(crate) fn next_channel(&self) -> u32 {
-        self.graph.borrow().nodes.len() as u32
+        (self.graph.borrow().nodes.len() as u32) << 4
+    }
+
+    /// Adds an operator reading this stream and `other` (in that order).
+    pub(crate) fn binary<U: Data, O: Data>(
+        &self,
+        other: &Stream<U>,
+        op: impl Operator + 'static,
+    ) -> Stream<O> {
+        if !Rc::ptr_eq(&self.graph, &other.graph) {
+            self.graph
+                .borrow_mut()
+                .errors
+                .push("an operator joins streams of two different circuits".into());
+        }
+        let node = self
+            .graph
+            .borrow_mut()
+            .add(Box::new(op), vec![self.node, other.node]);
+        Stream::new(self.graph.clone(), node)
+    }
+
+    /// Records a build error (reported by `CircuitInstance::build`).
+    pub(crate) fn build_error(&self, message: String) {
+        self.graph.borrow_mut().errors.push(message);
     }
 
     /// Sends this stream's deltas to the output port `name`, consolidated and

@@ -34,3 +34,34 @@ impl Exchange for LocalExchange {
         Ok(events)
     }
 }
+
+/// Sends keyed pairs through the exchange (key and value postcard-encoded)
+/// and decodes what this worker receives.
+pub(crate) fn shuffle_keyed<K: crate::Data, V: crate::Data>(
+    exchange: &mut dyn Exchange,
+    channel: u32,
+    pairs: impl IntoIterator<Item = ((K, V), Weight)>,
+) -> Result<Vec<((K, V), Weight)>> {
+    use crate::{Error, codec};
+    let mut send = Vec::new();
+    for ((k, v), weight) in pairs {
+        if weight != 0 {
+            send.push(RawEvent {
+                key: codec::to_bytes(&k)?,
+                value: codec::to_bytes(&v)?,
+                weight,
+            });
+        }
+    }
+    let received = exchange.shuffle(channel, send)?;
+    received
+        .into_iter()
+        .map(|e| {
+            let k = codec::from_bytes(&e.key)
+                .map_err(|m| Error::Failed(format!("exchange: undecodable key: {m}")))?;
+            let v = codec::from_bytes(&e.value)
+                .map_err(|m| Error::Failed(format!("exchange: undecodable value: {m}")))?;
+            Ok(((k, v), e.weight))
+        })
+        .collect()
+}

@@ -37,16 +37,19 @@ pub mod exchange;
 pub mod operator;
 #[doc(hidden)]
 pub mod sys;
+pub mod testing;
+mod types;
 pub mod zset;
 
 pub use circuit::{Circuit, CircuitInstance, Data, Stream};
 pub use error::{Error, Result};
 pub use operator::Sum;
+pub use types::{OrdF64, Window};
 pub use zset::{Weight, ZSet};
 
 /// What circuit code usually needs.
 pub mod prelude {
-    pub use crate::{Circuit, Data, Stream, Weight, ZSet};
+    pub use crate::{Circuit, Data, OrdF64, Stream, Weight, Window, ZSet};
     pub use serde::{Deserialize, Serialize};
 }
 

@@ -1,5 +1,7 @@
-//! Keyed aggregates: `count_by` and `sum_by`, incremental under inserts and
-//! deletes.
+//! Keyed aggregates kept as running totals: `count_by`, `sum_by` and
+//! `avg_by`, incremental under inserts and deletes in O(1) per changed key.
+//! (Aggregates that need the whole group, such as `min_by`, live in
+//! `group.rs`.)
 //!
 //! Each worker first combines its share of the step's delta per key, then
 //! sends the per-key changes through the exchange to the key's owner, which
@@ -10,6 +12,7 @@ use crate::circuit::{Data, Operator, StepContext, input};
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::RawEvent;
+use crate::types::OrdF64;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
 use serde::{Deserialize, Serialize};
@@ -37,7 +40,7 @@ impl_sum!(i8, i16, i32, i64, i128, isize);
 
 /// Per-key state: the multiplicity of the group and the weighted sum.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Acc<S> {
+pub(crate) struct Acc<S> {
     count: Weight,
     sum: S,
 }
@@ -52,27 +55,30 @@ impl<S: Sum> Acc<S> {
         self.count == 0 && self.sum == S::default()
     }
 
-    /// The group's result while it has records.
-    fn result(&self) -> Option<&S> {
-        (self.count > 0).then_some(&self.sum)
+    /// Whether the group has records (a positive count).
+    fn live(&self) -> bool {
+        self.count > 0
     }
 }
 
-struct GroupSum<T, K, S, KF, VF> {
+struct GroupSum<T, K, S, O, KF, VF, EF> {
     channel: u32,
     key: KF,
     value: VF,
+    emit: EF,
     state: BTreeMap<K, Acc<S>>,
-    _type: PhantomData<fn(T)>,
+    _type: PhantomData<fn(T) -> O>,
 }
 
-impl<T, K, S, KF, VF> Operator for GroupSum<T, K, S, KF, VF>
+impl<T, K, S, O, KF, VF, EF> Operator for GroupSum<T, K, S, O, KF, VF, EF>
 where
     T: Data,
     K: Data,
     S: Sum,
+    O: Data,
     KF: Fn(&T) -> K + 'static,
     VF: Fn(&T) -> S + 'static,
+    EF: Fn(&Acc<S>) -> O + 'static,
 {
     fn name(&self) -> &'static str {
         "group_sum"
@@ -97,20 +103,22 @@ where
         let received = cx.exchange.shuffle(self.channel, send)?;
 
         // Apply the changes this worker owns, remembering each key's old result.
-        let mut touched: BTreeMap<K, Option<S>> = BTreeMap::new();
+        let mut touched: BTreeMap<K, Option<O>> = BTreeMap::new();
         for event in received {
             let key: K = codec::from_bytes(&event.key)
                 .map_err(|e| Error::Failed(format!("exchange: undecodable key: {e}")))?;
             let delta: Acc<S> = codec::from_bytes(&event.value)
                 .map_err(|e| Error::Failed(format!("exchange: undecodable value: {e}")))?;
             let acc = self.state.entry(key.clone()).or_default();
-            touched.entry(key).or_insert_with(|| acc.result().cloned());
+            touched
+                .entry(key)
+                .or_insert_with(|| acc.live().then(|| (self.emit)(acc)));
             acc.merge(&delta);
         }
-        let mut out: ZSet<(K, S)> = Vec::new();
+        let mut out: ZSet<(K, O)> = Vec::new();
         for (key, old) in touched {
             let acc = self.state.get(&key).cloned().unwrap_or_default();
-            let new = acc.result().cloned();
+            let new = acc.live().then(|| (self.emit)(&acc));
             if acc.is_empty() {
                 self.state.remove(&key);
             }
@@ -154,7 +162,7 @@ impl<T: Data> Stream<T> {
     /// }).unwrap();
     /// ```
     pub fn count_by<K: Data>(&self, key: impl Fn(&T) -> K + 'static) -> Stream<(K, i64)> {
-        self.sum_by(key, |_| 1i64)
+        self.group_sum(key, |_| 0i64, |acc: &Acc<i64>| acc.count)
     }
 
     /// Sums `value` of the records per key (each record counted with its
@@ -174,11 +182,43 @@ impl<T: Data> Stream<T> {
         key: impl Fn(&T) -> K + 'static,
         value: impl Fn(&T) -> S + 'static,
     ) -> Stream<(K, S)> {
+        self.group_sum(key, value, |acc: &Acc<S>| acc.sum.clone())
+    }
+
+    /// Averages `value` of the records per key (each record counted with its
+    /// weight): emits `(key, average)` for every key that has records, with
+    /// the delete-old/insert-new convention of [`count_by`](Self::count_by).
+    /// Re-shards by key through the exchange.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<(String, i64)>("bids").avg_by(|(item, _)| item.clone(), |(_, price)| *price)
+    ///         .output("average_price");
+    /// }).unwrap();
+    /// ```
+    pub fn avg_by<K: Data>(
+        &self,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl Fn(&T) -> i64 + 'static,
+    ) -> Stream<(K, OrdF64)> {
+        self.group_sum(key, value, |acc: &Acc<i64>| {
+            OrdF64(acc.sum as f64 / acc.count as f64)
+        })
+    }
+
+    fn group_sum<K: Data, S: Sum, O: Data>(
+        &self,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl Fn(&T) -> S + 'static,
+        emit: impl Fn(&Acc<S>) -> O + 'static,
+    ) -> Stream<(K, O)> {
         let channel = self.next_channel();
         self.unary(GroupSum {
             channel,
             key,
             value,
+            emit,
             state: BTreeMap::new(),
             _type: PhantomData,
         })

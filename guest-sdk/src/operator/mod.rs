@@ -1,41 +1,42 @@
 //! The operators, one per file, each with its tests. Stateless operators
-//! (`map`, `filter`, `flat_map`) work on each worker's share as it is; keyed
-//! operators (`count_by`, `sum_by`) re-shard through the exchange first.
+//! (`map`, `filter`, `filter_map`, `flat_map`, `union`, `minus`, `negate`,
+//! `key_by`, windows) work on each worker's share as it is and never touch
+//! the exchange; keyed operators (aggregates, `distinct`, joins, `top_k_by`)
+//! re-shard by key through the exchange first, so each key's state lives on
+//! exactly one worker.
 
 pub mod aggregate;
+pub mod distinct;
 pub mod filter;
+pub mod filter_map;
 pub mod flat_map;
+pub mod fold;
+pub(crate) mod group;
 pub(crate) mod input;
+pub mod integrate;
+pub mod join;
+pub mod key_by;
 pub mod map;
+pub mod min_max;
+pub mod negate;
 pub(crate) mod output;
+pub mod top_k;
+pub mod union;
+pub mod window;
 
 pub use aggregate::Sum;
 
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::exchange::{LocalExchange, RawEvent};
-    use crate::{Circuit, CircuitInstance};
+    use crate::testing::run;
+    use crate::{Circuit, CircuitInstance, Data, Weight};
+    use proptest::prelude::*;
     use serde::Serialize;
     use serde::de::DeserializeOwned;
+    use std::collections::BTreeMap;
 
-    /// Encodes typed input as one port's JSON events.
-    pub fn events<T: Serialize>(zset: &[(T, i64)]) -> Vec<RawEvent> {
-        zset.iter()
-            .map(|(v, w)| RawEvent {
-                key: vec![],
-                value: serde_json::to_vec(v).unwrap(),
-                weight: *w,
-            })
-            .collect()
-    }
-
-    /// Decodes one output port's events.
-    pub fn decode<T: DeserializeOwned>(events: &[RawEvent]) -> Vec<(T, i64)> {
-        events
-            .iter()
-            .map(|e| (serde_json::from_slice(&e.value).unwrap(), e.weight))
-            .collect()
-    }
+    pub use crate::testing::{decode, events};
 
     /// A single-worker circuit with one input and one output port.
     pub fn run_steps<I: Serialize, O: DeserializeOwned>(
@@ -50,5 +51,101 @@ pub(crate) mod testing {
                 decode(&out[0])
             })
             .collect()
+    }
+
+    /// Random batches of inserts and deletes over `values`.
+    pub fn batches<T: std::fmt::Debug + Clone>(
+        values: impl Strategy<Value = T> + Clone,
+    ) -> impl Strategy<Value = Vec<Vec<(T, Weight)>>> {
+        proptest::collection::vec(
+            proptest::collection::vec(
+                (
+                    values,
+                    prop_oneof![3 => Just(1i64), 2 => Just(-1i64), 1 => -2i64..=2],
+                ),
+                0..10,
+            ),
+            1..8,
+        )
+    }
+
+    fn integrate<T: Data>(into: &mut BTreeMap<T, Weight>, delta: &[(T, Weight)]) {
+        crate::zset::integrate(into, delta)
+    }
+
+    /// Checks an operator against recomputation: after every step, the
+    /// integrated output equals `expect` of the integrated inputs, with 1 and
+    /// with 3 workers, and with 3 workers restored from a snapshot midway.
+    /// `steps[i][p]` is step `i`'s delta on input port `p`, encoded.
+    pub fn check_ports<O: Data>(
+        build: fn(&mut Circuit),
+        steps: &[Vec<Vec<RawEvent>>],
+        expect_after: impl Fn(usize) -> BTreeMap<O, Weight>,
+    ) -> Result<(), TestCaseError> {
+        let cut = steps.len() / 2;
+        for (workers, restore) in [(1, None), (3, None), (3, Some(cut)), (2, Some(0))] {
+            let out = run(build, workers, steps, restore)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let mut got = BTreeMap::new();
+            for (i, step) in out.iter().enumerate() {
+                integrate(&mut got, &decode::<O>(&step[0]));
+                prop_assert_eq!(
+                    &got,
+                    &expect_after(i),
+                    "workers={}, restore={:?}, after step {}",
+                    workers,
+                    restore,
+                    i
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// [`check_ports`] for a one-input operator: `expect` maps the integrated
+    /// input to the expected integrated output.
+    pub fn check<I: Data, O: Data>(
+        build: fn(&mut Circuit),
+        steps: &[Vec<(I, Weight)>],
+        expect: impl Fn(&BTreeMap<I, Weight>) -> BTreeMap<O, Weight>,
+    ) -> Result<(), TestCaseError> {
+        let raw: Vec<Vec<Vec<RawEvent>>> = steps.iter().map(|s| vec![events(s)]).collect();
+        check_ports(build, &raw, |i| {
+            let mut input = BTreeMap::new();
+            for s in &steps[..=i] {
+                integrate(&mut input, s);
+            }
+            expect(&input)
+        })
+    }
+
+    /// [`check_ports`] for a two-input operator.
+    pub fn check2<A: Data, B: Data, O: Data>(
+        build: fn(&mut Circuit),
+        steps: &[(Vec<(A, Weight)>, Vec<(B, Weight)>)],
+        expect: impl Fn(&BTreeMap<A, Weight>, &BTreeMap<B, Weight>) -> BTreeMap<O, Weight>,
+    ) -> Result<(), TestCaseError> {
+        let raw: Vec<Vec<Vec<RawEvent>>> = steps
+            .iter()
+            .map(|(a, b)| vec![events(a), events(b)])
+            .collect();
+        check_ports(build, &raw, |i| {
+            let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+            for (da, db) in &steps[..=i] {
+                integrate(&mut a, da);
+                integrate(&mut b, db);
+            }
+            expect(&a, &b)
+        })
+    }
+
+    /// Turns `(record, weight)` pairs into a multiset without zero weights.
+    pub fn zset<T: Data>(pairs: impl IntoIterator<Item = (T, Weight)>) -> BTreeMap<T, Weight> {
+        let mut m = BTreeMap::new();
+        for (t, w) in pairs {
+            *m.entry(t).or_insert(0) += w;
+        }
+        m.retain(|_, w| *w != 0);
+        m
     }
 }

@@ -1,0 +1,138 @@
+//! `integrate` and `differentiate`: between a stream of changes and a stream
+//! of whole states. `s.integrate().differentiate()` is `s` again.
+
+use crate::circuit::{Data, Operator, StepContext, input};
+use crate::error::{Error, Result};
+use crate::zset::{Weight, consolidate, integrate};
+use crate::{Stream, ZSet, codec};
+use std::any::Any;
+use std::collections::BTreeMap;
+
+struct Integrate<T> {
+    sum: BTreeMap<T, Weight>,
+}
+
+impl<T: Data> Operator for Integrate<T> {
+    fn name(&self) -> &'static str {
+        "integrate"
+    }
+
+    fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        integrate(&mut self.sum, input::<T>(inputs, 0));
+        let out: ZSet<T> = self.sum.iter().map(|(t, w)| (t.clone(), *w)).collect();
+        Ok(Box::new(out))
+    }
+
+    fn stateful(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        codec::to_bytes(&self.sum)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.sum = codec::from_bytes(state)
+            .map_err(|e| Error::IncompatibleSnapshot(format!("integrate state: {e}")))?;
+        Ok(())
+    }
+}
+
+struct Differentiate<T> {
+    previous: ZSet<T>,
+}
+
+impl<T: Data> Operator for Differentiate<T> {
+    fn name(&self) -> &'static str {
+        "differentiate"
+    }
+
+    fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        let mut current = input::<T>(inputs, 0).clone();
+        consolidate(&mut current);
+        let mut out: ZSet<T> = current.clone();
+        out.extend(self.previous.iter().map(|(t, w)| (t.clone(), -w)));
+        consolidate(&mut out);
+        self.previous = current;
+        Ok(Box::new(out))
+    }
+
+    fn stateful(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        codec::to_bytes(&self.previous)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.previous = codec::from_bytes(state)
+            .map_err(|e| Error::IncompatibleSnapshot(format!("differentiate state: {e}")))?;
+        Ok(())
+    }
+}
+
+impl<T: Data> Stream<T> {
+    /// At every step, the sum of all changes so far: the whole current
+    /// Z-set (this worker's share of it). Each step's output is the full
+    /// state, not a change: send it to a port only when a snapshot per step
+    /// is what you want.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("changes").integrate().output("snapshots");
+    /// }).unwrap();
+    /// ```
+    pub fn integrate(&self) -> Stream<T> {
+        self.unary(Integrate::<T> {
+            sum: BTreeMap::new(),
+        })
+    }
+
+    /// The change from the previous step's Z-set to this step's: turns a
+    /// stream of whole states back into changes.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("states").differentiate().output("changes");
+    /// }).unwrap();
+    /// ```
+    pub fn differentiate(&self) -> Stream<T> {
+        self.unary(Differentiate::<T> {
+            previous: Vec::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::operator::testing::{batches, check};
+    use crate::testing::{decode, events, run};
+    use crate::zset::{consolidate, integrate};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    proptest! {
+        #[test]
+        fn differentiate_undoes_integrate(steps in batches(0u8..10)) {
+            check(|c| c.input::<u8>("in").integrate().differentiate().output("out"), &steps, |input| input.clone())?;
+        }
+
+        #[test]
+        fn integrate_emits_the_running_sum(steps in batches(0u8..10)) {
+            let raw: Vec<_> = steps.iter().map(|s| vec![events(s)]).collect();
+            for workers in [1, 3] {
+                let out = run(|c| c.input::<u8>("in").integrate().output("out"), workers, &raw, Some(steps.len() / 2)).unwrap();
+                let mut sum = BTreeMap::new();
+                for (step, got) in steps.iter().zip(&out) {
+                    integrate(&mut sum, step);
+                    let mut got = decode::<u8>(&got[0]);
+                    consolidate(&mut got);
+                    prop_assert_eq!(got, sum.iter().map(|(k, w)| (*k, *w)).collect::<Vec<_>>());
+                }
+            }
+        }
+    }
+}

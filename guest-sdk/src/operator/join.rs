@@ -1,0 +1,291 @@
+//! Joins on keys, incremental: `join` (inner) and `left_join` (left outer).
+//!
+//! Both inputs are indexed streams `(key, value)` (see
+//! [`key_by`](crate::Stream::key_by)), re-sharded by key so that both sides
+//! of a key meet on one worker. The inner join applies
+//! Δ(A⋈B) = ΔA⋈B + A⋈ΔB + ΔA⋈ΔB at the cost of the changes; the left join
+//! recomputes each touched key's rows (a key's "no match" row comes and goes
+//! with the right side).
+
+use super::group::{Groups, apply, restore_groups};
+use crate::circuit::{Data, Operator, StepContext, input};
+use crate::error::Result;
+use crate::exchange::shuffle_keyed;
+use crate::zset::{Weight, consolidate};
+use crate::{Stream, ZSet, codec};
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
+
+fn shuffle_side<K: Data, V: Data>(
+    cx: &mut StepContext<'_>,
+    channel: u32,
+    delta: &ZSet<(K, V)>,
+) -> Result<Vec<((K, V), Weight)>> {
+    let mut local = delta.clone();
+    consolidate(&mut local);
+    shuffle_keyed(cx.exchange, channel, local)
+}
+
+fn snapshot_both<K: Data, A: Data, B: Data>(
+    left: &Groups<K, A>,
+    right: &Groups<K, B>,
+) -> Result<Vec<u8>> {
+    codec::to_bytes(&(codec::to_bytes(left)?, codec::to_bytes(right)?))
+}
+
+fn restore_both<K: Data, A: Data, B: Data>(
+    name: &str,
+    state: &[u8],
+) -> Result<(Groups<K, A>, Groups<K, B>)> {
+    let (l, r): (Vec<u8>, Vec<u8>) = codec::from_bytes(state)
+        .map_err(|e| crate::Error::IncompatibleSnapshot(format!("{name} state: {e}")))?;
+    Ok((restore_groups(name, &l)?, restore_groups(name, &r)?))
+}
+
+struct Join<K, A, B, O, F> {
+    channel: u32,
+    f: F,
+    left: Groups<K, A>,
+    right: Groups<K, B>,
+    _types: PhantomData<fn() -> O>,
+}
+
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Operator
+    for Join<K, A, B, O, F>
+{
+    fn name(&self) -> &'static str {
+        "join"
+    }
+
+    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        let da = shuffle_side(cx, self.channel, input::<(K, A)>(inputs, 0))?;
+        let db = shuffle_side(cx, self.channel + 1, input::<(K, B)>(inputs, 1))?;
+        let mut out: ZSet<O> = Vec::new();
+        // ΔA ⋈ B, then A' = A + ΔA.
+        for ((k, a), wa) in &da {
+            if let Some(group) = self.right.get(k) {
+                out.extend(group.iter().map(|(b, wb)| ((self.f)(k, a, b), wa * wb)));
+            }
+        }
+        for ((k, a), wa) in da {
+            apply(&mut self.left, &k, a, wa);
+        }
+        // A' ⋈ ΔB (= A⋈ΔB + ΔA⋈ΔB), then B' = B + ΔB.
+        for ((k, b), wb) in &db {
+            if let Some(group) = self.left.get(k) {
+                out.extend(group.iter().map(|(a, wa)| ((self.f)(k, a, b), wa * wb)));
+            }
+        }
+        for ((k, b), wb) in db {
+            apply(&mut self.right, &k, b, wb);
+        }
+        consolidate(&mut out);
+        Ok(Box::new(out))
+    }
+
+    fn stateful(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        snapshot_both(&self.left, &self.right)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        (self.left, self.right) = restore_both("join", state)?;
+        Ok(())
+    }
+}
+
+struct LeftJoin<K, A, B, O, F> {
+    channel: u32,
+    f: F,
+    left: Groups<K, A>,
+    right: Groups<K, B>,
+    _types: PhantomData<fn() -> O>,
+}
+
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'static>
+    LeftJoin<K, A, B, O, F>
+{
+    /// The rows of one key, with weight sign `sign`.
+    fn rows(&self, k: &K, sign: Weight, out: &mut ZSet<O>) {
+        let Some(left) = self.left.get(k) else { return };
+        match self.right.get(k).filter(|r| r.values().any(|w| *w > 0)) {
+            Some(right) => {
+                for (a, wa) in left {
+                    out.extend(
+                        right
+                            .iter()
+                            .map(|(b, wb)| ((self.f)(k, a, Some(b)), sign * wa * wb)),
+                    );
+                }
+            }
+            None => out.extend(left.iter().map(|(a, wa)| ((self.f)(k, a, None), sign * wa))),
+        }
+    }
+}
+
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'static> Operator
+    for LeftJoin<K, A, B, O, F>
+{
+    fn name(&self) -> &'static str {
+        "left_join"
+    }
+
+    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        let da = shuffle_side(cx, self.channel, input::<(K, A)>(inputs, 0))?;
+        let db = shuffle_side(cx, self.channel + 1, input::<(K, B)>(inputs, 1))?;
+        let touched: BTreeSet<K> = da
+            .iter()
+            .map(|((k, _), _)| k.clone())
+            .chain(db.iter().map(|((k, _), _)| k.clone()))
+            .collect();
+        let mut out: ZSet<O> = Vec::new();
+        for k in &touched {
+            self.rows(k, -1, &mut out);
+        }
+        for ((k, a), w) in da {
+            apply(&mut self.left, &k, a, w);
+        }
+        for ((k, b), w) in db {
+            apply(&mut self.right, &k, b, w);
+        }
+        for k in &touched {
+            self.rows(k, 1, &mut out);
+        }
+        consolidate(&mut out);
+        Ok(Box::new(out))
+    }
+
+    fn stateful(&self) -> bool {
+        true
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        snapshot_both(&self.left, &self.right)
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        (self.left, self.right) = restore_both("left_join", state)?;
+        Ok(())
+    }
+}
+
+impl<K: Data, A: Data> Stream<(K, A)> {
+    /// Inner join on keys: for every `(k, a)` here and `(k, b)` in `other`,
+    /// emits `f(k, a, b)` with the product of their weights. Re-shards both
+    /// inputs by key through the exchange.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     let orders = c.input::<(u64, i64)>("orders").key_by(|(customer, _)| *customer);
+    ///     let customers = c.input::<(u64, String)>("customers").key_by(|(id, _)| *id);
+    ///     orders
+    ///         .join(&customers, |_, (_, amount), (_, region)| (region.clone(), *amount))
+    ///         .sum_by(|(region, _)| region.clone(), |(_, amount)| *amount)
+    ///         .output("revenue_per_region");
+    /// }).unwrap();
+    /// ```
+    pub fn join<B: Data, O: Data>(
+        &self,
+        other: &Stream<(K, B)>,
+        f: impl Fn(&K, &A, &B) -> O + 'static,
+    ) -> Stream<O> {
+        let channel = self.next_channel();
+        self.binary(
+            other,
+            Join {
+                channel,
+                f,
+                left: BTreeMap::new(),
+                right: BTreeMap::new(),
+                _types: PhantomData,
+            },
+        )
+    }
+
+    /// Left outer join on keys: like [`join`](Self::join), plus
+    /// `f(k, a, None)` for every `(k, a)` whose key has no record in `other`.
+    /// When the first match arrives the `None` row is deleted, and it comes
+    /// back when the last match goes. Re-shards both inputs by key.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     let orders = c.input::<(u64, i64)>("orders").key_by(|(customer, _)| *customer);
+    ///     let customers = c.input::<(u64, String)>("customers").key_by(|(id, _)| *id);
+    ///     orders
+    ///         .left_join(&customers, |id, (_, amount), c| (*id, *amount, c.map(|(_, r)| r.clone())))
+    ///         .output("orders_with_region");
+    /// }).unwrap();
+    /// ```
+    pub fn left_join<B: Data, O: Data>(
+        &self,
+        other: &Stream<(K, B)>,
+        f: impl Fn(&K, &A, Option<&B>) -> O + 'static,
+    ) -> Stream<O> {
+        let channel = self.next_channel();
+        self.binary(
+            other,
+            LeftJoin {
+                channel,
+                f,
+                left: BTreeMap::new(),
+                right: BTreeMap::new(),
+                _types: PhantomData,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::operator::testing::{batches, check2, zset};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn build_join(c: &mut crate::Circuit) {
+        let a = c.input::<(u8, u8)>("a");
+        let b = c.input::<(u8, char)>("b");
+        a.join(&b, |k, x, y| (*k, *x, *y)).output("out");
+    }
+
+    fn build_left(c: &mut crate::Circuit) {
+        let a = c.input::<(u8, u8)>("a");
+        let b = c.input::<(u8, char)>("b");
+        a.left_join(&b, |k, x, y| (*k, *x, y.copied()))
+            .output("out");
+    }
+
+    proptest! {
+        #[test]
+        fn join_equals_recomputation(a in batches((0u8..4, 0u8..5)), b in batches((0u8..4, prop::char::range('a', 'd')))) {
+            let steps: Vec<_> = a.into_iter().zip(b).collect();
+            check2(build_join, &steps, |a, b| {
+                zset(a.iter().flat_map(|((ka, x), wa)| {
+                    b.iter().filter(move |((kb, _), _)| kb == ka).map(move |((_, y), wb)| ((*ka, *x, *y), wa * wb))
+                }))
+            })?;
+        }
+
+        #[test]
+        fn left_join_equals_recomputation(a in batches((0u8..4, 0u8..5)), b in batches((0u8..4, prop::char::range('a', 'd')))) {
+            let steps: Vec<_> = a.into_iter().zip(b).collect();
+            check2(build_left, &steps, |a, b| {
+                let mut right: BTreeMap<u8, Vec<(char, i64)>> = BTreeMap::new();
+                for ((k, y), w) in b {
+                    right.entry(*k).or_default().push((*y, *w));
+                }
+                zset(a.iter().flat_map(|((k, x), wa)| {
+                    match right.get(k).filter(|r| r.iter().any(|(_, w)| *w > 0)) {
+                        Some(r) => r.iter().map(|(y, wb)| ((*k, *x, Some(*y)), wa * wb)).collect::<Vec<_>>(),
+                        None => vec![((*k, *x, None), *wa)],
+                    }
+                }))
+            })?;
+        }
+    }
+}
