@@ -31,6 +31,12 @@ pub enum Command {
     /// consumed and committed, and write the output logs. Run again on the
     /// same --data after a crash: it recovers and finishes.
     Run(RunArgs),
+    /// Generate benchmark input as JSON lines.
+    Gen {
+        /// Which data set.
+        #[command(subcommand)]
+        what: GenCommand,
+    },
     /// Build the word-count example and run it on bundled text.
     Demo {
         /// Workers W.
@@ -48,6 +54,23 @@ pub enum Command {
         /// How many top words to print.
         #[arg(long, default_value_t = 10)]
         top: usize,
+    },
+}
+
+/// Data sets `sluice gen` writes.
+#[derive(Debug, Subcommand)]
+pub enum GenCommand {
+    /// Nexmark: person.jsonl, auction.jsonl and bid.jsonl (deterministic).
+    Nexmark {
+        /// Number of events (all three kinds together).
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+        /// Events per second of event time (spaces the timestamps).
+        #[arg(long, default_value_t = 10_000)]
+        rate: u32,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -161,6 +184,18 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     s.events_out,
                     report.events_per_second()
                 );
+            }
+        }
+        Command::Gen {
+            what: GenCommand::Nexmark { events, rate, out },
+        } => {
+            let bar = indicatif::ProgressBar::new(events);
+            let files = tokio::task::spawn_blocking(move || {
+                crate::generate::gen_nexmark(events, rate, &out, &bar)
+            })
+            .await??;
+            for (path, n) in [files.person, files.auction, files.bid] {
+                println!("{n:>10}  {}", path.display());
             }
         }
         Command::Demo {

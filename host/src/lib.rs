@@ -34,6 +34,8 @@ pub mod compile;
 pub mod demo;
 /// The error type.
 pub mod error;
+/// `sluice gen`: benchmark input (Nexmark) as JSON lines.
+pub mod generate;
 /// Appending JSON-lines files to input logs exactly once.
 pub mod ingest;
 /// Engine, workers, exchange, coordinator, pipeline.

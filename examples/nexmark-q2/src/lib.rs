@@ -1,0 +1,15 @@
+//! Nexmark q2, selection: `(auction, price)` of the bids on auctions whose
+//! id is a multiple of 123.
+
+use nexmark_model::Bid;
+use sluice_guest::Circuit;
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    c.input::<Bid>("bid")
+        .filter(|b| b.auction % 123 == 0)
+        .map(|b| (b.auction, b.price))
+        .output("selected");
+}
+
+sluice_guest::circuit!(build);

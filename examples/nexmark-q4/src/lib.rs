@@ -1,0 +1,33 @@
+//! Nexmark q4, average price per category: the winning (highest) bid of
+//! every auction, among bids placed while it was open, averaged per
+//! category. A join, a keyed max and a keyed average, all incremental.
+
+use nexmark_model::{Auction, Bid};
+use sluice_guest::Circuit;
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    let auctions = c.input::<Auction>("auction").key_by(|a| a.id);
+    let bids = c
+        .input::<Bid>("bid")
+        .map(|b| (b.auction, b.price, b.date_time))
+        .key_by(|b| b.0);
+    auctions
+        .join(&bids, |id, a, (_, price, at)| {
+            (
+                *id,
+                a.category,
+                *price,
+                a.date_time <= *at && *at <= a.expires,
+            )
+        })
+        .filter(|(_, _, _, open)| *open)
+        .max_by(
+            |(id, category, _, _)| (*id, *category),
+            |(_, _, price, _)| *price,
+        )
+        .avg_by(|((_, category), _)| *category, |(_, price)| *price as i64)
+        .output("avg_price_per_category");
+}
+
+sluice_guest::circuit!(build);
