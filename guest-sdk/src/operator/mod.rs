@@ -119,10 +119,13 @@ pub(crate) mod testing {
         })
     }
 
+    /// One step's deltas on two input ports.
+    pub type TwoPorts<A, B> = (Vec<(A, Weight)>, Vec<(B, Weight)>);
+
     /// [`check_ports`] for a two-input operator.
     pub fn check2<A: Data, B: Data, O: Data>(
         build: fn(&mut Circuit),
-        steps: &[(Vec<(A, Weight)>, Vec<(B, Weight)>)],
+        steps: &[TwoPorts<A, B>],
         expect: impl Fn(&BTreeMap<A, Weight>, &BTreeMap<B, Weight>) -> BTreeMap<O, Weight>,
     ) -> Result<(), TestCaseError> {
         let raw: Vec<Vec<Vec<RawEvent>>> = steps
