@@ -140,7 +140,7 @@ fn nexmark_queries_equal_a_direct_computation() {
     let got = run("examples/nexmark-q2", dir, &[("bid", &nx.bid)], "selected");
     let expected = zset(
         bids.iter()
-            .filter(|b| u(b, "auction") % 123 == 0)
+            .filter(|b| u(b, "auction").is_multiple_of(123))
             .map(|b| json!([u(b, "auction"), u(b, "price")])),
     );
     assert!(!expected.is_empty());

@@ -7,7 +7,7 @@ use sluice_guest::Circuit;
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
-        .filter(|b| b.auction % 123 == 0)
+        .filter(|b| b.auction.is_multiple_of(123))
         .map(|b| (b.auction, b.price))
         .output("selected");
 }
