@@ -310,6 +310,42 @@ mod tests {
         }
     }
 
+    fn per_key<V: Copy>(input: &BTreeMap<(u8, V), i64>) -> BTreeMap<u8, Vec<(V, i64)>> {
+        let mut g: BTreeMap<u8, Vec<(V, i64)>> = BTreeMap::new();
+        for ((k, v), w) in input {
+            g.entry(*k).or_default().push((*v, *w));
+        }
+        g
+    }
+
+    proptest! {
+        #[test]
+        fn count_sum_avg_equal_recomputation_on_many_workers(steps in crate::operator::testing::batches((0u8..5, -20i64..20))) {
+            use crate::operator::testing::{check, zset};
+            use crate::OrdF64;
+            check(|c| c.input::<(u8, i64)>("in").count_by(|(k, _)| *k).output("out"), &steps, |input| {
+                zset(per_key(input).into_iter().filter_map(|(k, vs)| {
+                    let n: i64 = vs.iter().map(|(_, w)| w).sum();
+                    (n > 0).then_some(((k, n), 1))
+                }))
+            })?;
+            check(|c| c.input::<(u8, i64)>("in").sum_by(|(k, _)| *k, |(_, v)| *v).output("out"), &steps, |input| {
+                zset(per_key(input).into_iter().filter_map(|(k, vs)| {
+                    let n: i64 = vs.iter().map(|(_, w)| w).sum();
+                    let s: i64 = vs.iter().map(|(v, w)| v * w).sum();
+                    (n > 0).then_some(((k, s), 1))
+                }))
+            })?;
+            check(|c| c.input::<(u8, i64)>("in").avg_by(|(k, _)| *k, |(_, v)| *v).output("out"), &steps, |input| {
+                zset(per_key(input).into_iter().filter_map(|(k, vs)| {
+                    let n: i64 = vs.iter().map(|(_, w)| w).sum();
+                    let s: i64 = vs.iter().map(|(v, w)| v * w).sum();
+                    (n > 0).then_some(((k, OrdF64(s as f64 / n as f64)), 1))
+                }))
+            })?;
+        }
+    }
+
     #[test]
     fn sum_by_tracks_sums_under_retraction() {
         let out: Vec<Vec<((String, i64), i64)>> = run_steps(

@@ -45,7 +45,17 @@ impl<T: Data> Stream<T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::testing::run_steps;
+    use crate::operator::testing::{batches, check, run_steps, zset};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn equals_recomputation(steps in batches(0i64..20)) {
+            check(|c| c.input::<i64>("in").filter(|x| x % 3 != 0).output("out"), &steps, |input| {
+                zset(input.iter().filter(|(x, _)| *x % 3 != 0).map(|(x, w)| (*x, *w)))
+            })?;
+        }
+    }
 
     #[test]
     fn keeps_matching_inserts_and_deletes() {

@@ -57,7 +57,17 @@ impl<T: Data> Stream<T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::testing::run_steps;
+    use crate::operator::testing::{batches, check, run_steps, zset};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn equals_recomputation(steps in batches(0u8..20)) {
+            check(|c| c.input::<u8>("in").flat_map(|x| 0..*x % 4).output("out"), &steps, |input| {
+                zset(input.iter().flat_map(|(x, w)| (0..*x % 4).map(move |i| (i, *w))))
+            })?;
+        }
+    }
 
     #[test]
     fn splits_and_retracts() {

@@ -44,7 +44,17 @@ impl<T: Data> Stream<T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::testing::run_steps;
+    use crate::operator::testing::{batches, check, run_steps, zset};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn equals_recomputation(steps in batches(0i64..20)) {
+            check(|c| c.input::<i64>("in").map(|x| x / 3).output("out"), &steps, |input| {
+                zset(input.iter().map(|(x, w)| (x / 3, *w)))
+            })?;
+        }
+    }
 
     #[test]
     fn maps_values_and_keeps_weights() {
