@@ -23,3 +23,9 @@ pub fn to_bytes<T: Serialize>(value: &T) -> Result<Vec<u8>> {
 pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
     postcard::from_bytes(bytes).map_err(|e| e.to_string())
 }
+
+/// Decodes operator `op`'s snapshot state; a mismatch is an
+/// [`Error::IncompatibleSnapshot`] naming the operator.
+pub(crate) fn from_state<T: DeserializeOwned>(op: &str, state: &[u8]) -> Result<T> {
+    from_bytes(state).map_err(|e| Error::IncompatibleSnapshot(format!("{op} state: {e}")))
+}

@@ -143,8 +143,7 @@ where
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.state = codec::from_bytes(state)
-            .map_err(|e| Error::IncompatibleSnapshot(format!("{} state: {e}", self.name())))?;
+        self.state = codec::from_state(self.name(), state)?;
         Ok(())
     }
 }

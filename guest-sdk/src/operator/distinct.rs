@@ -1,7 +1,7 @@
 //! `distinct`: each record once, while its weight is positive.
 
 use crate::circuit::{Data, Operator, StepContext, input};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
@@ -52,8 +52,7 @@ impl<T: Data> Operator for Distinct<T> {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.weights = codec::from_bytes(state)
-            .map_err(|e| Error::IncompatibleSnapshot(format!("distinct state: {e}")))?;
+        self.weights = codec::from_state("distinct", state)?;
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 //! multiset), at O(group size) per touched key.
 
 use crate::circuit::{Data, Operator, StepContext, input};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
@@ -40,7 +40,7 @@ pub(crate) fn snapshot_groups<K: Data, V: Data>(groups: &Groups<K, V>) -> Result
 }
 
 pub(crate) fn restore_groups<K: Data, V: Data>(name: &str, state: &[u8]) -> Result<Groups<K, V>> {
-    codec::from_bytes(state).map_err(|e| Error::IncompatibleSnapshot(format!("{name} state: {e}")))
+    codec::from_state(name, state)
 }
 
 struct Group<T, K, V, O, KF, VF, F> {

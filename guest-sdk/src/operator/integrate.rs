@@ -2,7 +2,7 @@
 //! of whole states. `s.integrate().differentiate()` is `s` again.
 
 use crate::circuit::{Data, Operator, StepContext, input};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::zset::{Weight, consolidate, integrate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
@@ -32,8 +32,7 @@ impl<T: Data> Operator for Integrate<T> {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.sum = codec::from_bytes(state)
-            .map_err(|e| Error::IncompatibleSnapshot(format!("integrate state: {e}")))?;
+        self.sum = codec::from_state("integrate", state)?;
         Ok(())
     }
 }
@@ -66,8 +65,7 @@ impl<T: Data> Operator for Differentiate<T> {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.previous = codec::from_bytes(state)
-            .map_err(|e| Error::IncompatibleSnapshot(format!("differentiate state: {e}")))?;
+        self.previous = codec::from_state("differentiate", state)?;
         Ok(())
     }
 }

@@ -27,27 +27,35 @@ fn shuffle_side<K: Data, V: Data>(
     shuffle_keyed(cx.exchange, channel, local)
 }
 
-fn snapshot_both<K: Data, A: Data, B: Data>(
-    left: &Groups<K, A>,
-    right: &Groups<K, B>,
-) -> Result<Vec<u8>> {
-    codec::to_bytes(&(codec::to_bytes(left)?, codec::to_bytes(right)?))
+/// Both sides of a join, integrated per key.
+struct Sides<K, A, B> {
+    left: Groups<K, A>,
+    right: Groups<K, B>,
 }
 
-fn restore_both<K: Data, A: Data, B: Data>(
-    name: &str,
-    state: &[u8],
-) -> Result<(Groups<K, A>, Groups<K, B>)> {
-    let (l, r): (Vec<u8>, Vec<u8>) = codec::from_bytes(state)
-        .map_err(|e| crate::Error::IncompatibleSnapshot(format!("{name} state: {e}")))?;
-    Ok((restore_groups(name, &l)?, restore_groups(name, &r)?))
+impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
+    fn new() -> Self {
+        Sides {
+            left: BTreeMap::new(),
+            right: BTreeMap::new(),
+        }
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>> {
+        codec::to_bytes(&(codec::to_bytes(&self.left)?, codec::to_bytes(&self.right)?))
+    }
+
+    fn restore(&mut self, name: &str, state: &[u8]) -> Result<()> {
+        let (l, r): (Vec<u8>, Vec<u8>) = codec::from_state(name, state)?;
+        (self.left, self.right) = (restore_groups(name, &l)?, restore_groups(name, &r)?);
+        Ok(())
+    }
 }
 
 struct Join<K, A, B, O, F> {
     channel: u32,
     f: F,
-    left: Groups<K, A>,
-    right: Groups<K, B>,
+    sides: Sides<K, A, B>,
     _types: PhantomData<fn() -> O>,
 }
 
@@ -64,21 +72,21 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         let mut out: ZSet<O> = Vec::new();
         // ΔA ⋈ B, then A' = A + ΔA.
         for ((k, a), wa) in &da {
-            if let Some(group) = self.right.get(k) {
+            if let Some(group) = self.sides.right.get(k) {
                 out.extend(group.iter().map(|(b, wb)| ((self.f)(k, a, b), wa * wb)));
             }
         }
         for ((k, a), wa) in da {
-            apply(&mut self.left, &k, a, wa);
+            apply(&mut self.sides.left, &k, a, wa);
         }
         // A' ⋈ ΔB (= A⋈ΔB + ΔA⋈ΔB), then B' = B + ΔB.
         for ((k, b), wb) in &db {
-            if let Some(group) = self.left.get(k) {
+            if let Some(group) = self.sides.left.get(k) {
                 out.extend(group.iter().map(|(a, wa)| ((self.f)(k, a, b), wa * wb)));
             }
         }
         for ((k, b), wb) in db {
-            apply(&mut self.right, &k, b, wb);
+            apply(&mut self.sides.right, &k, b, wb);
         }
         consolidate(&mut out);
         Ok(Box::new(out))
@@ -89,20 +97,18 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
     }
 
     fn snapshot(&self) -> Result<Vec<u8>> {
-        snapshot_both(&self.left, &self.right)
+        self.sides.snapshot()
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        (self.left, self.right) = restore_both("join", state)?;
-        Ok(())
+        self.sides.restore("join", state)
     }
 }
 
 struct LeftJoin<K, A, B, O, F> {
     channel: u32,
     f: F,
-    left: Groups<K, A>,
-    right: Groups<K, B>,
+    sides: Sides<K, A, B>,
     _types: PhantomData<fn() -> O>,
 }
 
@@ -111,8 +117,15 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
 {
     /// The rows of one key, with weight sign `sign`.
     fn rows(&self, k: &K, sign: Weight, out: &mut ZSet<O>) {
-        let Some(left) = self.left.get(k) else { return };
-        match self.right.get(k).filter(|r| r.values().any(|w| *w > 0)) {
+        let Some(left) = self.sides.left.get(k) else {
+            return;
+        };
+        match self
+            .sides
+            .right
+            .get(k)
+            .filter(|r| r.values().any(|w| *w > 0))
+        {
             Some(right) => {
                 for (a, wa) in left {
                     out.extend(
@@ -147,10 +160,10 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
             self.rows(k, -1, &mut out);
         }
         for ((k, a), w) in da {
-            apply(&mut self.left, &k, a, w);
+            apply(&mut self.sides.left, &k, a, w);
         }
         for ((k, b), w) in db {
-            apply(&mut self.right, &k, b, w);
+            apply(&mut self.sides.right, &k, b, w);
         }
         for k in &touched {
             self.rows(k, 1, &mut out);
@@ -164,12 +177,11 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
     }
 
     fn snapshot(&self) -> Result<Vec<u8>> {
-        snapshot_both(&self.left, &self.right)
+        self.sides.snapshot()
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        (self.left, self.right) = restore_both("left_join", state)?;
-        Ok(())
+        self.sides.restore("left_join", state)
     }
 }
 
@@ -200,8 +212,7 @@ impl<K: Data, A: Data> Stream<(K, A)> {
             Join {
                 channel,
                 f,
-                left: BTreeMap::new(),
-                right: BTreeMap::new(),
+                sides: Sides::new(),
                 _types: PhantomData,
             },
         )
@@ -233,8 +244,7 @@ impl<K: Data, A: Data> Stream<(K, A)> {
             LeftJoin {
                 channel,
                 f,
-                left: BTreeMap::new(),
-                right: BTreeMap::new(),
+                sides: Sides::new(),
                 _types: PhantomData,
             },
         )
