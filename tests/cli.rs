@@ -223,3 +223,52 @@ fn run_reports_bad_input_clearly() {
     ]);
     assert!(e.contains("runs with 1 workers, not 3"), "{e}");
 }
+
+#[test]
+fn a_second_process_on_the_same_data_is_refused_naming_the_holder() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input) = (dir.path().join("data"), dir.path().join("in.jsonl"));
+    let lines: Vec<String> = (0..200_000)
+        .map(|i| format!("\"word{} other{}\"", i % 97, i % 13))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let wasm = component("examples/wordcount");
+    let mut first = sluice_cmd()
+        .arg("run")
+        .arg(&wasm)
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--max-batch", "100", "--quiet"])
+        .arg(format!("--input=lines={}", input.display()))
+        .env("SLUICE_LOG", "sluice=debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first process is committing steps.
+    let mut log = BufReader::new(first.stderr.take().unwrap());
+    let mut line = String::new();
+    while log.read_line(&mut line).unwrap() > 0 && !line.contains("step committed") {
+        line.clear();
+    }
+    assert!(
+        line.contains("step committed"),
+        "the first run never committed a step"
+    );
+    let second = sluice_cmd()
+        .arg("run")
+        .arg(&wasm)
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--quiet"])
+        .output()
+        .unwrap();
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!second.status.success());
+    let e = stderr(&second);
+    assert!(
+        e.contains("is in use by pid") && e.contains(&format!("pid {}", first.id())),
+        "{e}"
+    );
+}

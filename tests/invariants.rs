@@ -55,6 +55,26 @@ async fn i1_a_committed_step_is_never_written_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_a_superseded_coordinator_cannot_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 1, Limits::default()).await;
+    h.append("in", 0, &["a", "b", "c", "d"]);
+    let mut zombie = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert!(zombie.step().await.unwrap());
+    // A new host takes over the pipeline (recovering from the log)...
+    let mut successor = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert_eq!(successor.stats().replayed_steps, 1);
+    // ...and the old one's next commit is refused.
+    let err = zombie.step().await.unwrap_err();
+    assert!(matches!(err, Error::Fenced { step: 1, .. }), "{err}");
+    assert!(err.to_string().contains("fenced"), "{err}");
+    assert_eq!(h.log.last_step().unwrap(), Some(0));
+    assert!(successor.step().await.unwrap());
+    assert_eq!(h.log.last_step().unwrap(), Some(1));
+    assert_eq!(h.integrated("out").len(), 4, "every input once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_trim_only_below_the_newest_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::open(dir.path(), &component(MISBEHAVE), 1, Limits::default()).await;
@@ -155,6 +175,49 @@ async fn i4_a_replay_with_different_output_stops_the_pipeline() {
     );
     assert!(err.to_string().contains("not deterministic"), "{err}");
     assert_eq!(h.integrated("out"), committed, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_a_guest_reading_the_clock_and_random_numbers_replays_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    let committed = {
+        let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+        h.append("in", 0, &["clock-0", "random-0"]);
+        h.append("in", 1, &["clock-1", "random-1"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        c.checkpoint().await.unwrap();
+        h.append("in", 0, &["clock-2", "random-2"]);
+        h.append("in", 1, &["clock-3", "random-3", "random-4"]);
+        assert!(c.step().await.unwrap());
+        assert!(c.step().await.unwrap());
+        // Crash with steps 1 and 2 committed but not checkpointed.
+        h.integrated("out")
+    };
+    // Time moves on before the restart.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+    let c = h
+        .coordinator(manual_checkpoints())
+        .await
+        .expect("the replay reproduces clock and random reads");
+    assert_eq!(c.stats().replayed_steps, 2);
+    assert_eq!(h.integrated("out"), committed);
+    // The clock the guest saw is the step's recorded time.
+    let record = h.log.step_record(1).unwrap().unwrap();
+    let seen: Vec<&String> = committed
+        .keys()
+        .filter(|v| v.starts_with("\"clock-2@"))
+        .collect();
+    assert_eq!(seen, [&format!("\"clock-2@{}\"", record.time_ms)]);
+    // Random numbers differ between workers and steps.
+    let randoms: std::collections::BTreeSet<&str> = committed
+        .keys()
+        .filter(|v| v.starts_with("\"random"))
+        .map(|v| v.split('#').nth(1).unwrap())
+        .collect();
+    assert_eq!(randoms.len(), 5, "{committed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,12 +25,27 @@ pub enum Error {
 
     /// Another process holds the pipeline's data directory.
     #[error(
-        "data directory {dir} is in use by another process (RocksDB holds its LOCK file); \
-         stop that process first"
+        "data directory {dir} is in use by {holder}; stop that process first (two hosts must never run one pipeline)"
     )]
     Locked {
         /// The data directory.
         dir: PathBuf,
+        /// Who holds it, as the holder recorded it.
+        holder: String,
+    },
+
+    /// A commit from a host whose epoch was superseded (a zombie).
+    #[error(
+        "fenced: this host's epoch {epoch} was superseded by epoch {current}; another host has taken over \
+         the pipeline, so this one must stop (its commit of step {step} was refused)"
+    )]
+    Fenced {
+        /// The step whose commit was refused.
+        step: u64,
+        /// This host's epoch.
+        epoch: u64,
+        /// The log's current epoch.
+        current: u64,
     },
 
     /// Stored data could not be decoded.

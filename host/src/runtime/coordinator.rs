@@ -95,7 +95,17 @@ pub struct Coordinator {
     checkpointed_step: Option<u64>,
     last_checkpoint_at: Instant,
     snapshot_version: u32,
+    /// This host's fencing epoch, stamped on every commit.
+    epoch: u64,
+    /// The time of the last step, so step times never go backwards.
+    last_time_ms: u64,
     stats: Stats,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -155,9 +165,10 @@ impl Coordinator {
             .await?;
             instances.push(Some(worker));
         }
-        let checkpoint = {
+        let (checkpoint, epoch) = {
             let s = storage.clone();
-            blocking(move || s.checkpoints().latest()).await?
+            // Take over the pipeline: a new epoch fences any older host.
+            blocking(move || Ok((s.checkpoints().latest()?, s.log().fence()?))).await?
         };
         let mut c = Coordinator {
             engine,
@@ -175,6 +186,8 @@ impl Coordinator {
             checkpointed_step: None,
             last_checkpoint_at: Instant::now(),
             snapshot_version,
+            epoch,
+            last_time_ms: 0,
             stats: Stats::default(),
         };
         if let Some(cp) = checkpoint {
@@ -220,7 +233,9 @@ impl Coordinator {
                     what: "step log".into(),
                     message: format!("step {step} is missing below the last committed step {last}"),
                 })?;
-            let outputs = self.execute(&record.frontiers).await?;
+            let outputs = self
+                .execute(&record.frontiers, step, record.time_ms)
+                .await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
                 if out.hash != *committed {
                     self.instances.iter_mut().for_each(|i| *i = None);
@@ -233,6 +248,7 @@ impl Coordinator {
                 }
             }
             self.frontiers = record.frontiers;
+            self.last_time_ms = record.time_ms;
             self.next_step += 1;
             self.stats.replayed_steps += 1;
         }
@@ -262,7 +278,12 @@ impl Coordinator {
 
     /// Runs one step on every worker: the input between the current
     /// frontiers and `target`. Does not commit.
-    async fn execute(&mut self, target: &[Frontier]) -> Result<Vec<WorkerOutput>> {
+    async fn execute(
+        &mut self,
+        target: &[Frontier],
+        step: u64,
+        time_ms: u64,
+    ) -> Result<Vec<WorkerOutput>> {
         let inputs = {
             let (storage, owned, from) = (
                 self.storage.clone(),
@@ -282,7 +303,7 @@ impl Coordinator {
             })?;
             let exchange = self.exchange.clone();
             tasks.push(tokio::spawn(async move {
-                let r = worker.step(batches).await;
+                let r = worker.step(step, time_ms, batches).await;
                 exchange.worker_finished(w as u32);
                 (worker, r)
             }));
@@ -359,7 +380,8 @@ impl Coordinator {
             return Ok(false);
         }
         let step = self.next_step;
-        let mut outputs = self.execute(&target).await?;
+        let time_ms = now_ms().max(self.last_time_ms);
+        let mut outputs = self.execute(&target, step, time_ms).await?;
         let events_in: u64 = target
             .iter()
             .zip(&self.frontiers)
@@ -390,15 +412,24 @@ impl Coordinator {
         let commit = StepCommit {
             record: StepRecord {
                 step,
+                epoch: self.epoch,
+                time_ms,
                 frontiers: target.clone(),
                 output_hashes: outputs.iter().map(|o| o.hash).collect(),
             },
             outputs: logs,
         };
         let storage = self.storage.clone();
-        blocking(move || storage.commit_step(&commit)).await?;
+        if let Err(e) = blocking(move || storage.commit_step(&commit)).await {
+            // The instances already hold this step's effects: continuing with
+            // them after a failed (or ambiguous) commit could lose or repeat
+            // it. Recovery (reopening) restores a state that matches the log.
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
         tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         self.frontiers = target;
+        self.last_time_ms = time_ms;
         self.next_step += 1;
         self.stats.steps += 1;
         self.stats.events_in += events_in;

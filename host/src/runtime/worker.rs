@@ -3,6 +3,7 @@
 //! through here, and every way it can fail becomes a typed [`Error`].
 
 use super::bindings::{Batch, CircuitError, Event, PipelineWorker, WorkerInfo, sluice};
+use super::determinism::{GuestEnvironment, seed};
 use super::engine::{Limits, LoadedComponent, SluiceEngine};
 use super::exchange::Exchange;
 use crate::error::{Error, Result};
@@ -100,7 +101,13 @@ pub struct Worker {
     store: Store<WorkerState>,
     bindings: PipelineWorker,
     limits: Limits,
+    environment: GuestEnvironment,
+    pipeline: String,
 }
+
+/// The step number the guest environment is seeded with outside steps
+/// (init, describe, snapshot, restore).
+const OUTSIDE_STEP: u64 = u64::MAX;
 
 impl Worker {
     /// Instantiates `component` as worker `info.worker` and calls `init`.
@@ -112,7 +119,14 @@ impl Worker {
         inherit_stderr: bool,
     ) -> Result<Self> {
         let limits = engine.limits();
+        let environment = GuestEnvironment::default();
+        environment.enter_step(&info.pipeline, info.worker, OUTSIDE_STEP, 0);
         let mut wasi = WasiCtxBuilder::new();
+        wasi.wall_clock(environment.clock.clone())
+            .monotonic_clock(environment.clock.clone())
+            .secure_random(environment.secure.clone())
+            .insecure_random(environment.insecure.clone())
+            .insecure_random_seed(seed(&info.pipeline, info.worker, 0, "insecure-seed") as u128);
         if inherit_stderr {
             wasi.inherit_stderr();
         }
@@ -146,11 +160,14 @@ impl Worker {
             Ok(b) => b,
             Err(e) => return Err(classify(&mut store, index, "instantiate", &limits, e)),
         };
+        let pipeline = info.pipeline.clone();
         let mut worker = Worker {
             index,
             store,
             bindings,
             limits,
+            environment,
+            pipeline,
         };
         worker.arm();
         let r = worker
@@ -164,6 +181,8 @@ impl Worker {
 
     fn arm(&mut self) {
         arm(&mut self.store, &self.limits);
+        self.environment
+            .enter_step(&self.pipeline, self.index, OUTSIDE_STEP, 0);
     }
 
     fn classify(&mut self, call: &'static str, e: wasmtime::Error) -> Error {
@@ -202,9 +221,18 @@ impl Worker {
         })
     }
 
-    /// Runs one step on `inputs`; returns the output batches.
-    pub async fn step(&mut self, inputs: Vec<Batch>) -> Result<Vec<Batch>> {
+    /// Runs step `step` on `inputs`, the guest's clocks showing `time_ms`
+    /// and its random numbers seeded for this step; returns the output
+    /// batches.
+    pub async fn step(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        inputs: Vec<Batch>,
+    ) -> Result<Vec<Batch>> {
         self.arm();
+        self.environment
+            .enter_step(&self.pipeline, self.index, step, time_ms);
         let r = self
             .bindings
             .sluice_circuit_circuit()

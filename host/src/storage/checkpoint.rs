@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::storage::Frontier;
 use crate::storage::db::{self, CF_CHECKPOINTS};
-use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+use rocksdb::{Direction, IteratorMode, WriteBatch};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -64,7 +64,7 @@ pub trait CheckpointStore: Send + Sync {
 /// commit mark: it is written in the same batch as the states) and
 /// `s[step u64][worker u32]` → state.
 pub struct RocksCheckpointStore {
-    db: Arc<DB>,
+    db: Arc<db::PipelineDb>,
     lock: std::sync::Mutex<()>,
 }
 
@@ -78,7 +78,7 @@ fn state_key(step: u64, worker: u32) -> Vec<u8> {
 
 impl RocksCheckpointStore {
     /// Opens the store in a database opened by [`db::open`].
-    pub fn open(db: Arc<DB>) -> Self {
+    pub fn open(db: Arc<db::PipelineDb>) -> Self {
         RocksCheckpointStore {
             db,
             lock: std::sync::Mutex::new(()),

@@ -40,6 +40,8 @@ pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
     StepCommit {
         record: StepRecord {
             step,
+            epoch: 1, // the first `fence()` of a fresh log
+            time_ms: 1_700_000_000_000 + step,
             frontiers: vec![f.clone()],
             output_hashes: vec![step as u128],
         },
@@ -61,6 +63,7 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     appends_are_ordered_per_partition(&*make());
     ingest_marks_are_atomic_with_appends(&*make());
     commit_step_once_and_in_order(&*make());
+    fencing_refuses_an_older_epoch(&*make());
     step_records_and_outputs_round_trip(&*make());
     trim_moves_low_watermark(&*make(), flags);
     unknown_input_is_an_error(&*make());
@@ -140,8 +143,33 @@ pub fn ingest_marks_are_atomic_with_appends(log: &dyn LogBackend) {
     assert_eq!(log.ingest_mark("file-b").unwrap(), None);
 }
 
+/// Fencing: after a new epoch starts, a commit carrying the old one is
+/// refused, and the new epoch commits.
+pub fn fencing_refuses_an_older_epoch(log: &dyn LogBackend) {
+    let first = log.fence().unwrap();
+    let mut commit = sample_commit(0, 1);
+    commit.record.epoch = first;
+    log.commit_step(&commit).unwrap();
+    let second = log.fence().unwrap();
+    assert!(second > first);
+    let mut zombie = sample_commit(1, 2);
+    zombie.record.epoch = first;
+    assert!(matches!(
+        log.commit_step(&zombie),
+        Err(Error::Fenced { step: 1, epoch, current }) if epoch == first && current == second
+    ));
+    assert_eq!(
+        log.last_step().unwrap(),
+        Some(0),
+        "the zombie's commit wrote nothing"
+    );
+    zombie.record.epoch = second;
+    log.commit_step(&zombie).unwrap();
+}
+
 /// I1: a step commits once, and steps commit in order from 0.
 pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
+    log.fence().unwrap();
     assert_eq!(log.last_step().unwrap(), None);
     assert!(matches!(
         log.commit_step(&sample_commit(1, 1)),
@@ -176,6 +204,7 @@ pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
 
 /// Step records and output entries read back as written.
 pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
+    log.fence().unwrap();
     for s in 0..4 {
         log.commit_step(&sample_commit(s, s * 10)).unwrap();
     }

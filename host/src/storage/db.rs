@@ -29,11 +29,78 @@ const FAMILIES: [&str; 6] = [
     CF_META,
 ];
 
+/// A pipeline's open database, with the lock on its data directory: while
+/// this exists, no other process can open the pipeline.
+pub struct PipelineDb {
+    db: DB,
+    _lock: std::fs::File,
+}
+
+impl std::ops::Deref for PipelineDb {
+    type Target = DB;
+
+    fn deref(&self) -> &DB {
+        &self.db
+    }
+}
+
+/// Who holds a data directory: written into its lock file by the holder.
+fn holder_description() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!(
+        "pid {} on host {} since unix time {since}",
+        std::process::id(),
+        host.trim()
+    )
+}
+
+/// Takes the data directory's lock file (`dir/sluice.lock`), or explains who
+/// holds it.
+fn lock(dir: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join("sluice.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(Error::io(&path))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = if holder.trim().is_empty() {
+                "another process".to_owned()
+            } else {
+                holder.trim().to_owned()
+            };
+            return Err(Error::Locked {
+                dir: dir.to_owned(),
+                holder,
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path)(e)),
+    }
+    file.set_len(0).map_err(Error::io(&path))?;
+    file.rewind().map_err(Error::io(&path))?;
+    file.write_all(holder_description().as_bytes())
+        .map_err(Error::io(&path))?;
+    Ok(file)
+}
+
 /// Opens (creating if needed) the pipeline database under `dir/db`.
 ///
-/// Fails with [`Error::Locked`] if another process has it open.
-pub fn open(dir: &Path) -> Result<Arc<DB>> {
+/// Fails with [`Error::Locked`], naming the holder, if another process has
+/// the pipeline open.
+pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    let lock = lock(dir)?;
     let path = dir.join("db");
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -42,23 +109,22 @@ pub fn open(dir: &Path) -> Result<Arc<DB>> {
     let families = FAMILIES
         .iter()
         .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
-    DB::open_cf_descriptors(&opts, &path, families)
-        .map(Arc::new)
-        .map_err(|source| {
-            let text = source.to_string();
-            if text.contains("LOCK")
-                && (text.contains("lock") || text.contains("Resource temporarily"))
-            {
-                Error::Locked {
-                    dir: dir.to_owned(),
-                }
-            } else {
-                Error::Rocks {
-                    what: format!("opening {}", path.display()),
-                    source,
-                }
+    let db = DB::open_cf_descriptors(&opts, &path, families).map_err(|source| {
+        let text = source.to_string();
+        if text.contains("LOCK") && (text.contains("lock") || text.contains("Resource temporarily"))
+        {
+            Error::Locked {
+                dir: dir.to_owned(),
+                holder: "this process".into(),
             }
-        })
+        } else {
+            Error::Rocks {
+                what: format!("opening {}", path.display()),
+                source,
+            }
+        }
+    })?;
+    Ok(Arc::new(PipelineDb { db, _lock: lock }))
 }
 
 /// Write options for anything that must be durable before it is

@@ -45,12 +45,19 @@ pub struct PartitionId {
 pub type Frontier = BTreeMap<PartitionId, u64>;
 
 /// The durable record of a step: its number, every worker's frontier after
-/// it (the division of input into steps) and the hash of every worker's
-/// output, against which a replay is checked.
+/// it (the division of input into steps), the time the guests saw, the epoch
+/// of the host that committed it, and the hash of every worker's output,
+/// against which a replay is checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// Step number, from 0.
     pub step: u64,
+    /// The fencing epoch of the host that committed the step: a commit from
+    /// an epoch older than the log's current one is refused.
+    pub epoch: u64,
+    /// Wall-clock time of the step (ms since the epoch) as the guests' WASI
+    /// clocks report it, in this step and in every replay of it (I4).
+    pub time_ms: u64,
     /// Frontier of each worker after this step, indexed by worker.
     pub frontiers: Vec<Frontier>,
     /// Hash of each worker's output in this step, indexed by worker.

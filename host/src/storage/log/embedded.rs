@@ -11,14 +11,14 @@ use super::{AppendBatch, LogBackend};
 use crate::error::{Error, Result};
 use crate::storage::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS};
 use crate::storage::{Event, OutputEntry, StepCommit, StepRecord, validate_name};
-use rocksdb::{DB, Direction, IteratorMode, ReadOptions, WriteBatch};
+use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Input, output and step logs in the pipeline's RocksDB database.
 pub struct EmbeddedLog {
-    db: Arc<DB>,
+    db: Arc<db::PipelineDb>,
     /// `(input, partition)` → `(low, high)`, kept in step with the database
     /// under this lock; appends and trims take it.
     marks: Mutex<HashMap<(String, u32), (u64, u64)>>,
@@ -42,6 +42,8 @@ fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
     k.extend_from_slice(&worker.to_be_bytes());
     k
 }
+
+const EPOCH_KEY: &[u8] = b"log.epoch";
 
 fn input_meta_key(name: &str) -> Vec<u8> {
     [b"log.input.".as_slice(), name.as_bytes()].concat()
@@ -70,7 +72,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl EmbeddedLog {
     /// Opens the log in a database opened by [`db::open`].
-    pub fn open(db: Arc<DB>) -> Result<Self> {
+    pub fn open(db: Arc<db::PipelineDb>) -> Result<Self> {
         let steps = db::cf(&db, CF_STEPS)?;
         let last_step = match db.iterator_cf(steps, IteratorMode::End).next() {
             Some(item) => {
@@ -84,6 +86,18 @@ impl EmbeddedLog {
             marks: Mutex::new(HashMap::new()),
             last_step: Mutex::new(last_step),
         })
+    }
+
+    fn current_epoch(&self) -> Result<u64> {
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, EPOCH_KEY)
+            .map_err(Error::rocks("reading the epoch"))?
+        {
+            Some(v) => be_u64(&v, "epoch"),
+            None => Ok(0),
+        }
     }
 
     /// Reads `(low, high)` of a partition from the database.
@@ -268,9 +282,30 @@ impl LogBackend for EmbeddedLog {
         Ok(events)
     }
 
+    fn fence(&self) -> Result<u64> {
+        // The commit lock orders a fence against commits of this handle; the
+        // epoch itself is read from the database at every commit, so a fence
+        // through any handle is seen.
+        let _commits = lock(&self.last_step);
+        let epoch = self.current_epoch()? + 1;
+        let meta = db::cf(&self.db, CF_META)?;
+        self.db
+            .put_cf_opt(meta, EPOCH_KEY, epoch.to_be_bytes(), &db::synced())
+            .map_err(Error::rocks("starting a new epoch"))?;
+        Ok(epoch)
+    }
+
     fn commit_step(&self, commit: &StepCommit) -> Result<()> {
         let step = commit.record.step;
         let mut last = lock(&self.last_step);
+        let current = self.current_epoch()?;
+        if commit.record.epoch != current {
+            return Err(Error::Fenced {
+                step,
+                epoch: commit.record.epoch,
+                current,
+            });
+        }
         match *last {
             Some(l) if step <= l => return Err(Error::StepExists { step }),
             Some(l) if step != l + 1 => {
@@ -413,6 +448,7 @@ mod tests {
             })
             .unwrap();
             log.trim("in", 0, 2).unwrap();
+            assert_eq!(log.fence().unwrap(), 1);
             log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
         }
         let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
@@ -429,7 +465,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _db = db::open(dir.path()).unwrap();
         match db::open(dir.path()) {
-            Err(Error::Locked { dir: d }) => assert_eq!(d, dir.path()),
+            Err(Error::Locked { dir: d, holder }) => {
+                assert_eq!(d, dir.path());
+                assert!(
+                    holder.contains(&format!("pid {}", std::process::id())),
+                    "{holder}"
+                );
+            }
             Err(other) => panic!("expected Locked, got {other}"),
             Ok(_) => panic!("a second open must fail"),
         }

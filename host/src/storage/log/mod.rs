@@ -62,11 +62,20 @@ pub trait LogBackend: Send + Sync {
     /// watermark.
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
 
+    /// Starts a new fencing epoch and returns it: from now on, commits whose
+    /// record carries an older epoch fail with
+    /// [`Error::Fenced`](crate::Error::Fenced). A host calls this once when
+    /// it takes over a pipeline, so a zombie predecessor can no longer
+    /// commit. Durable before it returns.
+    fn fence(&self) -> Result<u64>;
+
     /// Commits a step: every worker's output entries and the step record,
     /// atomically and durably. Fails with
     /// [`Error::StepExists`](crate::Error::StepExists) if the step is already
-    /// committed (I1) and [`Error::StepGap`](crate::Error::StepGap) if it does
-    /// not follow the last committed step.
+    /// committed (I1), [`Error::StepGap`](crate::Error::StepGap) if it does
+    /// not follow the last committed step, and
+    /// [`Error::Fenced`](crate::Error::Fenced) if the record's epoch is not
+    /// the current one. The epoch check and the write are one atomic action.
     fn commit_step(&self, commit: &StepCommit) -> Result<()>;
 
     /// The last committed step, if any.

@@ -4,7 +4,9 @@
 //! - `"spin"` loops forever (stopped by fuel or the deadline);
 //! - `"grow"` allocates until the memory limit stops it;
 //! - values starting with `"nondet"` get a suffix from a counter kept in a
-//!   static, outside the snapshot: a replay after a restore differs.
+//!   static, outside the snapshot: a replay after a restore differs;
+//! - values starting with `"clock"` get `@` and the WASI wall clock in ms;
+//! - values starting with `"random"` get `#` and a WASI random `u64`.
 //!
 //! Then it counts the echoed values per first letter (so W > 1 exercises the
 //! exchange) on output `letters`.
@@ -31,6 +33,17 @@ fn misbehave(s: &String) -> String {
             }
         }
         _ if s.starts_with("nondet") => format!("{s}#{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+        _ if s.starts_with("clock") => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{s}@{}", now.as_millis())
+        }
+        _ if s.starts_with("random") => {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).expect("WASI random");
+            format!("{s}#{}", u64::from_le_bytes(bytes))
+        }
         _ => s.clone(),
     }
 }
