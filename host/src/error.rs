@@ -232,12 +232,31 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A fault injected by [`storage::faults`](crate::storage::faults).
+    #[error("injected fault in {op} ({})", if *after { "after it was done" } else { "nothing was done" })]
+    Injected {
+        /// The operation.
+        op: &'static str,
+        /// Whether the operation was done before the fault was reported.
+        after: bool,
+    },
+
     /// The WebAssembly engine failed outside a guest call.
     #[error("wasmtime: {0}")]
     Engine(String),
 }
 
 impl Error {
+    /// Whether the error may go away on retry: storage and I/O failures are
+    /// worth a recovery and another try; a guest failure, a limit, a
+    /// nondeterministic replay or a fenced host are not.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Rocks { .. } | Error::Io { .. } | Error::Injected { .. }
+        )
+    }
+
     pub(crate) fn rocks(what: impl Into<String>) -> impl FnOnce(rocksdb::Error) -> Error {
         let what = what.into();
         move |source| Error::Rocks { what, source }

@@ -129,6 +129,7 @@ pub fn ingest_file(
         })?;
         report.appended += events;
         progress.set_position(bytes);
+        crate::runtime::crash::crash_point(crate::runtime::crash::CrashPoint::MidIngest);
     }
     Ok(report)
 }

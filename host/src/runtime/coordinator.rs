@@ -14,6 +14,7 @@
 //! comparing output hashes (I4), then continue live.
 
 use super::bindings::{Batch, Event as WitEvent, WorkerInfo};
+use super::crash::{CrashPoint, crash_point};
 use super::engine::{LoadedComponent, SluiceEngine};
 use super::exchange::Exchange;
 use super::worker::Worker;
@@ -251,6 +252,7 @@ impl Coordinator {
             self.last_time_ms = record.time_ms;
             self.next_step += 1;
             self.stats.replayed_steps += 1;
+            crash_point(CrashPoint::DuringReplay);
         }
         Ok(())
     }
@@ -379,9 +381,11 @@ impl Coordinator {
         if target == self.frontiers {
             return Ok(false);
         }
+        crash_point(CrashPoint::AfterDivide);
         let step = self.next_step;
         let time_ms = now_ms().max(self.last_time_ms);
         let mut outputs = self.execute(&target, step, time_ms).await?;
+        crash_point(CrashPoint::MidStep);
         let events_in: u64 = target
             .iter()
             .zip(&self.frontiers)
@@ -420,7 +424,13 @@ impl Coordinator {
             outputs: logs,
         };
         let storage = self.storage.clone();
-        if let Err(e) = blocking(move || storage.commit_step(&commit)).await {
+        let committed = blocking(move || {
+            crash_point(CrashPoint::BeforeCommit);
+            storage.commit_step(&commit)?;
+            crash_point(CrashPoint::AfterCommit);
+            Ok(())
+        });
+        if let Err(e) = committed.await {
             // The instances already hold this step's effects: continuing with
             // them after a failed (or ambiguous) commit could lose or repeat
             // it. Recovery (reopening) restores a state that matches the log.
@@ -497,7 +507,9 @@ impl Coordinator {
         };
         let storage = self.storage.clone();
         blocking(move || {
+            crash_point(CrashPoint::MidCheckpoint);
             storage.checkpoint(&checkpoint)?;
+            crash_point(CrashPoint::AfterCheckpoint);
             storage.trim_to_checkpoint()
         })
         .await?;

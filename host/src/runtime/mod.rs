@@ -3,6 +3,7 @@
 
 pub(crate) mod bindings;
 pub mod coordinator;
+pub mod crash;
 pub mod determinism;
 pub mod engine;
 pub mod exchange;

@@ -178,8 +178,11 @@ impl Guarded {
             return Ok(0);
         };
         let all: Frontier = meta.frontiers.into_iter().flatten().collect();
-        for (id, offset) in &all {
+        for (i, (id, offset)) in all.iter().enumerate() {
             self.trim(id.input, id.partition, *offset)?;
+            if i == 0 {
+                crate::runtime::crash::crash_point(crate::runtime::crash::CrashPoint::MidTrim);
+            }
         }
         Ok(all.len())
     }

@@ -7,10 +7,12 @@
 //! - [`Guarded`]: the host's enforcement of invariants I1–I3 over any pair
 //!   of backends; the runtime only talks to storage through it.
 //! - [`conformance`]: the shared test suites every backend must pass.
+//! - [`faults`]: wrappers that inject errors and delays into any backend.
 
 pub mod checkpoint;
 pub mod conformance;
 pub mod db;
+pub mod faults;
 pub mod invariants;
 pub mod log;
 pub mod meta;
