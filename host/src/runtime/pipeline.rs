@@ -38,6 +38,9 @@ pub struct RunRequest {
     pub progress: bool,
 }
 
+/// How often `run` recovers from storage errors before giving up.
+pub const MAX_RETRIES: u32 = 5;
+
 /// What a run did.
 #[derive(Debug, Clone)]
 pub struct RunReport {
@@ -51,6 +54,8 @@ pub struct RunReport {
     pub total_steps: u64,
     /// Output events written per output file.
     pub written: Vec<u64>,
+    /// Recoveries after storage errors.
+    pub retries: u32,
 }
 
 impl RunReport {
@@ -118,6 +123,7 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
 
     let db = db::open(&req.data)?;
     let wanted = PipelineMeta {
+        id: meta::new_pipeline_id(&req.data),
         component: component.hash.clone(),
         inputs: shape
             .inputs
@@ -160,26 +166,8 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
         ingested.push(report);
     }
 
-    let checkpoints = Arc::new(RocksCheckpointStore::open(db.clone()));
-    let guarded = Arc::new(Guarded::new(
-        log.clone(),
-        checkpoints,
-        meta.inputs.iter().map(|(n, _)| n.clone()).collect(),
-        meta.outputs.clone(),
-        meta.workers as usize,
-    )?);
-    let mut coordinator = Coordinator::open(
-        engine.clone(),
-        &component,
-        guarded,
-        meta.inputs.clone(),
-        meta.outputs.clone(),
-        meta.workers,
-        shape.snapshot_version,
-        req.options.clone(),
-    )
-    .await?;
-
+    let checkpoints: Arc<dyn crate::storage::CheckpointStore> =
+        Arc::new(RocksCheckpointStore::open(db.clone()));
     let total: u64 = {
         let mut t = 0;
         for (name, partitions) in &meta.inputs {
@@ -189,16 +177,57 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
         }
         t
     };
-    let consumed = |c: &Coordinator| c.frontiers().iter().flat_map(|f| f.values()).sum::<u64>();
     let progress = bar(req.progress, "steps {msg} {wide_bar} {pos}/{len} events");
     progress.set_length(total);
-    progress.set_position(consumed(&coordinator));
     let started = Instant::now();
-    while coordinator.step().await? {
-        progress.set_position(consumed(&coordinator));
-        progress.set_message(coordinator.next_step().to_string());
-    }
-    coordinator.finish().await?;
+    let mut options = req.options.clone();
+    options.name = meta.id.clone();
+    // A storage error mid-run is retried by recovering: the coordinator is
+    // reopened from the log and the newest checkpoint, which never loses or
+    // repeats an effect. Guest failures, limits and fencing are final.
+    let mut retries = 0;
+    let coordinator = loop {
+        let attempt = async {
+            let guarded = Arc::new(Guarded::new(
+                log.clone(),
+                checkpoints.clone(),
+                meta.inputs.iter().map(|(n, _)| n.clone()).collect(),
+                meta.outputs.clone(),
+                meta.workers as usize,
+            )?);
+            let mut c = Coordinator::open(
+                engine.clone(),
+                &component,
+                guarded,
+                meta.inputs.clone(),
+                meta.outputs.clone(),
+                meta.workers,
+                shape.snapshot_version,
+                options.clone(),
+            )
+            .await?;
+            let consumed =
+                |c: &Coordinator| c.frontiers().iter().flat_map(|f| f.values()).sum::<u64>();
+            progress.set_position(consumed(&c));
+            while c.step().await? {
+                progress.set_position(consumed(&c));
+                progress.set_message(c.next_step().to_string());
+            }
+            c.finish().await?;
+            Ok::<_, Error>(c)
+        };
+        match attempt.await {
+            Ok(c) => break c,
+            Err(e) if e.is_transient() && retries < MAX_RETRIES => {
+                retries += 1;
+                tracing::warn!(
+                    "recovering after a storage error (retry {retries} of {MAX_RETRIES}): {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100 << retries)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let run_time = started.elapsed();
     progress.finish_and_clear();
 
@@ -217,6 +246,7 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
         run_time,
         total_steps: coordinator.next_step(),
         written,
+        retries,
     })
 }
 

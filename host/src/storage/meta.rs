@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 /// The fixed shape of a pipeline, recorded when it is created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipelineMeta {
+    /// The pipeline's identity, fixed at creation: seeds the guests'
+    /// deterministic random numbers.
+    pub id: String,
     /// SHA-256 of the component, hex.
     pub component: String,
     /// Input port names and partition counts, in port order.
@@ -20,6 +23,18 @@ pub struct PipelineMeta {
 }
 
 const KEY: &[u8] = b"pipeline";
+
+/// A fresh pipeline identity: unique per data directory and creation.
+pub fn new_pipeline_id(dir: &std::path::Path) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(dir.to_string_lossy().as_bytes());
+    h.update(&now.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    format!("p-{:016x}", h.digest())
+}
 
 /// Reads the pipeline's metadata, if it was created.
 pub fn load(db: &DB) -> Result<Option<PipelineMeta>> {
