@@ -31,6 +31,13 @@ pub enum Command {
     /// consumed and committed, and write the output logs. Run again on the
     /// same --data after a crash: it recovers and finishes.
     Run(RunArgs),
+    /// Audit a pipeline's logs offline; exits non-zero naming the first
+    /// violation.
+    Verify {
+        /// The pipeline's data directory.
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Generate benchmark input as JSON lines.
     Gen {
         /// Which data set.
@@ -184,6 +191,19 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     s.events_out,
                     report.events_per_second()
                 );
+            }
+        }
+        Command::Verify { data } => {
+            if !data.join("db").is_dir() {
+                anyhow::bail!("{} holds no pipeline (no db directory)", data.display());
+            }
+            let database = crate::storage::db::open(&data)?;
+            match crate::storage::verify::verify(&database)? {
+                crate::storage::verify::Verdict::Consistent(s) => println!(
+                    "consistent: {} steps, {} output entries, checkpoints {:?}",
+                    s.steps, s.entries, s.checkpoints
+                ),
+                crate::storage::verify::Verdict::Violation(v) => anyhow::bail!("violation: {v}"),
             }
         }
         Command::Gen {

@@ -8,6 +8,7 @@
 //!   of backends; the runtime only talks to storage through it.
 //! - [`conformance`]: the shared test suites every backend must pass.
 //! - [`faults`]: wrappers that inject errors and delays into any backend.
+//! - [`verify`]: the offline audit behind `sluice verify`.
 
 pub mod checkpoint;
 pub mod conformance;
@@ -16,10 +17,11 @@ pub mod faults;
 pub mod invariants;
 pub mod log;
 pub mod meta;
+pub mod verify;
 
 pub use checkpoint::{Checkpoint, CheckpointStore, RocksCheckpointStore};
 pub use invariants::Guarded;
-pub use log::{AppendBatch, EmbeddedLog, IngestMark, LogBackend};
+pub use log::{AppendBatch, EmbeddedLog, IngestMark, LogBackend, input_key, output_key};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -27,7 +27,8 @@ pub struct EmbeddedLog {
     last_step: Mutex<Option<u64>>,
 }
 
-fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
+/// The key of an input event (for tools and tests that inspect the database).
+pub fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(name.len() + 13);
     db::push_name(&mut k, name);
     k.extend_from_slice(&partition.to_be_bytes());
@@ -35,7 +36,8 @@ fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
     k
 }
 
-fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
+/// The key of an output entry (for tools and tests that inspect the database).
+pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
     let mut k = Vec::with_capacity(name.len() + 13);
     db::push_name(&mut k, name);
     k.extend_from_slice(&step.to_be_bytes());
@@ -98,6 +100,46 @@ impl EmbeddedLog {
             Some(v) => be_u64(&v, "epoch"),
             None => Ok(0),
         }
+    }
+
+    /// Like [`LogBackend::scan_output`], also passing the step and worker
+    /// that each entry's key says it belongs to.
+    pub fn scan_output_keyed(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<()>,
+    ) -> Result<()> {
+        let cf = db::cf(&self.db, CF_OUTPUT)?;
+        let mut prefix = Vec::new();
+        db::push_name(&mut prefix, output);
+        let start = output_key(output, from_step, 0);
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(Error::rocks("reading output"))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let rest = &k[prefix.len()..];
+            let (step, worker) = match (rest.get(..8), rest.get(8..12)) {
+                (Some(s), Some(w)) if rest.len() == 12 => (
+                    be_u64(s, "output key")?,
+                    u32::from_be_bytes(w.try_into().expect("4 bytes")),
+                ),
+                _ => {
+                    return Err(Error::Corrupt {
+                        what: format!("output log `{output}`"),
+                        message: "malformed key".into(),
+                    });
+                }
+            };
+            let entry = postcard::from_bytes(&v)
+                .map_err(Error::corrupt(format!("entry of output log `{output}`")))?;
+            f(step, worker, entry)?;
+        }
+        Ok(())
     }
 
     /// Reads `(low, high)` of a partition from the database.
@@ -360,22 +402,7 @@ impl LogBackend for EmbeddedLog {
         from_step: u64,
         f: &mut dyn FnMut(OutputEntry) -> Result<()>,
     ) -> Result<()> {
-        let cf = db::cf(&self.db, CF_OUTPUT)?;
-        let mut prefix = Vec::new();
-        db::push_name(&mut prefix, output);
-        let start = output_key(output, from_step, 0);
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(Error::rocks("reading output"))?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            f(postcard::from_bytes(&v)
-                .map_err(Error::corrupt(format!("entry of output log `{output}`")))?)?;
-        }
-        Ok(())
+        self.scan_output_keyed(output, from_step, &mut |_, _, e| f(e))
     }
 
     fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {

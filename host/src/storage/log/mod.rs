@@ -7,7 +7,7 @@
 
 mod embedded;
 
-pub use embedded::EmbeddedLog;
+pub use embedded::{EmbeddedLog, input_key, output_key};
 
 use super::{Event, OutputEntry, StepCommit, StepRecord};
 use crate::error::Result;
