@@ -45,6 +45,7 @@ async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
             log.append(AppendBatch {
                 appends: vec![("in".into(), p as u32, events)],
                 mark: None,
+                producer: None,
             })
             .unwrap();
         }

@@ -120,3 +120,50 @@ fn a_trim_above_the_checkpoint_is_reported() {
         "{text}"
     );
 }
+
+#[test]
+fn consumers_resume_after_a_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pipeline(dir.path(), "read", None);
+    let read = |after: Option<&str>| -> Vec<serde_json::Value> {
+        let mut cmd = sluice_cmd();
+        cmd.arg("read")
+            .arg("--data")
+            .arg(&data)
+            .args(["--output", "counts"]);
+        if let Some(a) = after {
+            cmd.args(["--after", a]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let all = read(None);
+    assert!(all.len() > 100);
+    let key = |v: &serde_json::Value| {
+        let p = &v["position"];
+        (
+            p["step"].as_u64().unwrap(),
+            p["worker"].as_u64().unwrap(),
+            p["index"].as_u64().unwrap(),
+        )
+    };
+    assert!(
+        all.windows(2).all(|w| key(&w[0]) < key(&w[1])),
+        "positions strictly increase"
+    );
+    assert!(
+        all.iter()
+            .all(|v| v["frontier"].as_array().is_some_and(|f| !f.is_empty()))
+    );
+    let (s, w, i) = key(&all[57]);
+    assert_eq!(read(Some(&format!("{s}:{w}:{i}"))), all[58..].to_vec());
+}

@@ -38,6 +38,22 @@ pub enum Command {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Print an output log with every event's position and the input
+    /// frontier it covers, optionally resuming after a position.
+    Read {
+        /// The pipeline's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The output port.
+        #[arg(long)]
+        output: String,
+        /// Resume after this position, STEP:WORKER:INDEX.
+        #[arg(long, value_parser = position)]
+        after: Option<crate::storage::OutputPosition>,
+        /// At most this many events.
+        #[arg(long, default_value_t = usize::MAX)]
+        limit: usize,
+    },
     /// Generate benchmark input as JSON lines.
     Gen {
         /// Which data set.
@@ -119,6 +135,18 @@ pub struct RunArgs {
     /// No progress bars and no summary.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+fn position(s: &str) -> Result<crate::storage::OutputPosition, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    match parts.as_slice() {
+        [step, worker, index] => Ok(crate::storage::OutputPosition {
+            step: step.parse().map_err(|e| format!("step: {e}"))?,
+            worker: worker.parse().map_err(|e| format!("worker: {e}"))?,
+            index: index.parse().map_err(|e| format!("index: {e}"))?,
+        }),
+        _ => Err(format!("expected STEP:WORKER:INDEX, got {s:?}")),
+    }
 }
 
 fn port_file(s: &str) -> Result<(String, PathBuf), String> {
@@ -204,6 +232,49 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     s.steps, s.entries, s.checkpoints
                 ),
                 crate::storage::verify::Verdict::Violation(v) => anyhow::bail!("violation: {v}"),
+            }
+        }
+        Command::Read {
+            data,
+            output,
+            after,
+            limit,
+        } => {
+            if !data.join("db").is_dir() {
+                anyhow::bail!("{} holds no pipeline (no db directory)", data.display());
+            }
+            let database = crate::storage::db::open(&data)?;
+            let meta = crate::storage::meta::load(&database)?
+                .ok_or_else(|| anyhow::anyhow!("no pipeline metadata"))?;
+            if !meta.outputs.contains(&output) {
+                anyhow::bail!(
+                    "unknown output port `{output}`; the pipeline has [{}]",
+                    meta.outputs.join(", ")
+                );
+            }
+            let log = crate::storage::EmbeddedLog::open(database)?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            for e in crate::storage::read_output(&log, &output, after, limit)? {
+                let value: serde_json::Value = serde_json::from_slice(&e.event.value)?;
+                let frontier: Vec<serde_json::Value> = e
+                    .frontier
+                    .iter()
+                    .map(|(id, offset)| {
+                        serde_json::json!({"input": meta.inputs[id.input as usize].0, "partition": id.partition, "offset": offset})
+                    })
+                    .collect();
+                let op = if e.event.weight >= 0 {
+                    "insert"
+                } else {
+                    "delete"
+                };
+                let mut line =
+                    serde_json::json!({"position": e.position, "frontier": frontier, op: value});
+                if e.event.weight.unsigned_abs() > 1 {
+                    line["weight"] = e.event.weight.unsigned_abs().into();
+                }
+                use std::io::Write;
+                writeln!(out, "{line}")?;
             }
         }
         Command::Gen {

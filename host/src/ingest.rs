@@ -126,6 +126,7 @@ pub fn ingest_file(
                 source: source.clone(),
                 state,
             }),
+            producer: None,
         })?;
         report.appended += events;
         progress.set_position(bytes);

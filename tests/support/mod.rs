@@ -116,6 +116,7 @@ impl Harness {
             .append(AppendBatch {
                 appends: vec![(port.into(), partition, events)],
                 mark: None,
+                producer: None,
             })
             .unwrap();
     }

@@ -8,6 +8,7 @@
 
 use crate::error::Error;
 use crate::storage::checkpoint::{CheckpointMeta, KEPT};
+use crate::storage::log::ProducerSeq;
 use crate::storage::{
     AppendBatch, Checkpoint, CheckpointStore, Event, Frontier, IngestMark, LogBackend, OutputEntry,
     PartitionId, StepCommit, StepRecord,
@@ -62,6 +63,7 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     append_read_watermarks(&*make());
     appends_are_ordered_per_partition(&*make());
     ingest_marks_are_atomic_with_appends(&*make());
+    a_producer_retry_is_acknowledged_once(&*make());
     commit_step_once_and_in_order(&*make());
     fencing_refuses_an_older_epoch(&*make());
     step_records_and_outputs_round_trip(&*make());
@@ -86,6 +88,7 @@ pub fn append_read_watermarks(log: &dyn LogBackend) {
                 ("in".into(), 1, vec![ev(9)]),
             ],
             mark: None,
+            producer: None,
         })
         .unwrap();
     assert_eq!(r, vec![0..5, 0..1]);
@@ -93,6 +96,7 @@ pub fn append_read_watermarks(log: &dyn LogBackend) {
         .append(AppendBatch {
             appends: vec![("in".into(), 0, vec![ev(5)])],
             mark: None,
+            producer: None,
         })
         .unwrap();
     assert_eq!(r, vec![5..6]);
@@ -120,6 +124,7 @@ pub fn appends_are_ordered_per_partition(log: &dyn LogBackend) {
                 ("in".into(), 0, vec![ev(3)]),
             ],
             mark: None,
+            producer: None,
         })
         .unwrap();
     assert_eq!(r, vec![0..2, 2..3]);
@@ -137,6 +142,7 @@ pub fn ingest_marks_are_atomic_with_appends(log: &dyn LogBackend) {
     log.append(AppendBatch {
         appends: vec![("in".into(), 0, vec![ev(1)])],
         mark: Some(mark),
+        producer: None,
     })
     .unwrap();
     assert_eq!(log.ingest_mark("file-a").unwrap(), Some(b"10".to_vec()));
@@ -165,6 +171,45 @@ pub fn fencing_refuses_an_older_epoch(log: &dyn LogBackend) {
     );
     zombie.record.epoch = second;
     log.commit_step(&zombie).unwrap();
+}
+
+/// A retried append with the same (producer, seq) is acknowledged with the
+/// original offsets and appends nothing; producers are independent.
+pub fn a_producer_retry_is_acknowledged_once(log: &dyn LogBackend) {
+    log.create_input("in", 1).unwrap();
+    let batch = |producer: &str, seq: u64, events: Vec<Event>| AppendBatch {
+        appends: vec![("in".into(), 0, events)],
+        mark: None,
+        producer: Some(ProducerSeq {
+            id: producer.into(),
+            seq,
+        }),
+    };
+    assert_eq!(
+        log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap(),
+        vec![0..2]
+    );
+    assert_eq!(
+        log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap(),
+        vec![0..2],
+        "the retry gets the same offsets"
+    );
+    assert_eq!(log.watermarks("in", 0).unwrap().1, 2, "and appends nothing");
+    assert_eq!(
+        log.append(batch("q", 1, vec![ev(3)])).unwrap(),
+        vec![2..3],
+        "another producer is independent"
+    );
+    assert_eq!(log.append(batch("p", 2, vec![ev(4)])).unwrap(), vec![3..4]);
+    assert_eq!(
+        log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap(),
+        vec![0..0],
+        "an older retry appends nothing"
+    );
+    assert_eq!(
+        log.read("in", 0, 0..10).unwrap(),
+        vec![ev(1), ev(2), ev(3), ev(4)]
+    );
 }
 
 /// I1: a step commits once, and steps commit in order from 0.
@@ -241,6 +286,7 @@ pub fn trim_moves_low_watermark(log: &dyn LogBackend, flags: LogFlags) {
     log.append(AppendBatch {
         appends: vec![("in".into(), 0, (0..10).map(ev).collect())],
         mark: None,
+        producer: None,
     })
     .unwrap();
     log.trim("in", 0, 4).unwrap();
@@ -260,6 +306,7 @@ pub fn trim_moves_low_watermark(log: &dyn LogBackend, flags: LogFlags) {
         .append(AppendBatch {
             appends: vec![("in".into(), 0, vec![ev(10)])],
             mark: None,
+            producer: None,
         })
         .unwrap();
     assert_eq!(r, vec![10..11], "offsets continue after a trim");
@@ -274,7 +321,8 @@ pub fn unknown_input_is_an_error(log: &dyn LogBackend) {
     assert!(
         log.append(AppendBatch {
             appends: vec![("nope".into(), 0, vec![ev(1)])],
-            mark: None
+            mark: None,
+            producer: None
         })
         .is_err()
     );

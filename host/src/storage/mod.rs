@@ -92,6 +92,60 @@ pub struct StepCommit {
     pub outputs: Vec<(String, Vec<OutputEntry>)>,
 }
 
+/// Where an output event sits in its output log: entries are ordered by
+/// step, then worker, and events by their index within the entry. A consumer
+/// remembers the last position it processed and resumes after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OutputPosition {
+    /// The step that produced the event.
+    pub step: u64,
+    /// The worker that produced it.
+    pub worker: u32,
+    /// Its index within that worker's entry for the step.
+    pub index: u32,
+}
+
+/// An output event with its position and the input frontier its entry
+/// covers (every input event below the frontier has had its effect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionedEvent {
+    /// Where it sits.
+    pub position: OutputPosition,
+    /// The frontier of its entry.
+    pub frontier: Frontier,
+    /// The event.
+    pub event: Event,
+}
+
+/// Reads up to `limit` events of output log `output` after position `after`
+/// (from the start if `None`).
+pub fn read_output(
+    log: &dyn LogBackend,
+    output: &str,
+    after: Option<OutputPosition>,
+    limit: usize,
+) -> crate::Result<Vec<PositionedEvent>> {
+    let mut out = Vec::new();
+    log.scan_output(output, after.map_or(0, |a| a.step), &mut |entry| {
+        for (i, event) in entry.events.into_iter().enumerate() {
+            let position = OutputPosition {
+                step: entry.step,
+                worker: entry.worker,
+                index: i as u32,
+            };
+            if out.len() < limit && after.is_none_or(|a| position > a) {
+                out.push(PositionedEvent {
+                    position,
+                    frontier: entry.frontier.clone(),
+                    event,
+                });
+            }
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 /// Validates a log or port name: 1–64 characters of `[A-Za-z0-9_.-]`, not
 /// starting with a dot. Names reach storage keys and file names, so nothing
 /// else is accepted.

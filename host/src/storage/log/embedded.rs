@@ -7,7 +7,7 @@
 //! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark
 //! - ingest: `[source]` → mark
 
-use super::{AppendBatch, LogBackend};
+use super::{AppendBatch, LogBackend, ProducerSeq};
 use crate::error::{Error, Result};
 use crate::storage::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS};
 use crate::storage::{Event, OutputEntry, StepCommit, StepRecord, validate_name};
@@ -46,6 +46,11 @@ pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
 }
 
 const EPOCH_KEY: &[u8] = b"log.epoch";
+
+fn producer_key(id: &str) -> Vec<u8> {
+    // Ingest marks are named `file:…`; producers live in their own namespace.
+    [b"producer:".as_slice(), id.as_bytes()].concat()
+}
 
 fn input_meta_key(name: &str) -> Vec<u8> {
     [b"log.input.".as_slice(), name.as_bytes()].concat()
@@ -88,6 +93,23 @@ impl EmbeddedLog {
             marks: Mutex::new(HashMap::new()),
             last_step: Mutex::new(last_step),
         })
+    }
+
+    /// The producer's last sequence number and the offsets that append got.
+    fn producer_state(&self, p: &ProducerSeq) -> Result<Option<(u64, Vec<Range<u64>>)>> {
+        let cf = db::cf(&self.db, CF_INGEST)?;
+        match self
+            .db
+            .get_cf(cf, producer_key(&p.id))
+            .map_err(Error::rocks("reading a producer's sequence"))?
+        {
+            Some(v) => {
+                let (seq, pairs): (u64, Vec<(u64, u64)>) = postcard::from_bytes(&v)
+                    .map_err(Error::corrupt(format!("state of producer `{}`", p.id)))?;
+                Ok(Some((seq, pairs.into_iter().map(|(a, b)| a..b).collect())))
+            }
+            None => Ok(None),
+        }
     }
 
     fn current_epoch(&self) -> Result<u64> {
@@ -250,6 +272,16 @@ impl LogBackend for EmbeddedLog {
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
         let cf = db::cf(&self.db, CF_INPUT)?;
         let mut cache = lock(&self.marks);
+        if let Some(p) = &batch.producer
+            && let Some((last, ranges)) = self.producer_state(p)?
+            && p.seq <= last
+        {
+            return Ok(if p.seq == last {
+                ranges
+            } else {
+                batch.appends.iter().map(|_| 0..0).collect()
+            });
+        }
         let mut next: HashMap<(String, u32), u64> = HashMap::new();
         let mut wb = WriteBatch::default();
         let mut ranges = Vec::with_capacity(batch.appends.len());
@@ -272,6 +304,12 @@ impl LogBackend for EmbeddedLog {
                 mark.source.as_bytes(),
                 &mark.state,
             );
+        }
+        if let Some(p) = &batch.producer {
+            let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+            let state =
+                postcard::to_allocvec(&(p.seq, pairs)).map_err(Error::corrupt("producer state"))?;
+            wb.put_cf(db::cf(&self.db, CF_INGEST)?, producer_key(&p.id), state);
         }
         self.db
             .write_opt(wb, &db::synced())
@@ -472,6 +510,7 @@ mod tests {
                     ],
                 )],
                 mark: None,
+                producer: None,
             })
             .unwrap();
             log.trim("in", 0, 2).unwrap();

@@ -21,6 +21,19 @@ pub struct AppendBatch {
     /// Stored atomically with the events, so an interrupted ingest resumes
     /// exactly where the durable part ends.
     pub mark: Option<IngestMark>,
+    /// The producer and its sequence number: an append whose sequence
+    /// number is not above the producer's last one is a retry, acknowledged
+    /// without appending anything.
+    pub producer: Option<ProducerSeq>,
+}
+
+/// A producer's identity and the sequence number of one of its appends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerSeq {
+    /// The producer's id, chosen by the producer.
+    pub id: String,
+    /// Increases with every append of the producer.
+    pub seq: u64,
 }
 
 /// Progress of one ingest source (a file, later a producer), stored with the
@@ -47,6 +60,10 @@ pub trait LogBackend: Send + Sync {
 
     /// Appends events and returns, per entry of `batch.appends`, the offsets
     /// they got. Returns only once the events (and the mark) are durable.
+    ///
+    /// With a producer sequence number not above the producer's last, nothing
+    /// is appended: a retry of the producer's last append gets that append's
+    /// offsets again; an older one gets empty ranges.
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>>;
 
     /// The last mark stored for `source`, if any.
