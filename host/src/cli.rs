@@ -54,6 +54,26 @@ pub enum Command {
         #[arg(long, default_value_t = usize::MAX)]
         limit: usize,
     },
+    /// Crash campaign: run a keyed pipeline as a child process, crash it at
+    /// named points and random moments, restart it, and check the output
+    /// against a from-scratch computation. Exits non-zero on any violation.
+    Chaos {
+        /// Number of trials.
+        #[arg(long, default_value_t = 100)]
+        trials: u32,
+        /// Campaign seed (trial i uses seed + i).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The orders-join component (default: build examples/orders-join).
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Workers W.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Orders per trial.
+        #[arg(long, default_value_t = 1500)]
+        orders: u32,
+    },
     /// Generate benchmark input as JSON lines.
     Gen {
         /// Which data set.
@@ -275,6 +295,42 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 }
                 use std::io::Write;
                 writeln!(out, "{line}")?;
+            }
+        }
+        Command::Chaos {
+            trials,
+            seed,
+            component,
+            workers,
+            orders,
+        } => {
+            let component = match component {
+                Some(c) => c,
+                None => {
+                    let src = crate::demo::wordcount_dir().join("..").join("orders-join");
+                    let target = crate::runtime::SluiceEngine::default_cache_dir()
+                        .unwrap_or_else(std::env::temp_dir)
+                        .join("guest-target");
+                    tokio::task::spawn_blocking(move || {
+                        crate::compile::build_component(&src, Some(&target))
+                    })
+                    .await??
+                }
+            };
+            let exe = std::env::current_exe()?;
+            let opts = crate::chaos::ChaosOptions {
+                trials,
+                seed,
+                component,
+                workers,
+                orders,
+                progress: true,
+            };
+            let report =
+                tokio::task::spawn_blocking(move || crate::chaos::chaos(&exe, &opts)).await??;
+            println!("{report}");
+            if report.violations() > 0 {
+                anyhow::bail!("{} violations of exactly-once", report.violations());
             }
         }
         Command::Gen {

@@ -26,6 +26,8 @@
 //!
 //! Modules, one per concept:
 
+/// `sluice chaos`: the crash campaign.
+pub mod chaos;
 /// The `sluice` command line.
 pub mod cli;
 /// `sluice build`: circuit crate → component.
