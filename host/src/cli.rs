@@ -74,6 +74,19 @@ pub enum Command {
         #[arg(long, default_value_t = 1500)]
         orders: u32,
     },
+    /// Measure what the sandbox and exactly-once cost, as ratios to
+    /// baselines measured in the same run; prints a table.
+    Bench {
+        /// Small inputs, one repetition (CI).
+        #[arg(long)]
+        quick: bool,
+        /// Write the table into this markdown file (between bench markers).
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// Write an SVG chart of the ratios here.
+        #[arg(long)]
+        chart: Option<PathBuf>,
+    },
     /// Generate benchmark input as JSON lines.
     Gen {
         /// Which data set.
@@ -332,6 +345,18 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             if report.violations() > 0 {
                 anyhow::bail!("{} violations of exactly-once", report.violations());
             }
+        }
+        Command::Bench {
+            quick,
+            markdown,
+            chart,
+        } => {
+            crate::bench::bench(&crate::bench::BenchOptions {
+                quick,
+                markdown,
+                chart,
+            })
+            .await?;
         }
         Command::Gen {
             what: GenCommand::Nexmark { events, rate, out },

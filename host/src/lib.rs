@@ -26,6 +26,8 @@
 //!
 //! Modules, one per concept:
 
+/// `sluice bench`: costs as ratios to same-run baselines.
+pub mod bench;
 /// `sluice chaos`: the crash campaign.
 pub mod chaos;
 /// The `sluice` command line.

@@ -25,6 +25,9 @@ pub struct EmbeddedLog {
     /// The last committed step; commits take this lock, which makes the
     /// "is this step new?" check and the write one atomic action.
     last_step: Mutex<Option<u64>>,
+    /// Whether step commits are fsynced (always, except in benchmarks that
+    /// measure what durability costs).
+    sync_commits: bool,
 }
 
 /// The key of an input event (for tools and tests that inspect the database).
@@ -92,6 +95,17 @@ impl EmbeddedLog {
             db,
             marks: Mutex::new(HashMap::new()),
             last_step: Mutex::new(last_step),
+            sync_commits: true,
+        })
+    }
+
+    /// Like [`open`](Self::open), but step commits are not fsynced: a crash
+    /// of the machine (not of the process) can lose committed steps. Only for
+    /// benchmarks that measure what durable commits cost.
+    pub fn open_unsynced_for_benchmarks(db: Arc<db::PipelineDb>) -> Result<Self> {
+        Ok(EmbeddedLog {
+            sync_commits: false,
+            ..Self::open(db)?
         })
     }
 
@@ -109,6 +123,14 @@ impl EmbeddedLog {
                 Ok(Some((seq, pairs.into_iter().map(|(a, b)| a..b).collect())))
             }
             None => Ok(None),
+        }
+    }
+
+    fn commit_options(&self) -> rocksdb::WriteOptions {
+        if self.sync_commits {
+            db::synced()
+        } else {
+            rocksdb::WriteOptions::default()
         }
     }
 
@@ -409,7 +431,7 @@ impl LogBackend for EmbeddedLog {
             postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
         wb.put_cf(db::cf(&self.db, CF_STEPS)?, step.to_be_bytes(), record);
         self.db
-            .write_opt(wb, &db::synced())
+            .write_opt(wb, &self.commit_options())
             .map_err(Error::rocks(format!("committing step {step}")))?;
         *last = Some(step);
         Ok(())

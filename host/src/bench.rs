@@ -1,0 +1,663 @@
+//! `sluice bench`: what the sandbox and exactly-once cost, each figure a
+//! ratio against a baseline measured in the same run (so it holds on a noisy
+//! machine).
+//!
+//! Scenarios so far:
+//! - **sandbox cost**: events/s of wordcount, Nexmark q1 and q4 as WASM
+//!   components (W=1, no storage) against the same circuits compiled
+//!   natively into this binary;
+//! - **step boundary**: the cost of an empty step (the call boundary) as a
+//!   share of a step of 1, 100 and 10 000 events;
+//! - **exactly-once cost**: a whole pipeline's events/s with synced commits
+//!   against the same pipeline with unsynced commits;
+//! - **durable commit**: the runtime's step commits per second against raw
+//!   synced RocksDB write batches of the same bytes.
+//!
+//! The table goes to stdout, and with `--markdown` into a file between
+//! `<!-- bench:begin -->` and `<!-- bench:end -->` (text around the markers
+//! is kept), with an SVG chart of the ratios.
+
+use crate::runtime::bindings::{Batch, Event as WitEvent, WorkerInfo};
+use crate::runtime::exchange::Exchange;
+use crate::runtime::{Coordinator, Limits, LoadedComponent, PipelineOptions, SluiceEngine, Worker};
+use crate::storage::checkpoint::RocksCheckpointStore;
+use crate::storage::{
+    AppendBatch, EmbeddedLog, Event, Frontier, Guarded, LogBackend, OutputEntry, PartitionId,
+    StepCommit, StepRecord, db, output_key,
+};
+use anyhow::Context;
+use nexmark::EventGenerator;
+use nexmark::config::NexmarkConfig;
+use sluice_guest::exchange::{LocalExchange, RawEvent};
+use sluice_guest::{Circuit, CircuitInstance};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run and where to write.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Small inputs and few repetitions (for CI).
+    pub quick: bool,
+    /// Write the table into this markdown file (between the markers).
+    pub markdown: Option<PathBuf>,
+    /// Write the chart (SVG) here.
+    pub chart: Option<PathBuf>,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The scenario.
+    pub scenario: &'static str,
+    /// Which case of it.
+    pub case: String,
+    /// The measured figure, with its unit.
+    pub measured: String,
+    /// The baseline figure, with its unit.
+    pub baseline: String,
+    /// measured / baseline (or the share the scenario defines).
+    pub ratio: f64,
+    /// The goal.
+    pub goal: &'static str,
+    /// Whether the goal is met (`None`: informational).
+    pub met: Option<bool>,
+}
+
+fn rate(events: u64, d: Duration) -> f64 {
+    events as f64 / d.as_secs_f64().max(1e-9)
+}
+
+fn fmt_rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.2} M ev/s", r / 1e6)
+    } else {
+        format!("{:.0} k ev/s", r / 1e3)
+    }
+}
+
+fn fmt_time(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 1000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+/// A circuit with its input, cut into steps: `steps[i][port]`.
+struct Workload {
+    name: &'static str,
+    native: fn(&mut Circuit),
+    component: LoadedComponent,
+    steps: Vec<Vec<Vec<RawEvent>>>,
+    events: u64,
+}
+
+fn json_event(value: &impl serde::Serialize) -> RawEvent {
+    RawEvent {
+        key: Vec::new(),
+        value: serde_json::to_vec(value).expect("serializable"),
+        weight: 1,
+    }
+}
+
+/// Cuts per-port event lists into steps of about `per_step` events.
+fn cut(ports: Vec<Vec<RawEvent>>, per_step: usize) -> Vec<Vec<Vec<RawEvent>>> {
+    let total: usize = ports.iter().map(Vec::len).sum();
+    let steps = total.div_ceil(per_step.max(1)).max(1);
+    (0..steps)
+        .map(|s| {
+            ports
+                .iter()
+                .map(|events| {
+                    let (a, b) = (events.len() * s / steps, events.len() * (s + 1) / steps);
+                    events[a..b].to_vec()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn nexmark_events(n: usize) -> impl Iterator<Item = nexmark::event::Event> {
+    let config = NexmarkConfig {
+        base_time: crate::generate::NEXMARK_BASE_TIME,
+        ..NexmarkConfig::default()
+    };
+    EventGenerator::new(config).take(n)
+}
+
+fn text_lines(n: usize) -> Vec<String> {
+    let text: Vec<&str> = crate::demo::TEXT
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    (0..n).map(|i| text[i % text.len()].to_owned()).collect()
+}
+
+async fn load(engine: &SluiceEngine, crate_dir: &str) -> anyhow::Result<LoadedComponent> {
+    let src = crate::demo::wordcount_dir().join("..").join(crate_dir);
+    let target = SluiceEngine::default_cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("guest-target");
+    let wasm =
+        tokio::task::spawn_blocking(move || crate::compile::build_component(&src, Some(&target)))
+            .await??;
+    Ok(engine.load_file(&wasm)?)
+}
+
+async fn workloads(engine: &SluiceEngine, quick: bool) -> anyhow::Result<Vec<Workload>> {
+    let (lines, events) = if quick {
+        (20_000, 20_000)
+    } else {
+        (200_000, 200_000)
+    };
+    let per_step = 10_000;
+    let wc = text_lines(lines).iter().map(json_event).collect::<Vec<_>>();
+    let mut bids = Vec::new();
+    let (mut q4_auctions, mut q4_bids) = (Vec::new(), Vec::new());
+    for e in nexmark_events(events) {
+        match e {
+            nexmark::event::Event::Bid(b) => {
+                bids.push(json_event(&b));
+                q4_bids.push(json_event(&b));
+            }
+            nexmark::event::Event::Auction(a) => q4_auctions.push(json_event(&a)),
+            nexmark::event::Event::Person(_) => {}
+        }
+    }
+    let make = |name, native, component, ports: Vec<Vec<RawEvent>>| {
+        let events = ports.iter().map(|p| p.len() as u64).sum();
+        Workload {
+            name,
+            native,
+            component,
+            steps: cut(ports, per_step),
+            events,
+        }
+    };
+    Ok(vec![
+        make(
+            "wordcount",
+            wordcount::build,
+            load(engine, "wordcount").await?,
+            vec![wc],
+        ),
+        make(
+            "nexmark q1",
+            nexmark_q1::build,
+            load(engine, "nexmark-q1").await?,
+            vec![bids],
+        ),
+        make(
+            "nexmark q4",
+            nexmark_q4::build,
+            load(engine, "nexmark-q4").await?,
+            vec![q4_auctions, q4_bids],
+        ),
+    ])
+}
+
+/// Time spent in `step` by a native instance over all steps.
+fn run_native(build: fn(&mut Circuit), steps: &[Vec<Vec<RawEvent>>]) -> anyhow::Result<Duration> {
+    let mut c = CircuitInstance::build(build)?;
+    let mut total = Duration::ZERO;
+    for step in steps {
+        let input = step.clone();
+        let t = Instant::now();
+        c.step(input, &mut LocalExchange)?;
+        total += t.elapsed();
+    }
+    Ok(total)
+}
+
+fn to_batches(step: &[Vec<RawEvent>]) -> Vec<Batch> {
+    step.iter()
+        .enumerate()
+        .map(|(port, events)| Batch {
+            port: port as u32,
+            events: events
+                .iter()
+                .map(|e| WitEvent {
+                    key: Vec::new(),
+                    value: e.value.clone(),
+                    weight: e.weight,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Time spent in `step` by a WASM instance (W=1) over all steps.
+async fn run_wasm(
+    engine: &SluiceEngine,
+    component: &LoadedComponent,
+    steps: &[Vec<Vec<RawEvent>>],
+) -> anyhow::Result<Duration> {
+    let exchange = Exchange::new(1);
+    let info = WorkerInfo {
+        worker: 0,
+        workers: 1,
+        pipeline: "bench".into(),
+        config: vec![],
+    };
+    let mut worker = Worker::start(engine, component, info, Some(exchange.clone()), false).await?;
+    let mut total = Duration::ZERO;
+    for (i, step) in steps.iter().enumerate() {
+        let input = to_batches(step);
+        exchange.begin_step();
+        let t = Instant::now();
+        worker.step(i as u64, 0, input).await?;
+        total += t.elapsed();
+        exchange.worker_finished(0);
+    }
+    Ok(total)
+}
+
+async fn sandbox_cost(
+    engine: &SluiceEngine,
+    loads: &[Workload],
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    for w in loads {
+        let (mut native, mut wasm) = (Duration::MAX, Duration::MAX);
+        for _ in 0..reps {
+            native = native.min(run_native(w.native, &w.steps)?);
+            wasm = wasm.min(run_wasm(engine, &w.component, &w.steps).await?);
+        }
+        let (m, b) = (rate(w.events, wasm), rate(w.events, native));
+        let stateful = w.name != "nexmark q1";
+        let goal = if stateful {
+            "≥ 0.6× (stateful)"
+        } else {
+            "≥ 0.8× (stateless)"
+        };
+        rows.push(Row {
+            scenario: "sandbox cost",
+            case: format!("{} ({} events, W=1)", w.name, w.events),
+            measured: fmt_rate(m),
+            baseline: fmt_rate(b),
+            ratio: m / b,
+            goal,
+            met: Some(m / b >= if stateful { 0.6 } else { 0.8 }),
+        });
+    }
+    Ok(())
+}
+
+async fn step_boundary(
+    engine: &SluiceEngine,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let scale = if quick { 1 } else { 4 };
+    let lines: Vec<RawEvent> = text_lines(10_000).iter().map(json_event).collect();
+    let empty: Vec<Vec<Vec<RawEvent>>> = vec![vec![Vec::new()]; 1000 * scale];
+    let boundary = run_wasm(engine, &wc.component, &empty).await? / empty.len() as u32;
+    for (n, reps) in [
+        (1usize, 500 * scale),
+        (100, 200 * scale),
+        (10_000, 5 * scale),
+    ] {
+        let steps: Vec<Vec<Vec<RawEvent>>> = (0..reps).map(|_| vec![lines[..n].to_vec()]).collect();
+        let wasm = run_wasm(engine, &wc.component, &steps).await? / reps as u32;
+        let native = run_native(wc.native, &steps)? / reps as u32;
+        let share = boundary.as_secs_f64() / wasm.as_secs_f64().max(1e-12);
+        rows.push(Row {
+            scenario: "step boundary",
+            case: format!(
+                "wordcount, {n} events per step (empty step {})",
+                fmt_time(boundary)
+            ),
+            measured: format!("{} per step (WASM)", fmt_time(wasm)),
+            baseline: format!("{} (native operators)", fmt_time(native)),
+            ratio: share,
+            goal: "boundary < 5 % of the step at ≥ 1 000 events",
+            met: (n >= 1000).then_some(share < 0.05),
+        });
+    }
+    Ok(())
+}
+
+/// Runs wordcount as a whole pipeline (W=2) and returns events/s of the
+/// step loop.
+async fn pipeline_rate(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    lines: &[RawEvent],
+    synced: bool,
+) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let database = db::open(dir.path())?;
+    let log = Arc::new(if synced {
+        EmbeddedLog::open(database.clone())?
+    } else {
+        EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
+    });
+    log.create_input("lines", 2)?;
+    for (p, half) in lines.chunks(lines.len().div_ceil(2)).enumerate() {
+        let events = half
+            .iter()
+            .map(|e| Event {
+                value: e.value.clone(),
+                weight: 1,
+            })
+            .collect();
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), p as u32, events)],
+            ..AppendBatch::default()
+        })?;
+    }
+    let storage = Arc::new(Guarded::new(
+        log,
+        Arc::new(RocksCheckpointStore::open(database)),
+        vec!["lines".into()],
+        vec!["counts".into()],
+        2,
+    )?);
+    let options = PipelineOptions {
+        name: "bench".into(),
+        max_batch: 5_000,
+        checkpoint_every_steps: u64::MAX,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..PipelineOptions::default()
+    };
+    let mut c = Coordinator::open(
+        engine.clone(),
+        component,
+        storage,
+        vec![("lines".into(), 2)],
+        vec!["counts".into()],
+        2,
+        1,
+        options,
+    )
+    .await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    Ok(rate(lines.len() as u64, t.elapsed()))
+}
+
+async fn exactly_once_cost(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let lines: Vec<RawEvent> = text_lines(if quick { 40_000 } else { 300_000 })
+        .iter()
+        .map(json_event)
+        .collect();
+    let (mut synced, mut unsynced) = (0f64, 0f64);
+    for _ in 0..reps {
+        synced = synced.max(pipeline_rate(engine, &wc.component, &lines, true).await?);
+        unsynced = unsynced.max(pipeline_rate(engine, &wc.component, &lines, false).await?);
+    }
+    rows.push(Row {
+        scenario: "exactly-once cost",
+        case: format!(
+            "wordcount pipeline, W=2, {} lines, 10 000 lines per step",
+            lines.len()
+        ),
+        measured: format!("{} (synced commits)", fmt_rate(synced)),
+        baseline: format!("{} (unsynced)", fmt_rate(unsynced)),
+        ratio: synced / unsynced,
+        goal: "≥ 0.95×",
+        met: Some(synced / unsynced >= 0.95),
+    });
+    Ok(())
+}
+
+/// Step commits like the runtime's: W=2, one output log, `events` events of
+/// ~30 bytes per worker.
+fn sample_commits(steps: u64, events: usize, epoch: u64) -> Vec<StepCommit> {
+    (0..steps)
+        .map(|step| {
+            let frontiers: Vec<Frontier> = (0..2)
+                .map(|w| {
+                    [(
+                        PartitionId {
+                            input: 0,
+                            partition: w,
+                        },
+                        (step + 1) * 1000,
+                    )]
+                    .into_iter()
+                    .collect()
+                })
+                .collect();
+            let entries = (0..2u32)
+                .map(|w| OutputEntry {
+                    step,
+                    worker: w,
+                    frontier: frontiers[w as usize].clone(),
+                    events: (0..events)
+                        .map(|i| Event {
+                            value: format!("{{\"word\":\"w{i}\",\"count\":{step}}}").into_bytes(),
+                            weight: 1,
+                        })
+                        .collect(),
+                })
+                .collect();
+            StepCommit {
+                record: StepRecord {
+                    step,
+                    epoch,
+                    time_ms: step,
+                    frontiers,
+                    output_hashes: vec![step as u128, 0],
+                },
+                outputs: vec![("counts".into(), entries)],
+            }
+        })
+        .collect()
+}
+
+fn durable_commit(quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let (steps, events) = (if quick { 150 } else { 1000 }, 50);
+    // The runtime's path: invariant checks, epoch check, one synced batch.
+    let dir = tempfile::tempdir()?;
+    let database = db::open(dir.path())?;
+    let log = Arc::new(EmbeddedLog::open(database.clone())?);
+    log.create_input("lines", 2)?;
+    let epoch = log.fence()?;
+    let guarded = Guarded::new(
+        log,
+        Arc::new(RocksCheckpointStore::open(database)),
+        vec!["lines".into()],
+        vec!["counts".into()],
+        2,
+    )?;
+    let commits = sample_commits(steps, events, epoch);
+    let t = Instant::now();
+    for c in &commits {
+        guarded.commit_step(c)?;
+    }
+    let runtime = rate(steps, t.elapsed());
+    // Raw RocksDB: the same keys and bytes, one synced batch per step.
+    let dir = tempfile::tempdir()?;
+    let database = db::open(dir.path())?;
+    let (out, steps_cf) = (
+        db::cf(&database, db::CF_OUTPUT)?,
+        db::cf(&database, db::CF_STEPS)?,
+    );
+    let t = Instant::now();
+    for c in &commits {
+        let mut wb = rocksdb::WriteBatch::default();
+        for (name, entries) in &c.outputs {
+            for e in entries {
+                wb.put_cf(
+                    out,
+                    output_key(name, e.step, e.worker),
+                    postcard::to_allocvec(e)?,
+                );
+            }
+        }
+        wb.put_cf(
+            steps_cf,
+            c.record.step.to_be_bytes(),
+            postcard::to_allocvec(&c.record)?,
+        );
+        database.write_opt(wb, &db::synced())?;
+    }
+    let raw = rate(steps, t.elapsed());
+    rows.push(Row {
+        scenario: "durable commit",
+        case: format!("{steps} step commits, W=2, {events} events per worker"),
+        measured: format!("{runtime:.0} steps/s (runtime)"),
+        baseline: format!("{raw:.0} batches/s (raw synced WriteBatch)"),
+        ratio: runtime / raw,
+        goal: "≥ 0.8×",
+        met: Some(runtime / raw >= 0.8),
+    });
+    Ok(())
+}
+
+/// The table as markdown.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| scenario | case | measured | baseline | ratio | goal | met |\n|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let met = match r.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "–",
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.3} | {} | {} |\n",
+            r.scenario, r.case, r.measured, r.baseline, r.ratio, r.goal, met
+        ));
+    }
+    s
+}
+
+fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let top = rows.iter().map(|r| r.ratio).fold(1.2f64, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Sluice: ratio to the same-run baseline", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            rows.get(i)
+                .map(|_| format!("{}", i + 1))
+                .unwrap_or_default()
+        })
+        .y_desc("ratio")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .draw_series(rows.iter().enumerate().map(|(i, r)| {
+            let color = match r.met {
+                Some(true) => GREEN.mix(0.7),
+                Some(false) => RED.mix(0.7),
+                None => BLUE.mix(0.5),
+            };
+            Rectangle::new(
+                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, r.ratio)],
+                color.filled(),
+            )
+        }))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024 / 1024);
+    format!("{cores} cores ({cpu}), {mem} GiB")
+}
+
+/// Runs the benchmarks and returns the rows (also printed and written).
+pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
+    let engine = Arc::new(SluiceEngine::new(
+        Limits::default(),
+        SluiceEngine::default_cache_dir(),
+    )?);
+    eprintln!("bench: building and loading the circuits …");
+    let loads = workloads(&engine, opts.quick).await?;
+    let reps = if opts.quick { 1 } else { 3 };
+    let mut rows = Vec::new();
+    eprintln!("bench: sandbox cost …");
+    sandbox_cost(&engine, &loads, reps, &mut rows).await?;
+    eprintln!("bench: step boundary …");
+    step_boundary(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: exactly-once cost …");
+    exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
+    eprintln!("bench: durable commit …");
+    let quick = opts.quick;
+    let mut commit_rows = Vec::new();
+    tokio::task::spawn_blocking(move || {
+        durable_commit(quick, &mut commit_rows).map(|()| commit_rows)
+    })
+    .await??
+    .into_iter()
+    .for_each(|r| rows.push(r));
+
+    let table = table(&rows);
+    println!("{table}");
+    if let Some(chart_path) = &opts.chart {
+        chart(&rows, chart_path).with_context(|| chart_path.display().to_string())?;
+    }
+    if let Some(md) = &opts.markdown {
+        let chart_ref = opts
+            .chart
+            .as_ref()
+            .and_then(|c| c.file_name())
+            .map(|f| f.to_string_lossy().into_owned());
+        let mut section = format!(
+            "<!-- bench:begin -->\nMachine: {}. Command: `sluice bench{}`. Bars in the chart follow the table's rows.\n\n{table}",
+            machine(),
+            if opts.quick { " --quick" } else { "" }
+        );
+        if let Some(c) = chart_ref {
+            section.push_str(&format!("\n![ratios]({c})\n"));
+        }
+        section.push_str("<!-- bench:end -->");
+        let old = std::fs::read_to_string(md).unwrap_or_default();
+        let new = match (
+            old.find("<!-- bench:begin -->"),
+            old.find("<!-- bench:end -->"),
+        ) {
+            (Some(a), Some(b)) if a < b => format!(
+                "{}{section}{}",
+                &old[..a],
+                &old[b + "<!-- bench:end -->".len()..]
+            ),
+            _ => format!("{old}{section}\n"),
+        };
+        std::fs::write(md, new).with_context(|| md.display().to_string())?;
+    }
+    Ok(rows)
+}
