@@ -89,10 +89,12 @@ async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
             engine.clone(),
             &component,
             storage,
-            vec![("in".into(), W)],
-            shape.outputs.clone(),
-            W,
-            shape.snapshot_version,
+            sluice::runtime::Layout {
+                inputs: vec![("in".into(), W)],
+                outputs: shape.outputs.clone(),
+                workers: W,
+                snapshot_version: shape.snapshot_version,
+            },
             options.clone(),
         )
         .await;

@@ -368,10 +368,12 @@ async fn pipeline_rate(
         engine.clone(),
         component,
         storage,
-        vec![("lines".into(), 2)],
-        vec!["counts".into()],
-        2,
-        1,
+        crate::runtime::Layout {
+            inputs: vec![("lines".into(), 2)],
+            outputs: vec!["counts".into()],
+            workers: 2,
+            snapshot_version: 1,
+        },
         options,
     )
     .await?;

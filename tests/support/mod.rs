@@ -127,10 +127,12 @@ impl Harness {
             self.engine.clone(),
             &self.component,
             self.storage.clone(),
-            self.inputs.clone(),
-            self.outputs.clone(),
-            self.workers,
-            self.snapshot_version,
+            sluice::runtime::Layout {
+                inputs: self.inputs.clone(),
+                outputs: self.outputs.clone(),
+                workers: self.workers,
+                snapshot_version: self.snapshot_version,
+            },
             options,
         )
         .await

@@ -57,6 +57,20 @@ impl Default for PipelineOptions {
     }
 }
 
+/// The fixed shape of a running pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Input logs with their partition counts, in port order; partition `p`
+    /// is read by worker `p mod workers`.
+    pub inputs: Vec<(String, u32)>,
+    /// Output logs, in port order.
+    pub outputs: Vec<String>,
+    /// The number of workers W.
+    pub workers: u32,
+    /// The circuit's snapshot version, recorded with checkpoints.
+    pub snapshot_version: u32,
+}
+
 /// What a coordinator has done since it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -116,22 +130,22 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 }
 
 impl Coordinator {
-    /// Starts the pipeline's workers and recovers its state: restores the
-    /// newest checkpoint, then replays committed steps after it.
-    ///
-    /// `inputs` are the input logs with their partition counts, in port order;
-    /// partition `p` is read by worker `p mod workers`.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts the pipeline's workers and recovers its state: takes a new
+    /// fencing epoch, restores the newest checkpoint, then replays committed
+    /// steps after it.
     pub async fn open(
         engine: Arc<SluiceEngine>,
         component: &LoadedComponent,
         storage: Arc<Guarded>,
-        inputs: Vec<(String, u32)>,
-        outputs: Vec<String>,
-        workers: u32,
-        snapshot_version: u32,
+        layout: Layout,
         options: PipelineOptions,
     ) -> Result<Self> {
+        let Layout {
+            inputs,
+            outputs,
+            workers,
+            snapshot_version,
+        } = layout;
         if workers == 0 {
             return Err(Error::Config("a pipeline needs at least one worker".into()));
         }

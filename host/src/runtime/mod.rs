@@ -10,6 +10,6 @@ pub mod exchange;
 pub mod pipeline;
 pub mod worker;
 
-pub use coordinator::{Coordinator, PipelineOptions, Stats};
+pub use coordinator::{Coordinator, Layout, PipelineOptions, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use worker::{CircuitShape, Worker};

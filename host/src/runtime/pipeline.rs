@@ -199,10 +199,12 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
                 engine.clone(),
                 &component,
                 guarded,
-                meta.inputs.clone(),
-                meta.outputs.clone(),
-                meta.workers,
-                shape.snapshot_version,
+                super::Layout {
+                    inputs: meta.inputs.clone(),
+                    outputs: meta.outputs.clone(),
+                    workers: meta.workers,
+                    snapshot_version: shape.snapshot_version,
+                },
                 options.clone(),
             )
             .await?;
