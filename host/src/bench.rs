@@ -11,7 +11,11 @@
 //! - **exactly-once cost**: a whole pipeline's events/s with synced commits
 //!   against the same pipeline with unsynced commits;
 //! - **durable commit**: the runtime's step commits per second against raw
-//!   synced RocksDB write batches of the same bytes.
+//!   synced RocksDB write batches of the same bytes;
+//! - **checkpoint**: the pause a checkpoint takes, for word-count state of
+//!   growing size, against the checkpoint interval and a step's time;
+//! - **recovery**: the time from open to live with that state restored (and
+//!   with steps replayed), against a cold start with empty state.
 //!
 //! The table goes to stdout, and with `--markdown` into a file between
 //! `<!-- bench:begin -->` and `<!-- bench:end -->` (text around the markers
@@ -518,6 +522,175 @@ fn durable_commit(quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A word-count pipeline holding about `words` distinct words (W=2), run
+/// to the end without checkpoints; returns its directory, the average step
+/// time, and the still-open coordinator.
+async fn stateful_pipeline(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    words: usize,
+    dir: &Path,
+) -> anyhow::Result<(Duration, Coordinator, Arc<EmbeddedLog>)> {
+    let database = db::open(dir)?;
+    let log = Arc::new(EmbeddedLog::open(database.clone())?);
+    log.create_input("lines", 2)?;
+    let per_line = 20;
+    let lines: Vec<Event> = (0..words.div_ceil(per_line))
+        .map(|l| {
+            let line: Vec<String> = (0..per_line)
+                .map(|i| format!("word{}", l * per_line + i))
+                .collect();
+            Event {
+                value: serde_json::to_vec(&line.join(" ")).expect("string"),
+                weight: 1,
+            }
+        })
+        .collect();
+    for (p, half) in lines.chunks(lines.len().div_ceil(2)).enumerate() {
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), p as u32, half.to_vec())],
+            ..AppendBatch::default()
+        })?;
+    }
+    let storage = Arc::new(Guarded::new(
+        log.clone(),
+        Arc::new(RocksCheckpointStore::open(database)),
+        vec!["lines".into()],
+        vec!["counts".into()],
+        2,
+    )?);
+    let options = PipelineOptions {
+        name: "bench".into(),
+        max_batch: 2_000,
+        checkpoint_every_steps: u64::MAX,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..PipelineOptions::default()
+    };
+    let layout = crate::runtime::Layout {
+        inputs: vec![("lines".into(), 2)],
+        outputs: vec!["counts".into()],
+        workers: 2,
+        snapshot_version: 1,
+    };
+    let mut c = Coordinator::open(engine.clone(), component, storage, layout, options).await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    let per_step = t.elapsed() / c.next_step().max(1) as u32;
+    Ok((per_step, c, log))
+}
+
+async fn checkpoint_and_recovery(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let interval = PipelineOptions::default().checkpoint_interval;
+    let sizes: &[usize] = if quick {
+        &[20_000, 200_000]
+    } else {
+        &[20_000, 2_000_000, 8_000_000]
+    };
+    // Cold start: open a pipeline with no state at all.
+    let empty_dir = tempfile::tempdir()?;
+    let cold = {
+        let database = db::open(empty_dir.path())?;
+        let log = Arc::new(EmbeddedLog::open(database.clone())?);
+        log.create_input("lines", 2)?;
+        let storage = Arc::new(Guarded::new(
+            log,
+            Arc::new(RocksCheckpointStore::open(database)),
+            vec!["lines".into()],
+            vec!["counts".into()],
+            2,
+        )?);
+        let layout = crate::runtime::Layout {
+            inputs: vec![("lines".into(), 2)],
+            outputs: vec!["counts".into()],
+            workers: 2,
+            snapshot_version: 1,
+        };
+        let t = Instant::now();
+        let _c = Coordinator::open(
+            engine.clone(),
+            &wc.component,
+            storage,
+            layout,
+            PipelineOptions::default(),
+        )
+        .await?;
+        t.elapsed()
+    };
+    for &words in sizes {
+        let dir = tempfile::tempdir()?;
+        let (step_time, mut c, _log) =
+            stateful_pipeline(engine, &wc.component, words, dir.path()).await?;
+        let t = Instant::now();
+        c.checkpoint().await?;
+        let pause = t.elapsed();
+        drop(c);
+        drop(_log);
+        let state_bytes: u64 = {
+            let database = db::open(dir.path())?;
+            let store = RocksCheckpointStore::open(database);
+            crate::storage::CheckpointStore::latest(&store)?
+                .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum())
+        };
+        let mib = state_bytes as f64 / (1 << 20) as f64;
+        rows.push(Row {
+            scenario: "checkpoint",
+            case: format!("wordcount, {words} distinct words ({mib:.1} MiB of state), W=2"),
+            measured: format!("{} pause", fmt_time(pause)),
+            baseline: format!(
+                "{:?} interval; a step takes {}",
+                interval,
+                fmt_time(step_time)
+            ),
+            ratio: pause.as_secs_f64() / interval.as_secs_f64(),
+            goal: "pause ≤ 10 % of the interval",
+            met: Some(pause.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+        });
+        // Recovery: reopen, restoring that checkpoint.
+        let database = db::open(dir.path())?;
+        let log = Arc::new(EmbeddedLog::open(database.clone())?);
+        let storage = Arc::new(Guarded::new(
+            log,
+            Arc::new(RocksCheckpointStore::open(database)),
+            vec!["lines".into()],
+            vec!["counts".into()],
+            2,
+        )?);
+        let layout = crate::runtime::Layout {
+            inputs: vec![("lines".into(), 2)],
+            outputs: vec!["counts".into()],
+            workers: 2,
+            snapshot_version: 1,
+        };
+        let t = Instant::now();
+        let _c = Coordinator::open(
+            engine.clone(),
+            &wc.component,
+            storage,
+            layout,
+            PipelineOptions::default(),
+        )
+        .await?;
+        let restore = t.elapsed();
+        let gib = state_bytes as f64 / (1u64 << 30) as f64;
+        let per_gib = (restore.saturating_sub(cold)).as_secs_f64() / gib.max(1e-12);
+        rows.push(Row {
+            scenario: "recovery",
+            case: format!("restore {mib:.1} MiB of state, W=2"),
+            measured: format!("{} to live ({per_gib:.2} s per GiB)", fmt_time(restore)),
+            baseline: format!("{} cold start, empty state", fmt_time(cold)),
+            ratio: restore.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+            goal: "≤ 2 s per GiB",
+            met: (mib >= 1.0).then_some(per_gib <= 2.0),
+        });
+    }
+    Ok(())
+}
+
 /// The table as markdown.
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from(
@@ -617,6 +790,8 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     step_boundary(&engine, &loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: exactly-once cost …");
     exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
+    eprintln!("bench: checkpoint and recovery …");
+    checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: durable commit …");
     let quick = opts.quick;
     let mut commit_rows = Vec::new();
