@@ -14,8 +14,11 @@
 //!   synced RocksDB write batches of the same bytes;
 //! - **checkpoint**: the pause a checkpoint takes, for word-count state of
 //!   growing size, against the checkpoint interval and a step's time;
-//! - **recovery**: the time from open to live with that state restored (and
-//!   with steps replayed), against a cold start with empty state.
+//! - **recovery**: the time from open to live with that state restored,
+//!   against a cold start with empty state;
+//! - **density**: the time to start a worker (instantiate + `init`), with
+//!   and without the pooling allocator, against a bare wasmtime
+//!   instantiate, and the resident memory of idle instances.
 //!
 //! The table goes to stdout, and with `--markdown` into a file between
 //! `<!-- bench:begin -->` and `<!-- bench:end -->` (text around the markers
@@ -93,6 +96,7 @@ fn fmt_time(d: Duration) -> String {
 struct Workload {
     name: &'static str,
     native: fn(&mut Circuit),
+    wasm: PathBuf,
     component: LoadedComponent,
     steps: Vec<Vec<Vec<RawEvent>>>,
     events: u64,
@@ -139,7 +143,7 @@ fn text_lines(n: usize) -> Vec<String> {
     (0..n).map(|i| text[i % text.len()].to_owned()).collect()
 }
 
-async fn load(engine: &SluiceEngine, crate_dir: &str) -> anyhow::Result<LoadedComponent> {
+async fn load(engine: &SluiceEngine, crate_dir: &str) -> anyhow::Result<(PathBuf, LoadedComponent)> {
     let src = crate::demo::wordcount_dir().join("..").join(crate_dir);
     let target = SluiceEngine::default_cache_dir()
         .unwrap_or_else(std::env::temp_dir)
@@ -147,7 +151,8 @@ async fn load(engine: &SluiceEngine, crate_dir: &str) -> anyhow::Result<LoadedCo
     let wasm =
         tokio::task::spawn_blocking(move || crate::compile::build_component(&src, Some(&target)))
             .await??;
-    Ok(engine.load_file(&wasm)?)
+    let component = engine.load_file(&wasm)?;
+    Ok((wasm, component))
 }
 
 async fn workloads(engine: &SluiceEngine, quick: bool) -> anyhow::Result<Vec<Workload>> {
@@ -170,11 +175,12 @@ async fn workloads(engine: &SluiceEngine, quick: bool) -> anyhow::Result<Vec<Wor
             nexmark::event::Event::Person(_) => {}
         }
     }
-    let make = |name, native, component, ports: Vec<Vec<RawEvent>>| {
+    let make = |name, native, (wasm, component), ports: Vec<Vec<RawEvent>>| {
         let events = ports.iter().map(|p| p.len() as u64).sum();
         Workload {
             name,
             native,
+            wasm,
             component,
             steps: cut(ports, per_step),
             events,
@@ -691,6 +697,75 @@ async fn checkpoint_and_recovery(
     Ok(())
 }
 
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+async fn density(wc: &Workload, quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let n: u32 = if quick { 200 } else { 1000 };
+    let limits = Limits {
+        memory: 64 << 20,
+        ..Limits::default()
+    };
+    for pooling in [false, true] {
+        let engine = if pooling {
+            SluiceEngine::with_pooling(limits, SluiceEngine::default_cache_dir(), n + 8)?
+        } else {
+            SluiceEngine::new(limits, SluiceEngine::default_cache_dir())?
+        };
+        let component = engine.load_file(&wc.wasm)?;
+        let mut bare = Duration::ZERO;
+        for _ in 0..n {
+            let t = Instant::now();
+            Worker::instantiate_only(&engine, &component).await?;
+            bare += t.elapsed();
+        }
+        let bare = bare / n;
+        let before = resident_bytes();
+        let mut idle = Vec::with_capacity(n as usize);
+        let t = Instant::now();
+        for i in 0..n {
+            let info = WorkerInfo {
+                worker: 0,
+                workers: 1,
+                pipeline: format!("idle-{i}"),
+                config: vec![],
+            };
+            idle.push(Worker::start(&engine, &component, info, None, false).await?);
+        }
+        let start = t.elapsed() / n;
+        let per_instance = resident_bytes().saturating_sub(before) / n as u64;
+        let mode = if pooling { "pooling" } else { "on demand" };
+        rows.push(Row {
+            scenario: "density",
+            case: format!("start a wordcount worker ({mode}), {n} instances"),
+            measured: format!("{} (instantiate + init)", fmt_time(start)),
+            baseline: format!("{} (bare wasmtime instantiate)", fmt_time(bare)),
+            ratio: start.as_secs_f64() / bare.as_secs_f64().max(1e-12),
+            goal: "≤ 50 µs instantiate",
+            met: Some(start <= Duration::from_micros(50)),
+        });
+        let per_host = (24u64 << 30) / per_instance.max(1);
+        rows.push(Row {
+            scenario: "density",
+            case: format!("{n} idle workers ({mode})"),
+            measured: format!("{:.0} KiB resident each", per_instance as f64 / 1024.0),
+            baseline: format!("{per_host} idle workers in 24 GiB"),
+            ratio: per_host as f64 / 1000.0,
+            goal: "≥ 1000 idle pipelines per host",
+            met: Some(per_host >= 1000),
+        });
+    }
+    Ok(())
+}
+
 /// The table as markdown.
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from(
@@ -792,6 +867,8 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
     eprintln!("bench: checkpoint and recovery …");
     checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: density …");
+    density(&loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: durable commit …");
     let quick = opts.quick;
     let mut commit_rows = Vec::new();

@@ -66,8 +66,24 @@ pub struct LoadedComponent {
 
 impl SluiceEngine {
     /// Builds the engine. `cache_dir` holds precompiled components (none:
-    /// compile every time).
+    /// compile every time). Instances get their memory on demand.
     pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Self> {
+        Self::build(limits, cache_dir, None)
+    }
+
+    /// Like [`new`](Self::new), but instances come from a pooling allocator
+    /// sized for `max_instances` concurrent instances: faster to
+    /// instantiate, with all their memory reserved up front. A full pool
+    /// refuses further instances with an error.
+    pub fn with_pooling(
+        limits: Limits,
+        cache_dir: Option<PathBuf>,
+        max_instances: u32,
+    ) -> Result<Self> {
+        Self::build(limits, cache_dir, Some(max_instances))
+    }
+
+    fn build(limits: Limits, cache_dir: Option<PathBuf>, pooling: Option<u32>) -> Result<Self> {
         // No `threads` feature is compiled in, so guests cannot spawn threads
         // or share memory (I4): there is nothing to switch off.
         let mut config = Config::new();
@@ -76,6 +92,21 @@ impl SluiceEngine {
             .cranelift_nan_canonicalization(true)
             .consume_fuel(true)
             .epoch_interruption(true);
+        if let Some(n) = pooling {
+            // A Rust component instantiates a handful of core modules (its
+            // own, the WASI adapter, shims), each with a memory or a table.
+            let mut pool = wasmtime::PoolingAllocationConfig::default();
+            pool.total_component_instances(n)
+                .total_core_instances(n.saturating_mul(8))
+                .total_memories(n.saturating_mul(2))
+                .total_tables(n.saturating_mul(8))
+                .total_stacks(n)
+                .max_core_instances_per_component(16)
+                .max_memories_per_component(4)
+                .max_tables_per_component(16)
+                .max_memory_size(limits.memory);
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        }
         let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)

@@ -263,6 +263,36 @@ impl Worker {
         self.check("restore", r)
     }
 
+    /// Instantiates `component` without calling anything in it: the bare
+    /// wasmtime cost a worker start builds on (the baseline of `sluice bench`).
+    pub async fn instantiate_only(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+    ) -> Result<()> {
+        let limits = engine.limits();
+        let state = WorkerState {
+            wasi: WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max: limits.memory,
+                refused: None,
+            },
+            exchange: None,
+            worker: 0,
+            call_started: Instant::now(),
+            deadline: limits.deadline,
+            deadline_hit: false,
+            exchange_error: None,
+        };
+        let mut store = Store::new(engine.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        arm(&mut store, &limits);
+        match component.pre.instantiate_async(&mut store).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(classify(&mut store, 0, "instantiate", &limits, e)),
+        }
+    }
+
     /// This worker's index.
     pub fn index(&self) -> u32 {
         self.index
