@@ -29,3 +29,14 @@ pub fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, S
 pub(crate) fn from_state<T: DeserializeOwned>(op: &str, state: &[u8]) -> Result<T> {
     from_bytes(state).map_err(|e| Error::IncompatibleSnapshot(format!("{op} state: {e}")))
 }
+
+/// Decodes a map written by [`to_bytes`] of a `BTreeMap`, building the map
+/// in one pass from its sorted entries (postcard writes a map exactly like
+/// a sequence of pairs) instead of inserting entry by entry.
+pub(crate) fn from_state_map<K: Ord + DeserializeOwned, V: DeserializeOwned>(
+    op: &str,
+    state: &[u8],
+) -> Result<std::collections::BTreeMap<K, V>> {
+    let pairs: Vec<(K, V)> = from_state(op, state)?;
+    Ok(pairs.into_iter().collect())
+}

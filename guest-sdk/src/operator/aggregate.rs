@@ -143,7 +143,7 @@ where
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.state = codec::from_state(self.name(), state)?;
+        self.state = codec::from_state_map(self.name(), state)?;
         Ok(())
     }
 }

@@ -52,7 +52,7 @@ impl<T: Data> Operator for Distinct<T> {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.weights = codec::from_state("distinct", state)?;
+        self.weights = codec::from_state_map("distinct", state)?;
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ impl<T: Data> Operator for Integrate<T> {
     }
 
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.sum = codec::from_state("integrate", state)?;
+        self.sum = codec::from_state_map("integrate", state)?;
         Ok(())
     }
 }
