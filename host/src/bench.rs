@@ -143,7 +143,10 @@ fn text_lines(n: usize) -> Vec<String> {
     (0..n).map(|i| text[i % text.len()].to_owned()).collect()
 }
 
-async fn load(engine: &SluiceEngine, crate_dir: &str) -> anyhow::Result<(PathBuf, LoadedComponent)> {
+async fn load(
+    engine: &SluiceEngine,
+    crate_dir: &str,
+) -> anyhow::Result<(PathBuf, LoadedComponent)> {
     let src = crate::demo::wordcount_dir().join("..").join(crate_dir);
     let target = SluiceEngine::default_cache_dir()
         .unwrap_or_else(std::env::temp_dir)

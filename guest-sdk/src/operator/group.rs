@@ -41,7 +41,10 @@ pub(crate) fn snapshot_groups<K: Data, V: Data>(groups: &Groups<K, V>) -> Result
 
 pub(crate) fn restore_groups<K: Data, V: Data>(name: &str, state: &[u8]) -> Result<Groups<K, V>> {
     let groups: Vec<(K, Vec<(V, Weight)>)> = codec::from_state(name, state)?;
-    Ok(groups.into_iter().map(|(k, g)| (k, g.into_iter().collect())).collect())
+    Ok(groups
+        .into_iter()
+        .map(|(k, g)| (k, g.into_iter().collect()))
+        .collect())
 }
 
 struct Group<T, K, V, O, KF, VF, F> {
