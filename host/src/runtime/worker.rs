@@ -144,16 +144,7 @@ impl Worker {
             deadline_hit: false,
             exchange_error: None,
         };
-        let mut store = Store::new(engine.engine(), state);
-        store.limiter(|s| &mut s.limiter);
-        store.epoch_deadline_callback(|mut cx| {
-            let s = cx.data_mut();
-            if s.call_started.elapsed() > s.deadline {
-                s.deadline_hit = true;
-                return Err(wasmtime::format_err!("wall-clock deadline exceeded"));
-            }
-            Ok(UpdateDeadline::Yield(1))
-        });
+        let mut store = new_store(engine, state);
         let index = info.worker;
         arm(&mut store, &limits);
         let bindings = match component.pre.instantiate_async(&mut store).await {
@@ -284,8 +275,7 @@ impl Worker {
             deadline_hit: false,
             exchange_error: None,
         };
-        let mut store = Store::new(engine.engine(), state);
-        store.limiter(|s| &mut s.limiter);
+        let mut store = new_store(engine, state);
         arm(&mut store, &limits);
         match component.pre.instantiate_async(&mut store).await {
             Ok(_) => Ok(()),
@@ -306,6 +296,24 @@ fn guest_message(e: CircuitError) -> String {
         CircuitError::Protocol(m) => format!("protocol error: {m}"),
         CircuitError::Failed(m) => m,
     }
+}
+
+/// A store with the instance limits: the memory limiter, and an epoch
+/// callback that yields to other tasks at every tick and traps once the
+/// call's wall-clock deadline has passed. Every store needs the callback:
+/// without it the first epoch tick would trap.
+fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
+    let mut store = Store::new(engine.engine(), state);
+    store.limiter(|s| &mut s.limiter);
+    store.epoch_deadline_callback(|mut cx| {
+        let s = cx.data_mut();
+        if s.call_started.elapsed() > s.deadline {
+            s.deadline_hit = true;
+            return Err(wasmtime::format_err!("wall-clock deadline exceeded"));
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store
 }
 
 /// Resets fuel and deadline before a call into the guest.
