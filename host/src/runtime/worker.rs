@@ -283,6 +283,60 @@ impl Worker {
         }
     }
 
+    /// Starts a single worker (W=1) with its own exchange: for benchmarks
+    /// and tools that drive a circuit directly, without storage.
+    pub async fn standalone(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+    ) -> Result<Self> {
+        let info = WorkerInfo {
+            worker: 0,
+            workers: 1,
+            pipeline: pipeline.to_owned(),
+            config: vec![],
+        };
+        Worker::start(engine, component, info, Some(Exchange::new(1)), false).await
+    }
+
+    /// Runs step `step` with host-typed events: `inputs[p]` are input port
+    /// `p`'s events; returns each output port's events (ports the circuit
+    /// left empty come back empty).
+    pub async fn step_ports(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        inputs: Vec<Vec<crate::storage::Event>>,
+    ) -> Result<Vec<Vec<crate::storage::Event>>> {
+        let batches = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(port, events)| Batch {
+                port: port as u32,
+                events: events
+                    .into_iter()
+                    .map(|e| Event {
+                        key: Vec::new(),
+                        value: e.value,
+                        weight: e.weight,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut out: Vec<Vec<crate::storage::Event>> = Vec::new();
+        for batch in self.step(step, time_ms, batches).await? {
+            let port = batch.port as usize;
+            if out.len() <= port {
+                out.resize_with(port + 1, Vec::new);
+            }
+            out[port].extend(batch.events.into_iter().map(|e| crate::storage::Event {
+                value: e.value,
+                weight: e.weight,
+            }));
+        }
+        Ok(out)
+    }
+
     /// This worker's index.
     pub fn index(&self) -> u32 {
         self.index

@@ -1,0 +1,107 @@
+//! Durable commit: a step commit through the runtime's guarded path against
+//! a raw synced RocksDB write batch of the same bytes, in one run.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use sluice::storage::checkpoint::RocksCheckpointStore;
+use sluice::storage::{
+    EmbeddedLog, Event, Frontier, Guarded, LogBackend, OutputEntry, PartitionId, StepCommit,
+    StepRecord, db, output_key,
+};
+use std::sync::Arc;
+
+fn commit(step: u64, epoch: u64) -> StepCommit {
+    let frontiers: Vec<Frontier> = (0..2)
+        .map(|w| {
+            [(
+                PartitionId {
+                    input: 0,
+                    partition: w,
+                },
+                (step + 1) * 1000,
+            )]
+            .into_iter()
+            .collect()
+        })
+        .collect();
+    let entries = (0..2u32)
+        .map(|w| OutputEntry {
+            step,
+            worker: w,
+            frontier: frontiers[w as usize].clone(),
+            events: (0..50)
+                .map(|i| Event {
+                    value: format!("{{\"word\":\"w{i}\",\"count\":{step}}}").into_bytes(),
+                    weight: 1,
+                })
+                .collect(),
+        })
+        .collect();
+    StepCommit {
+        record: StepRecord {
+            step,
+            epoch,
+            time_ms: step,
+            frontiers,
+            output_hashes: vec![0, 0],
+        },
+        outputs: vec![("counts".into(), entries)],
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("durable commit");
+    group.sample_size(30);
+
+    let dir = tempfile::tempdir().unwrap();
+    let database = db::open(dir.path()).unwrap();
+    let log = Arc::new(EmbeddedLog::open(database.clone()).unwrap());
+    log.create_input("lines", 2).unwrap();
+    let epoch = log.fence().unwrap();
+    let guarded = Guarded::new(
+        log,
+        Arc::new(RocksCheckpointStore::open(database)),
+        vec!["lines".into()],
+        vec!["counts".into()],
+        2,
+    )
+    .unwrap();
+    let mut step = 0;
+    group.bench_function("runtime step commit", |b| {
+        b.iter(|| {
+            guarded.commit_step(&commit(step, epoch)).unwrap();
+            step += 1;
+        })
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let database = db::open(dir.path()).unwrap();
+    let (out, steps) = (
+        db::cf(&database, db::CF_OUTPUT).unwrap(),
+        db::cf(&database, db::CF_STEPS).unwrap(),
+    );
+    let mut step = 0;
+    group.bench_function("raw synced WriteBatch", |b| {
+        b.iter(|| {
+            let c = commit(step, 1);
+            let mut wb = rocksdb::WriteBatch::default();
+            for e in &c.outputs[0].1 {
+                wb.put_cf(
+                    out,
+                    output_key("counts", e.step, e.worker),
+                    postcard::to_allocvec(e).unwrap(),
+                );
+            }
+            wb.put_cf(
+                steps,
+                step.to_be_bytes(),
+                postcard::to_allocvec(&c.record).unwrap(),
+            );
+            database.write_opt(wb, &db::synced()).unwrap();
+            step += 1;
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
