@@ -312,3 +312,39 @@ impl PipelineOptionsExt {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_worker_runs_steps_and_a_full_pool_is_a_capacity_error() {
+    use sluice::runtime::{SluiceEngine, Worker};
+    use sluice::storage::Event;
+    let engine =
+        SluiceEngine::with_pooling(Limits::default(), Some(support::cache_dir()), 2).unwrap();
+    let component = engine.load_file(&component("examples/wordcount")).unwrap();
+    let mut first = Worker::standalone(&engine, &component, "a").await.unwrap();
+    let line = |l: &str| Event {
+        value: serde_json::to_vec(l).unwrap(),
+        weight: 1,
+    };
+    let out = first
+        .step_ports(0, 0, vec![vec![line("b a b")]])
+        .await
+        .unwrap();
+    let values: Vec<String> = out[0]
+        .iter()
+        .map(|e| String::from_utf8(e.value.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        values,
+        [r#"{"word":"a","count":1}"#, r#"{"word":"b","count":2}"#]
+    );
+    let _second = Worker::standalone(&engine, &component, "b").await.unwrap();
+    match Worker::standalone(&engine, &component, "c").await {
+        Err(Error::PoolExhausted { limit: 2 }) => {}
+        Err(other) => panic!("expected a capacity error, got {other}"),
+        Ok(_) => panic!("a pool of 2 must refuse a third instance"),
+    }
+    drop(first);
+    Worker::standalone(&engine, &component, "d")
+        .await
+        .expect("a freed slot is reused");
+}

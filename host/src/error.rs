@@ -194,6 +194,16 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The pooling allocator has no free slot for another instance.
+    #[error(
+        "no capacity for another instance: the engine's instance pool ({limit} instances) is full \
+         (limit: instances per host); stop a pipeline or raise the pool size"
+    )]
+    PoolExhausted {
+        /// The pool's size.
+        limit: u32,
+    },
+
     /// The circuit returned an error.
     #[error("worker {worker}: the circuit failed in `{call}`: {message}")]
     Guest {

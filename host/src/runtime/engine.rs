@@ -44,6 +44,8 @@ impl Default for Limits {
 /// A configured engine plus linker; shared by all pipelines of a host.
 pub struct SluiceEngine {
     engine: Engine,
+    /// The pooling allocator's size, if it is used.
+    pool: Option<u32>,
     linker: Linker<WorkerState>,
     cache_dir: Option<PathBuf>,
     limits: Limits,
@@ -130,6 +132,7 @@ impl SluiceEngine {
             .map_err(|e| Error::Engine(format!("starting the epoch thread: {e}")))?;
         Ok(SluiceEngine {
             engine,
+            pool: pooling,
             linker,
             cache_dir,
             limits,
@@ -140,6 +143,11 @@ impl SluiceEngine {
     /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The pooling allocator's size (`None`: instances allocated on demand).
+    pub fn pool_size(&self) -> Option<u32> {
+        self.pool
     }
 
     /// The limits every instance gets.

@@ -149,7 +149,7 @@ impl Worker {
         arm(&mut store, &limits);
         let bindings = match component.pre.instantiate_async(&mut store).await {
             Ok(b) => b,
-            Err(e) => return Err(classify(&mut store, index, "instantiate", &limits, e)),
+            Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
         };
         let pipeline = info.pipeline.clone();
         let mut worker = Worker {
@@ -279,7 +279,7 @@ impl Worker {
         arm(&mut store, &limits);
         match component.pre.instantiate_async(&mut store).await {
             Ok(_) => Ok(()),
-            Err(e) => Err(classify(&mut store, 0, "instantiate", &limits, e)),
+            Err(e) => Err(instantiate_error(engine, &mut store, 0, &limits, e)),
         }
     }
 
@@ -368,6 +368,23 @@ fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
         Ok(UpdateDeadline::Yield(1))
     });
     store
+}
+
+/// A failed instantiation: a full instance pool is a capacity error, not a
+/// fault of the guest.
+fn instantiate_error(
+    engine: &SluiceEngine,
+    store: &mut Store<WorkerState>,
+    worker: u32,
+    limits: &Limits,
+    e: wasmtime::Error,
+) -> Error {
+    if let Some(limit) = engine.pool_size()
+        && format!("{e:#}").contains("maximum concurrent")
+    {
+        return Error::PoolExhausted { limit };
+    }
+    classify(store, worker, "instantiate", limits, e)
 }
 
 /// Resets fuel and deadline before a call into the guest.
