@@ -36,3 +36,31 @@ fn a_short_crash_campaign_finds_no_violation() {
         .sum();
     assert!(hits >= 15, "{stdout}");
 }
+
+#[test]
+fn three_workers_survive_a_crash_campaign_too() {
+    let out = sluice_cmd()
+        .args([
+            "chaos",
+            "--trials",
+            "10",
+            "--seed",
+            "31",
+            "--workers",
+            "3",
+            "--component",
+        ])
+        .arg(component("examples/orders-join"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
+        "{stdout}"
+    );
+}
