@@ -3,49 +3,11 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice::storage::checkpoint::RocksCheckpointStore;
-use sluice::storage::{
-    EmbeddedLog, Event, Frontier, Guarded, LogBackend, OutputEntry, PartitionId, StepCommit,
-    StepRecord, db, output_key,
-};
+use sluice::storage::{EmbeddedLog, Guarded, LogBackend, StepCommit, db, output_key};
 use std::sync::Arc;
 
 fn commit(step: u64, epoch: u64) -> StepCommit {
-    let frontiers: Vec<Frontier> = (0..2)
-        .map(|w| {
-            [(
-                PartitionId {
-                    input: 0,
-                    partition: w,
-                },
-                (step + 1) * 1000,
-            )]
-            .into_iter()
-            .collect()
-        })
-        .collect();
-    let entries = (0..2u32)
-        .map(|w| OutputEntry {
-            step,
-            worker: w,
-            frontier: frontiers[w as usize].clone(),
-            events: (0..50)
-                .map(|i| Event {
-                    value: format!("{{\"word\":\"w{i}\",\"count\":{step}}}").into_bytes(),
-                    weight: 1,
-                })
-                .collect(),
-        })
-        .collect();
-    StepCommit {
-        record: StepRecord {
-            step,
-            epoch,
-            time_ms: step,
-            frontiers,
-            output_hashes: vec![0, 0],
-        },
-        outputs: vec![("counts".into(), entries)],
-    }
+    sluice::bench::sample_commit(step, 50, epoch)
 }
 
 fn bench(c: &mut Criterion) {

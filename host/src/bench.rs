@@ -24,8 +24,7 @@
 //! `<!-- bench:begin -->` and `<!-- bench:end -->` (text around the markers
 //! is kept), with an SVG chart of the ratios.
 
-use crate::runtime::bindings::{Batch, Event as WitEvent, WorkerInfo};
-use crate::runtime::exchange::Exchange;
+use crate::runtime::bindings::WorkerInfo;
 use crate::runtime::{Coordinator, Limits, LoadedComponent, PipelineOptions, SluiceEngine, Worker};
 use crate::storage::checkpoint::RocksCheckpointStore;
 use crate::storage::{
@@ -224,19 +223,16 @@ fn run_native(build: fn(&mut Circuit), steps: &[Vec<Vec<RawEvent>>]) -> anyhow::
     Ok(total)
 }
 
-fn to_batches(step: &[Vec<RawEvent>]) -> Vec<Batch> {
+fn host_events(step: &[Vec<RawEvent>]) -> Vec<Vec<Event>> {
     step.iter()
-        .enumerate()
-        .map(|(port, events)| Batch {
-            port: port as u32,
-            events: events
+        .map(|events| {
+            events
                 .iter()
-                .map(|e| WitEvent {
-                    key: Vec::new(),
+                .map(|e| Event {
                     value: e.value.clone(),
                     weight: e.weight,
                 })
-                .collect(),
+                .collect()
         })
         .collect()
 }
@@ -247,22 +243,13 @@ async fn run_wasm(
     component: &LoadedComponent,
     steps: &[Vec<Vec<RawEvent>>],
 ) -> anyhow::Result<Duration> {
-    let exchange = Exchange::new(1);
-    let info = WorkerInfo {
-        worker: 0,
-        workers: 1,
-        pipeline: "bench".into(),
-        config: vec![],
-    };
-    let mut worker = Worker::start(engine, component, info, Some(exchange.clone()), false).await?;
+    let mut worker = Worker::standalone(engine, component, "bench").await?;
     let mut total = Duration::ZERO;
     for (i, step) in steps.iter().enumerate() {
-        let input = to_batches(step);
-        exchange.begin_step();
+        let input = host_events(step);
         let t = Instant::now();
-        worker.step(i as u64, 0, input).await?;
+        worker.step_ports(i as u64, 0, input).await?;
         total += t.elapsed();
-        exchange.worker_finished(0);
     }
     Ok(total)
 }
@@ -334,6 +321,53 @@ async fn step_boundary(
     Ok(())
 }
 
+/// The storage and layout of a word-count pipeline (W=2) in `dir`.
+fn wordcount_pipeline(
+    dir: &Path,
+    synced: bool,
+) -> anyhow::Result<(Arc<EmbeddedLog>, Arc<Guarded>, crate::runtime::Layout)> {
+    let database = db::open(dir)?;
+    let log = Arc::new(if synced {
+        EmbeddedLog::open(database.clone())?
+    } else {
+        EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
+    });
+    log.create_input("lines", 2)?;
+    let storage = Arc::new(Guarded::new(
+        log.clone(),
+        Arc::new(RocksCheckpointStore::open(database)),
+        vec!["lines".into()],
+        vec!["counts".into()],
+        2,
+    )?);
+    let layout = crate::runtime::Layout {
+        inputs: vec![("lines".into(), 2)],
+        outputs: vec!["counts".into()],
+        workers: 2,
+        snapshot_version: 1,
+    };
+    Ok((log, storage, layout))
+}
+
+/// Times opening (restoring and replaying) the word-count pipeline in `dir`.
+async fn time_open(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    dir: &Path,
+) -> anyhow::Result<Duration> {
+    let (_, storage, layout) = wordcount_pipeline(dir, true)?;
+    let t = Instant::now();
+    let _c = Coordinator::open(
+        engine.clone(),
+        component,
+        storage,
+        layout,
+        PipelineOptions::default(),
+    )
+    .await?;
+    Ok(t.elapsed())
+}
+
 /// Runs wordcount as a whole pipeline (W=2) and returns events/s of the
 /// step loop.
 async fn pipeline_rate(
@@ -343,13 +377,7 @@ async fn pipeline_rate(
     synced: bool,
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
-    let database = db::open(dir.path())?;
-    let log = Arc::new(if synced {
-        EmbeddedLog::open(database.clone())?
-    } else {
-        EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
-    });
-    log.create_input("lines", 2)?;
+    let (log, storage, layout) = wordcount_pipeline(dir.path(), synced)?;
     for (p, half) in lines.chunks(lines.len().div_ceil(2)).enumerate() {
         let events = half
             .iter()
@@ -363,13 +391,6 @@ async fn pipeline_rate(
             ..AppendBatch::default()
         })?;
     }
-    let storage = Arc::new(Guarded::new(
-        log,
-        Arc::new(RocksCheckpointStore::open(database)),
-        vec!["lines".into()],
-        vec!["counts".into()],
-        2,
-    )?);
     let options = PipelineOptions {
         name: "bench".into(),
         max_batch: 5_000,
@@ -377,19 +398,7 @@ async fn pipeline_rate(
         checkpoint_interval: Duration::from_secs(3600),
         ..PipelineOptions::default()
     };
-    let mut c = Coordinator::open(
-        engine.clone(),
-        component,
-        storage,
-        crate::runtime::Layout {
-            inputs: vec![("lines".into(), 2)],
-            outputs: vec!["counts".into()],
-            workers: 2,
-            snapshot_version: 1,
-        },
-        options,
-    )
-    .await?;
+    let mut c = Coordinator::open(engine.clone(), component, storage, layout, options).await?;
     let t = Instant::now();
     while c.step().await? {}
     Ok(rate(lines.len() as u64, t.elapsed()))
@@ -426,49 +435,52 @@ async fn exactly_once_cost(
     Ok(())
 }
 
-/// Step commits like the runtime's: W=2, one output log, `events` events of
-/// ~30 bytes per worker.
-fn sample_commits(steps: u64, events: usize, epoch: u64) -> Vec<StepCommit> {
+/// Step commits like the runtime's: W=2, one output log `counts`, `events`
+/// events of ~30 bytes per worker (also used by `benches/commit.rs`).
+pub fn sample_commits(steps: u64, events: usize, epoch: u64) -> Vec<StepCommit> {
     (0..steps)
-        .map(|step| {
-            let frontiers: Vec<Frontier> = (0..2)
-                .map(|w| {
-                    [(
-                        PartitionId {
-                            input: 0,
-                            partition: w,
-                        },
-                        (step + 1) * 1000,
-                    )]
-                    .into_iter()
-                    .collect()
-                })
-                .collect();
-            let entries = (0..2u32)
-                .map(|w| OutputEntry {
-                    step,
-                    worker: w,
-                    frontier: frontiers[w as usize].clone(),
-                    events: (0..events)
-                        .map(|i| Event {
-                            value: format!("{{\"word\":\"w{i}\",\"count\":{step}}}").into_bytes(),
-                            weight: 1,
-                        })
-                        .collect(),
-                })
-                .collect();
-            StepCommit {
-                record: StepRecord {
-                    step,
-                    epoch,
-                    time_ms: step,
-                    frontiers,
-                    output_hashes: vec![step as u128, 0],
-                },
-                outputs: vec![("counts".into(), entries)],
-            }
-        })
+        .map(|step| sample_commit(step, events, epoch))
         .collect()
+}
+
+/// One commit of [`sample_commits`].
+pub fn sample_commit(step: u64, events: usize, epoch: u64) -> StepCommit {
+    let frontiers: Vec<Frontier> = (0..2)
+        .map(|w| {
+            [(
+                PartitionId {
+                    input: 0,
+                    partition: w,
+                },
+                (step + 1) * 1000,
+            )]
+            .into_iter()
+            .collect()
+        })
+        .collect();
+    let entries = (0..2u32)
+        .map(|w| OutputEntry {
+            step,
+            worker: w,
+            frontier: frontiers[w as usize].clone(),
+            events: (0..events)
+                .map(|i| Event {
+                    value: format!("{{\"word\":\"w{i}\",\"count\":{step}}}").into_bytes(),
+                    weight: 1,
+                })
+                .collect(),
+        })
+        .collect();
+    StepCommit {
+        record: StepRecord {
+            step,
+            epoch,
+            time_ms: step,
+            frontiers,
+            output_hashes: vec![step as u128, 0],
+        },
+        outputs: vec![("counts".into(), entries)],
+    }
 }
 
 fn durable_commit(quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
@@ -540,9 +552,7 @@ async fn stateful_pipeline(
     words: usize,
     dir: &Path,
 ) -> anyhow::Result<(Duration, Coordinator, Arc<EmbeddedLog>)> {
-    let database = db::open(dir)?;
-    let log = Arc::new(EmbeddedLog::open(database.clone())?);
-    log.create_input("lines", 2)?;
+    let (log, storage, layout) = wordcount_pipeline(dir, true)?;
     let per_line = 20;
     let lines: Vec<Event> = (0..words.div_ceil(per_line))
         .map(|l| {
@@ -561,25 +571,12 @@ async fn stateful_pipeline(
             ..AppendBatch::default()
         })?;
     }
-    let storage = Arc::new(Guarded::new(
-        log.clone(),
-        Arc::new(RocksCheckpointStore::open(database)),
-        vec!["lines".into()],
-        vec!["counts".into()],
-        2,
-    )?);
     let options = PipelineOptions {
         name: "bench".into(),
         max_batch: 2_000,
         checkpoint_every_steps: u64::MAX,
         checkpoint_interval: Duration::from_secs(3600),
         ..PipelineOptions::default()
-    };
-    let layout = crate::runtime::Layout {
-        inputs: vec![("lines".into(), 2)],
-        outputs: vec!["counts".into()],
-        workers: 2,
-        snapshot_version: 1,
     };
     let mut c = Coordinator::open(engine.clone(), component, storage, layout, options).await?;
     let t = Instant::now();
@@ -602,34 +599,7 @@ async fn checkpoint_and_recovery(
     };
     // Cold start: open a pipeline with no state at all.
     let empty_dir = tempfile::tempdir()?;
-    let cold = {
-        let database = db::open(empty_dir.path())?;
-        let log = Arc::new(EmbeddedLog::open(database.clone())?);
-        log.create_input("lines", 2)?;
-        let storage = Arc::new(Guarded::new(
-            log,
-            Arc::new(RocksCheckpointStore::open(database)),
-            vec!["lines".into()],
-            vec!["counts".into()],
-            2,
-        )?);
-        let layout = crate::runtime::Layout {
-            inputs: vec![("lines".into(), 2)],
-            outputs: vec!["counts".into()],
-            workers: 2,
-            snapshot_version: 1,
-        };
-        let t = Instant::now();
-        let _c = Coordinator::open(
-            engine.clone(),
-            &wc.component,
-            storage,
-            layout,
-            PipelineOptions::default(),
-        )
-        .await?;
-        t.elapsed()
-    };
+    let cold = time_open(engine, &wc.component, empty_dir.path()).await?;
     for &words in sizes {
         let dir = tempfile::tempdir()?;
         let (step_time, mut c, _log) =
@@ -660,31 +630,7 @@ async fn checkpoint_and_recovery(
             met: Some(pause.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
         });
         // Recovery: reopen, restoring that checkpoint.
-        let database = db::open(dir.path())?;
-        let log = Arc::new(EmbeddedLog::open(database.clone())?);
-        let storage = Arc::new(Guarded::new(
-            log,
-            Arc::new(RocksCheckpointStore::open(database)),
-            vec!["lines".into()],
-            vec!["counts".into()],
-            2,
-        )?);
-        let layout = crate::runtime::Layout {
-            inputs: vec![("lines".into(), 2)],
-            outputs: vec!["counts".into()],
-            workers: 2,
-            snapshot_version: 1,
-        };
-        let t = Instant::now();
-        let _c = Coordinator::open(
-            engine.clone(),
-            &wc.component,
-            storage,
-            layout,
-            PipelineOptions::default(),
-        )
-        .await?;
-        let restore = t.elapsed();
+        let restore = time_open(engine, &wc.component, dir.path()).await?;
         let gib = state_bytes as f64 / (1u64 << 30) as f64;
         let per_gib = (restore.saturating_sub(cold)).as_secs_f64() / gib.max(1e-12);
         rows.push(Row {
