@@ -35,6 +35,8 @@ pub use wit::{Batch, CircuitError, CircuitInfo, WorkerInfo};
 thread_local! {
     /// The instance's circuit: built by `init`, used by every later call.
     static INSTANCE: RefCell<Option<CircuitInstance>> = const { RefCell::new(None) };
+    /// The pipeline's number of workers, from `init`.
+    static WORKERS: std::cell::Cell<u32> = const { std::cell::Cell::new(1) };
 }
 
 impl From<Error> for CircuitError {
@@ -77,8 +79,9 @@ pub fn describe(build: fn(&mut Circuit)) -> CircuitInfo {
 
 /// `init` export.
 #[doc(hidden)]
-pub fn init(build: fn(&mut Circuit), _info: WorkerInfo) -> Result<(), CircuitError> {
+pub fn init(build: fn(&mut Circuit), info: WorkerInfo) -> Result<(), CircuitError> {
     let instance = CircuitInstance::build(build)?;
+    WORKERS.set(info.workers.max(1));
     INSTANCE.with_borrow_mut(|slot| match slot {
         Some(_) => Err(CircuitError::Protocol("init called twice".into())),
         None => {
@@ -148,5 +151,9 @@ impl Exchange for HostExchange {
         let events: Vec<wit::Event> = events.into_iter().map(to_wit).collect();
         let received = bindings::sluice::circuit::exchange::shuffle(channel, &events);
         Ok(received.into_iter().map(from_wit).collect())
+    }
+
+    fn workers(&self) -> u32 {
+        WORKERS.get()
     }
 }

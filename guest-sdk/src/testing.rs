@@ -139,6 +139,10 @@ impl Exchange for ThreadExchange {
         self.shared.rendezvous.wait()?;
         Ok(mine)
     }
+
+    fn workers(&self) -> u32 {
+        self.shared.workers as u32
+    }
 }
 
 /// Runs `build` with `workers` workers over `steps` (each step: one event

@@ -10,8 +10,8 @@
 
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::codec;
-use crate::error::{Error, Result};
-use crate::exchange::RawEvent;
+use crate::error::Result;
+use crate::exchange::shuffle_keyed;
 use crate::types::OrdF64;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
@@ -39,7 +39,7 @@ macro_rules! impl_sum {
 impl_sum!(i8, i16, i32, i64, i128, isize);
 
 /// Per-key state: the multiplicity of the group and the weighted sum.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Acc<S> {
     count: Weight,
     sum: S,
@@ -92,23 +92,15 @@ where
             acc.count += weight;
             acc.sum.add_weighted(&(self.value)(record), *weight);
         }
-        let mut send = Vec::with_capacity(local.len());
-        for (key, acc) in local.iter().filter(|(_, a)| !a.is_empty()) {
-            send.push(RawEvent {
-                key: codec::to_bytes(key)?,
-                value: codec::to_bytes(acc)?,
-                weight: 1,
-            });
-        }
-        let received = cx.exchange.shuffle(self.channel, send)?;
+        let live = local
+            .into_iter()
+            .filter(|(_, a)| !a.is_empty())
+            .map(|kv| (kv, 1));
+        let received = shuffle_keyed(cx.exchange, self.channel, live)?;
 
         // Apply the changes this worker owns, remembering each key's old result.
         let mut touched: BTreeMap<K, Option<O>> = BTreeMap::new();
-        for event in received {
-            let key: K = codec::from_bytes(&event.key)
-                .map_err(|e| Error::Failed(format!("exchange: undecodable key: {e}")))?;
-            let delta: Acc<S> = codec::from_bytes(&event.value)
-                .map_err(|e| Error::Failed(format!("exchange: undecodable value: {e}")))?;
+        for ((key, delta), _) in received {
             let acc = self.state.entry(key.clone()).or_default();
             touched
                 .entry(key)
