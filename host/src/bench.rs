@@ -738,13 +738,19 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let top = rows.iter().map(|r| r.ratio).fold(1.2f64, f64::max) * 1.1;
+    // Ratios span 0.001 (a boundary share) to thousands (recovery against
+    // a cold start): a log scale keeps every bar readable.
+    const FLOOR: f64 = 1e-3;
+    let top = rows.iter().map(|r| r.ratio).fold(2.0f64, f64::max) * 2.0;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Sluice: ratio to the same-run baseline", ("sans-serif", 20))
+        .caption(
+            "Sluice: ratio to the same-run baseline (log scale; bar n = table row n)",
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..rows.len() as f64, (FLOOR..top).log_scale())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     chart
         .configure_mesh()
@@ -767,7 +773,10 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
                 None => BLUE.mix(0.5),
             };
             Rectangle::new(
-                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, r.ratio)],
+                [
+                    (i as f64 + 0.15, FLOOR),
+                    (i as f64 + 0.85, r.ratio.max(FLOOR)),
+                ],
                 color.filled(),
             )
         }))
