@@ -349,6 +349,30 @@ fn wordcount_pipeline(
     Ok((log, storage, layout))
 }
 
+/// Appends `events` to the word-count pipeline's input, half to each partition.
+fn append_halves(log: &EmbeddedLog, events: Vec<Event>) -> anyhow::Result<()> {
+    let half = events.len().div_ceil(2).max(1);
+    for (p, chunk) in events.chunks(half).enumerate() {
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), p as u32, chunk.to_vec())],
+            ..AppendBatch::default()
+        })?;
+    }
+    Ok(())
+}
+
+/// Options that never checkpoint by themselves, with `max_batch` events per
+/// partition per step.
+fn manual_checkpoints(max_batch: u64) -> PipelineOptions {
+    PipelineOptions {
+        name: "bench".into(),
+        max_batch,
+        checkpoint_every_steps: u64::MAX,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..PipelineOptions::default()
+    }
+}
+
 /// Times opening (restoring and replaying) the word-count pipeline in `dir`.
 async fn time_open(
     engine: &Arc<SluiceEngine>,
@@ -378,26 +402,17 @@ async fn pipeline_rate(
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let (log, storage, layout) = wordcount_pipeline(dir.path(), synced)?;
-    for (p, half) in lines.chunks(lines.len().div_ceil(2)).enumerate() {
-        let events = half
+    append_halves(
+        &log,
+        lines
             .iter()
             .map(|e| Event {
                 value: e.value.clone(),
                 weight: 1,
             })
-            .collect();
-        log.append(AppendBatch {
-            appends: vec![("lines".into(), p as u32, events)],
-            ..AppendBatch::default()
-        })?;
-    }
-    let options = PipelineOptions {
-        name: "bench".into(),
-        max_batch: 5_000,
-        checkpoint_every_steps: u64::MAX,
-        checkpoint_interval: Duration::from_secs(3600),
-        ..PipelineOptions::default()
-    };
+            .collect(),
+    )?;
+    let options = manual_checkpoints(5_000);
     let mut c = Coordinator::open(engine.clone(), component, storage, layout, options).await?;
     let t = Instant::now();
     while c.step().await? {}
@@ -565,19 +580,8 @@ async fn stateful_pipeline(
             }
         })
         .collect();
-    for (p, half) in lines.chunks(lines.len().div_ceil(2)).enumerate() {
-        log.append(AppendBatch {
-            appends: vec![("lines".into(), p as u32, half.to_vec())],
-            ..AppendBatch::default()
-        })?;
-    }
-    let options = PipelineOptions {
-        name: "bench".into(),
-        max_batch: 2_000,
-        checkpoint_every_steps: u64::MAX,
-        checkpoint_interval: Duration::from_secs(3600),
-        ..PipelineOptions::default()
-    };
+    append_halves(&log, lines)?;
+    let options = manual_checkpoints(2_000);
     let mut c = Coordinator::open(engine.clone(), component, storage, layout, options).await?;
     let t = Instant::now();
     while c.step().await? {}
