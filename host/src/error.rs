@@ -48,6 +48,31 @@ pub enum Error {
         current: u64,
     },
 
+    /// A Kafka operation failed (the broker was unreachable, timed out or
+    /// refused); transient: recovery retries it.
+    #[error("Kafka ({what}): {message}")]
+    Kafka {
+        /// What the host was doing.
+        what: String,
+        /// The client's or broker's error.
+        message: String,
+    },
+
+    /// Kafka fenced this host's transactional producer: another host opened
+    /// the pipeline (its producer with the same transactional id has a newer
+    /// epoch), so this one must stop. Its open transaction was aborted.
+    #[error(
+        "fenced: another host has taken over the pipeline (Kafka transactional id `{transactional_id}` \
+         has a newer producer epoch), so this one must stop{}",
+        .step.map(|s| format!("; its commit of step {s} was aborted")).unwrap_or_default()
+    )]
+    KafkaFenced {
+        /// The step whose commit was aborted, if a step commit.
+        step: Option<u64>,
+        /// The transactional id both hosts use.
+        transactional_id: String,
+    },
+
     /// Stored data could not be decoded.
     #[error("corrupt {what}: {message}")]
     Corrupt {
@@ -263,7 +288,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Rocks { .. } | Error::Io { .. } | Error::Injected { .. }
+            Error::Rocks { .. } | Error::Io { .. } | Error::Injected { .. } | Error::Kafka { .. }
         )
     }
 

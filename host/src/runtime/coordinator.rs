@@ -577,11 +577,14 @@ fn read_inputs(
             if end <= start {
                 continue;
             }
+            // Offsets may be sparse (Kafka's transaction markers take
+            // offsets), so the range holds at most `end - start` events; a
+            // dense backend checks its own ranges.
             let events = storage.log().read(name, id.partition, start..end)?;
-            if events.len() as u64 != end - start {
+            if events.len() as u64 > end - start {
                 return Err(Error::Corrupt {
                     what: format!("input `{name}` partition {}", id.partition),
-                    message: format!("offsets {start}..{end} hold only {} events", events.len()),
+                    message: format!("offsets {start}..{end} returned {} events", events.len()),
                 });
             }
             let batch = match batches.iter_mut().position(|b| b.port == id.input) {

@@ -22,6 +22,8 @@ pub mod verify;
 pub use checkpoint::{Checkpoint, CheckpointStore, RocksCheckpointStore};
 pub use invariants::Guarded;
 pub use log::{AppendBatch, EmbeddedLog, IngestMark, LogBackend, input_key, output_key};
+#[cfg(feature = "kafka")]
+pub use log::{KafkaConfig, KafkaLog};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -378,7 +378,15 @@ impl LogBackend for EmbeddedLog {
             self.db
                 .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
         {
-            let (_, v) = item.map_err(Error::rocks("reading input"))?;
+            let (k, v) = item.map_err(Error::rocks("reading input"))?;
+            // Embedded offsets are dense: a gap is corruption.
+            let expected = input_key(input, partition, range.start + events.len() as u64);
+            if *k != *expected {
+                return Err(Error::Corrupt {
+                    what: format!("input `{input}` partition {partition}"),
+                    message: format!("offset {} is missing", range.start + events.len() as u64),
+                });
+            }
             events.push(postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?);
         }
         Ok(events)
@@ -509,6 +517,7 @@ mod tests {
             },
             LogFlags {
                 supports_trim: true,
+                dense_offsets: true,
             },
         );
     }

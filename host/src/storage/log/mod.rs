@@ -6,8 +6,15 @@
 //! rule (I2) is enforced one level up, in [`Guarded`](super::Guarded).
 
 mod embedded;
+#[cfg(feature = "kafka")]
+mod kafka;
 
 pub use embedded::{EmbeddedLog, input_key, output_key};
+#[cfg(feature = "kafka")]
+pub use kafka::{
+    FRONTIER_HEADER, KafkaConfig, KafkaLog, STEP_HEADER, WEIGHT_HEADER, WORKER_HEADER,
+    parse_frontier, validate_topic,
+};
 
 use super::{Event, OutputEntry, StepCommit, StepRecord};
 use crate::error::Result;
