@@ -168,6 +168,108 @@ pub struct RunArgs {
     /// No progress bars and no summary.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where the input, output and step logs live (checkpoints stay in
+    /// --data).
+    #[arg(long, value_enum, default_value_t = LogKind::Embedded)]
+    pub log: LogKind,
+    /// Kafka settings (with `--log kafka`).
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// The log backends `sluice run --log` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogKind {
+    /// RocksDB in the data directory.
+    Embedded,
+    /// Kafka topics (needs --brokers and --pipeline).
+    Kafka,
+}
+
+/// Where and how a pipeline's logs live in Kafka (`--log kafka`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT…].
+    #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+    pub brokers: Option<String>,
+    /// The pipeline's name: every host running it uses the same one (it
+    /// names the transactional ids that fence other hosts, and the default
+    /// topics `<pipeline>.<port>`).
+    #[arg(long)]
+    pub pipeline: Option<String>,
+    /// PORT=TOPIC: the topic of an input or output port (repeatable;
+    /// default `<pipeline>.<port>`).
+    #[arg(long = "topic", value_parser = port_topic)]
+    pub topics: Vec<(String, String)>,
+    /// Partitions of input topics Sluice creates (default: W).
+    #[arg(long)]
+    pub input_partitions: Option<u32>,
+    /// Partitions of output topics Sluice creates.
+    #[arg(long, default_value_t = 1)]
+    pub output_partitions: u32,
+    /// Replication factor of topics Sluice creates.
+    #[arg(long, default_value_t = 1)]
+    pub replication: i32,
+    /// KEY=VALUE: a librdkafka setting for every Kafka client, e.g.
+    /// security.protocol=SASL_SSL (repeatable).
+    #[arg(long = "kafka-config", value_parser = key_value)]
+    pub client: Vec<(String, String)>,
+}
+
+impl KafkaArgs {
+    /// The log choice for `--log kind`, or why the flags do not make one.
+    pub fn choice(&self, kind: LogKind) -> anyhow::Result<crate::runtime::pipeline::LogChoice> {
+        use crate::runtime::pipeline::LogChoice;
+        match kind {
+            LogKind::Embedded => Ok(LogChoice::Embedded),
+            #[cfg(feature = "kafka")]
+            LogKind::Kafka => {
+                let brokers = self.brokers.clone().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--log kafka needs --brokers HOST:PORT (or SLUICE_KAFKA_BROKERS)"
+                    )
+                })?;
+                let pipeline = self.pipeline.clone().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--log kafka needs --pipeline NAME: the name every host running this \
+                         pipeline shares"
+                    )
+                })?;
+                let mut config = crate::storage::KafkaConfig::new(brokers, pipeline);
+                for (port, topic) in &self.topics {
+                    crate::storage::log::validate_topic(topic)?;
+                    config.topics.insert(port.clone(), topic.clone());
+                }
+                config.output_partitions = self.output_partitions.max(1);
+                config.replication = self.replication;
+                config.client = self.client.clone();
+                Ok(LogChoice::Kafka {
+                    config,
+                    input_partitions: self.input_partitions,
+                })
+            }
+            #[cfg(not(feature = "kafka"))]
+            LogKind::Kafka => {
+                anyhow::bail!("this sluice was built without Kafka support (cargo feature `kafka`)")
+            }
+        }
+    }
+}
+
+fn port_topic(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((port, topic)) if !port.is_empty() && !topic.is_empty() => {
+            Ok((port.to_owned(), topic.to_owned()))
+        }
+        _ => Err(format!("expected PORT=TOPIC, got {s:?}")),
+    }
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 fn position(s: &str) -> Result<crate::storage::OutputPosition, String> {
@@ -207,7 +309,9 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     anyhow::bail!("input file {} does not exist", file.display());
                 }
             }
+            let log = a.kafka.choice(a.log)?;
             let report = run(RunRequest {
+                log,
                 component: a.component,
                 data: a.data,
                 workers: a.workers,

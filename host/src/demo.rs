@@ -83,6 +83,7 @@ pub async fn demo(opts: DemoOptions) -> anyhow::Result<RunReport> {
         },
         limits: Limits::default(),
         progress: opts.progress,
+        log: Default::default(),
     })
     .await?;
 

@@ -18,6 +18,7 @@
 //!     options: Default::default(),
 //!     limits: Default::default(),
 //!     progress: false,
+//!     log: Default::default(),
 //! })
 //! .await?;
 //! println!("{} steps, {:.0} events/s", report.stats.steps, report.events_per_second());

@@ -36,6 +36,37 @@ pub struct RunRequest {
     pub limits: Limits,
     /// Show progress bars on stderr.
     pub progress: bool,
+    /// Where the logs live.
+    pub log: LogChoice,
+}
+
+/// Where a pipeline's input, output and step logs live. Checkpoints are
+/// always in the data directory's RocksDB.
+#[derive(Debug, Clone, Default)]
+pub enum LogChoice {
+    /// In the data directory's RocksDB (the default).
+    #[default]
+    Embedded,
+    /// In Kafka topics.
+    #[cfg(feature = "kafka")]
+    Kafka {
+        /// Brokers, pipeline name (the identity every host shares) and topics.
+        config: crate::storage::KafkaConfig,
+        /// Partitions of input topics Sluice creates (default: W); existing
+        /// topics keep theirs.
+        input_partitions: Option<u32>,
+    },
+}
+
+impl LogChoice {
+    /// How the choice is recorded in the pipeline's metadata.
+    fn describe(&self) -> String {
+        match self {
+            LogChoice::Embedded => "embedded".into(),
+            #[cfg(feature = "kafka")]
+            LogChoice::Kafka { config, .. } => format!("kafka:{}", config.pipeline),
+        }
+    }
 }
 
 /// How often `run` recovers from storage errors before giving up.
@@ -122,16 +153,45 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
     }
 
     let db = db::open(&req.data)?;
+    let (log, id): (Arc<dyn LogBackend>, String) = match &req.log {
+        LogChoice::Embedded => (
+            Arc::new(EmbeddedLog::open(db.clone())?),
+            meta::new_pipeline_id(&req.data),
+        ),
+        #[cfg(feature = "kafka")]
+        LogChoice::Kafka { config, .. } => {
+            let config = config.clone();
+            let log = tokio::task::spawn_blocking(move || crate::storage::KafkaLog::open(config))
+                .await
+                .map_err(|e| Error::Engine(format!("connecting to Kafka failed: {e}")))??;
+            // Every host running this pipeline must seed its guests alike:
+            // the identity is the pipeline's name, not the data directory.
+            let id = log.config().pipeline.clone();
+            (Arc::new(log), id)
+        }
+    };
+    let mut inputs = Vec::with_capacity(shape.inputs.len());
+    for name in &shape.inputs {
+        let partitions = match &req.log {
+            LogChoice::Embedded => req.workers,
+            #[cfg(feature = "kafka")]
+            LogChoice::Kafka {
+                input_partitions, ..
+            } => match log.partitions(name) {
+                Ok(n) => n,
+                Err(Error::Unknown { .. }) => input_partitions.unwrap_or(req.workers),
+                Err(e) => return Err(e),
+            },
+        };
+        inputs.push((name.clone(), partitions));
+    }
     let wanted = PipelineMeta {
-        id: meta::new_pipeline_id(&req.data),
+        id,
         component: component.hash.clone(),
-        inputs: shape
-            .inputs
-            .iter()
-            .map(|n| (n.clone(), req.workers))
-            .collect(),
+        inputs,
         outputs: shape.outputs.clone(),
         workers: req.workers,
+        log: req.log.describe(),
     };
     let meta = match meta::load(&db)? {
         Some(stored) => {
@@ -143,7 +203,6 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
             wanted
         }
     };
-    let log = Arc::new(EmbeddedLog::open(db.clone())?);
     for (name, partitions) in &meta.inputs {
         log.create_input(name, *partitions)?;
     }

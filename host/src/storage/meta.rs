@@ -20,6 +20,13 @@ pub struct PipelineMeta {
     pub outputs: Vec<String>,
     /// The number of workers W.
     pub workers: u32,
+    /// Where the logs live: `embedded`, or `kafka:<pipeline>`.
+    #[serde(default = "embedded")]
+    pub log: String,
+}
+
+fn embedded() -> String {
+    "embedded".into()
 }
 
 const KEY: &[u8] = b"pipeline";
@@ -71,6 +78,12 @@ impl PipelineMeta {
                  (changing a running pipeline's component is not supported yet)",
                 short(&self.component),
                 short(&wanted.component)
+            )));
+        }
+        if self.log != wanted.log {
+            return Err(Error::Config(format!(
+                "this data directory's logs are `{}`, not `{}`; use a new --data directory",
+                self.log, wanted.log
             )));
         }
         if self.workers != wanted.workers {

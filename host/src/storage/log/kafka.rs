@@ -31,7 +31,7 @@ use crate::storage::{Event, Frontier, OutputEntry, PartitionId, StepCommit, Step
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
@@ -107,6 +107,8 @@ impl KafkaConfig {
     fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
+        // Small requests (watermarks, commits) otherwise wait out delayed ACKs.
+        c.set("socket.nagle.disable", "true");
         for (k, v) in &self.client {
             c.set(k, v);
         }
@@ -199,10 +201,30 @@ impl<'a> Outgoing<'a> {
     }
 }
 
+/// The context of Sluice's consumers: reaching the end of a partition is
+/// how a read learns it is done, not an error worth logging.
+struct Quiet;
+
+impl ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let eof = matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !eof {
+            tracing::warn!("Kafka client: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+type QuietConsumer = BaseConsumer<Quiet>;
+
 /// A reader kept assigned to one partition, so consecutive reads continue
 /// without re-assigning (which would refetch).
 struct PartitionReader {
-    consumer: BaseConsumer,
+    consumer: QuietConsumer,
     /// The offset the next read is expected to start at.
     next: Option<u64>,
     /// A record already polled at or beyond the last read's end.
@@ -236,6 +258,9 @@ pub struct KafkaLog {
     client: BaseConsumer,
     partitions: Mutex<HashMap<String, u32>>,
     readers: Mutex<Readers>,
+    /// The high watermark each partition had when last asked (they only
+    /// grow), so a read below it needs no round trip.
+    highs: Mutex<HashMap<(String, u32), u64>>,
     meta: Mutex<MetaState>,
     steps: Mutex<StepState>,
 }
@@ -264,6 +289,7 @@ impl KafkaLog {
             client,
             partitions: Mutex::new(HashMap::new()),
             readers: Mutex::new(HashMap::new()),
+            highs: Mutex::new(HashMap::new()),
             meta: Mutex::new(MetaState::default()),
             steps: Mutex::new(StepState::default()),
         };
@@ -468,9 +494,12 @@ impl KafkaLog {
         for (i, r) in records.into_iter().enumerate() {
             send(producer, r.into_record(i))?;
         }
-        producer.flush(self.config.timeout)?;
+        let t = Instant::now();
+        await_deliveries(producer, n, self.config.timeout)?;
         let offsets = delivered(producer, n)?;
+        let flushed = t.elapsed();
         producer.commit_transaction(self.config.timeout)?;
+        tracing::trace!(records = n, ?flushed, total = ?t.elapsed(), "transaction committed");
         Ok(offsets)
     }
 
@@ -480,7 +509,7 @@ impl KafkaLog {
         if let Some(r) = readers.get(&(topic.to_owned(), partition)) {
             return Ok(r.clone());
         }
-        let consumer: BaseConsumer = self
+        let consumer: QuietConsumer = self
             .config
             .base()
             .set("group.id", format!("sluice.{}", self.config.pipeline))
@@ -491,7 +520,7 @@ impl KafkaLog {
             .set("auto.offset.reset", "error")
             .set("fetch.wait.max.ms", "10")
             .set("queued.max.messages.kbytes", "16384")
-            .create()
+            .create_with_context(Quiet)
             .map_err(kafka("creating a Kafka consumer"))?;
         let r = Arc::new(Mutex::new(PartitionReader {
             consumer,
@@ -519,6 +548,7 @@ impl KafkaLog {
         if range.is_empty() {
             return Ok(());
         }
+        let started = Instant::now();
         let reader = self.reader(topic, partition)?;
         let mut guard = lock(&reader);
         let r: &mut PartitionReader = &mut guard;
@@ -554,7 +584,24 @@ impl KafkaLog {
             }
         }
         let deadline = Instant::now() + self.config.timeout.max(Duration::from_secs(60));
+        // Everything below `range.end` may have been consumed already (the
+        // last records of a partition are often transaction markers).
+        let mut check_position = true;
         loop {
+            if check_position {
+                if position(&r.consumer, topic, partition)? >= range.end {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(Error::Kafka {
+                        what: format!("reading {topic}/{partition} {range:?}"),
+                        message: "timed out waiting for the records (an open transaction of \
+                                  another producer may hold them back)"
+                            .into(),
+                    });
+                }
+            }
+            check_position = false;
             match r.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(msg)) => {
                     let offset = msg.offset() as u64;
@@ -568,34 +615,27 @@ impl KafkaLog {
                     }
                     f(&owned)?;
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {
-                    if position(&r.consumer, topic, partition)? >= range.end {
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        return Err(Error::Kafka {
-                            what: format!("reading {topic}/{partition} {range:?}"),
-                            message: "timed out waiting for the records (an open transaction \
-                                      of another producer may hold them back)"
-                                .into(),
-                        });
-                    }
-                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => check_position = true,
                 Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
             }
         }
         r.next = Some(range.end);
+        tracing::trace!(topic, partition, ?range, took = ?started.elapsed(), "read");
         Ok(())
     }
 
     fn topic_watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64)> {
+        let t = Instant::now();
         let (low, high) = self
             .client
             .fetch_watermarks(topic, partition as i32, self.config.timeout)
             .map_err(kafka(format!(
                 "reading the watermarks of {topic}/{partition}"
             )))?;
-        Ok((low.max(0) as u64, high.max(0) as u64))
+        tracing::trace!(topic, partition, took = ?t.elapsed(), "watermarks");
+        let (low, high) = (low.max(0) as u64, high.max(0) as u64);
+        lock(&self.highs).insert((topic.to_owned(), partition), high);
+        Ok((low, high))
     }
 
     /// Reads a whole single-partition topic (committed records).
@@ -660,7 +700,7 @@ fn fenced_code(message: &str) -> Option<RDKafkaErrorCode> {
         .then_some(RDKafkaErrorCode::ProducerFenced)
 }
 
-fn position(consumer: &BaseConsumer, topic: &str, partition: u32) -> Result<u64> {
+fn position(consumer: &QuietConsumer, topic: &str, partition: u32) -> Result<u64> {
     let tpl = consumer
         .position()
         .map_err(kafka("reading a consumer position"))?;
@@ -864,15 +904,14 @@ impl LogBackend for KafkaLog {
 
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
         let topic = self.check_partition(input, partition)?;
-        let (low, high) = self.topic_watermarks(&topic, partition)?;
-        if range.start < low && !range.is_empty() {
-            return Err(Error::Trimmed {
-                input: input.to_owned(),
-                partition,
-                from: range.start,
-                low,
-            });
-        }
+        // Reading past the high watermark would wait for records that may
+        // never come: clip to it (asking the broker only when the range
+        // goes past the last one seen). Trimmed ranges fail in the read.
+        let known = lock(&self.highs).get(&(topic.clone(), partition)).copied();
+        let high = match known {
+            Some(h) if h >= range.end => h,
+            _ => self.topic_watermarks(&topic, partition)?.1,
+        };
         let range = range.start..range.end.min(high);
         let mut events = Vec::new();
         self.read_records(&topic, partition, range, &mut |msg| {
@@ -1139,7 +1178,7 @@ impl KafkaLog {
             for (i, r) in records.into_iter().enumerate() {
                 send(&producer, r.into_record(i))?;
             }
-            producer.flush(self.config.timeout)?;
+            await_deliveries(&producer, n, self.config.timeout)?;
             let offsets = delivered(&producer, n)?;
             let ranges = ranges_of(batch, &offsets[..n_events]);
             let state = postcard::to_allocvec(&(
@@ -1153,7 +1192,7 @@ impl KafkaLog {
                     .key(key.as_bytes())
                     .payload(&state);
             send(&producer, record)?;
-            producer.flush(self.config.timeout)?;
+            await_deliveries(&producer, n + 1, self.config.timeout)?;
             delivered(&producer, n + 1)?;
             producer.commit_transaction(self.config.timeout)?;
             Ok(offsets[..n_events].to_vec())
@@ -1187,6 +1226,29 @@ fn send(
             }
             Err((e, _)) => return Err(e),
         }
+    }
+}
+
+/// Serves delivery reports until the first `n` records of the transaction
+/// have theirs. (`flush` would too, but sleeps in 100 ms slices.)
+fn await_deliveries(
+    producer: &TxnProducer,
+    n: usize,
+    timeout: Duration,
+) -> std::result::Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done = lock(&producer.context().results)
+            .iter()
+            .take(n)
+            .all(Option::is_some);
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut));
+        }
+        producer.poll(Duration::from_millis(1));
     }
 }
 
