@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what building Sluice needs on a fresh Debian machine, and nothing
-# when it is already there: libclang (RocksDB's bindings are generated with
-# bindgen) and the wasm32-wasip2 target (rust-toolchain.toml also asks rustup
+# Installs what building and testing Sluice needs on a fresh Debian machine,
+# and nothing when it is already there: libclang (RocksDB's bindings are
+# generated with bindgen), kcat (the Kafka tests' independent consumer) and
+# the wasm32-wasip2 target (rust-toolchain.toml also asks rustup
 # for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,8 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_6
 fi
 command -v make >/dev/null || need_apt+=(make)
 command -v g++ >/dev/null || need_apt+=(g++)
+# kcat: the independent Kafka consumer the Kafka tests check output with.
+command -v kcat >/dev/null || need_apt+=(kcat)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   SUDO=""

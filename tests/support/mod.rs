@@ -1,6 +1,8 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod crash;
+
 use sluice::runtime::coordinator::{Coordinator, PipelineOptions};
 use sluice::runtime::engine::{Limits, LoadedComponent, SluiceEngine};
 use sluice::runtime::pipeline::describe;

@@ -183,7 +183,7 @@ impl Coordinator {
         let (checkpoint, epoch) = {
             let s = storage.clone();
             // Take over the pipeline: a new epoch fences any older host.
-            blocking(move || Ok((s.checkpoints().latest()?, s.log().fence()?))).await?
+            blocking(move || Ok((s.checkpoints().latest()?, s.fence()?))).await?
         };
         let mut c = Coordinator {
             engine,

@@ -31,6 +31,10 @@ pub enum CrashPoint {
     AfterCheckpoint,
     /// After the first input partition was trimmed, before the others.
     MidTrim,
+    /// Kafka only: the step's records are in an open transaction, not yet
+    /// committed (a crash here leaves records a `read_committed` consumer
+    /// must never see).
+    InsideTransaction,
 }
 
 impl CrashPoint {
@@ -47,6 +51,9 @@ impl CrashPoint {
         CrashPoint::MidTrim,
     ];
 
+    /// Points only some log backends reach.
+    pub const BACKEND: [CrashPoint; 1] = [CrashPoint::InsideTransaction];
+
     /// The point's name in `SLUICE_CRASH_AT`.
     pub fn name(self) -> &'static str {
         match self {
@@ -59,12 +66,16 @@ impl CrashPoint {
             CrashPoint::MidCheckpoint => "mid-checkpoint",
             CrashPoint::AfterCheckpoint => "after-checkpoint",
             CrashPoint::MidTrim => "mid-trim",
+            CrashPoint::InsideTransaction => "inside-transaction",
         }
     }
 
     /// The point named `name`.
     pub fn from_name(name: &str) -> Option<CrashPoint> {
-        CrashPoint::ALL.into_iter().find(|p| p.name() == name)
+        CrashPoint::ALL
+            .into_iter()
+            .chain(CrashPoint::BACKEND)
+            .find(|p| p.name() == name)
     }
 }
 

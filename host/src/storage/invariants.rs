@@ -24,8 +24,10 @@ pub struct Guarded {
     /// Output log names.
     outputs: Vec<String>,
     workers: usize,
-    /// The last committed record, to check that frontiers move forward.
-    last: Mutex<Option<StepRecord>>,
+    /// The last committed record, to check that frontiers move forward;
+    /// the outer `None` until it is read from the log (at the first commit or
+    /// [`fence`](Self::fence)).
+    last: Mutex<Option<Option<StepRecord>>>,
 }
 
 impl Guarded {
@@ -38,18 +40,33 @@ impl Guarded {
         outputs: Vec<String>,
         workers: usize,
     ) -> Result<Self> {
-        let last = match log.last_step()? {
-            Some(step) => log.step_record(step)?,
-            None => None,
-        };
+        // Nothing is read here: until a host fences, a log may hold a
+        // predecessor's open transaction (Kafka), which reads wait out.
         Ok(Guarded {
             log,
             checkpoints,
             inputs,
             outputs,
             workers,
-            last: Mutex::new(last),
+            last: Mutex::new(None),
         })
+    }
+
+    fn read_last(&self) -> Result<Option<StepRecord>> {
+        match self.log.last_step()? {
+            Some(step) => self.log.step_record(step),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes over the pipeline: starts a new fencing epoch in the log (see
+    /// [`LogBackend::fence`]) and returns it, then reads the last committed
+    /// step as it stands once every older host is fenced.
+    pub fn fence(&self) -> Result<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let epoch = self.log.fence()?;
+        *last = Some(self.read_last()?);
+        Ok(epoch)
     }
 
     /// The log, for reads.
@@ -103,7 +120,10 @@ impl Guarded {
             }
         }
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(prev) = &*last {
+        if last.is_none() {
+            *last = Some(self.read_last()?);
+        }
+        if let Some(Some(prev)) = &*last {
             for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {
                 if let Some((p, _)) = old.iter().find(|(p, o)| new.get(p).is_none_or(|n| n < o)) {
                     return Err(invalid(format!(
@@ -113,7 +133,7 @@ impl Guarded {
             }
         }
         self.log.commit_step(commit)?;
-        *last = Some(commit.record.clone());
+        *last = Some(Some(commit.record.clone()));
         Ok(())
     }
 

@@ -445,7 +445,7 @@ impl KafkaLog {
             Some(p) => p,
             None => self.new_producer(role)?,
         };
-        let result = self.transact_with(&producer, records);
+        let result = self.transact_with(&producer, records, step.is_some());
         match result {
             Ok(offsets) => {
                 *slot = Some(producer);
@@ -487,6 +487,7 @@ impl KafkaLog {
         &self,
         producer: &TxnProducer,
         records: Vec<Outgoing<'_>>,
+        step_commit: bool,
     ) -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
         let n = records.len();
         *lock(&producer.context().results) = vec![None; n];
@@ -498,6 +499,11 @@ impl KafkaLog {
         await_deliveries(producer, n, self.config.timeout)?;
         let offsets = delivered(producer, n)?;
         let flushed = t.elapsed();
+        if step_commit {
+            crate::runtime::crash::crash_point(
+                crate::runtime::crash::CrashPoint::InsideTransaction,
+            );
+        }
         producer.commit_transaction(self.config.timeout)?;
         tracing::trace!(records = n, ?flushed, total = ?t.elapsed(), "transaction committed");
         Ok(offsets)
@@ -647,6 +653,12 @@ impl KafkaLog {
     fn load_meta(&self, meta: &mut MetaState) -> Result<()> {
         if meta.loaded {
             return Ok(());
+        }
+        // The pipeline's ingest producer first: its `init_transactions`
+        // aborts a dead predecessor's open ingest transaction, which would
+        // otherwise hold back this read until the broker times it out.
+        if meta.producer.is_none() {
+            meta.producer = Some(self.new_producer("ingest")?);
         }
         let (mut marks, mut producers) = (HashMap::new(), HashMap::new());
         let topic = self.config.meta_topic();
