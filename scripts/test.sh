@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
 # Runs every test: unit, property, conformance and end-to-end (crash,
-# faults, chaos) tests, then prints the totals on one line.
+# faults, chaos, Kafka) tests, then prints the totals on one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+kb_dir=""
+stop_broker() { if [ -n "$kb_dir" ]; then "$kb" stop "$kb_dir"; rm -rf "$(dirname "$kb_dir")"; fi; }
+trap 'rm -f "$log"; stop_broker' EXIT
+
+# The Kafka tests need a real Kafka-protocol broker: unless one is given in
+# SLUICE_KAFKA_BROKERS, start the workplace's local broker (installed once,
+# under ~/.cache) on a free loopback port for this run, and stop it after.
+if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
+  kb=""
+  for candidate in "${SLUICE_KAFKA_BROKER_SCRIPT:-}" ../shared/kafka-broker/kafka-broker.sh \
+                   /work/shared/kafka-broker/kafka-broker.sh; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then kb=$(cd "$(dirname "$candidate")" && pwd)/$(basename "$candidate"); break; fi
+  done
+  if [ -n "$kb" ]; then
+    "$kb" install
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    kb_dir=$(mktemp -d)/broker
+    SLUICE_KAFKA_BROKERS=$("$kb" start "$port" "$kb_dir")
+    export SLUICE_KAFKA_BROKERS
+    echo "test: Kafka broker at $SLUICE_KAFKA_BROKERS" >&2
+  elif [ -n "${CI:-}" ]; then
+    echo "test: no Kafka broker script found (set SLUICE_KAFKA_BROKER_SCRIPT or SLUICE_KAFKA_BROKERS)" >&2
+    exit 1
+  else
+    echo "test: no Kafka broker: the Kafka tests will say they were skipped" >&2
+  fi
+fi
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

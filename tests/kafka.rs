@@ -192,3 +192,112 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
         }
     }
 }
+
+/// Fencing: a second `sluice run` of the same pipeline (another host: its
+/// own data directory) makes the first one's next commit fail with a clear
+/// "fenced" error; the second finishes and the output stays exactly-once.
+#[test]
+fn a_second_host_fences_the_first() {
+    let Some(brokers) = brokers() else { return };
+    let pipeline = fresh_name("fence");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let lines: Vec<String> = (0..20_000)
+        .map(|i| format!("w{} w{} w{}", i % 97, i % 13, i % 1000))
+        .collect();
+    std::fs::write(
+        &input,
+        lines
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap() + "\n")
+            .collect::<String>(),
+    )
+    .unwrap();
+    let expected = support::recount(lines.iter().map(|l| (l.as_str(), 1)));
+    let wasm = support::component("examples/wordcount");
+    let host = |name: &str| {
+        let mut cmd = support::sluice_cmd();
+        cmd.arg("run")
+            .arg(&wasm)
+            .arg("--data")
+            .arg(dir.path().join(name))
+            .args(["--workers", "2", "--max-batch", "100", "--quiet"])
+            // No checkpoint (so no trim) while both hosts live: the second
+            // host, with its own data directory, replays from step 0.
+            .args([
+                "--checkpoint-every",
+                "1000000",
+                "--checkpoint-interval-ms",
+                "600000",
+            ])
+            .args([
+                "--log",
+                "kafka",
+                "--brokers",
+                &brokers,
+                "--pipeline",
+                &pipeline,
+            ])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!(
+                "--output=counts={}",
+                dir.path().join(format!("{name}.jsonl")).display()
+            ))
+            .env("SLUICE_LOG", "sluice=debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let mut first = host("a").spawn().unwrap();
+    let stderr = first.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            if line.contains("step committed") {
+                let _ = tx.send(());
+            }
+            log.push_str(&line);
+            log.push('\n');
+        }
+        log
+    });
+    for _ in 0..3 {
+        rx.recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the first host commits steps");
+    }
+    let second = host("b").output().unwrap();
+    assert!(
+        second.status.success(),
+        "the second host finishes: {}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let status = first.wait().unwrap();
+    let first_log = reader.join().unwrap();
+    assert!(
+        !status.success(),
+        "the first host must not finish: {first_log}"
+    );
+    assert!(
+        first_log.contains("fenced: another host has taken over the pipeline"),
+        "the first host's error names the fencing: {}",
+        first_log
+            .lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!(
+        "fencing test: the first host stopped with: {}",
+        first_log.lines().last().unwrap_or_default()
+    );
+    let b = std::fs::read_to_string(dir.path().join("b.jsonl")).unwrap();
+    assert_eq!(sluice::demo::integrate_counts(&b).unwrap(), expected);
+    let committed = kcat(&brokers, &format!("{pipeline}.counts"), "read_committed");
+    assert_eq!(
+        integrate(&committed),
+        expected,
+        "the topic holds each step's output once, whichever host committed it"
+    );
+}

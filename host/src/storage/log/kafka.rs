@@ -451,35 +451,39 @@ impl KafkaLog {
                 *slot = Some(producer);
                 Ok(offsets)
             }
-            Err(e) => {
-                let fenced = matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::ProducerFenced
-                            | RDKafkaErrorCode::InvalidProducerEpoch
-                            | RDKafkaErrorCode::Fenced
-                    )
-                ) || e.to_string().contains("fenced");
-                if !fenced {
-                    // Best effort: the broker aborts it anyway when the next
-                    // producer with this id initialises.
-                    let _ = producer.abort_transaction(self.config.timeout);
-                }
-                if fenced {
-                    Err(Error::KafkaFenced {
-                        step,
-                        transactional_id: format!("sluice.{}.{role}", self.config.pipeline),
-                    })
-                } else {
-                    Err(Error::Kafka {
-                        what: format!(
-                            "committing the {role} transaction of pipeline `{}`",
-                            self.config.pipeline
-                        ),
-                        message: e.to_string(),
-                    })
-                }
-            }
+            Err(e) => Err(self.failed(&producer, e, role, step)),
+        }
+    }
+
+    /// The error for a failed transaction of `producer`, which is dropped
+    /// after this (the next use starts a fresh one, whose
+    /// `init_transactions` resolves whatever this one left open).
+    fn failed(
+        &self,
+        producer: &TxnProducer,
+        e: KafkaError,
+        role: &str,
+        step: Option<u64>,
+    ) -> Error {
+        // Fencing shows up as the transaction's error, or (when it struck
+        // while records were queued) as purged deliveries with the
+        // producer's fatal error saying why.
+        let fatal = producer.client().fatal_error();
+        let fenced = is_fenced(e.rdkafka_error_code(), &e.to_string())
+            || fatal.is_some_and(|(code, message)| is_fenced(Some(code), &message));
+        let transactional_id = format!("sluice.{}.{role}", self.config.pipeline);
+        if fenced {
+            return Error::KafkaFenced {
+                step,
+                transactional_id,
+            };
+        }
+        // Best effort: the broker aborts it anyway when the next producer
+        // with this id initialises.
+        let _ = producer.abort_transaction(self.config.timeout);
+        Error::Kafka {
+            what: format!("a transaction of `{transactional_id}`"),
+            message: e.to_string(),
         }
     }
 
@@ -703,6 +707,19 @@ impl KafkaLog {
         }
         f(&mut s)
     }
+}
+
+/// Whether a Kafka error means another producer with the same
+/// transactional id took over.
+fn is_fenced(code: Option<RDKafkaErrorCode>, message: &str) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
+        )
+    ) || message.to_lowercase().contains("fenced")
 }
 
 fn fenced_code(message: &str) -> Option<RDKafkaErrorCode> {
@@ -1214,13 +1231,7 @@ impl KafkaLog {
                 meta.producer = Some(producer);
                 Ok(o)
             }
-            Err(e) => {
-                let _ = producer.abort_transaction(self.config.timeout);
-                Err(Error::Kafka {
-                    what: format!("appending for producer `{}`", p.id),
-                    message: e.to_string(),
-                })
-            }
+            Err(e) => Err(self.failed(&producer, e, "ingest", None)),
         }
     }
 }
