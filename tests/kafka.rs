@@ -117,7 +117,8 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
     let Some(brokers) = brokers() else { return };
     let pipeline = fresh_name("crash");
     let run = campaign(
-        20_000,
+        // Enough steps (~70 of 600 lines) for every kill to land mid-run.
+        40_000,
         &[
             "--log=kafka".into(),
             format!("--brokers={brokers}"),

@@ -114,6 +114,8 @@ pub struct Coordinator {
     epoch: u64,
     /// The time of the last step, so step times never go backwards.
     last_time_ms: u64,
+    /// Input events the last executed step read.
+    events_read: u64,
     stats: Stats,
 }
 
@@ -203,6 +205,7 @@ impl Coordinator {
             snapshot_version,
             epoch,
             last_time_ms: 0,
+            events_read: 0,
             stats: Stats::default(),
         };
         if let Some(cp) = checkpoint {
@@ -309,6 +312,10 @@ impl Coordinator {
             let target = target.to_vec();
             blocking(move || read_inputs(&storage, &owned, &from, &target)).await?
         };
+        self.events_read = inputs
+            .iter()
+            .flat_map(|batches| batches.iter().map(|b| b.events.len() as u64))
+            .sum();
         self.exchange.begin_step();
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, batches) in inputs.into_iter().enumerate() {
@@ -400,14 +407,8 @@ impl Coordinator {
         let time_ms = now_ms().max(self.last_time_ms);
         let mut outputs = self.execute(&target, step, time_ms).await?;
         crash_point(CrashPoint::MidStep);
-        let events_in: u64 = target
-            .iter()
-            .zip(&self.frontiers)
-            .flat_map(|(t, f)| {
-                t.iter()
-                    .map(move |(id, end)| end - f.get(id).copied().unwrap_or(0))
-            })
-            .sum();
+        // Events, not offsets: Kafka's offsets include transaction markers.
+        let events_in = self.events_read;
         let mut events_out = 0;
         let mut logs = Vec::with_capacity(self.outputs.len());
         for (port, name) in self.outputs.iter().enumerate() {
