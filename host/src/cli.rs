@@ -93,6 +93,118 @@ pub enum Command {
         #[command(subcommand)]
         what: GenCommand,
     },
+    /// Run the multi-tenant host: an HTTP API to upload components and run
+    /// pipelines (see `/openapi.json`). Recovers every running pipeline on
+    /// start; checkpoints them on Ctrl-C / SIGTERM.
+    Serve {
+        /// The server's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// A file holding the admin token (else `SLUICE_ADMIN_TOKEN`).
+        #[arg(long)]
+        admin_token_file: Option<PathBuf>,
+        /// Size the pooling allocator for this many instances (0: allocate
+        /// instances on demand).
+        #[arg(long, default_value_t = 0)]
+        pool: u32,
+    },
+    /// Tenant administration on a server (admin token).
+    Tenant {
+        /// What to do.
+        #[command(subcommand)]
+        what: TenantCommand,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Upload a component to a server and start a pipeline running it.
+    Deploy {
+        /// The component (.wasm).
+        component: PathBuf,
+        /// The pipeline's name.
+        #[arg(long)]
+        pipeline: String,
+        /// The component's name on the server (default: the pipeline's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Workers W.
+        #[arg(long, default_value_t = 1)]
+        workers: u32,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Push a JSON-lines file to a pipeline's input port (durably, once).
+    Push {
+        /// The pipeline.
+        pipeline: String,
+        /// The input port.
+        port: String,
+        /// The JSON-lines file.
+        file: PathBuf,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Print a pipeline's output as JSON lines with positions.
+    Tail {
+        /// The pipeline.
+        pipeline: String,
+        /// The output port.
+        port: String,
+        /// Start after this position, STEP:WORKER:INDEX.
+        #[arg(long)]
+        after: Option<String>,
+        /// Keep waiting for new output.
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Show one pipeline's status, or all of the caller's.
+    Status {
+        /// The pipeline (all when omitted).
+        pipeline: Option<String>,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Start (or restart after a failure) a pipeline on a server.
+    Start {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Pause a pipeline on a server (instances kept, no steps).
+    Pause {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Stop a pipeline on a server (checkpoint, then unload).
+    Stop {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Delete a pipeline and its data on a server.
+    Delete {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
     /// Build the word-count example and run it on bundled text.
     Demo {
         /// Workers W.
@@ -175,6 +287,33 @@ pub struct RunArgs {
     /// Kafka settings (with `--log kafka`).
     #[command(flatten)]
     pub kafka: KafkaArgs,
+}
+
+/// Tenant administration.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant; prints its API token (shown once).
+    Create {
+        /// The tenant's name.
+        name: String,
+    },
+}
+
+/// Which server, as whom.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Connection {
+    /// The server's URL.
+    #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
+    pub server: String,
+    /// The API token (a tenant's, or the admin's for `tenant`).
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+impl Connection {
+    fn client(&self) -> crate::client::Client {
+        crate::client::Client::new(&self.server, &self.token)
+    }
 }
 
 /// The log backends `sluice run --log` accepts.
@@ -293,6 +432,15 @@ fn port_file(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+async fn control(conn: Connection, pipeline: String, action: &'static str) -> anyhow::Result<()> {
+    let c = conn.client();
+    println!(
+        "{}",
+        tokio::task::spawn_blocking(move || c.control(&pipeline, action)).await??
+    );
+    Ok(())
+}
+
 /// Runs a parsed command line.
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -324,6 +472,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
                     inherit_guest_stderr: true,
                     config: vec![],
+                    max_output_per_step: None,
                 },
                 limits: Limits {
                     memory: a.memory_mib << 20,
@@ -357,6 +506,90 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                     report.events_per_second()
                 );
             }
+        }
+        Command::Serve {
+            data,
+            listen,
+            admin_token_file,
+            pool,
+        } => {
+            let admin_token = match admin_token_file {
+                Some(f) => std::fs::read_to_string(&f).map_err(|e| {
+                    anyhow::anyhow!("reading the admin token from {}: {e}", f.display())
+                })?,
+                None => std::env::var("SLUICE_ADMIN_TOKEN").map_err(|_| {
+                    anyhow::anyhow!(
+                        "no admin token: set SLUICE_ADMIN_TOKEN or pass --admin-token-file FILE \
+                         (there is no default)"
+                    )
+                })?,
+            };
+            crate::server::serve(crate::server::ServeOptions {
+                data,
+                listen,
+                admin_token: admin_token.trim().to_owned(),
+                pool,
+            })
+            .await?;
+        }
+        Command::Tenant { what, conn } => match what {
+            TenantCommand::Create { name } => {
+                let c = conn.client();
+                println!(
+                    "{}",
+                    tokio::task::spawn_blocking(move || c.create_tenant(&name)).await??
+                );
+            }
+        },
+        Command::Deploy {
+            component,
+            pipeline,
+            name,
+            workers,
+            conn,
+        } => {
+            let c = conn.client();
+            let name = name.unwrap_or_else(|| pipeline.clone());
+            let out = tokio::task::spawn_blocking(move || {
+                c.deploy(&component, &name, &pipeline, workers, true)
+            })
+            .await??;
+            println!("{out}");
+        }
+        Command::Push {
+            pipeline,
+            port,
+            file,
+            conn,
+        } => {
+            let c = conn.client();
+            let n = tokio::task::spawn_blocking(move || c.push(&pipeline, &port, &file, true))
+                .await??;
+            eprintln!("appended {n} events");
+        }
+        Command::Tail {
+            pipeline,
+            port,
+            after,
+            follow,
+            conn,
+        } => {
+            let c = conn.client();
+            tokio::task::spawn_blocking(move || c.tail(&pipeline, &port, after, follow)).await??;
+        }
+        Command::Status { pipeline, conn } => {
+            let c = conn.client();
+            println!(
+                "{}",
+                tokio::task::spawn_blocking(move || c.status(pipeline.as_deref())).await??
+            );
+        }
+        Command::Start { pipeline, conn } => control(conn, pipeline, "start").await?,
+        Command::Pause { pipeline, conn } => control(conn, pipeline, "pause").await?,
+        Command::Stop { pipeline, conn } => control(conn, pipeline, "stop").await?,
+        Command::Delete { pipeline, conn } => {
+            let c = conn.client();
+            tokio::task::spawn_blocking(move || c.delete(&pipeline)).await??;
         }
         Command::Verify { data } => {
             if !data.join("db").is_dir() {

@@ -73,6 +73,22 @@ pub enum Error {
         transactional_id: String,
     },
 
+    /// A worker emitted more output in one step than its pipeline allows.
+    #[error(
+        "output limit: worker {worker} emitted {attempted} events in step {step}, above the \
+         pipeline's limit of {limit} events per worker per step"
+    )]
+    OutputLimit {
+        /// The worker.
+        worker: u32,
+        /// The step.
+        step: u64,
+        /// The limit.
+        limit: u64,
+        /// What the worker emitted.
+        attempted: u64,
+    },
+
     /// Stored data could not be decoded.
     #[error("corrupt {what}: {message}")]
     Corrupt {

@@ -33,6 +33,8 @@ pub mod bench;
 pub mod chaos;
 /// The `sluice` command line.
 pub mod cli;
+/// The CLI client of `sluice serve`.
+pub mod client;
 /// `sluice build`: circuit crate → component.
 pub mod compile;
 /// The demo: word count over bundled text.
@@ -45,6 +47,8 @@ pub mod generate;
 pub mod ingest;
 /// Engine, workers, exchange, coordinator, pipeline.
 pub mod runtime;
+/// `sluice serve`: the multi-tenant HTTP host.
+pub mod server;
 /// Wire formats: input and output JSON lines.
 pub mod spec;
 /// Log backends, checkpoint store, invariant checks, conformance suites.

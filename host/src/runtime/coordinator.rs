@@ -42,6 +42,9 @@ pub struct PipelineOptions {
     pub inherit_guest_stderr: bool,
     /// Settings handed to the circuit in `worker-info.config`.
     pub config: Vec<(String, String)>,
+    /// At most this many output events per worker per step (all ports);
+    /// more fails the step with [`Error::OutputLimit`].
+    pub max_output_per_step: Option<u64>,
 }
 
 impl Default for PipelineOptions {
@@ -53,6 +56,7 @@ impl Default for PipelineOptions {
             checkpoint_interval: Duration::from_secs(10),
             inherit_guest_stderr: false,
             config: Vec::new(),
+            max_output_per_step: None,
         }
     }
 }
@@ -86,6 +90,8 @@ pub struct Stats {
     pub events_in: u64,
     /// Output events committed.
     pub events_out: u64,
+    /// Fuel the guests burned in steps (committed or not).
+    pub fuel_used: u64,
 }
 
 /// One worker's output of one step.
@@ -116,6 +122,8 @@ pub struct Coordinator {
     last_time_ms: u64,
     /// Input events the last executed step read.
     events_read: u64,
+    /// How long the last checkpoint took.
+    last_checkpoint_took: Duration,
     stats: Stats,
 }
 
@@ -206,6 +214,7 @@ impl Coordinator {
             epoch,
             last_time_ms: 0,
             events_read: 0,
+            last_checkpoint_took: Duration::ZERO,
             stats: Stats::default(),
         };
         if let Some(cp) = checkpoint {
@@ -275,7 +284,7 @@ impl Coordinator {
     }
 
     /// Fixes the next step's division: each worker's end offsets.
-    async fn divide(&self) -> Result<Vec<Frontier>> {
+    async fn divide(&mut self) -> Result<Vec<Frontier>> {
         let (storage, owned, mut target) = (
             self.storage.clone(),
             self.owned.clone(),
@@ -335,9 +344,10 @@ impl Coordinator {
         let mut failure: Option<Error> = None;
         for (w, task) in tasks.into_iter().enumerate() {
             let result = match task.await {
-                Ok((worker, r)) => {
+                Ok((mut worker, r)) => {
+                    self.stats.fuel_used += worker.take_fuel_used();
                     self.instances[w] = Some(worker);
-                    r.and_then(|batches| self.convert(w as u32, batches))
+                    r.and_then(|batches| self.convert(w as u32, step, batches))
                 }
                 Err(e) => Err(Error::Engine(format!("worker {w} task failed: {e}"))),
             };
@@ -360,7 +370,18 @@ impl Coordinator {
     }
 
     /// Checks a worker's output batches and hashes them.
-    fn convert(&self, worker: u32, batches: Vec<Batch>) -> Result<WorkerOutput> {
+    fn convert(&self, worker: u32, step: u64, batches: Vec<Batch>) -> Result<WorkerOutput> {
+        if let Some(limit) = self.options.max_output_per_step {
+            let attempted: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
+            if attempted > limit {
+                return Err(Error::OutputLimit {
+                    worker,
+                    step,
+                    limit,
+                    attempted,
+                });
+            }
+        }
         let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
         for batch in batches {
             let port = ports
@@ -465,7 +486,8 @@ impl Coordinator {
         Ok(true)
     }
 
-    fn checkpoint_due(&self) -> bool {
+    /// Whether a checkpoint is due (by steps or by time since the last).
+    pub fn checkpoint_due(&self) -> bool {
         let since = self.next_step - self.checkpointed_step.map_or(0, |s| s + 1);
         since >= self.options.checkpoint_every_steps.max(1)
             || self.last_checkpoint_at.elapsed() >= self.options.checkpoint_interval
@@ -480,6 +502,7 @@ impl Coordinator {
         if self.checkpointed_step == Some(step) {
             return Ok(());
         }
+        let started = Instant::now();
         let mut tasks = Vec::with_capacity(self.instances.len());
         for (w, slot) in self.instances.iter_mut().enumerate() {
             let mut worker = slot.take().ok_or_else(|| {
@@ -531,6 +554,7 @@ impl Coordinator {
         tracing::debug!(pipeline = %self.options.name, step, "checkpoint committed, input trimmed");
         self.checkpointed_step = Some(step);
         self.last_checkpoint_at = Instant::now();
+        self.last_checkpoint_took = started.elapsed();
         self.stats.checkpoints += 1;
         Ok(())
     }
@@ -538,6 +562,16 @@ impl Coordinator {
     /// Graceful stop: checkpoints the last committed step.
     pub async fn finish(&mut self) -> Result<()> {
         self.checkpoint().await
+    }
+
+    /// The step of the newest checkpoint this coordinator restored or took.
+    pub fn checkpointed_step(&self) -> Option<u64> {
+        self.checkpointed_step
+    }
+
+    /// How long the last checkpoint took (snapshots, write and trim).
+    pub fn last_checkpoint_time(&self) -> Duration {
+        self.last_checkpoint_took
     }
 
     /// What the coordinator has done since it opened.

@@ -49,12 +49,16 @@ pub struct SluiceEngine {
     linker: Linker<WorkerState>,
     cache_dir: Option<PathBuf>,
     limits: Limits,
-    ticker_stop: Arc<AtomicBool>,
+    /// Stops the epoch thread when the last engine sharing it is dropped.
+    _ticker: Arc<Ticker>,
 }
 
-impl Drop for SluiceEngine {
+/// Owns the epoch thread's stop flag.
+struct Ticker(Arc<AtomicBool>);
+
+impl Drop for Ticker {
     fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -136,8 +140,21 @@ impl SluiceEngine {
             linker,
             cache_dir,
             limits,
-            ticker_stop,
+            _ticker: Arc::new(Ticker(ticker_stop)),
         })
+    }
+
+    /// The same engine (compiled components, pool, epoch thread) with other
+    /// per-instance limits: one per pipeline on a multi-tenant host.
+    pub fn with_limits(&self, limits: Limits) -> SluiceEngine {
+        SluiceEngine {
+            engine: self.engine.clone(),
+            pool: self.pool,
+            linker: self.linker.clone(),
+            cache_dir: self.cache_dir.clone(),
+            limits,
+            _ticker: self._ticker.clone(),
+        }
     }
 
     /// The wasmtime engine.

@@ -193,16 +193,7 @@ pub async fn run(req: RunRequest) -> Result<RunReport> {
         workers: req.workers,
         log: req.log.describe(),
     };
-    let meta = match meta::load(&db)? {
-        Some(stored) => {
-            stored.check_compatible(&wanted)?;
-            stored
-        }
-        None => {
-            meta::store(&db, &wanted)?;
-            wanted
-        }
-    };
+    let meta = meta::ensure(&db, &wanted)?;
     for (name, partitions) in &meta.inputs {
         log.create_input(name, *partitions)?;
     }

@@ -103,6 +103,8 @@ pub struct Worker {
     limits: Limits,
     environment: GuestEnvironment,
     pipeline: String,
+    /// Fuel burned by calls since the last [`take_fuel_used`](Self::take_fuel_used).
+    fuel_used: u64,
 }
 
 /// The step number the guest environment is seeded with outside steps
@@ -159,6 +161,7 @@ impl Worker {
             limits,
             environment,
             pipeline,
+            fuel_used: 0,
         };
         worker.arm();
         let r = worker
@@ -229,7 +232,14 @@ impl Worker {
             .sluice_circuit_circuit()
             .call_step(&mut self.store, &inputs)
             .await;
+        let left = self.store.get_fuel().unwrap_or(0);
+        self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
         self.check("step", r)
+    }
+
+    /// Fuel burned by steps since the last call, which resets it.
+    pub fn take_fuel_used(&mut self) -> u64 {
+        std::mem::take(&mut self.fuel_used)
     }
 
     /// Takes a snapshot of the circuit's state.

@@ -69,6 +69,21 @@ pub fn store(db: &DB, meta: &PipelineMeta) -> Result<()> {
         .map_err(Error::rocks("writing pipeline metadata"))
 }
 
+/// The stored metadata if it is compatible with `wanted`, else `wanted`
+/// after storing it (a new pipeline).
+pub fn ensure(db: &DB, wanted: &PipelineMeta) -> Result<PipelineMeta> {
+    match load(db)? {
+        Some(stored) => {
+            stored.check_compatible(wanted)?;
+            Ok(stored)
+        }
+        None => {
+            store(db, wanted)?;
+            Ok(wanted.clone())
+        }
+    }
+}
+
 impl PipelineMeta {
     /// Explains why `self` (stored) cannot be resumed as `wanted`, if so.
     pub fn check_compatible(&self, wanted: &PipelineMeta) -> Result<()> {
