@@ -37,6 +37,11 @@ impl Client {
         }
     }
 
+    /// The token this client sends.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.server)
     }

@@ -688,7 +688,8 @@ pub struct PartitionRange {
 /// A durable acknowledgement of a push.
 #[derive(Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PushAck {
-    /// Events appended (0 for a retry already acknowledged).
+    /// Events acknowledged (a retry of an acknowledged push gets the
+    /// original acknowledgement; nothing is appended twice).
     pub events: u64,
     /// Offsets per partition.
     pub offsets: Vec<PartitionRange>,
@@ -788,9 +789,17 @@ async fn push_input(
     let partitions = h.spec.workers;
     // Spread the push over the partitions in contiguous chunks, starting
     // at a rotating partition so small pushes spread too.
-    let first = h
-        .next_partition
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // A producer's push goes to the partitions its (id, seq) picks, so a
+    // retry's acknowledgement (the original offsets) names the same ones.
+    let first = match &producer {
+        Some(p) => {
+            let h = xxhash_rust::xxh3::xxh3_64(format!("{}/{}", p.id, p.seq).as_bytes());
+            (h % partitions as u64) as u32
+        }
+        None => h
+            .next_partition
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    };
     let chunk = events.len().div_ceil(partitions as usize).max(1);
     let mut appends = Vec::new();
     let mut rest = events;
