@@ -398,6 +398,9 @@ fn tree(dir: &Path) -> Vec<String> {
     out
 }
 
+/// `(method, url, content type, body, expected status, expected code)`.
+type Case<'a> = (&'a str, String, &'a str, Vec<u8>, u16, &'a str);
+
 #[test]
 fn malformed_requests_get_a_4xx_with_a_stable_code() {
     let dir = tempfile::tempdir().unwrap();
@@ -406,7 +409,7 @@ fn malformed_requests_get_a_4xx_with_a_stable_code() {
     a.deploy(&wordcount(), "wc", "wc", 1, false).unwrap();
     let u = |p: &str| format!("{}{p}", server.url);
     let t = Some(a.token());
-    let cases: Vec<(&str, String, &str, Vec<u8>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "POST",
             u("/pipelines"),
