@@ -256,11 +256,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .with_graceful_shutdown(async {
             let ctrl_c = tokio::signal::ctrl_c();
             #[cfg(unix)]
-            {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("installing a SIGTERM handler");
-                tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} },
+                Err(e) => {
+                    tracing::warn!("no SIGTERM handler ({e}); stop the server with Ctrl-C");
+                    let _ = ctrl_c.await;
+                }
             }
             #[cfg(not(unix))]
             let _ = ctrl_c.await;
