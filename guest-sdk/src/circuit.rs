@@ -210,11 +210,15 @@ impl<T: Data> Stream<T> {
 /// The format of the envelope around operator states in a snapshot.
 const ENVELOPE_FORMAT: u32 = 1;
 
+/// A snapshot: each stateful operator's state as a byte string. The byte
+/// strings are written and read as one copy each (`serde_bytes`), not byte
+/// by byte; postcard's wire format is the same either way.
 #[derive(Serialize, Deserialize)]
-struct Envelope {
+struct Envelope<'a> {
     format: u32,
     snapshot_version: u32,
-    operators: Vec<(u32, String, Vec<u8>)>,
+    #[serde(borrow)]
+    operators: Vec<(u32, &'a str, &'a serde_bytes::Bytes)>,
 }
 
 /// A built circuit, ready to run steps: what one worker instance holds.
@@ -295,23 +299,26 @@ impl CircuitInstance {
     /// Serializes every stateful operator's state, with the circuit's shape
     /// and snapshot version so that `restore` can refuse a mismatch.
     pub fn snapshot(&self) -> Result<Vec<u8>> {
-        let mut operators = Vec::new();
+        let mut states = Vec::new();
         for (i, node) in self.graph.nodes.iter().enumerate() {
             if node.op.stateful() {
-                operators.push((i as u32, node.op.name().to_owned(), node.op.snapshot()?));
+                states.push((i as u32, node.op.name(), node.op.snapshot()?));
             }
         }
         codec::to_bytes(&Envelope {
             format: ENVELOPE_FORMAT,
             snapshot_version: self.graph.snapshot_version,
-            operators,
+            operators: states
+                .iter()
+                .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
+                .collect(),
         })
     }
 
     /// Restores state written by [`snapshot`](Self::snapshot) of a circuit
     /// with the same shape and snapshot version.
     pub fn restore(&mut self, state: &[u8]) -> Result<()> {
-        let env: Envelope = codec::from_bytes(state)
+        let env: Envelope = postcard::from_bytes(state)
             .map_err(|e| Error::IncompatibleSnapshot(format!("unreadable envelope: {e}")))?;
         if env.format != ENVELOPE_FORMAT {
             return Err(Error::IncompatibleSnapshot(format!(
@@ -337,7 +344,7 @@ impl CircuitInstance {
         }
         for (&i, (index, name, bytes)) in stateful.iter().zip(&env.operators) {
             let op = &mut self.graph.nodes[i].op;
-            if *index as usize != i || op.name() != name {
+            if *index as usize != i || op.name() != *name {
                 return Err(Error::IncompatibleSnapshot(format!(
                     "operator {index} `{name}` in the snapshot, `{}` at {i} in the circuit",
                     op.name()

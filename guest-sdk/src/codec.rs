@@ -30,6 +30,15 @@ pub(crate) fn from_state<T: DeserializeOwned>(op: &str, state: &[u8]) -> Result<
     from_bytes(state).map_err(|e| Error::IncompatibleSnapshot(format!("{op} state: {e}")))
 }
 
+/// Like [`from_state`], but borrowing from `state`: byte strings (written
+/// with `serde_bytes`) decode without a copy.
+pub(crate) fn from_state_borrowed<'a, T: serde::Deserialize<'a>>(
+    op: &str,
+    state: &'a [u8],
+) -> Result<T> {
+    postcard::from_bytes(state).map_err(|e| Error::IncompatibleSnapshot(format!("{op} state: {e}")))
+}
+
 /// Decodes a map written by [`to_bytes`] of a `BTreeMap`, building the map
 /// in one pass from its sorted entries (postcard writes a map exactly like
 /// a sequence of pairs) instead of inserting entry by entry.

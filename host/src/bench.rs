@@ -15,7 +15,10 @@
 //! - **checkpoint**: the pause a checkpoint takes, for word-count state of
 //!   growing size, against the checkpoint interval and a step's time;
 //! - **recovery**: the time from open to live with that state restored,
-//!   against a cold start with empty state;
+//!   against a cold start with empty state; and by replay of 1 M events
+//!   without a checkpoint, against processing them live;
+//! - **large state**: checkpoint and restore of 1 GiB in few keys (the
+//!   `benches/guests/blobs` circuit), per byte rather than per key;
 //! - **density**: the time to start a worker (instantiate + `init`), with
 //!   and without the pooling allocator, against a bare wasmtime
 //!   instantiate, and the resident memory of idle instances.
@@ -380,6 +383,16 @@ async fn time_open(
     dir: &Path,
 ) -> anyhow::Result<Duration> {
     let (_, storage, layout) = wordcount_pipeline(dir, true)?;
+    time_open_with(engine, component, storage, layout).await
+}
+
+/// Times opening (restoring and replaying) a pipeline.
+async fn time_open_with(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    storage: Arc<Guarded>,
+    layout: crate::runtime::Layout,
+) -> anyhow::Result<Duration> {
     let t = Instant::now();
     let _c = Coordinator::open(
         engine.clone(),
@@ -611,6 +624,7 @@ async fn checkpoint_and_recovery(
         let t = Instant::now();
         c.checkpoint().await?;
         let pause = t.elapsed();
+        let snapshots = c.last_checkpoint_snapshots();
         drop(c);
         drop(_log);
         let state_bytes: u64 = {
@@ -623,7 +637,11 @@ async fn checkpoint_and_recovery(
         rows.push(Row {
             scenario: "checkpoint",
             case: format!("wordcount, {words} distinct words ({mib:.1} MiB of state), W=2"),
-            measured: format!("{} pause", fmt_time(pause)),
+            measured: format!(
+                "{} pause ({} snapshots)",
+                fmt_time(pause),
+                fmt_time(snapshots)
+            ),
             baseline: format!(
                 "{:?} interval; a step takes {}",
                 interval,
@@ -647,6 +665,172 @@ async fn checkpoint_and_recovery(
             met: (mib >= 1.0).then_some(per_gib <= 2.0),
         });
     }
+    Ok(())
+}
+
+/// Recovery by replay: a word-count pipeline that never checkpointed
+/// reopens and replays every committed step; against processing the same
+/// events live.
+async fn replay_cost(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let n = if quick { 50_000 } else { 1_000_000 };
+    let dir = tempfile::tempdir()?;
+    let (log, storage, layout) = wordcount_pipeline(dir.path(), true)?;
+    append_halves(
+        &log,
+        text_lines(n)
+            .iter()
+            .map(|l| Event {
+                value: serde_json::to_vec(l).expect("string"),
+                weight: 1,
+            })
+            .collect(),
+    )?;
+    let mut c = Coordinator::open(
+        engine.clone(),
+        &wc.component,
+        storage,
+        layout,
+        manual_checkpoints(5_000),
+    )
+    .await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    let live = t.elapsed();
+    drop(c);
+    drop(log);
+    let replay = time_open(engine, &wc.component, dir.path()).await?;
+    let per_million = replay.as_secs_f64() * 1e6 / n as f64;
+    rows.push(Row {
+        scenario: "recovery",
+        case: format!("replay {n} events (no checkpoint), wordcount, W=2"),
+        measured: format!(
+            "{} to live ({per_million:.2} s per 1M events)",
+            fmt_time(replay)
+        ),
+        baseline: format!("{} to process them live", fmt_time(live)),
+        ratio: replay.as_secs_f64() / live.as_secs_f64().max(1e-9),
+        goal: "reported: replay re-runs the steps (keep it short by checkpointing)",
+        met: None,
+    });
+    Ok(())
+}
+
+/// Checkpoint and restore of large state in few keys: the `blobs` circuit
+/// holding the distinct set of 64 KiB strings, 1 GiB in all (16 MiB in
+/// `--quick`), W=2.
+async fn large_state(
+    engine: &Arc<SluiceEngine>,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    const BLOB: usize = 64 << 10;
+    let total: usize = if quick { 16 << 20 } else { 1 << 30 };
+    // Half the state per worker, plus its snapshot and an input batch.
+    let big = Arc::new(engine.with_limits(Limits {
+        memory: 3 << 30,
+        ..engine.limits()
+    }));
+    let (_, component) = load(&big, "../benches/guests/blobs").await?;
+    let shape = crate::runtime::pipeline::describe(&big, &component).await?;
+    let dir = tempfile::tempdir()?;
+    let open =
+        |dir: &Path| -> anyhow::Result<(Arc<EmbeddedLog>, Arc<Guarded>, crate::runtime::Layout)> {
+            let database = db::open(dir)?;
+            let log = Arc::new(EmbeddedLog::open(database.clone())?);
+            log.create_input("blobs", 2)?;
+            let storage = Arc::new(Guarded::new(
+                log.clone(),
+                Arc::new(RocksCheckpointStore::open(database)),
+                vec!["blobs".into()],
+                vec!["distinct".into()],
+                2,
+            )?);
+            let layout = crate::runtime::Layout {
+                inputs: vec![("blobs".into(), 2)],
+                outputs: vec!["distinct".into()],
+                workers: 2,
+                snapshot_version: shape.snapshot_version,
+            };
+            Ok((log, storage, layout))
+        };
+    let (log, storage, layout) = open(dir.path())?;
+    let n = total / BLOB;
+    let filler = "x".repeat(BLOB - 16);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let events: Vec<Event> = chunk
+            .iter()
+            .map(|i| Event {
+                value: serde_json::to_vec(&format!("{i:012}{filler}")).expect("string"),
+                weight: 1,
+            })
+            .collect();
+        log.append(AppendBatch {
+            appends: vec![("blobs".into(), (chunk[0] / 64 % 2) as u32, events)],
+            ..AppendBatch::default()
+        })?;
+    }
+    let mut c = Coordinator::open(
+        big.clone(),
+        &component,
+        storage,
+        layout,
+        manual_checkpoints(128),
+    )
+    .await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    let step_time = t.elapsed() / c.next_step().max(1) as u32;
+    let t = Instant::now();
+    c.checkpoint().await?;
+    let pause = t.elapsed();
+    let snapshots = c.last_checkpoint_snapshots();
+    drop(c);
+    drop(log);
+    let state_bytes: u64 = {
+        let database = db::open(dir.path())?;
+        let store = RocksCheckpointStore::open(database);
+        crate::storage::CheckpointStore::latest(&store)?
+            .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum())
+    };
+    let mib = state_bytes as f64 / (1 << 20) as f64;
+    let interval = PipelineOptions::default().checkpoint_interval;
+    rows.push(Row {
+        scenario: "checkpoint",
+        case: format!("blobs, {n} distinct 64 KiB strings ({mib:.0} MiB of state), W=2"),
+        measured: format!(
+            "{} pause ({} snapshots)",
+            fmt_time(pause),
+            fmt_time(snapshots)
+        ),
+        baseline: format!(
+            "{interval:?} interval; a step takes {}",
+            fmt_time(step_time)
+        ),
+        ratio: pause.as_secs_f64() / interval.as_secs_f64(),
+        goal: "pause ≤ 10 % of the interval",
+        met: Some(pause.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+    });
+    let empty = tempfile::tempdir()?;
+    let (_, storage, layout) = open(empty.path())?;
+    let cold = time_open_with(&big, &component, storage, layout).await?;
+    let (_, storage, layout) = open(dir.path())?;
+    let restore = time_open_with(&big, &component, storage, layout).await?;
+    let gib = state_bytes as f64 / (1u64 << 30) as f64;
+    let per_gib = restore.saturating_sub(cold).as_secs_f64() / gib.max(1e-12);
+    rows.push(Row {
+        scenario: "recovery",
+        case: format!("restore {mib:.0} MiB of blobs state, W=2"),
+        measured: format!("{} to live ({per_gib:.2} s per GiB)", fmt_time(restore)),
+        baseline: format!("{} cold start, empty state", fmt_time(cold)),
+        ratio: restore.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+        goal: "≤ 2 s per GiB",
+        met: (mib >= 1.0).then_some(per_gib <= 2.0),
+    });
     Ok(())
 }
 
@@ -829,6 +1013,10 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
     eprintln!("bench: checkpoint and recovery …");
     checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: large state …");
+    large_state(&engine, opts.quick, &mut rows).await?;
+    eprintln!("bench: recovery by replay …");
+    replay_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: density …");
     density(&loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: durable commit …");

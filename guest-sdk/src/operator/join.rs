@@ -42,12 +42,17 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
     }
 
     fn snapshot(&self) -> Result<Vec<u8>> {
-        codec::to_bytes(&(codec::to_bytes(&self.left)?, codec::to_bytes(&self.right)?))
+        let (left, right) = (codec::to_bytes(&self.left)?, codec::to_bytes(&self.right)?);
+        // As byte strings: one copy each, not byte by byte.
+        codec::to_bytes(&(
+            serde_bytes::Bytes::new(&left),
+            serde_bytes::Bytes::new(&right),
+        ))
     }
 
     fn restore(&mut self, name: &str, state: &[u8]) -> Result<()> {
-        let (l, r): (Vec<u8>, Vec<u8>) = codec::from_state(name, state)?;
-        (self.left, self.right) = (restore_groups(name, &l)?, restore_groups(name, &r)?);
+        let (l, r): (&[u8], &[u8]) = codec::from_state_borrowed(name, state)?;
+        (self.left, self.right) = (restore_groups(name, l)?, restore_groups(name, r)?);
         Ok(())
     }
 }
