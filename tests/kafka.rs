@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use support::crash::{WORKERS, campaign};
+use support::server::{Server, code, raw};
 
 /// The broker's address, or `None` (outside CI) to skip.
 pub fn brokers() -> Option<String> {
@@ -301,4 +302,101 @@ fn a_second_host_fences_the_first() {
         expected,
         "the topic holds each step's output once, whichever host committed it"
     );
+}
+
+/// A pipeline created through `sluice serve` with `"log": "kafka"`: its
+/// logs are the topics `<tenant>.<pipeline>.<port>` on the server's
+/// brokers; pushes and output reads go through the server, and an
+/// independent `read_committed` consumer sees the same output.
+#[test]
+fn server_pipelines_can_keep_their_logs_in_kafka() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--kafka-brokers".into(), brokers.clone()],
+    );
+    let tenant = fresh_name("t").replace('-', "");
+    let client = server.tenant(&tenant);
+    let bytes = std::fs::read(support::component("examples/wordcount")).unwrap();
+    let (s, body) = raw(
+        "PUT",
+        &format!("{}/components/wc", server.url),
+        Some(client.token()),
+        "application/wasm",
+        &bytes,
+    );
+    assert_eq!(s, 201, "{body}");
+    let spec = serde_json::json!({ "name": "wc", "component": "wc", "workers": 2, "log": "kafka" });
+    let (s, body) = raw(
+        "POST",
+        &format!("{}/pipelines", server.url),
+        Some(client.token()),
+        "application/json",
+        spec.to_string().as_bytes(),
+    );
+    assert_eq!(s, 201, "{body}");
+    let lines: Vec<String> = (0..2_000)
+        .map(|i| format!("k{} k{}", i % 50, i % 7))
+        .collect();
+    let file = dir.path().join("in.jsonl");
+    std::fs::write(
+        &file,
+        lines
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap() + "\n")
+            .collect::<String>(),
+    )
+    .unwrap();
+    client.push("wc", "lines", &file, false).unwrap();
+    let expected = support::recount(lines.iter().map(|l| (l.as_str(), 1)));
+    let topic = format!("{tenant}.wc.counts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        // The output topic appears with the first committed step.
+        let steps = serde_json::from_str::<serde_json::Value>(&client.status(Some("wc")).unwrap())
+            .unwrap()["steps"]
+            .as_u64()
+            .unwrap_or(0);
+        if steps == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no step was committed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        }
+        let committed = kcat(&brokers, &topic, "read_committed");
+        if integrate(&committed) == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Kafka output never reached the expected counts: {}",
+            client.status(Some("wc")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The server reads the same output back, with positions.
+    let read = client.read("wc", "counts", None, 0).unwrap();
+    assert!(!read.is_empty() && read[0].starts_with("{\"position\":\"0:"));
+    // A server without brokers refuses Kafka pipelines with a clear code.
+    let plain = Server::start(&dir.path().join("plain"));
+    let other = plain.tenant("solo");
+    let (s, body) = raw(
+        "PUT",
+        &format!("{}/components/wc", plain.url),
+        Some(other.token()),
+        "application/wasm",
+        &bytes,
+    );
+    assert_eq!(s, 201, "{body}");
+    let (s, body) = raw(
+        "POST",
+        &format!("{}/pipelines", plain.url),
+        Some(other.token()),
+        "application/json",
+        spec.to_string().as_bytes(),
+    );
+    assert_eq!((s, code(&body).as_str()), (422, "no_kafka"), "{body}");
 }

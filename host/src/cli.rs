@@ -110,6 +110,13 @@ pub enum Command {
         /// instances on demand).
         #[arg(long, default_value_t = 0)]
         pool: u32,
+        /// Kafka brokers for pipelines created with `"log": "kafka"` (none:
+        /// such pipelines are refused).
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        kafka_brokers: Option<String>,
+        /// Replication factor of the Kafka topics the server creates.
+        #[arg(long, default_value_t = 1)]
+        kafka_replication: i32,
     },
     /// Tenant administration on a server (admin token).
     Tenant {
@@ -512,6 +519,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             listen,
             admin_token_file,
             pool,
+            kafka_brokers,
+            kafka_replication,
         } => {
             let admin_token = match admin_token_file {
                 Some(f) => std::fs::read_to_string(&f).map_err(|e| {
@@ -529,6 +538,10 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
                 listen,
                 admin_token: admin_token.trim().to_owned(),
                 pool,
+                kafka: kafka_brokers.map(|brokers| crate::server::runner::KafkaSettings {
+                    brokers,
+                    replication: kafka_replication,
+                }),
             })
             .await?;
         }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod server;
 
 use sluice::runtime::coordinator::{Coordinator, PipelineOptions};
 use sluice::runtime::engine::{Limits, LoadedComponent, SluiceEngine};

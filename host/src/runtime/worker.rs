@@ -369,6 +369,10 @@ fn guest_message(e: CircuitError) -> String {
 fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limiter);
+    // wasmtime caps what one call may hand the host at 128 MiB by default,
+    // which a worker's snapshot outgrows; the instance's memory limit is
+    // the natural cap (a guest cannot hand over more than it holds).
+    store.set_hostcall_fuel(engine.limits().memory);
     store.epoch_deadline_callback(|mut cx| {
         let s = cx.data_mut();
         if s.call_started.elapsed() > s.deadline {

@@ -10,7 +10,7 @@ use crate::runtime::pipeline::describe;
 use crate::runtime::worker::CircuitShape;
 use crate::spec::{parse_input_line, write_output_line};
 use crate::storage::log::{AppendBatch, ProducerSeq};
-use crate::storage::{LogBackend, OutputPosition, read_output};
+use crate::storage::{OutputPosition, read_output};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -57,6 +57,7 @@ pub const MAX_UPLOAD: usize = 256 << 20;
         ComponentInfo,
         PipelineSpec,
         registry::PipelineLimits,
+        registry::LogKind,
         PipelineStatus,
         PushAck,
         PartitionRange,
@@ -485,6 +486,15 @@ pub(super) async fn load_pipeline(
         .create_dir_all(&dir_rel)
         .map_err(|e| ApiError::internal(format!("creating the pipeline's directory: {e}")))?;
     let dir = state.data.join(&dir_rel);
+    let kafka = match spec.log {
+        registry::LogKind::Embedded => None,
+        registry::LogKind::Kafka => Some(state.kafka.clone().ok_or_else(|| {
+            ApiError::unprocessable(
+                "no_kafka",
+                "this server has no Kafka brokers configured (sluice serve --kafka-brokers)",
+            )
+        })?),
+    };
     let (engine, tenant_owned) = (state.engine.clone(), tenant.to_owned());
     // Opening RocksDB blocks: off the async workers.
     tokio::task::spawn_blocking(move || {
@@ -497,6 +507,7 @@ pub(super) async fn load_pipeline(
             effective,
             &dir,
             desired,
+            kafka,
         )
     })
     .await

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     /// Size the pooling allocator for this many instances (0: allocate on
     /// demand).
     pub pool: u32,
+    /// Kafka brokers for pipelines created with `"log": "kafka"`.
+    pub kafka: Option<runner::KafkaSettings>,
 }
 
 /// An API error: an HTTP status, a stable machine-readable code and a
@@ -168,6 +170,8 @@ pub struct AppState {
     pub engine: Arc<SluiceEngine>,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Kafka brokers for Kafka pipelines, if the admin configured them.
+    pub kafka: Option<runner::KafkaSettings>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -217,6 +221,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         pipelines: Mutex::new(BTreeMap::new()),
         engine,
         metrics,
+        kafka: opts.kafka.clone(),
     });
 
     // Recover every pipeline: running ones resume (restore + replay).

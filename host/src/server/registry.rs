@@ -71,6 +71,21 @@ pub struct PipelineSpec {
     /// tenant's).
     #[serde(default)]
     pub limits: Option<PipelineLimits>,
+    /// Where its logs live: `embedded` (default) or `kafka` (on the
+    /// server's brokers, topics `<tenant>.<pipeline>.<port>`).
+    #[serde(default)]
+    pub log: LogKind,
+}
+
+/// Where a server pipeline's logs live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogKind {
+    /// The pipeline's RocksDB on the server.
+    #[default]
+    Embedded,
+    /// Kafka topics on the brokers the server was started with.
+    Kafka,
 }
 
 fn one() -> u32 {

@@ -23,6 +23,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
+/// Where the server's Kafka pipelines keep their logs (set by the admin
+/// with `sluice serve --kafka-brokers`).
+#[derive(Debug, Clone)]
+pub struct KafkaSettings {
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// Replication factor of the topics the server creates.
+    pub replication: i32,
+}
+
 /// What the API reports about a pipeline.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct PipelineStatus {
@@ -79,7 +89,7 @@ pub struct PipelineHandle {
     /// The circuit's ports.
     pub shape: CircuitShape,
     /// Its logs.
-    pub log: Arc<EmbeddedLog>,
+    pub log: Arc<dyn LogBackend>,
     status: Arc<Mutex<PipelineStatus>>,
     control: watch::Sender<Control>,
     /// Woken when input is appended.
@@ -100,7 +110,7 @@ struct Runtime {
     engine: Arc<SluiceEngine>,
     component: LoadedComponent,
     db: Arc<PipelineDb>,
-    log: Arc<EmbeddedLog>,
+    log: Arc<dyn LogBackend>,
     meta: PipelineMeta,
     options: PipelineOptions,
     snapshot_version: u32,
@@ -122,6 +132,7 @@ impl PipelineHandle {
         limits: EffectiveLimits,
         dir: &Path,
         desired: Desired,
+        kafka: Option<KafkaSettings>,
     ) -> crate::Result<Arc<PipelineHandle>> {
         let engine = Arc::new(base.with_limits(Limits {
             memory: limits.memory as usize,
@@ -129,8 +140,32 @@ impl PipelineHandle {
             deadline: Duration::from_millis(limits.deadline_ms),
         }));
         let db = db::open(dir)?;
+        let (log, id, log_kind): (Arc<dyn LogBackend>, String, String) = match kafka {
+            None => (
+                Arc::new(EmbeddedLog::open(db.clone())?),
+                format!("{tenant}/{}/{}", spec.name, meta::new_pipeline_id(dir)),
+                "embedded".into(),
+            ),
+            #[cfg(feature = "kafka")]
+            Some(k) => {
+                // Topics `<tenant>.<pipeline>.<port>`: a tenant cannot name
+                // another tenant's topics.
+                let name = format!("{tenant}.{}", spec.name);
+                let mut config = crate::storage::KafkaConfig::new(k.brokers, &name);
+                config.replication = k.replication;
+                config.output_partitions = spec.workers;
+                let log = crate::storage::KafkaLog::open(config)?;
+                (Arc::new(log), name.clone(), format!("kafka:{name}"))
+            }
+            #[cfg(not(feature = "kafka"))]
+            Some(_) => {
+                return Err(Error::Config(
+                    "this sluice was built without Kafka support".into(),
+                ));
+            }
+        };
         let wanted = PipelineMeta {
-            id: format!("{tenant}/{}/{}", spec.name, meta::new_pipeline_id(dir)),
+            id,
             component: component.hash.clone(),
             inputs: shape
                 .inputs
@@ -139,17 +174,22 @@ impl PipelineHandle {
                 .collect(),
             outputs: shape.outputs.clone(),
             workers: spec.workers,
-            log: "embedded".into(),
+            log: log_kind.clone(),
         };
         let meta = meta::ensure(&db, &wanted)?;
-        let log = Arc::new(EmbeddedLog::open(db.clone())?);
         for (name, partitions) in &meta.inputs {
             log.create_input(name, *partitions)?;
         }
         let last_checkpoint = RocksCheckpointStore::open(db.clone())
             .latest_meta()?
             .map(|m| m.step);
-        let steps = log.last_step()?.map_or(0, |s| s + 1);
+        // Kafka's step log is read after fencing (a dead predecessor's open
+        // transaction would hold the read back): the coordinator reports it.
+        let steps = if log_kind == "embedded" {
+            log.last_step()?.map_or(0, |s| s + 1)
+        } else {
+            0
+        };
         let status = Arc::new(Mutex::new(PipelineStatus {
             name: spec.name.clone(),
             component: spec.component.clone(),
@@ -247,7 +287,7 @@ impl Runtime {
     async fn open(&self) -> crate::Result<Coordinator> {
         let checkpoints: Arc<dyn crate::storage::CheckpointStore> =
             Arc::new(RocksCheckpointStore::open(self.db.clone()));
-        let log: Arc<dyn LogBackend> = self.log.clone();
+        let log = self.log.clone();
         let guarded = Arc::new(Guarded::new(
             log,
             checkpoints,

@@ -272,7 +272,14 @@ impl KafkaLog {
     /// Connects to the brokers and creates the pipeline's step and meta
     /// topics if missing. Nothing is fenced until [`LogBackend::fence`].
     pub fn open(config: KafkaConfig) -> Result<Self> {
-        crate::storage::validate_name("pipeline", &config.pipeline)?;
+        // The name prefixes topic names and transactional ids.
+        if config.pipeline.len() > 200 {
+            return Err(Error::Config(format!(
+                "Kafka pipeline name {:?} is longer than 200 characters",
+                config.pipeline
+            )));
+        }
+        validate_topic(&config.pipeline)?;
         let admin: AdminClient<DefaultClientContext> = config
             .base()
             .create()
