@@ -638,18 +638,18 @@ async fn checkpoint_and_recovery(
             scenario: "checkpoint",
             case: format!("wordcount, {words} distinct words ({mib:.1} MiB of state), W=2"),
             measured: format!(
-                "{} pause ({} snapshots)",
-                fmt_time(pause),
-                fmt_time(snapshots)
+                "{} pause (snapshots; {} with the write, which overlaps the next steps)",
+                fmt_time(snapshots),
+                fmt_time(pause)
             ),
             baseline: format!(
                 "{:?} interval; a step takes {}",
                 interval,
                 fmt_time(step_time)
             ),
-            ratio: pause.as_secs_f64() / interval.as_secs_f64(),
+            ratio: snapshots.as_secs_f64() / interval.as_secs_f64(),
             goal: "pause ≤ 10 % of the interval",
-            met: Some(pause.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+            met: Some(snapshots.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
         });
         // Recovery: reopen, restoring that checkpoint.
         let restore = time_open(engine, &wc.component, dir.path()).await?;
@@ -803,17 +803,17 @@ async fn large_state(
         scenario: "checkpoint",
         case: format!("blobs, {n} distinct 64 KiB strings ({mib:.0} MiB of state), W=2"),
         measured: format!(
-            "{} pause ({} snapshots)",
-            fmt_time(pause),
-            fmt_time(snapshots)
+            "{} pause (snapshots; {} with the write, which overlaps the next steps)",
+            fmt_time(snapshots),
+            fmt_time(pause)
         ),
         baseline: format!(
             "{interval:?} interval; a step takes {}",
             fmt_time(step_time)
         ),
-        ratio: pause.as_secs_f64() / interval.as_secs_f64(),
+        ratio: snapshots.as_secs_f64() / interval.as_secs_f64(),
         goal: "pause ≤ 10 % of the interval",
-        met: Some(pause.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+        met: Some(snapshots.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
     });
     let empty = tempfile::tempdir()?;
     let (_, storage, layout) = open(empty.path())?;

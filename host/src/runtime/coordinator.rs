@@ -101,6 +101,14 @@ struct WorkerOutput {
     hash: u128,
 }
 
+/// A checkpoint being written in the background.
+struct PendingCheckpoint {
+    step: u64,
+    started: Instant,
+    snapshots: Duration,
+    write: tokio::task::JoinHandle<Result<()>>,
+}
+
 /// The runtime of one pipeline.
 pub struct Coordinator {
     engine: Arc<SluiceEngine>,
@@ -126,6 +134,9 @@ pub struct Coordinator {
     last_checkpoint_took: Duration,
     /// How much of it taking the snapshots took (the rest: writing, trim).
     last_checkpoint_snapshots: Duration,
+    /// A checkpoint whose snapshots are taken and whose write (and trim)
+    /// runs in the background while steps go on.
+    pending: Option<PendingCheckpoint>,
     stats: Stats,
 }
 
@@ -218,6 +229,7 @@ impl Coordinator {
             events_read: 0,
             last_checkpoint_took: Duration::ZERO,
             last_checkpoint_snapshots: Duration::ZERO,
+            pending: None,
             stats: Stats::default(),
         };
         if let Some(cp) = checkpoint {
@@ -420,8 +432,22 @@ impl Coordinator {
     }
 
     /// Runs and commits one step. Returns `false` (doing nothing) when no
-    /// worker has new input.
+    /// worker has new input. A checkpoint that falls due is started: its
+    /// snapshots pause the pipeline, its write overlaps the next steps.
     pub async fn step(&mut self) -> Result<bool> {
+        if self.pending.as_ref().is_some_and(|p| p.write.is_finished()) {
+            self.await_checkpoint().await?;
+        }
+        let r = self.step_inner().await;
+        if r.is_err() {
+            // Leave no write behind a failure: recovery must see the
+            // checkpoint store and the input as they will stay.
+            let _ = self.await_checkpoint().await;
+        }
+        r
+    }
+
+    async fn step_inner(&mut self) -> Result<bool> {
         let target = self.divide().await?;
         if target == self.frontiers {
             return Ok(false);
@@ -484,14 +510,19 @@ impl Coordinator {
         self.stats.events_in += events_in;
         self.stats.events_out += events_out;
         if self.checkpoint_due() {
-            self.checkpoint().await?;
+            self.start_checkpoint().await?;
         }
         Ok(true)
     }
 
     /// Whether a checkpoint is due (by steps or by time since the last).
     pub fn checkpoint_due(&self) -> bool {
-        let since = self.next_step - self.checkpointed_step.map_or(0, |s| s + 1);
+        let last = self
+            .pending
+            .as_ref()
+            .map(|p| p.step)
+            .or(self.checkpointed_step);
+        let since = self.next_step - last.map_or(0, |s| s + 1);
         since >= self.options.checkpoint_every_steps.max(1)
             || self.last_checkpoint_at.elapsed() >= self.options.checkpoint_interval
     }
@@ -499,6 +530,15 @@ impl Coordinator {
     /// Checkpoints the state after the last committed step (if not yet
     /// checkpointed), then trims the input it covers.
     pub async fn checkpoint(&mut self) -> Result<()> {
+        self.start_checkpoint().await?;
+        self.await_checkpoint().await
+    }
+
+    /// Takes the snapshots of a checkpoint of the last committed step and
+    /// starts writing it (then trimming) in the background. One write at a
+    /// time: a previous one is waited for first.
+    async fn start_checkpoint(&mut self) -> Result<()> {
+        self.await_checkpoint().await?;
         let Some(step) = self.next_step.checked_sub(1) else {
             return Ok(());
         };
@@ -548,24 +588,40 @@ impl Coordinator {
             states,
         };
         let storage = self.storage.clone();
-        blocking(move || {
+        let write = tokio::task::spawn_blocking(move || {
             crash_point(CrashPoint::MidCheckpoint);
             storage.checkpoint(&checkpoint)?;
             crash_point(CrashPoint::AfterCheckpoint);
-            storage.trim_to_checkpoint()
-        })
-        .await?;
+            storage.trim_to_checkpoint().map(|_| ())
+        });
+        self.pending = Some(PendingCheckpoint {
+            step,
+            started,
+            snapshots,
+            write,
+        });
+        self.last_checkpoint_at = Instant::now();
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any, and records it.
+    async fn await_checkpoint(&mut self) -> Result<()> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        p.write
+            .await
+            .map_err(|e| Error::Engine(format!("checkpoint task failed: {e}")))??;
         tracing::debug!(
             pipeline = %self.options.name,
-            step,
-            ?snapshots,
-            total = ?started.elapsed(),
+            step = p.step,
+            snapshots = ?p.snapshots,
+            total = ?p.started.elapsed(),
             "checkpoint committed, input trimmed"
         );
-        self.checkpointed_step = Some(step);
-        self.last_checkpoint_at = Instant::now();
-        self.last_checkpoint_took = started.elapsed();
-        self.last_checkpoint_snapshots = snapshots;
+        self.checkpointed_step = Some(p.step);
+        self.last_checkpoint_took = p.started.elapsed();
+        self.last_checkpoint_snapshots = p.snapshots;
         self.stats.checkpoints += 1;
         Ok(())
     }
