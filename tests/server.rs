@@ -407,6 +407,29 @@ fn malformed_requests_get_a_4xx_with_a_stable_code() {
     }
     // The server is still fine.
     assert_eq!(status(&a, "wc")["name"], "wc");
+    // The OpenAPI document lists the routes; the status page the pipelines.
+    let (s, doc) = raw("GET", &u("/openapi.json"), None, "", b"");
+    assert_eq!(s, 200);
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    for path in [
+        "/tenants",
+        "/components/{name}",
+        "/pipelines",
+        "/pipelines/{name}/input/{port}",
+    ] {
+        assert!(
+            doc["paths"][path].is_object(),
+            "{path} missing from /openapi.json"
+        );
+    }
+    let (s, page) = raw("GET", &u(&format!("/?token={}", a.token())), None, "", b"");
+    assert_eq!(s, 200);
+    assert!(
+        page.contains("<td>wc</td>"),
+        "the status page lists the pipeline"
+    );
+    let (_, page) = raw("GET", &u("/"), None, "", b"");
+    assert!(!page.contains("<td>wc</td>"), "not without a token");
 }
 
 /// Waits until `pipeline` fails; returns its error.

@@ -31,7 +31,9 @@ use std::collections::BTreeMap;
 /// One Z-set delta at a port: a JSON value and its weight change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// The record, as JSON bytes.
+    /// The record, as JSON bytes (stored as one byte string, not byte by
+    /// byte; postcard's wire format is the same either way).
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     /// +1 insert, −1 delete, or a multiple.
     pub weight: i64,
