@@ -626,3 +626,106 @@ fn sigkill_of_the_server_resumes_pipelines_exactly_once() {
     );
     server.kill();
 }
+
+/// Reads server-sent events from `url` until `n` have arrived; returns
+/// `(id, data)` pairs.
+fn sse(url: &str, token: &str, last_event_id: Option<&str>, n: usize) -> Vec<(String, String)> {
+    use std::io::BufRead;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut req = agent
+        .get(url)
+        .header("Authorization", &format!("Bearer {token}"));
+    if let Some(id) = last_event_id {
+        req = req.header("Last-Event-ID", id);
+    }
+    let response = req.call().unwrap();
+    assert_eq!(
+        response.headers().get("content-type").unwrap(),
+        "text/event-stream"
+    );
+    let reader = std::io::BufReader::new(response.into_body().into_reader());
+    let (mut out, mut id) = (Vec::new(), String::new());
+    for line in reader.lines() {
+        let line = line.unwrap();
+        if let Some(v) = line.strip_prefix("id: ") {
+            id = v.to_owned();
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            out.push((id.clone(), v.to_owned()));
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn output_streams_as_server_sent_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let a = server.tenant("alpha");
+    a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
+    let first = text(500, "s");
+    a.push(
+        "wc",
+        "lines",
+        &lines_file(dir.path(), "1.jsonl", &first),
+        false,
+    )
+    .unwrap();
+    await_counts(
+        &a,
+        "wc",
+        &support::recount(first.iter().map(|l| (l.as_str(), 1))),
+    );
+    let url = format!("{}/pipelines/wc/output/counts/stream", server.url);
+    let existing = a.read("wc", "counts", None, 0).unwrap().len();
+    // A stream from the start replays what is there, in position order.
+    let events = sse(&url, a.token(), None, existing);
+    let ids: Vec<&String> = events.iter().map(|(id, _)| id).collect();
+    let parse = |id: &str| -> (u64, u32, u32) {
+        let p: Vec<u64> = id.split(':').map(|x| x.parse().unwrap()).collect();
+        (p[0], p[1] as u32, p[2] as u32)
+    };
+    assert!(
+        ids.windows(2).all(|w| parse(w[0]) < parse(w[1])),
+        "ids increase"
+    );
+    let text_of = |events: &[(String, String)]| -> String {
+        events.iter().map(|(_, d)| format!("{d}\n")).collect()
+    };
+    assert_eq!(
+        sluice::demo::integrate_counts(&text_of(&events)).unwrap(),
+        support::recount(first.iter().map(|l| (l.as_str(), 1)))
+    );
+    // Resuming with Last-Event-ID continues right after that event.
+    let k = existing / 2;
+    let resumed = sse(&url, a.token(), Some(&events[k].0), 1);
+    assert_eq!(resumed[0], events[k + 1]);
+    // An open stream delivers new steps' output as they commit.
+    let last = events.last().unwrap().0.clone();
+    let reader = {
+        let (url, token) = (url.clone(), a.token().to_owned());
+        std::thread::spawn(move || sse(&url, &token, Some(&last), 2))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    a.push(
+        "wc",
+        "lines",
+        &lines_file(
+            dir.path(),
+            "2.jsonl",
+            &["brandnew brandnew other".to_owned()],
+        ),
+        false,
+    )
+    .unwrap();
+    let live = reader.join().unwrap();
+    assert!(
+        live.iter().any(|(_, d)| d.contains("brandnew")),
+        "the new step's output arrived on the open stream: {live:?}"
+    );
+}

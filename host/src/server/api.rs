@@ -48,6 +48,7 @@ pub const MAX_UPLOAD: usize = 256 << 20;
         control_pipeline,
         push_input,
         read_output_route,
+        stream_output,
         metrics_route
     ),
     components(schemas(
@@ -123,6 +124,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/pipelines/{name}/{action}", post(control_pipeline))
         .route("/pipelines/{name}/input/{port}", post(push_input))
         .route("/pipelines/{name}/output/{port}", get(read_output_route))
+        .route("/pipelines/{name}/output/{port}/stream", get(stream_output))
         .fallback(|| async { ApiError::not_found("route", "this path") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
@@ -940,6 +942,103 @@ async fn read_output_route(
         out,
     )
         .into_response())
+}
+
+/// `GET …/output/{port}/stream` parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamQuery {
+    /// Start after this position (`STEP:WORKER:INDEX`); a reconnecting
+    /// client's `Last-Event-ID` header does the same.
+    after: Option<String>,
+}
+
+/// What the output stream carries between reads.
+struct StreamState {
+    handle: Arc<PipelineHandle>,
+    port: String,
+    after: Option<OutputPosition>,
+    committed: tokio::sync::watch::Receiver<u64>,
+    ready: std::collections::VecDeque<axum::response::sse::Event>,
+}
+
+/// Streams output as server-sent events, from a position on and then as
+/// steps commit: each event's `id` is its position (`STEP:WORKER:INDEX`, so
+/// a reconnecting client resumes with `Last-Event-ID`) and its `data` the
+/// line `{"insert"|"delete": value, "weight"?: n}`.
+#[utoipa::path(get, path = "/pipelines/{name}/output/{port}/stream",
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "output port"),
+           ("after" = Option<String>, Query, description = "STEP:WORKER:INDEX")),
+    responses((status = 200, content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
+async fn stream_output(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, port)): Path<(String, String)>,
+    query: Result<Query<StreamQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<
+    axum::response::sse::Sse<
+        impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+    >,
+> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let tenant = tenant(&state, &headers)?;
+    let h = handle(&state, &tenant, &name)?;
+    if !h.shape.outputs.contains(&port) {
+        return Err(ApiError::not_found("output port", &port));
+    }
+    let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let after = q
+        .after
+        .or(resume)
+        .as_deref()
+        .map(parse_position)
+        .transpose()?;
+    let init = StreamState {
+        committed: h.committed.clone(),
+        handle: h,
+        port,
+        after,
+        ready: Default::default(),
+    };
+    let stream = futures_util::stream::unfold(init, |mut st| async move {
+        loop {
+            if let Some(event) = st.ready.pop_front() {
+                return Some((Ok(event), st));
+            }
+            st.committed.borrow_and_update();
+            let (log, port, after) = (st.handle.log.clone(), st.port.clone(), st.after);
+            let read =
+                tokio::task::spawn_blocking(move || read_output(&*log, &port, after, 1_000)).await;
+            let events = match read {
+                Ok(Ok(events)) => events,
+                // The pipeline is gone or its storage failed: end the stream;
+                // the client reconnects with `Last-Event-ID`.
+                _ => return None,
+            };
+            if events.is_empty() {
+                st.committed.changed().await.ok()?;
+                continue;
+            }
+            let mut line = Vec::new();
+            for e in events {
+                line.clear();
+                write_output_line(&mut line, &e.event);
+                let p = e.position;
+                st.after = Some(p);
+                let data = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+                st.ready.push_back(
+                    Event::default()
+                        .id(format!("{}:{}:{}", p.step, p.worker, p.index))
+                        .data(data),
+                );
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 // ------------------------------------------------------- observability --
