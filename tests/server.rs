@@ -729,3 +729,92 @@ fn output_streams_as_server_sent_events() {
         "the new step's output arrived on the open stream: {live:?}"
     );
 }
+
+/// Waits until `pipeline`'s state is `state`.
+fn await_state(client: &Client, pipeline: &str, state: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(client, pipeline);
+        if s["state"] == state {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pipeline} never became {state}: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn pause_stop_start_and_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    let a = server.tenant("alpha");
+    a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
+    let first = text(300, "p");
+    a.push(
+        "wc",
+        "lines",
+        &lines_file(dir.path(), "1.jsonl", &first),
+        false,
+    )
+    .unwrap();
+    await_counts(
+        &a,
+        "wc",
+        &support::recount(first.iter().map(|l| (l.as_str(), 1))),
+    );
+    // Paused: input is accepted but no step runs.
+    a.control("wc", "pause").unwrap();
+    let paused = await_state(&a, "wc", "paused");
+    a.push(
+        "wc",
+        "lines",
+        &lines_file(dir.path(), "2.jsonl", &["later words".to_owned()]),
+        false,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        status(&a, "wc")["steps"],
+        paused["steps"],
+        "no steps while paused"
+    );
+    // Stopped: checkpointed.
+    a.control("wc", "stop").unwrap();
+    let stopped = await_state(&a, "wc", "stopped");
+    assert_eq!(
+        stopped["last_checkpoint"].as_u64(),
+        stopped["steps"].as_u64().map(|s| s - 1),
+        "stop checkpoints the last step: {stopped}"
+    );
+    // Started again: restores and catches up with the input pushed meanwhile.
+    a.control("wc", "start").unwrap();
+    let all: Vec<String> = first
+        .iter()
+        .cloned()
+        .chain(["later words".to_owned()])
+        .collect();
+    await_counts(
+        &a,
+        "wc",
+        &support::recount(all.iter().map(|l| (l.as_str(), 1))),
+    );
+    // Deleted: gone from the API and from the disk.
+    a.delete("wc").unwrap();
+    let (s, _) = raw(
+        "GET",
+        &format!("{}/pipelines/wc", server.url),
+        Some(a.token()),
+        "",
+        b"",
+    );
+    assert_eq!(s, 404);
+    assert!(
+        !data.join("tenants/alpha/pipelines/wc").exists(),
+        "its data is removed"
+    );
+    assert_eq!(a.status(None).unwrap(), "[]");
+}

@@ -626,6 +626,12 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Waits for a checkpoint still being written in the background (before
+    /// dropping a coordinator whose storage is about to go away).
+    pub async fn settle(&mut self) -> Result<()> {
+        self.await_checkpoint().await
+    }
+
     /// Graceful stop: checkpoints the last committed step.
     pub async fn finish(&mut self) -> Result<()> {
         self.checkpoint().await

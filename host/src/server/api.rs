@@ -676,11 +676,17 @@ async fn delete_pipeline(
     // The task has ended; its database closes when the last handle goes.
     drop(h);
     let rel = format!("{}/pipelines/{name}", state.tenant_dir(&tenant));
+    let mut removed = Err(std::io::Error::other("not tried"));
     for _ in 0..50 {
-        match state.root.remove_dir_all(&rel) {
-            Ok(()) => break,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        removed = state.root.remove_dir_all(&rel);
+        if removed.is_ok() {
+            break;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Err(e) = removed {
+        // The pipeline is gone from the registry; only its files remain.
+        tracing::warn!(tenant, pipeline = %name, "could not remove the pipeline's data: {e}");
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -360,20 +360,27 @@ async fn drive(
     loop {
         let ctl = *control.borrow_and_update();
         if ctl.shutdown {
-            if ctl.desired != Desired::Paused
-                && let Some(c) = coordinator.as_mut()
-            {
-                let _ = c.finish().await;
+            if let Some(c) = coordinator.as_mut() {
+                // Host shutdown checkpoints; a deletion only lets a write in
+                // flight finish, so the storage can be removed after.
+                let _ = if ctl.desired == Desired::Paused {
+                    c.settle().await
+                } else {
+                    c.finish().await
+                };
             }
             return;
         }
         if failed_generation == Some(ctl.generation) || ctl.desired != Desired::Running {
             match ctl.desired {
                 Desired::Stopped => {
-                    if let Some(mut c) = coordinator.take()
-                        && let Err(e) = c.finish().await
-                    {
-                        lock(&status).last_error = Some(format!("checkpoint on stop: {e}"));
+                    if let Some(mut c) = coordinator.take() {
+                        match c.finish().await {
+                            Ok(()) => lock(&status).last_checkpoint = c.checkpointed_step(),
+                            Err(e) => {
+                                lock(&status).last_error = Some(format!("checkpoint on stop: {e}"));
+                            }
+                        }
                     }
                     if failed_generation != Some(ctl.generation) {
                         set_state("stopped");
