@@ -602,13 +602,53 @@ async fn stateful_pipeline(
     Ok((per_step, c, log))
 }
 
+/// The bytes of the newest checkpoint's worker states in `dir`.
+fn stored_state_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let store = RocksCheckpointStore::open(db::open(dir)?);
+    Ok(crate::storage::CheckpointStore::latest(&store)?
+        .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum()))
+}
+
+/// The checkpoint row: the pause (snapshots) against the interval.
+fn checkpoint_row(case: String, snapshots: Duration, total: Duration, step: Duration) -> Row {
+    let interval = PipelineOptions::default().checkpoint_interval;
+    Row {
+        scenario: "checkpoint",
+        case,
+        measured: format!(
+            "{} pause (snapshots; {} with the write, which overlaps the next steps)",
+            fmt_time(snapshots),
+            fmt_time(total)
+        ),
+        baseline: format!("{interval:?} interval; a step takes {}", fmt_time(step)),
+        ratio: snapshots.as_secs_f64() / interval.as_secs_f64(),
+        goal: "pause ≤ 10 % of the interval",
+        met: Some(snapshots.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+    }
+}
+
+/// The recovery row: open-to-live with `state_bytes` restored, per GiB
+/// beyond a cold start.
+fn recovery_row(case: String, state_bytes: u64, restore: Duration, cold: Duration) -> Row {
+    let gib = state_bytes as f64 / (1u64 << 30) as f64;
+    let per_gib = restore.saturating_sub(cold).as_secs_f64() / gib.max(1e-12);
+    Row {
+        scenario: "recovery",
+        case,
+        measured: format!("{} to live ({per_gib:.2} s per GiB)", fmt_time(restore)),
+        baseline: format!("{} cold start, empty state", fmt_time(cold)),
+        ratio: restore.as_secs_f64() / cold.as_secs_f64().max(1e-9),
+        goal: "≤ 2 s per GiB",
+        met: (state_bytes >= 1 << 20).then_some(per_gib <= 2.0),
+    }
+}
+
 async fn checkpoint_and_recovery(
     engine: &Arc<SluiceEngine>,
     wc: &Workload,
     quick: bool,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let interval = PipelineOptions::default().checkpoint_interval;
     let sizes: &[usize] = if quick {
         &[20_000, 200_000]
     } else {
@@ -627,43 +667,22 @@ async fn checkpoint_and_recovery(
         let snapshots = c.last_checkpoint_snapshots();
         drop(c);
         drop(_log);
-        let state_bytes: u64 = {
-            let database = db::open(dir.path())?;
-            let store = RocksCheckpointStore::open(database);
-            crate::storage::CheckpointStore::latest(&store)?
-                .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum())
-        };
+        let state_bytes = stored_state_bytes(dir.path())?;
         let mib = state_bytes as f64 / (1 << 20) as f64;
-        rows.push(Row {
-            scenario: "checkpoint",
-            case: format!("wordcount, {words} distinct words ({mib:.1} MiB of state), W=2"),
-            measured: format!(
-                "{} pause (snapshots; {} with the write, which overlaps the next steps)",
-                fmt_time(snapshots),
-                fmt_time(pause)
-            ),
-            baseline: format!(
-                "{:?} interval; a step takes {}",
-                interval,
-                fmt_time(step_time)
-            ),
-            ratio: snapshots.as_secs_f64() / interval.as_secs_f64(),
-            goal: "pause ≤ 10 % of the interval",
-            met: Some(snapshots.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
-        });
+        rows.push(checkpoint_row(
+            format!("wordcount, {words} distinct words ({mib:.1} MiB of state), W=2"),
+            snapshots,
+            pause,
+            step_time,
+        ));
         // Recovery: reopen, restoring that checkpoint.
         let restore = time_open(engine, &wc.component, dir.path()).await?;
-        let gib = state_bytes as f64 / (1u64 << 30) as f64;
-        let per_gib = (restore.saturating_sub(cold)).as_secs_f64() / gib.max(1e-12);
-        rows.push(Row {
-            scenario: "recovery",
-            case: format!("restore {mib:.1} MiB of state, W=2"),
-            measured: format!("{} to live ({per_gib:.2} s per GiB)", fmt_time(restore)),
-            baseline: format!("{} cold start, empty state", fmt_time(cold)),
-            ratio: restore.as_secs_f64() / cold.as_secs_f64().max(1e-9),
-            goal: "≤ 2 s per GiB",
-            met: (mib >= 1.0).then_some(per_gib <= 2.0),
-        });
+        rows.push(recovery_row(
+            format!("restore {mib:.1} MiB of state, W=2"),
+            state_bytes,
+            restore,
+            cold,
+        ));
     }
     Ok(())
 }
@@ -795,46 +814,25 @@ async fn large_state(
     let snapshots = c.last_checkpoint_snapshots();
     drop(c);
     drop(log);
-    let state_bytes: u64 = {
-        let database = db::open(dir.path())?;
-        let store = RocksCheckpointStore::open(database);
-        crate::storage::CheckpointStore::latest(&store)?
-            .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum())
-    };
+    let state_bytes = stored_state_bytes(dir.path())?;
     let mib = state_bytes as f64 / (1 << 20) as f64;
-    let interval = PipelineOptions::default().checkpoint_interval;
-    rows.push(Row {
-        scenario: "checkpoint",
-        case: format!("blobs, {n} distinct 64 KiB strings ({mib:.0} MiB of state), W={W}"),
-        measured: format!(
-            "{} pause (snapshots; {} with the write, which overlaps the next steps)",
-            fmt_time(snapshots),
-            fmt_time(pause)
-        ),
-        baseline: format!(
-            "{interval:?} interval; a step takes {}",
-            fmt_time(step_time)
-        ),
-        ratio: snapshots.as_secs_f64() / interval.as_secs_f64(),
-        goal: "pause ≤ 10 % of the interval",
-        met: Some(snapshots.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
-    });
+    rows.push(checkpoint_row(
+        format!("blobs, {n} distinct 64 KiB strings ({mib:.0} MiB of state), W={W}"),
+        snapshots,
+        pause,
+        step_time,
+    ));
     let empty = tempfile::tempdir()?;
     let (_, storage, layout) = open(empty.path())?;
     let cold = time_open_with(&big, &component, storage, layout).await?;
     let (_, storage, layout) = open(dir.path())?;
     let restore = time_open_with(&big, &component, storage, layout).await?;
-    let gib = state_bytes as f64 / (1u64 << 30) as f64;
-    let per_gib = restore.saturating_sub(cold).as_secs_f64() / gib.max(1e-12);
-    rows.push(Row {
-        scenario: "recovery",
-        case: format!("restore {mib:.0} MiB of blobs state, W={W}"),
-        measured: format!("{} to live ({per_gib:.2} s per GiB)", fmt_time(restore)),
-        baseline: format!("{} cold start, empty state", fmt_time(cold)),
-        ratio: restore.as_secs_f64() / cold.as_secs_f64().max(1e-9),
-        goal: "≤ 2 s per GiB",
-        met: (mib >= 1.0).then_some(per_gib <= 2.0),
-    });
+    rows.push(recovery_row(
+        format!("restore {mib:.0} MiB of blobs state, W={W}"),
+        state_bytes,
+        restore,
+        cold,
+    ));
     Ok(())
 }
 
