@@ -434,15 +434,10 @@ fn malformed_requests_get_a_4xx_with_a_stable_code() {
 
 /// Waits until `pipeline` fails; returns its error.
 fn await_failure(client: &Client, pipeline: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = status(client, pipeline);
-        if s["state"] == "failed" {
-            return s["last_error"].as_str().unwrap_or_default().to_owned();
-        }
-        assert!(Instant::now() < deadline, "{pipeline} never failed: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    await_state(client, pipeline, "failed")["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[test]
@@ -665,22 +660,8 @@ fn sse(url: &str, token: &str, last_event_id: Option<&str>, n: usize) -> Vec<(St
 #[test]
 fn output_streams_as_server_sent_events() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"));
-    let a = server.tenant("alpha");
-    a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
     let first = text(500, "s");
-    a.push(
-        "wc",
-        "lines",
-        &lines_file(dir.path(), "1.jsonl", &first),
-        false,
-    )
-    .unwrap();
-    await_counts(
-        &a,
-        "wc",
-        &support::recount(first.iter().map(|l| (l.as_str(), 1))),
-    );
+    let (server, a) = wordcount_with(dir.path(), &first);
     let url = format!("{}/pipelines/wc/output/counts/stream", server.url);
     let existing = a.read("wc", "counts", None, 0).unwrap().len();
     // A stream from the start replays what is there, in position order.
@@ -730,6 +711,22 @@ fn output_streams_as_server_sent_events() {
     );
 }
 
+/// A server in `dir/data` with tenant `alpha` running word count (W=2)
+/// over `lines`, its output complete.
+fn wordcount_with(dir: &Path, lines: &[String]) -> (Server, Client) {
+    let server = Server::start(&dir.join("data"));
+    let a = server.tenant("alpha");
+    a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
+    a.push("wc", "lines", &lines_file(dir, "1.jsonl", lines), false)
+        .unwrap();
+    await_counts(
+        &a,
+        "wc",
+        &support::recount(lines.iter().map(|l| (l.as_str(), 1))),
+    );
+    (server, a)
+}
+
 /// Waits until `pipeline`'s state is `state`.
 fn await_state(client: &Client, pipeline: &str, state: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -750,22 +747,8 @@ fn await_state(client: &Client, pipeline: &str, state: &str) -> serde_json::Valu
 fn pause_stop_start_and_delete() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data);
-    let a = server.tenant("alpha");
-    a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
     let first = text(300, "p");
-    a.push(
-        "wc",
-        "lines",
-        &lines_file(dir.path(), "1.jsonl", &first),
-        false,
-    )
-    .unwrap();
-    await_counts(
-        &a,
-        "wc",
-        &support::recount(first.iter().map(|l| (l.as_str(), 1))),
-    );
+    let (server, a) = wordcount_with(dir.path(), &first);
     // Paused: input is accepted but no step runs.
     a.control("wc", "pause").unwrap();
     let paused = await_state(&a, "wc", "paused");
