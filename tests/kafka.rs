@@ -319,22 +319,10 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
     let tenant = fresh_name("t").replace('-', "");
     let client = server.tenant(&tenant);
     let bytes = std::fs::read(support::component("examples/wordcount")).unwrap();
-    let (s, body) = raw(
-        "PUT",
-        &format!("{}/components/wc", server.url),
-        Some(client.token()),
-        "application/wasm",
-        &bytes,
-    );
+    let (s, body) = server.upload(client.token(), "wc", &bytes);
     assert_eq!(s, 201, "{body}");
     let spec = serde_json::json!({ "name": "wc", "component": "wc", "workers": 2, "log": "kafka" });
-    let (s, body) = raw(
-        "POST",
-        &format!("{}/pipelines", server.url),
-        Some(client.token()),
-        "application/json",
-        spec.to_string().as_bytes(),
-    );
+    let (s, body) = server.create(client.token(), &spec);
     assert_eq!(s, 201, "{body}");
     let lines: Vec<String> = (0..2_000)
         .map(|i| format!("k{} k{}", i % 50, i % 7))
@@ -383,20 +371,8 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
     // A server without brokers refuses Kafka pipelines with a clear code.
     let plain = Server::start(&dir.path().join("plain"));
     let other = plain.tenant("solo");
-    let (s, body) = raw(
-        "PUT",
-        &format!("{}/components/wc", plain.url),
-        Some(other.token()),
-        "application/wasm",
-        &bytes,
-    );
+    let (s, body) = plain.upload(other.token(), "wc", &bytes);
     assert_eq!(s, 201, "{body}");
-    let (s, body) = raw(
-        "POST",
-        &format!("{}/pipelines", plain.url),
-        Some(other.token()),
-        "application/json",
-        spec.to_string().as_bytes(),
-    );
+    let (s, body) = plain.create(other.token(), &spec);
     assert_eq!((s, code(&body).as_str()), (422, "no_kafka"), "{body}");
 }

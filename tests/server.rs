@@ -450,22 +450,10 @@ fn hostile_guests_fail_only_their_own_pipeline() {
     let misbehave = support::component("tests/guests/misbehave");
     let upload = |name: &str, limits: serde_json::Value| {
         let bytes = std::fs::read(&misbehave).unwrap();
-        let (s, body) = raw(
-            "PUT",
-            &format!("{}/components/misbehave", server.url),
-            Some(hostile.token()),
-            "application/wasm",
-            &bytes,
-        );
+        let (s, body) = server.upload(hostile.token(), "misbehave", &bytes);
         assert_eq!(s, 201, "{body}");
         let spec = serde_json::json!({ "name": name, "component": "misbehave", "workers": 1, "limits": limits });
-        let (s, body) = raw(
-            "POST",
-            &format!("{}/pipelines", server.url),
-            Some(hostile.token()),
-            "application/json",
-            spec.to_string().as_bytes(),
-        );
+        let (s, body) = server.create(hostile.token(), &spec);
         assert_eq!(s, 201, "{body}");
     };
     let mut round = 0;
@@ -548,21 +536,9 @@ fn sigkill_of_the_server_resumes_pipelines_exactly_once() {
     let a = server.tenant("alpha");
     let spec = serde_json::json!({ "name": "wc", "component": "wc", "workers": 2, "max_batch": 200, "checkpoint_every_steps": 3 });
     let bytes = std::fs::read(wordcount()).unwrap();
-    let (s, body) = raw(
-        "PUT",
-        &format!("{}/components/wc", server.url),
-        Some(a.token()),
-        "application/wasm",
-        &bytes,
-    );
+    let (s, body) = server.upload(a.token(), "wc", &bytes);
     assert_eq!(s, 201, "{body}");
-    let (s, body) = raw(
-        "POST",
-        &format!("{}/pipelines", server.url),
-        Some(a.token()),
-        "application/json",
-        spec.to_string().as_bytes(),
-    );
+    let (s, body) = server.create(a.token(), &spec);
     assert_eq!(s, 201, "{body}");
     let token = a.token().to_owned();
     let chunks: Vec<Vec<String>> = (0..12).map(|i| text(1_000, &format!("c{i}_"))).collect();

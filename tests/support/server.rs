@@ -67,6 +67,24 @@ impl Server {
         Client::new(&self.url, v["token"].as_str().unwrap())
     }
 
+    /// `PUT /components/{name}` with `token`: `(status, body)`.
+    pub fn upload(&self, token: &str, name: &str, wasm: &[u8]) -> (u16, String) {
+        let url = format!("{}/components/{name}", self.url);
+        raw("PUT", &url, Some(token), "application/wasm", wasm)
+    }
+
+    /// `POST /pipelines` with `token` and `spec`: `(status, body)`.
+    pub fn create(&self, token: &str, spec: &serde_json::Value) -> (u16, String) {
+        let url = format!("{}/pipelines", self.url);
+        raw(
+            "POST",
+            &url,
+            Some(token),
+            "application/json",
+            spec.to_string().as_bytes(),
+        )
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         self.child.kill().unwrap(); // SIGKILL
