@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use support::crash::{WORKERS, campaign};
-use support::server::{Server, code, raw};
+use support::server::{Server, code};
 
 /// The broker's address, or `None` (outside CI) to skip.
 pub fn brokers() -> Option<String> {
