@@ -1,20 +1,57 @@
 #!/usr/bin/env bash
 # Installs what building and testing Sluice needs on a fresh Debian machine,
-# and nothing when it is already there: libclang (RocksDB's bindings are
-# generated with bindgen), kcat (the Kafka tests' independent consumer) and
-# the wasm32-wasip2 target (rust-toolchain.toml also asks rustup
-# for it).
+# and nothing when it is already there: libclang-dev (RocksDB's bindings are
+# generated with bindgen, which loads libclang), make and g++ (RocksDB's and
+# librdkafka's C/C++), kcat (the Kafka tests' independent consumer) and the
+# wasm32-wasip2 target (rust-toolchain.toml also asks rustup for it).
+#
+#   scripts/setup.sh            install what is missing
+#   scripts/setup.sh --dry-run  print what would be installed, install nothing
+#
+# Packages are checked with dpkg, never by looking for a file that might
+# belong to another package: a fresh image ships `libclang-cpp.so.14` (a
+# different library, from libclang-cpp14) while bindgen needs libclang itself
+# and its headers, so a file glob once skipped libclang-dev and the build
+# failed twelve minutes later. tests/setup/check-setup.sh pins that case.
+#
+# Environment (for tests of this script): SLUICE_DPKG_ADMINDIR points dpkg at
+# another status database (a fresh root's /var/lib/dpkg); SLUICE_SETUP_PATH
+# replaces PATH when looking for commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+dry_run=0
+[ "${1:-}" = "--dry-run" ] && dry_run=1
+
+dpkg_args=()
+[ -n "${SLUICE_DPKG_ADMINDIR:-}" ] && dpkg_args+=(--admindir="$SLUICE_DPKG_ADMINDIR")
+
+# True when Debian package $1 is installed (not merely known or removed).
+installed() {
+  [ "$(dpkg-query "${dpkg_args[@]}" -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]
+}
+
+# True when command $1 is on the search path.
+have_command() {
+  PATH="${SLUICE_SETUP_PATH:-$PATH}" command -v "$1" >/dev/null 2>&1
+}
+
 need_apt=()
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+# bindgen needs libclang.so and clang's resource headers: both come with
+# libclang-dev. LIBCLANG_PATH is the user's explicit choice of another one.
+if [ -z "${LIBCLANG_PATH:-}" ] && ! installed libclang-dev; then
   need_apt+=(libclang-dev)
 fi
-command -v make >/dev/null || need_apt+=(make)
-command -v g++ >/dev/null || need_apt+=(g++)
+have_command make || need_apt+=(make)
+have_command g++ || need_apt+=(g++)
 # kcat: the independent Kafka consumer the Kafka tests check output with.
-command -v kcat >/dev/null || need_apt+=(kcat)
+have_command kcat || need_apt+=(kcat)
+
+if [ "$dry_run" -eq 1 ]; then
+  echo "setup: would install: ${need_apt[*]:-nothing}"
+  exit 0
+fi
+
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   SUDO=""
