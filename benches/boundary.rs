@@ -2,10 +2,10 @@
 //! input, and with 1 000 lines, against the same circuit running natively.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use sluice::runtime::{Limits, SluiceEngine, Worker};
-use sluice::storage::Event;
+use sluice_core::Event;
 use sluice_guest::CircuitInstance;
 use sluice_guest::exchange::{LocalExchange, RawEvent};
+use sluice_runtime::{Limits, SluiceEngine, Worker};
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -16,14 +16,17 @@ fn bench(c: &mut Criterion) {
     let target = SluiceEngine::default_cache_dir()
         .unwrap_or_else(std::env::temp_dir)
         .join("guest-target");
-    let wasm =
-        sluice::compile::build_component(&sluice::demo::wordcount_dir(), Some(&target)).unwrap();
+    let wasm = sluice_tools::compile::build_component(
+        &sluice_tools::examples_dir().join("wordcount"),
+        Some(&target),
+    )
+    .unwrap();
     let component = engine.load_file(&wasm).unwrap();
     let mut worker = rt
         .block_on(Worker::standalone(&engine, &component, "bench"))
         .unwrap();
     let mut native = CircuitInstance::build(wordcount::build).unwrap();
-    let lines: Vec<Event> = sluice::demo::TEXT
+    let lines: Vec<Event> = sluice_tools::demo::TEXT
         .lines()
         .cycle()
         .take(1000)

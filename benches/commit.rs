@@ -2,12 +2,12 @@
 //! a raw synced RocksDB write batch of the same bytes, in one run.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice::storage::checkpoint::RocksCheckpointStore;
-use sluice::storage::{EmbeddedLog, Guarded, LogBackend, StepCommit, db, output_key};
-use std::sync::Arc;
+use sluice_core::StepCommit;
+use sluice_embedded::{db, output_key};
+use sluice_pipeline::{PipelineConfig, Storage};
 
 fn commit(step: u64, epoch: u64) -> StepCommit {
-    sluice::bench::sample_commit(step, 50, epoch)
+    sluice_tools::bench::sample_commit(step, 50, epoch)
 }
 
 fn bench(c: &mut Criterion) {
@@ -15,18 +15,14 @@ fn bench(c: &mut Criterion) {
     group.sample_size(30);
 
     let dir = tempfile::tempdir().unwrap();
-    let database = db::open(dir.path()).unwrap();
-    let log = Arc::new(EmbeddedLog::open(database.clone()).unwrap());
-    log.create_input("lines", 2).unwrap();
-    let epoch = log.fence().unwrap();
-    let guarded = Guarded::new(
-        log,
-        Arc::new(RocksCheckpointStore::open(database)),
-        vec!["lines".into()],
-        vec!["counts".into()],
-        2,
+    let storage = Storage::open(
+        &PipelineConfig::new(dir.path(), 2),
+        &sluice_tools::bench::wordcount_ports(),
+        "bench",
     )
     .unwrap();
+    let guarded = storage.guarded();
+    let epoch = guarded.fence().unwrap();
     let mut step = 0;
     group.bench_function("runtime step commit", |b| {
         b.iter(|| {

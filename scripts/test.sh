@@ -10,23 +10,19 @@ stop_broker() { if [ -n "$kb_dir" ]; then "$kb" stop "$kb_dir"; rm -rf "$(dirnam
 trap 'rm -f "$log"; stop_broker' EXIT
 
 # The Kafka tests need a real Kafka-protocol broker: unless one is given in
-# SLUICE_KAFKA_BROKERS, start the workplace's local broker (installed once,
-# under ~/.cache) on a free loopback port for this run, and stop it after.
+# SLUICE_KAFKA_BROKERS, start the workplace's local broker, built with our
+# fencing fix by scripts/kafka-broker.sh (once, under ~/.cache), on a free
+# loopback port for this run, and stop it after.
 if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
-  kb=""
-  for candidate in "${SLUICE_KAFKA_BROKER_SCRIPT:-}" ../shared/kafka-broker/kafka-broker.sh \
-                   /work/shared/kafka-broker/kafka-broker.sh; do
-    if [ -n "$candidate" ] && [ -x "$candidate" ]; then kb=$(cd "$(dirname "$candidate")" && pwd)/$(basename "$candidate"); break; fi
-  done
-  if [ -n "$kb" ]; then
-    "$kb" install
+  kb=$(pwd)/scripts/kafka-broker.sh
+  if "$kb" install; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     kb_dir=$(mktemp -d)/broker
     SLUICE_KAFKA_BROKERS=$("$kb" start "$port" "$kb_dir")
     export SLUICE_KAFKA_BROKERS
     echo "test: Kafka broker at $SLUICE_KAFKA_BROKERS" >&2
   elif [ -n "${CI:-}" ]; then
-    echo "test: no Kafka broker script found (set SLUICE_KAFKA_BROKER_SCRIPT or SLUICE_KAFKA_BROKERS)" >&2
+    echo "test: the Kafka broker could not be installed (see above)" >&2
     exit 1
   else
     echo "test: no Kafka broker: the Kafka tests will say they were skipped" >&2

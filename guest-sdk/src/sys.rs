@@ -27,6 +27,16 @@ pub mod bindings {
 
 use bindings::sluice::circuit::types as wit;
 
+// The bindings are generated from these files, which the macro does not
+// report to cargo: naming them here makes a change to the WIT rebuild this
+// crate (and every circuit).
+const _: [&str; 4] = [
+    include_str!("../../wit/types.wit"),
+    include_str!("../../wit/exchange.wit"),
+    include_str!("../../wit/circuit.wit"),
+    include_str!("../../wit/worlds.wit"),
+];
+
 #[doc(hidden)]
 pub use bindings::exports::sluice::circuit::circuit::Guest;
 #[doc(hidden)]
@@ -148,9 +158,15 @@ struct HostExchange;
 
 impl Exchange for HostExchange {
     fn shuffle(&mut self, channel: u32, events: Vec<RawEvent>) -> crate::Result<Vec<RawEvent>> {
+        use bindings::sluice::circuit::exchange::{ExchangeError, shuffle};
         let events: Vec<wit::Event> = events.into_iter().map(to_wit).collect();
-        let received = bindings::sluice::circuit::exchange::shuffle(channel, &events);
-        Ok(received.into_iter().map(from_wit).collect())
+        match shuffle(channel, &events) {
+            Ok(received) => Ok(received.into_iter().map(from_wit).collect()),
+            // The step fails; the host already knows why and reports it.
+            Err(ExchangeError::ContractViolation(m) | ExchangeError::Aborted(m)) => {
+                Err(Error::Failed(format!("exchange: {m}")))
+            }
+        }
     }
 
     fn workers(&self) -> u32 {

@@ -1,0 +1,426 @@
+//! The `sluice` command line: its arguments (clap). What each command does
+//! is in [`commands`](crate::commands).
+
+use clap::{Parser, Subcommand};
+use sluice_core::OutputPosition;
+use sluice_pipeline::{LogConfig, LogKind};
+use sluice_runtime::Limits;
+use std::path::PathBuf;
+
+/// Sluice: run WebAssembly circuits as exactly-once pipelines.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build the circuit crate at PATH for wasm32-wasip2; prints the
+    /// component's path as the last line.
+    Build {
+        /// The crate directory (or its Cargo.toml).
+        path: PathBuf,
+        /// Cargo target directory (default: cargo's).
+        #[arg(long)]
+        target_dir: Option<PathBuf>,
+    },
+    /// Append input files to a pipeline's input logs, run until all input is
+    /// consumed and committed, and write the output logs. Run again on the
+    /// same --data after a crash: it recovers and finishes.
+    Run(RunArgs),
+    /// Audit a pipeline's logs offline; exits non-zero naming the first
+    /// violation. A pipeline whose logs are in Kafka needs --brokers.
+    Verify {
+        /// The pipeline's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Kafka bootstrap servers, for a pipeline whose logs are in Kafka.
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        brokers: Option<String>,
+    },
+    /// Print an output log with every event's position and the input
+    /// frontier it covers, optionally resuming after a position.
+    Read {
+        /// The pipeline's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The output port.
+        #[arg(long)]
+        output: String,
+        /// Resume after this position, STEP:WORKER:INDEX.
+        #[arg(long, value_parser = OutputPosition::parse)]
+        after: Option<OutputPosition>,
+        /// At most this many events.
+        #[arg(long, default_value_t = usize::MAX)]
+        limit: usize,
+        /// Kafka bootstrap servers, for a pipeline whose logs are in Kafka.
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        brokers: Option<String>,
+    },
+    /// Crash campaign: run a keyed pipeline as a child process, crash it at
+    /// named points and random moments, restart it, and check the output
+    /// against a from-scratch computation. Exits non-zero on any violation.
+    Chaos {
+        /// Number of trials.
+        #[arg(long, default_value_t = 100)]
+        trials: u32,
+        /// Campaign seed (trial i uses seed + i).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The orders-join component (default: build examples/orders-join).
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Workers W.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Orders per trial.
+        #[arg(long, default_value_t = 1500)]
+        orders: u32,
+    },
+    /// Measure what the sandbox and exactly-once cost, as ratios to
+    /// baselines measured in the same run; prints a table.
+    Bench {
+        /// Small inputs, one repetition (CI).
+        #[arg(long)]
+        quick: bool,
+        /// Write the table into this markdown file (between bench markers).
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// Write an SVG chart of the ratios here.
+        #[arg(long)]
+        chart: Option<PathBuf>,
+    },
+    /// Generate benchmark input as JSON lines.
+    Gen {
+        /// Which data set.
+        #[command(subcommand)]
+        what: GenCommand,
+    },
+    /// Run the multi-tenant host: an HTTP API to upload components and run
+    /// pipelines (see `/openapi.json`). Recovers every running pipeline on
+    /// start; checkpoints them on Ctrl-C / SIGTERM.
+    Serve {
+        /// The server's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// A file holding the admin token (else `SLUICE_ADMIN_TOKEN`).
+        #[arg(long)]
+        admin_token_file: Option<PathBuf>,
+        /// Size the pooling allocator for this many instances (0: allocate
+        /// instances on demand).
+        #[arg(long, default_value_t = 0)]
+        pool: u32,
+        /// Kafka brokers for pipelines created with `"log": "kafka"` (none:
+        /// such pipelines are refused).
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        kafka_brokers: Option<String>,
+        /// Replication factor of the Kafka topics the server creates.
+        #[arg(long, default_value_t = 1)]
+        kafka_replication: i32,
+    },
+    /// Tenant administration on a server (admin token).
+    Tenant {
+        /// What to do.
+        #[command(subcommand)]
+        what: TenantCommand,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Upload a component to a server and start a pipeline running it.
+    Deploy {
+        /// The component (.wasm).
+        component: PathBuf,
+        /// The pipeline's name.
+        #[arg(long)]
+        pipeline: String,
+        /// The component's name on the server (default: the pipeline's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Workers W.
+        #[arg(long, default_value_t = 1)]
+        workers: u32,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Push a JSON-lines file to a pipeline's input port (durably, once).
+    Push {
+        /// The pipeline.
+        pipeline: String,
+        /// The input port.
+        port: String,
+        /// The JSON-lines file.
+        file: PathBuf,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Print a pipeline's output as JSON lines with positions.
+    Tail {
+        /// The pipeline.
+        pipeline: String,
+        /// The output port.
+        port: String,
+        /// Start after this position, STEP:WORKER:INDEX.
+        #[arg(long)]
+        after: Option<String>,
+        /// Keep waiting for new output.
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Show one pipeline's status, or all of the caller's.
+    Status {
+        /// The pipeline (all when omitted).
+        pipeline: Option<String>,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Start (or restart after a failure) a pipeline on a server.
+    Start {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Pause a pipeline on a server (instances kept, no steps).
+    Pause {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Stop a pipeline on a server (checkpoint, then unload).
+    Stop {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Delete a pipeline and its data on a server.
+    Delete {
+        /// The pipeline.
+        pipeline: String,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// Build the word-count example and run it on bundled text.
+    Demo {
+        /// Workers W.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Append the bundled text this many times.
+        #[arg(long, default_value_t = 50)]
+        repeat: u32,
+        /// Keep the pipeline's data here instead of a temporary directory.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Also write the final counts as a JSON object to this file.
+        #[arg(long)]
+        save_counts: Option<PathBuf>,
+        /// How many top words to print.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+}
+
+/// Data sets `sluice gen` writes.
+#[derive(Debug, Subcommand)]
+pub enum GenCommand {
+    /// Nexmark: person.jsonl, auction.jsonl and bid.jsonl (deterministic).
+    Nexmark {
+        /// Number of events (all three kinds together).
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+        /// Events per second of event time (spaces the timestamps).
+        #[arg(long, default_value_t = 10_000)]
+        rate: u32,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Arguments of `sluice run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The component (.wasm) to run.
+    pub component: PathBuf,
+    /// The pipeline's data directory (created if missing).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Number of workers W (fixed for the life of the data directory).
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// PORT=FILE: append FILE's JSON lines to input PORT (repeatable).
+    #[arg(long = "input", value_parser = port_file)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// PORT=FILE: write output PORT's log to FILE as JSON lines (repeatable).
+    #[arg(long = "output", value_parser = port_file)]
+    pub outputs: Vec<(String, PathBuf)>,
+    /// At most this many events per input partition per step.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_batch: u64,
+    /// Checkpoint every N committed steps.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// …or every this many milliseconds, whichever comes first.
+    #[arg(long, default_value_t = 10_000)]
+    pub checkpoint_interval_ms: u64,
+    /// Memory limit per instance, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub memory_mib: usize,
+    /// Fuel per call into the guest (deterministic CPU bound).
+    #[arg(long, default_value_t = Limits::default().fuel_per_call)]
+    pub fuel: u64,
+    /// Wall-clock deadline per call into the guest, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub deadline_secs: u64,
+    /// No progress bars and no summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Where the input, output and step logs live: `embedded` or `kafka`
+    /// (checkpoints stay in --data).
+    #[arg(long, default_value_t = LogKind::Embedded)]
+    pub log: LogKind,
+    /// Kafka settings (with `--log kafka`).
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// Tenant administration.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant; prints its API token (shown once).
+    Create {
+        /// The tenant's name.
+        name: String,
+    },
+}
+
+/// Which server, as whom.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Connection {
+    /// The server's URL.
+    #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
+    pub server: String,
+    /// The API token (a tenant's, or the admin's for `tenant`).
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+impl Connection {
+    /// A client of the server as this caller.
+    pub fn client(&self) -> crate::client::Client {
+        crate::client::Client::new(&self.server, &self.token)
+    }
+}
+
+/// Where and how a pipeline's logs live in Kafka (`--log kafka`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT…].
+    #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+    pub brokers: Option<String>,
+    /// The pipeline's name: every host running it uses the same one (it
+    /// names the transactional ids that fence other hosts, and the default
+    /// topics `<pipeline>.<port>`).
+    #[arg(long)]
+    pub pipeline: Option<String>,
+    /// PORT=TOPIC: the topic of an input or output port (repeatable;
+    /// default `<pipeline>.<port>`).
+    #[arg(long = "topic", value_parser = port_topic)]
+    pub topics: Vec<(String, String)>,
+    /// Partitions of input topics Sluice creates (default: W).
+    #[arg(long)]
+    pub input_partitions: Option<u32>,
+    /// Partitions of output topics Sluice creates.
+    #[arg(long, default_value_t = 1)]
+    pub output_partitions: u32,
+    /// Replication factor of topics Sluice creates.
+    #[arg(long, default_value_t = 1)]
+    pub replication: i32,
+    /// KEY=VALUE: a librdkafka setting for every Kafka client, e.g.
+    /// security.protocol=SASL_SSL (repeatable).
+    #[arg(long = "kafka-config", value_parser = key_value)]
+    pub client: Vec<(String, String)>,
+}
+
+impl KafkaArgs {
+    /// The logs `--log kind` asks for, or why the flags do not make them.
+    pub fn log_config(&self, kind: LogKind) -> anyhow::Result<LogConfig> {
+        match kind {
+            LogKind::Embedded => Ok(LogConfig::default()),
+            #[cfg(feature = "kafka")]
+            LogKind::Kafka => {
+                let brokers = self.brokers.clone().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--log kafka needs --brokers HOST:PORT (or SLUICE_KAFKA_BROKERS)"
+                    )
+                })?;
+                let pipeline = self.pipeline.clone().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--log kafka needs --pipeline NAME: the name every host running this \
+                         pipeline shares"
+                    )
+                })?;
+                let mut config = sluice_kafka::KafkaConfig::new(brokers, pipeline);
+                for (port, topic) in &self.topics {
+                    sluice_kafka::validate_topic(topic)?;
+                    config.topics.insert(port.clone(), topic.clone());
+                }
+                config.output_partitions = self.output_partitions.max(1);
+                config.replication = self.replication;
+                config.client = self.client.clone();
+                Ok(LogConfig::Kafka {
+                    config,
+                    input_partitions: self.input_partitions,
+                })
+            }
+            #[cfg(not(feature = "kafka"))]
+            LogKind::Kafka => {
+                anyhow::bail!("this sluice was built without Kafka support (cargo feature `kafka`)")
+            }
+        }
+    }
+}
+
+pub(crate) fn port_topic(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((port, topic)) if !port.is_empty() && !topic.is_empty() => {
+            Ok((port.to_owned(), topic.to_owned()))
+        }
+        _ => Err(format!("expected PORT=TOPIC, got {s:?}")),
+    }
+}
+
+pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+pub(crate) fn port_file(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((port, file)) if !port.is_empty() && !file.is_empty() => {
+            Ok((port.to_owned(), PathBuf::from(file)))
+        }
+        _ => Err(format!("expected PORT=FILE, got {s:?}")),
+    }
+}

@@ -1,0 +1,223 @@
+//! Commands on this machine's pipelines: `run`, `verify`, `read`, `serve`.
+
+use super::progress::run_progress;
+use crate::cli::RunArgs;
+use anyhow::{Context, bail};
+use sluice_core::OutputPosition;
+use sluice_embedded::meta::{self, LogMeta};
+use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
+use sluice_pipeline::{PipelineConfig, RunRequest, run as run_pipeline};
+use sluice_runtime::{Limits, PipelineOptions};
+use sluice_storage::LogBackend;
+use sluice_storage::audit::{Verdict, audit};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `sluice run`.
+pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+    for (_, file) in &a.inputs {
+        if !file.is_file() {
+            bail!("input file {} does not exist", file.display());
+        }
+    }
+    let log = a.kafka.log_config(a.log)?;
+    let report = run_pipeline(
+        RunRequest {
+            component: a.component,
+            pipeline: PipelineConfig {
+                log,
+                options: PipelineOptions {
+                    name: "run".into(),
+                    max_batch: a.max_batch,
+                    checkpoint_every_steps: a.checkpoint_every,
+                    checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
+                    inherit_guest_stderr: true,
+                    config: vec![],
+                    max_output_per_step: None,
+                },
+                ..PipelineConfig::new(a.data, a.workers)
+            },
+            inputs: a.inputs,
+            outputs: a.outputs,
+            limits: Limits {
+                memory: a.memory_mib << 20,
+                fuel_per_call: a.fuel,
+                deadline: Duration::from_secs(a.deadline_secs),
+            },
+        },
+        run_progress(!a.quiet),
+    )
+    .await?;
+    if !a.quiet {
+        let s = &report.stats;
+        let appended: u64 = report.ingested.iter().map(|i| i.appended).sum();
+        let recovered = match s.restored_checkpoint {
+            Some(step) => format!(
+                "restored the checkpoint of step {step}, replayed {} steps",
+                s.replayed_steps
+            ),
+            None if s.replayed_steps > 0 => {
+                format!("no checkpoint, replayed {} steps", s.replayed_steps)
+            }
+            None => "started fresh".to_owned(),
+        };
+        eprintln!(
+            "appended {appended} events; {recovered}; committed {} steps ({} in total) and {} checkpoints; \
+             {} events in, {} out; {:.0} events/s",
+            s.steps,
+            report.total_steps,
+            s.checkpoints,
+            s.events_in,
+            s.events_out,
+            report.events_per_second()
+        );
+    }
+    Ok(())
+}
+
+/// A stopped pipeline's data directory opened for reading: its metadata, its
+/// logs (embedded, or Kafka with `brokers`) and the database.
+struct Offline {
+    meta: PipelineMeta,
+    log: Arc<dyn LogBackend>,
+    database: Arc<db::PipelineDb>,
+}
+
+fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Result<Offline> {
+    if !data.join("db").is_dir() {
+        bail!("{} holds no pipeline (no db directory)", data.display());
+    }
+    let database = db::open(data)?;
+    let meta = meta::load(&database)?.context("no pipeline metadata")?;
+    let log: Arc<dyn LogBackend> = match &meta.log {
+        LogMeta::Embedded => Arc::new(EmbeddedLog::open(database.clone())?),
+        #[cfg(feature = "kafka")]
+        LogMeta::Kafka { pipeline, topics } => {
+            let brokers = brokers.with_context(|| {
+                format!(
+                    "the logs of this pipeline are in Kafka (pipeline `{pipeline}`): pass --brokers \
+                     HOST:PORT (or SLUICE_KAFKA_BROKERS)"
+                )
+            })?;
+            let mut config = sluice_kafka::KafkaConfig::new(brokers, pipeline.clone());
+            config.topics = topics.clone().into_iter().collect();
+            Arc::new(sluice_kafka::KafkaLog::open(config)?)
+        }
+        #[cfg(not(feature = "kafka"))]
+        LogMeta::Kafka { .. } => {
+            let _ = brokers;
+            bail!("this sluice was built without Kafka support (cargo feature `kafka`)")
+        }
+    };
+    Ok(Offline {
+        meta,
+        log,
+        database,
+    })
+}
+
+/// `sluice verify`.
+pub async fn verify(data: PathBuf, brokers: Option<String>) -> anyhow::Result<()> {
+    let verdict = tokio::task::spawn_blocking(move || -> anyhow::Result<Verdict> {
+        let offline = open_offline(&data, brokers)?;
+        Ok(match offline.meta.log {
+            LogMeta::Embedded => sluice_embedded::audit::audit_embedded(&offline.database)?,
+            LogMeta::Kafka { .. } => audit(
+                &*offline.log,
+                &RocksCheckpointStore::open(offline.database.clone()),
+                &offline.meta.shape,
+            )?,
+        })
+    })
+    .await??;
+    match verdict {
+        Verdict::Consistent(s) => println!(
+            "consistent: {} steps, {} output entries, checkpoints {:?}",
+            s.steps, s.entries, s.checkpoints
+        ),
+        Verdict::Violation(v) => bail!("violation: {v}"),
+    }
+    Ok(())
+}
+
+/// `sluice read`.
+pub async fn read(
+    data: PathBuf,
+    output: String,
+    after: Option<OutputPosition>,
+    limit: usize,
+    brokers: Option<String>,
+) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        use std::io::Write;
+        let offline = open_offline(&data, brokers)?;
+        let shape = &offline.meta.shape;
+        if !shape.outputs.contains(&output) {
+            bail!(
+                "unknown output port `{output}`; the pipeline has [{}]",
+                shape.outputs.join(", ")
+            );
+        }
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for e in sluice_storage::read_output(&*offline.log, &output, after, limit)? {
+            let value: serde_json::Value = serde_json::from_slice(&e.event.value)?;
+            let frontier: Vec<serde_json::Value> = e
+                .frontier
+                .iter()
+                .map(|(id, offset)| {
+                    serde_json::json!({
+                        "input": shape.input_name(id.input).unwrap_or("?"),
+                        "partition": id.partition,
+                        "offset": offset,
+                    })
+                })
+                .collect();
+            let op = if e.event.weight >= 0 {
+                "insert"
+            } else {
+                "delete"
+            };
+            let mut line =
+                serde_json::json!({"position": e.position, "frontier": frontier, op: value});
+            if e.event.weight.unsigned_abs() > 1 {
+                line["weight"] = e.event.weight.unsigned_abs().into();
+            }
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
+    })
+    .await?
+}
+
+/// `sluice serve`.
+pub async fn serve(
+    data: PathBuf,
+    listen: std::net::SocketAddr,
+    admin_token_file: Option<PathBuf>,
+    pool: u32,
+    kafka_brokers: Option<String>,
+    kafka_replication: i32,
+) -> anyhow::Result<()> {
+    let admin_token = match admin_token_file {
+        Some(f) => std::fs::read_to_string(&f)
+            .with_context(|| format!("reading the admin token from {}", f.display()))?,
+        None => std::env::var("SLUICE_ADMIN_TOKEN").map_err(|_| {
+            anyhow::anyhow!(
+                "no admin token: set SLUICE_ADMIN_TOKEN or pass --admin-token-file FILE \
+                 (there is no default)"
+            )
+        })?,
+    };
+    sluice_server::serve(sluice_server::ServeOptions {
+        data,
+        listen,
+        admin_token: admin_token.trim().to_owned(),
+        pool,
+        kafka: kafka_brokers.map(|brokers| sluice_server::runner::KafkaSettings {
+            brokers,
+            replication: kafka_replication,
+        }),
+    })
+    .await
+}

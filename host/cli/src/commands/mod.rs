@@ -1,0 +1,93 @@
+//! What each `sluice` command does, one module per kind of command.
+
+mod local;
+mod progress;
+mod remote;
+mod tools;
+
+use crate::cli::{Cli, Command, GenCommand, TenantCommand};
+
+/// Runs a parsed command line.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => local::run(args).await,
+        Command::Verify { data, brokers } => local::verify(data, brokers).await,
+        Command::Read {
+            data,
+            output,
+            after,
+            limit,
+            brokers,
+        } => local::read(data, output, after, limit, brokers).await,
+        Command::Serve {
+            data,
+            listen,
+            admin_token_file,
+            pool,
+            kafka_brokers,
+            kafka_replication,
+        } => {
+            local::serve(
+                data,
+                listen,
+                admin_token_file,
+                pool,
+                kafka_brokers,
+                kafka_replication,
+            )
+            .await
+        }
+        Command::Tenant {
+            what: TenantCommand::Create { name },
+            conn,
+        } => remote::create_tenant(conn, name).await,
+        Command::Deploy {
+            component,
+            pipeline,
+            name,
+            workers,
+            conn,
+        } => remote::deploy(conn, component, pipeline, name, workers).await,
+        Command::Push {
+            pipeline,
+            port,
+            file,
+            conn,
+        } => remote::push(conn, pipeline, port, file).await,
+        Command::Tail {
+            pipeline,
+            port,
+            after,
+            follow,
+            conn,
+        } => remote::tail(conn, pipeline, port, after, follow).await,
+        Command::Status { pipeline, conn } => remote::status(conn, pipeline).await,
+        Command::Start { pipeline, conn } => remote::control(conn, pipeline, "start").await,
+        Command::Pause { pipeline, conn } => remote::control(conn, pipeline, "pause").await,
+        Command::Stop { pipeline, conn } => remote::control(conn, pipeline, "stop").await,
+        Command::Delete { pipeline, conn } => remote::delete(conn, pipeline).await,
+        Command::Build { path, target_dir } => tools::build(path, target_dir).await,
+        Command::Chaos {
+            trials,
+            seed,
+            component,
+            workers,
+            orders,
+        } => tools::chaos(trials, seed, component, workers, orders).await,
+        Command::Bench {
+            quick,
+            markdown,
+            chart,
+        } => tools::bench(quick, markdown, chart).await,
+        Command::Gen {
+            what: GenCommand::Nexmark { events, rate, out },
+        } => tools::gen_nexmark(events, rate, out).await,
+        Command::Demo {
+            workers,
+            repeat,
+            data,
+            save_counts,
+            top,
+        } => tools::demo(workers, repeat, data, save_counts, top).await,
+    }
+}

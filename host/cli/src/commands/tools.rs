@@ -1,0 +1,104 @@
+//! The tool commands: `build`, `chaos`, `bench`, `gen`, `demo`.
+
+use super::progress::{bar, run_progress};
+use sluice_runtime::SluiceEngine;
+use sluice_tools::{bench as benchmarks, chaos as campaign, compile, demo as demos, generate};
+use std::path::PathBuf;
+
+/// `sluice build`.
+pub async fn build(path: PathBuf, target_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let wasm =
+        tokio::task::spawn_blocking(move || compile::build_component(&path, target_dir.as_deref()))
+            .await??;
+    println!("{}", wasm.display());
+    Ok(())
+}
+
+/// `sluice chaos`.
+pub async fn chaos(
+    trials: u32,
+    seed: u64,
+    component: Option<PathBuf>,
+    workers: u32,
+    orders: u32,
+) -> anyhow::Result<()> {
+    let component = match component {
+        Some(c) => c,
+        None => {
+            let src = sluice_tools::examples_dir().join("orders-join");
+            let target = SluiceEngine::default_cache_dir()
+                .unwrap_or_else(std::env::temp_dir)
+                .join("guest-target");
+            tokio::task::spawn_blocking(move || compile::build_component(&src, Some(&target)))
+                .await??
+        }
+    };
+    let exe = std::env::current_exe()?;
+    let opts = campaign::ChaosOptions {
+        trials,
+        seed,
+        component,
+        workers,
+        orders,
+        progress: true,
+    };
+    let report = tokio::task::spawn_blocking(move || campaign::chaos(&exe, &opts)).await??;
+    println!("{report}");
+    if report.violations() > 0 {
+        anyhow::bail!("{} violations of exactly-once", report.violations());
+    }
+    Ok(())
+}
+
+/// `sluice bench`.
+pub async fn bench(
+    quick: bool,
+    markdown: Option<PathBuf>,
+    chart: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    benchmarks::bench(&benchmarks::BenchOptions {
+        quick,
+        markdown,
+        chart,
+    })
+    .await?;
+    Ok(())
+}
+
+/// `sluice gen nexmark`.
+pub async fn gen_nexmark(events: u64, rate: u32, out: PathBuf) -> anyhow::Result<()> {
+    let progress = bar(true, "{wide_bar} {pos}/{len} events");
+    progress.set_length(events);
+    let files = tokio::task::spawn_blocking(move || {
+        let files = generate::gen_nexmark(events, rate, &out, &mut |n| progress.set_position(n));
+        progress.finish_and_clear();
+        files
+    })
+    .await??;
+    for (path, n) in [files.person, files.auction, files.bid] {
+        println!("{n:>10}  {}", path.display());
+    }
+    Ok(())
+}
+
+/// `sluice demo`.
+pub async fn demo(
+    workers: u32,
+    repeat: u32,
+    data: Option<PathBuf>,
+    save_counts: Option<PathBuf>,
+    top: usize,
+) -> anyhow::Result<()> {
+    demos::demo(
+        demos::DemoOptions {
+            workers,
+            repeat,
+            data,
+            save_counts,
+            top,
+        },
+        run_progress(true),
+    )
+    .await?;
+    Ok(())
+}

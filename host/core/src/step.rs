@@ -1,0 +1,146 @@
+//! Steps: the durable record of a step, the output entries it commits, and
+//! the positions consumers resume from.
+
+use crate::event::{Event, Frontier};
+use serde::{Deserialize, Serialize};
+
+/// The durable record of a step: its number, every worker's frontier after
+/// it (the division of input into steps), the time the guests saw, the epoch
+/// of the host that committed it, and the hash of every worker's output,
+/// against which a replay is checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Step number, from 0.
+    pub step: u64,
+    /// The fencing epoch of the host that committed the step: a commit from
+    /// an epoch older than the log's current one is refused.
+    pub epoch: u64,
+    /// Wall-clock time of the step (ms since the epoch) as the guests' WASI
+    /// clocks report it, in this step and in every replay of it (I4).
+    pub time_ms: u64,
+    /// Frontier of each worker after this step, indexed by worker.
+    pub frontiers: Vec<Frontier>,
+    /// Hash of each worker's output in this step, indexed by worker
+    /// ([`hash_outputs`]).
+    pub output_hashes: Vec<u128>,
+}
+
+/// One worker's output on one output port in one step: the unit an output log
+/// holds exactly one of per (step, worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputEntry {
+    /// The step that produced it.
+    pub step: u64,
+    /// The worker that produced it.
+    pub worker: u32,
+    /// The input frontier this output covers (the worker's frontier after
+    /// the step).
+    pub frontier: Frontier,
+    /// The deltas, consolidated by the circuit.
+    pub events: Vec<Event>,
+}
+
+/// Everything one step commits, atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCommit {
+    /// The step record (division and hashes).
+    pub record: StepRecord,
+    /// Per output log name, one entry per worker (indexed by worker).
+    pub outputs: Vec<(String, Vec<OutputEntry>)>,
+}
+
+/// Where an output event sits in its output log: entries are ordered by
+/// step, then worker, and events by their index within the entry. A consumer
+/// remembers the last position it processed and resumes after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OutputPosition {
+    /// The step that produced the event.
+    pub step: u64,
+    /// The worker that produced it.
+    pub worker: u32,
+    /// Its index within that worker's entry for the step.
+    pub index: u32,
+}
+
+impl OutputPosition {
+    /// Parses `STEP:WORKER:INDEX`, the form positions take on the command
+    /// line, in HTTP queries and as server-sent event ids.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        match parts.as_slice() {
+            [step, worker, index] => Ok(OutputPosition {
+                step: step.parse().map_err(|e| format!("step in {s:?}: {e}"))?,
+                worker: worker
+                    .parse()
+                    .map_err(|e| format!("worker in {s:?}: {e}"))?,
+                index: index.parse().map_err(|e| format!("index in {s:?}: {e}"))?,
+            }),
+            _ => Err(format!("expected STEP:WORKER:INDEX, got {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for OutputPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.step, self.worker, self.index)
+    }
+}
+
+/// An output event with its position and the input frontier its entry
+/// covers (every input event below the frontier has had its effect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionedEvent {
+    /// Where it sits.
+    pub position: OutputPosition,
+    /// The frontier of its entry.
+    pub frontier: Frontier,
+    /// The event.
+    pub event: Event,
+}
+
+/// The hash of one worker's output of one step (events per output port),
+/// recorded at commit and compared on replay (I4) and by the audit.
+pub fn hash_outputs(ports: &[Vec<Event>]) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (port, events) in ports.iter().enumerate() {
+        h.update(&(port as u64).to_le_bytes());
+        h.update(&(events.len() as u64).to_le_bytes());
+        for e in events {
+            h.update(&(e.value.len() as u64).to_le_bytes());
+            h.update(&e.value);
+            h.update(&e.weight.to_le_bytes());
+        }
+    }
+    h.digest128()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_print_and_parse_back() {
+        let p = OutputPosition {
+            step: 12,
+            worker: 1,
+            index: 7,
+        };
+        assert_eq!(p.to_string(), "12:1:7");
+        assert_eq!(OutputPosition::parse("12:1:7"), Ok(p));
+        assert!(OutputPosition::parse("12:1").is_err());
+        assert!(OutputPosition::parse("a:1:7").unwrap_err().contains("step"));
+    }
+
+    #[test]
+    fn the_output_hash_sees_order_ports_and_weights() {
+        let e = |v: &str, w| Event {
+            value: v.as_bytes().to_vec(),
+            weight: w,
+        };
+        let base = hash_outputs(&[vec![e("1", 1), e("2", 1)]]);
+        assert_ne!(base, hash_outputs(&[vec![e("2", 1), e("1", 1)]]));
+        assert_ne!(base, hash_outputs(&[vec![e("1", 1), e("2", -1)]]));
+        assert_ne!(base, hash_outputs(&[vec![], vec![e("1", 1), e("2", 1)]]));
+        assert_eq!(base, hash_outputs(&[vec![e("1", 1), e("2", 1)]]));
+    }
+}

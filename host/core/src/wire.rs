@@ -1,0 +1,203 @@
+//! Events as JSON lines, the wire format of `sluice run` files, pushes to
+//! the HTTP API and output reads.
+//!
+//! **Input lines.** A bare JSON value is an insert of that value.
+//! `{"insert": v}` and `{"delete": v}` are explicit, and either may carry
+//! `"weight": n` (a positive integer) for n copies. A value that is itself
+//! such an object must be wrapped: `{"insert": {"insert": 1}}`. Blank lines
+//! are skipped.
+//!
+//! **Output lines.** `{"insert": v}` or `{"delete": v}`, plus `"weight": n`
+//! when the weight's magnitude is above 1.
+
+use crate::event::Event;
+use serde_json::Value;
+
+/// Why a line is not an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LineError(pub String);
+
+/// Parses one input line. Returns `Ok(None)` for a blank line.
+pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
+    let line = line.trim();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    let value: Value =
+        serde_json::from_str(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
+    if let Value::Object(map) = &value {
+        let op = ["insert", "delete"]
+            .into_iter()
+            .find(|k| map.contains_key(*k));
+        let only_known = map
+            .keys()
+            .all(|k| k == "insert" || k == "delete" || k == "weight");
+        if let (Some(op), true) = (op, only_known) {
+            if map.contains_key("insert") && map.contains_key("delete") {
+                return Err(LineError(
+                    "an event is either {\"insert\": v} or {\"delete\": v}, not both".into(),
+                ));
+            }
+            let weight = match map.get("weight") {
+                None => 1,
+                Some(w) => match w.as_i64() {
+                    Some(n) if n > 0 => n,
+                    _ => {
+                        return Err(LineError(format!(
+                            "\"weight\" must be a positive integer, got {w}"
+                        )));
+                    }
+                },
+            };
+            let sign = if op == "insert" { 1 } else { -1 };
+            let inner = serde_json::to_vec(&map[op]).map_err(|e| LineError(e.to_string()))?;
+            return Ok(Some(Event {
+                value: inner,
+                weight: sign * weight,
+            }));
+        }
+    }
+    Ok(Some(Event {
+        value: line.as_bytes().to_vec(),
+        weight: 1,
+    }))
+}
+
+/// Writes one output event as a JSON line (with the trailing newline).
+/// `event.value` must be valid JSON (the host checks every output value
+/// when it commits a step).
+pub fn write_output_line(out: &mut Vec<u8>, event: &Event) {
+    let op: &[u8] = if event.weight >= 0 {
+        b"{\"insert\":"
+    } else {
+        b"{\"delete\":"
+    };
+    out.extend_from_slice(op);
+    out.extend_from_slice(&event.value);
+    let n = event.weight.unsigned_abs();
+    if n > 1 {
+        out.extend_from_slice(format!(",\"weight\":{n}").as_bytes());
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// Parses an output line written by [`write_output_line`]: returns the value
+/// and its signed weight. Useful to consumers and tests.
+pub fn parse_output_line(line: &str) -> Result<(Value, i64), LineError> {
+    match parse_input_line(line)? {
+        Some(e) => {
+            let v = serde_json::from_slice(&e.value).map_err(|e| LineError(e.to_string()))?;
+            Ok((v, e.weight))
+        }
+        None => Err(LineError("blank line".into())),
+    }
+}
+
+/// Why a push body holds no events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// A body starting with `[` is not a JSON array.
+    #[error("not a JSON array of events: {0}")]
+    Json(String),
+    /// One line or element is not an event; the message names it.
+    #[error("{0}")]
+    Event(LineError),
+}
+
+/// Parses a whole push body: JSON lines, or one JSON array whose elements
+/// are events as lines would hold them. Blank lines are skipped. An error
+/// names the line (from 1) or the array element (from 0).
+pub fn parse_events(text: &str) -> Result<Vec<Event>, BodyError> {
+    let mut events = Vec::new();
+    if text.trim_start().starts_with('[') {
+        let values: Vec<Value> =
+            serde_json::from_str(text).map_err(|e| BodyError::Json(e.to_string()))?;
+        for (i, v) in values.iter().enumerate() {
+            match parse_input_line(&v.to_string()) {
+                Ok(Some(e)) => events.push(e),
+                Ok(None) => {}
+                Err(m) => return Err(BodyError::Event(LineError(format!("element {i}: {m}")))),
+            }
+        }
+    } else {
+        for (i, line) in text.lines().enumerate() {
+            match parse_input_line(line) {
+                Ok(Some(e)) => events.push(e),
+                Ok(None) => {}
+                Err(m) => {
+                    return Err(BodyError::Event(LineError(format!("line {}: {m}", i + 1))));
+                }
+            }
+        }
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(v: &str, w: i64) -> Event {
+        Event {
+            value: v.as_bytes().to_vec(),
+            weight: w,
+        }
+    }
+
+    #[test]
+    fn input_lines() {
+        assert_eq!(parse_input_line("\"a b\"").unwrap(), Some(ev("\"a b\"", 1)));
+        assert_eq!(parse_input_line("  ").unwrap(), None);
+        assert_eq!(
+            parse_input_line(r#"{"delete": "x"}"#).unwrap(),
+            Some(ev("\"x\"", -1))
+        );
+        assert_eq!(
+            parse_input_line(r#"{"insert": {"a":1}, "weight": 3}"#).unwrap(),
+            Some(ev(r#"{"a":1}"#, 3))
+        );
+        assert_eq!(
+            parse_input_line(r#"{"insert": 1, "other": 2}"#).unwrap(),
+            Some(ev(r#"{"insert": 1, "other": 2}"#, 1))
+        );
+        assert!(parse_input_line(r#"{"insert": 1, "delete": 2}"#).is_err());
+        assert!(parse_input_line(r#"{"delete": 1, "weight": -2}"#).is_err());
+        assert!(
+            parse_input_line("{nope")
+                .unwrap_err()
+                .0
+                .contains("not JSON")
+        );
+    }
+
+    #[test]
+    fn push_bodies_as_lines_or_an_array() {
+        let lines = parse_events("\"a\"\n\n{\"delete\": \"b\"}\n").unwrap();
+        assert_eq!(lines, vec![ev("\"a\"", 1), ev("\"b\"", -1)]);
+        let array = parse_events(r#"["a", {"delete": "b"}]"#).unwrap();
+        assert_eq!(array, lines);
+        assert_eq!(
+            parse_events("\"a\"\n{nope").unwrap_err().to_string(),
+            "line 2: not JSON: key must be a string at line 1 column 2"
+        );
+        assert!(matches!(
+            parse_events(r#"["a", {"insert": 1, "delete": 2}]"#),
+            Err(BodyError::Event(LineError(m))) if m.starts_with("element 1:")
+        ));
+        assert!(matches!(parse_events("[1, 2"), Err(BodyError::Json(_))));
+    }
+
+    #[test]
+    fn output_lines_round_trip() {
+        for (v, w) in [("\"x\"", 1), ("{\"a\":[1,2]}", -1), ("3", 4), ("null", -7)] {
+            let mut buf = Vec::new();
+            write_output_line(&mut buf, &ev(v, w));
+            let line = String::from_utf8(buf).unwrap();
+            assert!(line.ends_with('\n'));
+            let (value, weight) = parse_output_line(&line).unwrap();
+            assert_eq!(value, serde_json::from_str::<Value>(v).unwrap());
+            assert_eq!(weight, w);
+        }
+    }
+}

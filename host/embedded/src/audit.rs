@@ -1,0 +1,56 @@
+//! `sluice verify` of a pipeline whose logs are embedded: the storage audit
+//! ([`sluice_storage::audit`]) plus what only this backend's layout can
+//! show, that every output entry is stored under its own (step, worker) key.
+
+use crate::db::PipelineDb;
+use crate::meta::{self, LogMeta};
+use crate::{EmbeddedLog, RocksCheckpointStore};
+use sluice_core::PipelineShape;
+use sluice_storage::Result;
+use sluice_storage::audit::{Verdict, audit};
+use std::sync::Arc;
+
+/// Audits the embedded pipeline in an opened database. A directory without
+/// a pipeline, or whose logs are in Kafka, is reported as such.
+pub fn audit_embedded(database: &Arc<PipelineDb>) -> Result<Verdict> {
+    let Some(meta) = meta::load(database)? else {
+        return Ok(Verdict::Violation(
+            "no pipeline metadata: this directory holds no Sluice pipeline".into(),
+        ));
+    };
+    if let LogMeta::Kafka { pipeline, .. } = &meta.log {
+        return Ok(Verdict::Violation(format!(
+            "the logs of this pipeline are in Kafka (pipeline `{pipeline}`): audit it with --brokers"
+        )));
+    }
+    let log = EmbeddedLog::open(database.clone())?;
+    if let Some(v) = misplaced_entry(&log, &meta.shape)? {
+        return Ok(Verdict::Violation(v));
+    }
+    audit(
+        &log,
+        &RocksCheckpointStore::open(database.clone()),
+        &meta.shape,
+    )
+}
+
+/// The first output entry stored under another step's or worker's key.
+fn misplaced_entry(log: &EmbeddedLog, shape: &PipelineShape) -> Result<Option<String>> {
+    for name in &shape.outputs {
+        let mut found = None;
+        log.scan_output_keyed(name, 0, &mut |step, worker, entry| {
+            if found.is_none() && (entry.step, entry.worker) != (step, worker) {
+                found = Some(format!(
+                    "output log `{name}` holds a second entry for step {} worker {} (stored as step {step} \
+                     worker {worker}): an output log must never hold two entries for one step (I1)",
+                    entry.step, entry.worker
+                ));
+            }
+            Ok(())
+        })?;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}

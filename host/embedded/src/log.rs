@@ -1,0 +1,578 @@
+//! The embedded log: every log of a pipeline in its RocksDB database.
+//!
+//! Keys (big-endian numbers, so RocksDB's order is log order):
+//! - input:  `[name][partition u32][offset u64]` → postcard [`Event`]
+//! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`]
+//! - steps:  `[step u64]` → postcard [`StepRecord`]
+//! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark
+//! - ingest: `[source]` → mark
+
+use crate::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS, rocks};
+use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
+use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
+use sluice_storage::{AppendBatch, LogBackend, ProducerSeq, Result, StorageError as Error};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Input, output and step logs in the pipeline's RocksDB database.
+pub struct EmbeddedLog {
+    db: Arc<db::PipelineDb>,
+    /// `(input, partition)` → `(low, high)`, kept in step with the database
+    /// under this lock; appends and trims take it.
+    marks: Mutex<HashMap<(String, u32), (u64, u64)>>,
+    /// The last committed step; commits take this lock, which makes the
+    /// "is this step new?" check and the write one atomic action.
+    last_step: Mutex<Option<u64>>,
+    /// Whether step commits are fsynced (always, except in benchmarks that
+    /// measure what durability costs).
+    sync_commits: bool,
+}
+
+/// The key of an input event (for tools and tests that inspect the database).
+pub fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 13);
+    db::push_name(&mut k, name);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// The key of an output entry (for tools and tests that inspect the database).
+pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 13);
+    db::push_name(&mut k, name);
+    k.extend_from_slice(&step.to_be_bytes());
+    k.extend_from_slice(&worker.to_be_bytes());
+    k
+}
+
+const EPOCH_KEY: &[u8] = b"log.epoch";
+
+fn producer_key(id: &str) -> Vec<u8> {
+    // Ingest marks are named `file:…`; producers live in their own namespace.
+    [b"producer:".as_slice(), id.as_bytes()].concat()
+}
+
+fn input_meta_key(name: &str) -> Vec<u8> {
+    [b"log.input.".as_slice(), name.as_bytes()].concat()
+}
+
+fn low_key(name: &str, partition: u32) -> Vec<u8> {
+    let mut k = b"log.low.".to_vec();
+    db::push_name(&mut k, name);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+fn be_u64(bytes: &[u8], what: &str) -> Result<u64> {
+    let arr: [u8; 8] = bytes.try_into().map_err(|_| Error::Corrupt {
+        what: what.into(),
+        message: format!("expected 8 bytes, found {}", bytes.len()),
+    })?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave the data inconsistent
+    // (the cache is only updated after a successful write), so keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EmbeddedLog {
+    /// Opens the log in a database opened by [`db::open`].
+    pub fn open(db: Arc<db::PipelineDb>) -> Result<Self> {
+        let steps = db::cf(&db, CF_STEPS)?;
+        let last_step = match db.iterator_cf(steps, IteratorMode::End).next() {
+            Some(item) => {
+                let (k, _) = item.map_err(rocks("reading the last step"))?;
+                Some(be_u64(&k, "step key")?)
+            }
+            None => None,
+        };
+        Ok(EmbeddedLog {
+            db,
+            marks: Mutex::new(HashMap::new()),
+            last_step: Mutex::new(last_step),
+            sync_commits: true,
+        })
+    }
+
+    /// Like [`open`](Self::open), but step commits are not fsynced: a crash
+    /// of the machine (not of the process) can lose committed steps. Only for
+    /// benchmarks that measure what durable commits cost.
+    pub fn open_unsynced_for_benchmarks(db: Arc<db::PipelineDb>) -> Result<Self> {
+        Ok(EmbeddedLog {
+            sync_commits: false,
+            ..Self::open(db)?
+        })
+    }
+
+    /// The producer's last sequence number and the offsets that append got.
+    fn producer_state(&self, p: &ProducerSeq) -> Result<Option<(u64, Vec<Range<u64>>)>> {
+        let cf = db::cf(&self.db, CF_INGEST)?;
+        match self
+            .db
+            .get_cf(cf, producer_key(&p.id))
+            .map_err(rocks("reading a producer's sequence"))?
+        {
+            Some(v) => {
+                let (seq, pairs): (u64, Vec<(u64, u64)>) = postcard::from_bytes(&v)
+                    .map_err(Error::corrupt(format!("state of producer `{}`", p.id)))?;
+                Ok(Some((seq, pairs.into_iter().map(|(a, b)| a..b).collect())))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn commit_options(&self) -> rocksdb::WriteOptions {
+        if self.sync_commits {
+            db::synced()
+        } else {
+            rocksdb::WriteOptions::default()
+        }
+    }
+
+    fn current_epoch(&self) -> Result<u64> {
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, EPOCH_KEY)
+            .map_err(rocks("reading the epoch"))?
+        {
+            Some(v) => be_u64(&v, "epoch"),
+            None => Ok(0),
+        }
+    }
+
+    /// Like [`LogBackend::scan_output`], also passing the step and worker
+    /// that each entry's key says it belongs to.
+    pub fn scan_output_keyed(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<()>,
+    ) -> Result<()> {
+        let cf = db::cf(&self.db, CF_OUTPUT)?;
+        let mut prefix = Vec::new();
+        db::push_name(&mut prefix, output);
+        let start = output_key(output, from_step, 0);
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("reading output"))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let rest = &k[prefix.len()..];
+            let (step, worker) = match (rest.get(..8), rest.get(8..12)) {
+                (Some(s), Some(w)) if rest.len() == 12 => (
+                    be_u64(s, "output key")?,
+                    u32::from_be_bytes(w.try_into().expect("4 bytes")),
+                ),
+                _ => {
+                    return Err(Error::Corrupt {
+                        what: format!("output log `{output}`"),
+                        message: "malformed key".into(),
+                    });
+                }
+            };
+            let entry = postcard::from_bytes(&v)
+                .map_err(Error::corrupt(format!("entry of output log `{output}`")))?;
+            f(step, worker, entry)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `(low, high)` of a partition from the database.
+    fn load_marks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
+        let meta = db::cf(&self.db, CF_META)?;
+        let low = match self
+            .db
+            .get_cf(meta, low_key(input, partition))
+            .map_err(rocks("reading a low watermark"))?
+        {
+            Some(v) => be_u64(&v, "low watermark")?,
+            None => 0,
+        };
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let upper = input_key(input, partition, u64::MAX);
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_for_prev(&upper);
+        let prefix = &upper[..upper.len() - 8];
+        let high = match it.key() {
+            Some(k) if k.starts_with(prefix) => be_u64(&k[prefix.len()..], "input offset")? + 1,
+            _ => {
+                it.status().map_err(rocks("scanning an input partition"))?;
+                0
+            }
+        };
+        Ok((low, high.max(low)))
+    }
+
+    fn marks_of(
+        &self,
+        cache: &mut HashMap<(String, u32), (u64, u64)>,
+        input: &str,
+        partition: u32,
+    ) -> Result<(u64, u64)> {
+        if let Some(m) = cache.get(&(input.to_owned(), partition)) {
+            return Ok(*m);
+        }
+        let partitions = self.partitions(input)?;
+        if partition >= partitions {
+            return Err(Error::Unknown {
+                kind: "partition",
+                name: format!("{input}[{partition}]"),
+                hint: format!(" (input `{input}` has {partitions} partitions)"),
+            });
+        }
+        let m = self.load_marks(input, partition)?;
+        cache.insert((input.to_owned(), partition), m);
+        Ok(m)
+    }
+}
+
+impl LogBackend for EmbeddedLog {
+    fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
+        validate_name("input log", input).map_err(ConfigError::from)?;
+        if partitions == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "input log `{input}` needs at least one partition"
+            ))
+            .into());
+        }
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, input_meta_key(input))
+            .map_err(rocks("reading input metadata"))?
+        {
+            Some(v) if v.as_slice() == partitions.to_be_bytes() => Ok(()),
+            Some(v) => Err(ConfigError::PartitionsChanged {
+                input: input.to_owned(),
+                stored: v
+                    .first_chunk::<4>()
+                    .map(|b| u32::from_be_bytes(*b))
+                    .unwrap_or(0),
+                wanted: partitions,
+            }
+            .into()),
+            None => self
+                .db
+                .put_cf_opt(
+                    meta,
+                    input_meta_key(input),
+                    partitions.to_be_bytes(),
+                    &db::synced(),
+                )
+                .map_err(rocks("creating an input log")),
+        }
+    }
+
+    fn partitions(&self, input: &str) -> Result<u32> {
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, input_meta_key(input))
+            .map_err(rocks("reading input metadata"))?
+        {
+            Some(v) => v
+                .first_chunk::<4>()
+                .map(|b| u32::from_be_bytes(*b))
+                .ok_or_else(|| Error::Corrupt {
+                    what: format!("metadata of input log `{input}`"),
+                    message: "short value".into(),
+                }),
+            None => Err(Error::Unknown {
+                kind: "input log",
+                name: input.to_owned(),
+                hint: String::new(),
+            }),
+        }
+    }
+
+    fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let mut cache = lock(&self.marks);
+        if let Some(p) = &batch.producer
+            && let Some((last, ranges)) = self.producer_state(p)?
+            && p.seq <= last
+        {
+            return Ok(if p.seq == last {
+                ranges
+            } else {
+                batch.appends.iter().map(|_| 0..0).collect()
+            });
+        }
+        let mut next: HashMap<(String, u32), u64> = HashMap::new();
+        let mut wb = WriteBatch::default();
+        let mut ranges = Vec::with_capacity(batch.appends.len());
+        for (input, partition, events) in &batch.appends {
+            let start = match next.get(&(input.clone(), *partition)) {
+                Some(n) => *n,
+                None => self.marks_of(&mut cache, input, *partition)?.1,
+            };
+            for (i, event) in events.iter().enumerate() {
+                let value = postcard::to_allocvec(event).map_err(Error::corrupt("input event"))?;
+                wb.put_cf(cf, input_key(input, *partition, start + i as u64), value);
+            }
+            let end = start + events.len() as u64;
+            next.insert((input.clone(), *partition), end);
+            ranges.push(start..end);
+        }
+        if let Some(mark) = &batch.mark {
+            wb.put_cf(
+                db::cf(&self.db, CF_INGEST)?,
+                mark.source.as_bytes(),
+                &mark.state,
+            );
+        }
+        if let Some(p) = &batch.producer {
+            let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+            let state =
+                postcard::to_allocvec(&(p.seq, pairs)).map_err(Error::corrupt("producer state"))?;
+            wb.put_cf(db::cf(&self.db, CF_INGEST)?, producer_key(&p.id), state);
+        }
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(rocks("appending input"))?;
+        for (key, high) in next {
+            if let Some(m) = cache.get_mut(&key) {
+                m.1 = high;
+            }
+        }
+        Ok(ranges)
+    }
+
+    fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {
+        let cf = db::cf(&self.db, CF_INGEST)?;
+        self.db
+            .get_cf(cf, source.as_bytes())
+            .map_err(rocks("reading an ingest mark"))
+    }
+
+    fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
+        let mut cache = lock(&self.marks);
+        self.marks_of(&mut cache, input, partition)
+    }
+
+    fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
+        let (low, _) = self.watermarks(input, partition)?;
+        if range.start < low && !range.is_empty() {
+            return Err(Error::Trimmed {
+                input: input.to_owned(),
+                partition,
+                from: range.start,
+                low,
+            });
+        }
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(input_key(input, partition, range.end));
+        let start = input_key(input, partition, range.start);
+        let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
+        for item in
+            self.db
+                .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("reading input"))?;
+            // Embedded offsets are dense: a gap is corruption.
+            let expected = input_key(input, partition, range.start + events.len() as u64);
+            if *k != *expected {
+                return Err(Error::Corrupt {
+                    what: format!("input `{input}` partition {partition}"),
+                    message: format!("offset {} is missing", range.start + events.len() as u64),
+                });
+            }
+            events.push(postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?);
+        }
+        Ok(events)
+    }
+
+    fn fence(&self) -> Result<u64> {
+        // The commit lock orders a fence against commits of this handle; the
+        // epoch itself is read from the database at every commit, so a fence
+        // through any handle is seen.
+        let _commits = lock(&self.last_step);
+        let epoch = self.current_epoch()? + 1;
+        let meta = db::cf(&self.db, CF_META)?;
+        self.db
+            .put_cf_opt(meta, EPOCH_KEY, epoch.to_be_bytes(), &db::synced())
+            .map_err(rocks("starting a new epoch"))?;
+        Ok(epoch)
+    }
+
+    fn commit_step(&self, commit: &StepCommit) -> Result<()> {
+        let step = commit.record.step;
+        let mut last = lock(&self.last_step);
+        let current = self.current_epoch()?;
+        if commit.record.epoch != current {
+            return Err(Error::Fenced {
+                step,
+                epoch: commit.record.epoch,
+                current,
+            });
+        }
+        match *last {
+            Some(l) if step <= l => return Err(Error::StepExists { step }),
+            Some(l) if step != l + 1 => {
+                return Err(Error::StepGap {
+                    step,
+                    last: Some(l),
+                });
+            }
+            None if step != 0 => return Err(Error::StepGap { step, last: None }),
+            _ => {}
+        }
+        let out = db::cf(&self.db, CF_OUTPUT)?;
+        let mut wb = WriteBatch::default();
+        for (name, entries) in &commit.outputs {
+            for entry in entries {
+                let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
+                wb.put_cf(out, output_key(name, step, entry.worker), value);
+            }
+        }
+        let record =
+            postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
+        wb.put_cf(db::cf(&self.db, CF_STEPS)?, step.to_be_bytes(), record);
+        self.db
+            .write_opt(wb, &self.commit_options())
+            .map_err(rocks(format!("committing step {step}")))?;
+        *last = Some(step);
+        Ok(())
+    }
+
+    fn last_step(&self) -> Result<Option<u64>> {
+        Ok(*lock(&self.last_step))
+    }
+
+    fn step_record(&self, step: u64) -> Result<Option<StepRecord>> {
+        let cf = db::cf(&self.db, CF_STEPS)?;
+        match self
+            .db
+            .get_cf(cf, step.to_be_bytes())
+            .map_err(rocks("reading a step record"))?
+        {
+            Some(v) => Ok(Some(
+                postcard::from_bytes(&v)
+                    .map_err(Error::corrupt(format!("record of step {step}")))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    fn scan_output(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+    ) -> Result<()> {
+        self.scan_output_keyed(output, from_step, &mut |_, _, e| f(e))
+    }
+
+    fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {
+        let mut cache = lock(&self.marks);
+        let (low, high) = self.marks_of(&mut cache, input, partition)?;
+        if below <= low {
+            return Ok(());
+        }
+        let below = below.min(high);
+        let mut wb = WriteBatch::default();
+        wb.delete_range_cf(
+            db::cf(&self.db, CF_INPUT)?,
+            input_key(input, partition, low),
+            input_key(input, partition, below),
+        );
+        wb.put_cf(
+            db::cf(&self.db, CF_META)?,
+            low_key(input, partition),
+            below.to_be_bytes(),
+        );
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(rocks("trimming input"))?;
+        cache.insert((input.to_owned(), partition), (below, high));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_storage::conformance::{self, LogFlags};
+    use std::cell::RefCell;
+
+    #[test]
+    fn passes_the_log_conformance_suite() {
+        let dirs = RefCell::new(Vec::new());
+        conformance::log_backend(
+            &|| {
+                let dir = tempfile::tempdir().unwrap();
+                let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+                dirs.borrow_mut().push(dir);
+                Arc::new(log)
+            },
+            LogFlags {
+                supports_trim: true,
+                dense_offsets: true,
+            },
+        );
+    }
+
+    #[test]
+    fn state_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+            log.create_input("in", 1).unwrap();
+            log.append(AppendBatch {
+                appends: vec![(
+                    "in".into(),
+                    0,
+                    vec![
+                        Event {
+                            value: b"1".to_vec(),
+                            weight: 1
+                        };
+                        5
+                    ],
+                )],
+                mark: None,
+                producer: None,
+            })
+            .unwrap();
+            log.trim("in", 0, 2).unwrap();
+            assert_eq!(log.fence().unwrap(), 1);
+            log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
+        }
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(log.watermarks("in", 0).unwrap(), (2, 5));
+        assert_eq!(log.last_step().unwrap(), Some(0));
+        assert!(matches!(
+            log.commit_step(&conformance::sample_commit(0, 2)),
+            Err(Error::StepExists { step: 0 })
+        ));
+    }
+
+    #[test]
+    fn a_second_open_of_the_same_directory_is_refused_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let _db = db::open(dir.path()).unwrap();
+        match db::open(dir.path()) {
+            Err(Error::Locked { dir: d, holder }) => {
+                assert_eq!(d, dir.path());
+                assert!(
+                    holder.contains(&format!("pid {}", std::process::id())),
+                    "{holder}"
+                );
+            }
+            Err(other) => panic!("expected Locked, got {other}"),
+            Ok(_) => panic!("a second open must fail"),
+        }
+    }
+}

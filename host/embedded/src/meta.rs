@@ -1,0 +1,127 @@
+//! Pipeline metadata: who a data directory's pipeline is and what shape it
+//! has, stored when it is created and checked on every open, so that a
+//! pipeline is never resumed with another component, W or log.
+
+use crate::db::{self, CF_META, rocks};
+use rocksdb::DB;
+use serde::{Deserialize, Serialize};
+use sluice_core::{ConfigError, PipelineShape};
+use sluice_storage::{Result, StorageError};
+use std::collections::BTreeMap;
+
+/// What a data directory's pipeline is, recorded when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineMeta {
+    /// The pipeline's identity, fixed at creation: seeds the guests'
+    /// deterministic random numbers.
+    pub id: String,
+    /// SHA-256 of the component, hex.
+    pub component: String,
+    /// Inputs (with partitions), outputs, W, snapshot version.
+    pub shape: PipelineShape,
+    /// Where the logs live.
+    pub log: LogMeta,
+}
+
+/// Where a pipeline's logs live, as recorded in its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogMeta {
+    /// In this data directory's RocksDB.
+    Embedded,
+    /// In Kafka topics of the pipeline named `pipeline`.
+    Kafka {
+        /// The pipeline's Kafka name (transactional ids, default topics).
+        pipeline: String,
+        /// Ports mapped to topics other than `<pipeline>.<port>`.
+        topics: BTreeMap<String, String>,
+    },
+}
+
+impl std::fmt::Display for LogMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogMeta::Embedded => write!(f, "embedded"),
+            LogMeta::Kafka { pipeline, .. } => write!(f, "kafka:{pipeline}"),
+        }
+    }
+}
+
+const KEY: &[u8] = b"pipeline";
+
+/// A fresh pipeline identity: unique per data directory and creation.
+pub fn new_pipeline_id(dir: &std::path::Path) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(dir.to_string_lossy().as_bytes());
+    h.update(&now.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    format!("p-{:016x}", h.digest())
+}
+
+/// Reads the pipeline's metadata, if it was created.
+pub fn load(db: &DB) -> Result<Option<PipelineMeta>> {
+    match db
+        .get_cf(db::cf(db, CF_META)?, KEY)
+        .map_err(rocks("reading pipeline metadata"))?
+    {
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(StorageError::corrupt("pipeline metadata")),
+        None => Ok(None),
+    }
+}
+
+/// Records the pipeline's metadata (durably).
+pub fn store(db: &DB, meta: &PipelineMeta) -> Result<()> {
+    let bytes =
+        serde_json::to_vec_pretty(meta).map_err(StorageError::corrupt("pipeline metadata"))?;
+    db.put_cf_opt(db::cf(db, CF_META)?, KEY, bytes, &db::synced())
+        .map_err(rocks("writing pipeline metadata"))
+}
+
+/// The stored metadata if it is compatible with `wanted`, else `wanted`
+/// after storing it (a new pipeline).
+pub fn ensure(db: &DB, wanted: &PipelineMeta) -> Result<PipelineMeta> {
+    match load(db)? {
+        Some(stored) => {
+            stored.check_compatible(wanted)?;
+            Ok(stored)
+        }
+        None => {
+            store(db, wanted)?;
+            Ok(wanted.clone())
+        }
+    }
+}
+
+impl PipelineMeta {
+    /// Explains why `self` (stored) cannot be resumed as `wanted`, if so.
+    pub fn check_compatible(&self, wanted: &PipelineMeta) -> Result<(), ConfigError> {
+        if self.component != wanted.component {
+            return Err(ConfigError::ComponentChanged {
+                stored: short(&self.component).into(),
+                wanted: short(&wanted.component).into(),
+            });
+        }
+        if self.log.to_string() != wanted.log.to_string() {
+            return Err(ConfigError::LogChanged {
+                stored: self.log.to_string(),
+                wanted: wanted.log.to_string(),
+            });
+        }
+        if self.shape.workers != wanted.shape.workers {
+            return Err(ConfigError::WorkersChanged {
+                stored: self.shape.workers,
+                wanted: wanted.shape.workers,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}

@@ -1,0 +1,1326 @@
+//! The Kafka log: a pipeline's input, output and step logs in Kafka topics.
+//!
+//! - **Inputs** are topics any Kafka producer may write. A record's value is
+//!   the event's JSON; its weight is the `sluice-weight` header (a decimal
+//!   integer, `1` when absent). Reads are `read_committed` and start at the
+//!   requested offset by assigning the partition at that offset. Offsets are
+//!   *sparse*: transaction markers and aborted records take offsets that hold
+//!   no event, so a range `a..b` holds at most `b - a` events.
+//! - **Outputs** go to output topics, one record per event, to partition
+//!   `worker mod partitions`, with headers `sluice-step`, `sluice-worker`,
+//!   `sluice-weight` and `sluice-frontier` (the input frontier the entry
+//!   covers, as JSON `[[input, partition, offset], …]`).
+//! - **Step records** go to the pipeline's step topic (`<pipeline>.sluice-steps`,
+//!   one partition). A step commits as **one Kafka transaction** holding every
+//!   worker's output records and the step record, produced with the
+//!   transactional id `sluice.<pipeline>.steps`: a second host opening the
+//!   pipeline calls `init_transactions` with the same id, which bumps the
+//!   producer epoch, aborts the zombie's open transaction and makes its next
+//!   commit fail with [`StorageError::FencedProducer`].
+//! - **Ingest marks and producer sequence numbers** (appends through Sluice)
+//!   go to the pipeline's meta topic (`<pipeline>.sluice-meta`) in the same
+//!   transaction as the events they cover (transactional id
+//!   `sluice.<pipeline>.ingest`).
+//! - **Trim** is `DeleteRecords`, which moves the partition's low watermark.
+//!
+//! Checkpoints stay in the data directory's RocksDB (`sluice-embedded`).
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_core::{ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
+use sluice_storage::{AppendBatch, LogBackend, ProducerSeq, Result, StorageError as Error};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Header carrying an event's weight (decimal; `1` when absent).
+pub const WEIGHT_HEADER: &str = "sluice-weight";
+/// Header carrying the step that produced an output record.
+pub const STEP_HEADER: &str = "sluice-step";
+/// Header carrying the worker that produced an output record.
+pub const WORKER_HEADER: &str = "sluice-worker";
+/// Header carrying the input frontier an output record's entry covers.
+pub const FRONTIER_HEADER: &str = "sluice-frontier";
+
+/// Where a pipeline's logs live in Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port…]`.
+    pub brokers: String,
+    /// The pipeline's name: it derives the transactional ids (so every host
+    /// running this pipeline fences the others) and default topic names.
+    pub pipeline: String,
+    /// Log name → topic, for logs not named `<pipeline>.<log>`.
+    pub topics: HashMap<String, String>,
+    /// Partitions of output topics Sluice creates.
+    pub output_partitions: u32,
+    /// Replication factor of topics Sluice creates (1 by default: set it to
+    /// the cluster's, e.g. 3, in production; `-1` asks for the broker's
+    /// default where the broker supports that).
+    pub replication: i32,
+    /// How long one broker operation may take before it fails (transiently).
+    pub timeout: Duration,
+    /// Extra librdkafka settings for every client (security, etc.).
+    pub client: Vec<(String, String)>,
+}
+
+impl KafkaConfig {
+    /// Logs of pipeline `pipeline` on `brokers`, with default topic names.
+    pub fn new(brokers: impl Into<String>, pipeline: impl Into<String>) -> Self {
+        KafkaConfig {
+            brokers: brokers.into(),
+            pipeline: pipeline.into(),
+            topics: HashMap::new(),
+            output_partitions: 1,
+            replication: 1,
+            timeout: Duration::from_secs(30),
+            client: Vec::new(),
+        }
+    }
+
+    /// The topic holding log `log`.
+    pub fn topic(&self, log: &str) -> String {
+        self.topics
+            .get(log)
+            .cloned()
+            .unwrap_or_else(|| format!("{}.{log}", self.pipeline))
+    }
+
+    /// The topic holding the step records.
+    pub fn steps_topic(&self) -> String {
+        format!("{}.sluice-steps", self.pipeline)
+    }
+
+    /// The topic holding ingest marks and producer sequence numbers.
+    pub fn meta_topic(&self) -> String {
+        format!("{}.sluice-meta", self.pipeline)
+    }
+
+    fn base(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        // Small requests (watermarks, commits) otherwise wait out delayed ACKs.
+        c.set("socket.nagle.disable", "true");
+        for (k, v) in &self.client {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// A Kafka topic name: 1–249 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+pub fn validate_topic(topic: &str) -> Result<(), ConfigError> {
+    let ok = !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "invalid Kafka topic name {topic:?}: use 1-249 characters of A-Z a-z 0-9 _ - ."
+        )))
+    }
+}
+
+/// A closure turning the Kafka client's error while doing `what` into a
+/// transient backend error (the broker may answer after recovery).
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> Error {
+    let what = what.into();
+    move |e| Error::backend("Kafka", what, true, e)
+}
+
+/// A transient Kafka failure described by Sluice itself (no client error).
+fn kafka_failure(what: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::backend("Kafka", what, true, message.into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A record's delivery: `(partition, offset)` or the client's error.
+type Delivery = std::result::Result<(i32, i64), String>;
+
+/// The partition readers, by `(topic, partition)`.
+type Readers = HashMap<(String, u32), Arc<Mutex<PartitionReader>>>;
+
+/// Collects delivery reports of one transaction, indexed by the opaque the
+/// record was sent with.
+#[derive(Default)]
+struct Deliveries {
+    results: Mutex<Vec<Option<Delivery>>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, index: usize) {
+        let r = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        if let Some(slot) = lock(&self.results).get_mut(index) {
+            *slot = Some(r);
+        }
+    }
+}
+
+type TxnProducer = BaseProducer<Deliveries>;
+
+/// One record of a transaction.
+struct Outgoing<'a> {
+    topic: &'a str,
+    partition: i32,
+    key: Option<&'a [u8]>,
+    value: &'a [u8],
+    headers: Option<OwnedHeaders>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn into_record(self, index: usize) -> BaseRecord<'a, [u8], [u8], usize> {
+        let mut record = BaseRecord::with_opaque_to(self.topic, index)
+            .partition(self.partition)
+            .payload(self.value);
+        if let Some(k) = self.key {
+            record = record.key(k);
+        }
+        if let Some(h) = self.headers {
+            record = record.headers(h);
+        }
+        record
+    }
+}
+
+/// The context of Sluice's consumers: reaching the end of a partition is
+/// how a read learns it is done, not an error worth logging.
+struct Quiet;
+
+impl ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let eof = matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !eof {
+            tracing::warn!("Kafka client: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+type QuietConsumer = BaseConsumer<Quiet>;
+
+/// A reader kept assigned to one partition, so consecutive reads continue
+/// without re-assigning (which would refetch).
+struct PartitionReader {
+    consumer: QuietConsumer,
+    /// The offset the next read is expected to start at.
+    next: Option<u64>,
+    /// A record already polled at or beyond the last read's end.
+    pending: Option<OwnedMessage>,
+}
+
+/// What the ingest producer keeps: marks and producer sequence numbers.
+#[derive(Default)]
+struct MetaState {
+    producer: Option<TxnProducer>,
+    loaded: bool,
+    marks: HashMap<String, Vec<u8>>,
+    producers: HashMap<String, (u64, Vec<Range<u64>>)>,
+}
+
+/// What the step producer keeps.
+#[derive(Default)]
+struct StepState {
+    producer: Option<TxnProducer>,
+    /// The epoch this handle's last `fence` took (0: none yet).
+    epoch: u64,
+    /// Every committed step record, once loaded.
+    records: Option<BTreeMap<u64, StepRecord>>,
+}
+
+/// Input, output and step logs of one pipeline in Kafka.
+pub struct KafkaLog {
+    config: KafkaConfig,
+    admin: AdminClient<DefaultClientContext>,
+    /// For metadata and watermark queries.
+    client: BaseConsumer,
+    partitions: Mutex<HashMap<String, u32>>,
+    readers: Mutex<Readers>,
+    /// The high watermark each partition had when last asked (they only
+    /// grow), so a read below it needs no round trip.
+    highs: Mutex<HashMap<(String, u32), u64>>,
+    meta: Mutex<MetaState>,
+    steps: Mutex<StepState>,
+}
+
+const META_MARK: &str = "mark:";
+const META_PRODUCER: &str = "producer:";
+
+impl KafkaLog {
+    /// Connects to the brokers and creates the pipeline's step and meta
+    /// topics if missing. Nothing is fenced until [`LogBackend::fence`].
+    pub fn open(config: KafkaConfig) -> Result<Self> {
+        // The name prefixes topic names and transactional ids.
+        if config.pipeline.len() > 200 {
+            return Err(ConfigError::Invalid(format!(
+                "Kafka pipeline name {:?} is longer than 200 characters",
+                config.pipeline
+            ))
+            .into());
+        }
+        validate_topic(&config.pipeline)?;
+        let admin: AdminClient<DefaultClientContext> = config
+            .base()
+            .create()
+            .map_err(kafka("creating the Kafka admin client"))?;
+        let client: BaseConsumer = config
+            .base()
+            .set("enable.auto.commit", "false")
+            .set("group.id", format!("sluice.{}", config.pipeline))
+            .create()
+            .map_err(kafka("creating a Kafka client"))?;
+        let log = KafkaLog {
+            config,
+            admin,
+            client,
+            partitions: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashMap::new()),
+            highs: Mutex::new(HashMap::new()),
+            meta: Mutex::new(MetaState::default()),
+            steps: Mutex::new(StepState::default()),
+        };
+        log.ensure_topic(&log.config.steps_topic(), 1, &[])?;
+        log.ensure_topic(
+            &log.config.meta_topic(),
+            1,
+            &[("cleanup.policy", "compact")],
+        )?;
+        Ok(log)
+    }
+
+    /// The configuration this log was opened with.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// The partition count of `topic`, or `None` if it does not exist.
+    fn topic_partitions(&self, topic: &str) -> Result<Option<u32>> {
+        if let Some(n) = lock(&self.partitions).get(topic) {
+            return Ok(Some(*n));
+        }
+        let md = self
+            .client
+            .fetch_metadata(Some(topic), self.config.timeout)
+            .map_err(kafka(format!("reading metadata of topic `{topic}`")))?;
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        match t.error() {
+            None => {}
+            Some(e) => {
+                let code: RDKafkaErrorCode = e.into();
+                if code == RDKafkaErrorCode::UnknownTopicOrPartition {
+                    return Ok(None);
+                }
+                return Err(Error::backend(
+                    "Kafka",
+                    format!("reading metadata of topic `{topic}`"),
+                    true,
+                    KafkaError::MetadataFetch(code),
+                ));
+            }
+        }
+        if t.partitions().is_empty() {
+            return Ok(None);
+        }
+        let n = t.partitions().len() as u32;
+        lock(&self.partitions).insert(topic.to_owned(), n);
+        Ok(Some(n))
+    }
+
+    /// Creates `topic` with `partitions` partitions if it does not exist;
+    /// returns its partition count.
+    fn ensure_topic(&self, topic: &str, partitions: u32, config: &[(&str, &str)]) -> Result<u32> {
+        validate_topic(topic)?;
+        if let Some(n) = self.topic_partitions(topic)? {
+            return Ok(n);
+        }
+        let mut new = NewTopic::new(
+            topic,
+            partitions as i32,
+            TopicReplication::Fixed(self.config.replication),
+        );
+        for (k, v) in config {
+            new = new.set(k, v);
+        }
+        let opts = AdminOptions::new().operation_timeout(Some(self.config.timeout));
+        let results = futures_executor::block_on(self.admin.create_topics([&new], &opts))
+            .map_err(kafka(format!("creating topic `{topic}`")))?;
+        for r in results {
+            match r {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "the Kafka broker refused to create topic `{name}` with {partitions} \
+                         partitions: {code}"
+                    ))
+                    .into());
+                }
+            }
+        }
+        // Metadata can lag the creation briefly.
+        let deadline = Instant::now() + self.config.timeout;
+        loop {
+            if let Some(n) = self.topic_partitions(topic)? {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                return Err(kafka_failure(
+                    format!("creating topic `{topic}`"),
+                    "the topic did not appear in the metadata",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The partition count of an existing topic of log `log`, or an error.
+    fn known_partitions(&self, log: &str) -> Result<(String, u32)> {
+        let topic = self.config.topic(log);
+        match self.topic_partitions(&topic)? {
+            Some(n) => Ok((topic, n)),
+            None => Err(Error::Unknown {
+                kind: "log",
+                name: log.to_owned(),
+                hint: format!(" (Kafka topic `{topic}` does not exist)"),
+            }),
+        }
+    }
+
+    fn check_partition(&self, log: &str, partition: u32) -> Result<String> {
+        let (topic, n) = self.known_partitions(log)?;
+        if partition >= n {
+            return Err(Error::Unknown {
+                kind: "partition",
+                name: format!("{log}/{partition}"),
+                hint: format!(" (topic `{topic}` has {n} partitions)"),
+            });
+        }
+        Ok(topic)
+    }
+
+    fn new_producer(&self, role: &str) -> Result<TxnProducer> {
+        let id = format!("sluice.{}.{role}", self.config.pipeline);
+        let producer: TxnProducer = self
+            .config
+            .base()
+            .set("transactional.id", &id)
+            .set("enable.idempotence", "true")
+            .set("transaction.timeout.ms", "60000")
+            .set("linger.ms", "1")
+            .set("queue.buffering.max.messages", "1000000")
+            .create_with_context(Deliveries::default())
+            .map_err(kafka(format!("creating the transactional producer `{id}`")))?;
+        producer
+            .init_transactions(self.config.timeout)
+            .map_err(kafka(format!("initialising transactions of `{id}`")))?;
+        Ok(producer)
+    }
+
+    /// Runs one transaction: sends `records`, waits for every delivery, and
+    /// commits. Returns each record's `(partition, offset)`. On any failure
+    /// the producer is dropped (the next use starts a fresh one, whose
+    /// `init_transactions` resolves whatever this one left open), except that
+    /// a fenced producer fails with [`StorageError::FencedProducer`](Error::FencedProducer).
+    fn transact(
+        &self,
+        slot: &mut Option<TxnProducer>,
+        role: &str,
+        step: Option<u64>,
+        records: Vec<Outgoing<'_>>,
+    ) -> Result<Vec<(i32, i64)>> {
+        let producer = match slot.take() {
+            Some(p) => p,
+            None => self.new_producer(role)?,
+        };
+        let result = self.transact_with(&producer, records, step.is_some());
+        match result {
+            Ok(offsets) => {
+                *slot = Some(producer);
+                Ok(offsets)
+            }
+            Err(e) => Err(self.failed(&producer, e, role, step)),
+        }
+    }
+
+    /// The error for a failed transaction of `producer`, which is dropped
+    /// after this (the next use starts a fresh one, whose
+    /// `init_transactions` resolves whatever this one left open).
+    fn failed(
+        &self,
+        producer: &TxnProducer,
+        e: KafkaError,
+        role: &str,
+        step: Option<u64>,
+    ) -> Error {
+        // Fencing shows up as the transaction's error, or (when it struck
+        // while records were queued) as purged deliveries with the
+        // producer's fatal error saying why.
+        let fatal = producer.client().fatal_error();
+        let fenced = is_fenced(e.rdkafka_error_code(), &e.to_string())
+            || fatal.is_some_and(|(code, message)| is_fenced(Some(code), &message));
+        let transactional_id = format!("sluice.{}.{role}", self.config.pipeline);
+        if fenced {
+            return Error::FencedProducer {
+                step,
+                transactional_id,
+            };
+        }
+        // Best effort: the broker aborts it anyway when the next producer
+        // with this id initialises.
+        let _ = producer.abort_transaction(self.config.timeout);
+        Error::backend(
+            "Kafka",
+            format!("a transaction of `{transactional_id}`"),
+            true,
+            e,
+        )
+    }
+
+    fn transact_with(
+        &self,
+        producer: &TxnProducer,
+        records: Vec<Outgoing<'_>>,
+        step_commit: bool,
+    ) -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
+        let n = records.len();
+        *lock(&producer.context().results) = vec![None; n];
+        producer.begin_transaction()?;
+        for (i, r) in records.into_iter().enumerate() {
+            send(producer, r.into_record(i))?;
+        }
+        let t = Instant::now();
+        await_deliveries(producer, n, self.config.timeout)?;
+        let offsets = delivered(producer, n)?;
+        let flushed = t.elapsed();
+        if step_commit {
+            crash_point(CrashPoint::InsideTransaction);
+        }
+        producer.commit_transaction(self.config.timeout)?;
+        tracing::trace!(records = n, ?flushed, total = ?t.elapsed(), "transaction committed");
+        Ok(offsets)
+    }
+
+    /// The reader of one partition, created on first use.
+    fn reader(&self, topic: &str, partition: u32) -> Result<Arc<Mutex<PartitionReader>>> {
+        let mut readers = lock(&self.readers);
+        if let Some(r) = readers.get(&(topic.to_owned(), partition)) {
+            return Ok(r.clone());
+        }
+        let consumer: QuietConsumer = self
+            .config
+            .base()
+            .set("group.id", format!("sluice.{}", self.config.pipeline))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "error")
+            .set("fetch.wait.max.ms", "10")
+            .set("queued.max.messages.kbytes", "16384")
+            .create_with_context(Quiet)
+            .map_err(kafka("creating a Kafka consumer"))?;
+        let r = Arc::new(Mutex::new(PartitionReader {
+            consumer,
+            next: None,
+            pending: None,
+        }));
+        readers.insert((topic.to_owned(), partition), r.clone());
+        Ok(r)
+    }
+
+    /// Reads the committed records of `topic`/`partition` with offsets in
+    /// `range`, calling `f` with each. Continues the partition's reader when
+    /// `range` starts where its last read ended and re-assigns it at
+    /// `range.start` otherwise. Stops at the first record at or beyond
+    /// `range.end` (kept for the next read) or when the reader's position
+    /// passes `range.end` (transaction markers and aborted records are
+    /// skipped by the client but still move its position).
+    fn read_records(
+        &self,
+        topic: &str,
+        partition: u32,
+        range: Range<u64>,
+        f: &mut dyn FnMut(&OwnedMessage) -> Result<()>,
+    ) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let reader = self.reader(topic, partition)?;
+        let mut guard = lock(&reader);
+        let r: &mut PartitionReader = &mut guard;
+        if r.next != Some(range.start) {
+            let (low, _) = self.topic_watermarks(topic, partition)?;
+            if range.start < low {
+                return Err(Error::Trimmed {
+                    input: topic.to_owned(),
+                    partition,
+                    from: range.start,
+                    low,
+                });
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition as i32, Offset::Offset(range.start as i64))
+                .map_err(kafka("assigning a partition"))?;
+            r.consumer
+                .assign(&tpl)
+                .map_err(kafka(format!("assigning {topic}/{partition}")))?;
+            r.pending = None;
+        }
+        // Until this read completes, the next one must re-assign.
+        r.next = None;
+        if let Some(m) = r.pending.take() {
+            let offset = m.offset() as u64;
+            if offset >= range.end {
+                r.pending = Some(m);
+                r.next = Some(range.end);
+                return Ok(());
+            }
+            if offset >= range.start {
+                f(&m)?;
+            }
+        }
+        let deadline = Instant::now() + self.config.timeout.max(Duration::from_secs(60));
+        // Everything below `range.end` may have been consumed already (the
+        // last records of a partition are often transaction markers).
+        let mut check_position = true;
+        loop {
+            if check_position {
+                if position(&r.consumer, topic, partition)? >= range.end {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(kafka_failure(
+                        format!("reading {topic}/{partition} {range:?}"),
+                        "timed out waiting for the records (an open transaction of \
+                         another producer may hold them back)",
+                    ));
+                }
+            }
+            check_position = false;
+            match r.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(msg)) => {
+                    let offset = msg.offset() as u64;
+                    if offset < range.start {
+                        continue;
+                    }
+                    let owned = msg.detach();
+                    if offset >= range.end {
+                        r.pending = Some(owned);
+                        break;
+                    }
+                    f(&owned)?;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => check_position = true,
+                Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
+            }
+        }
+        r.next = Some(range.end);
+        tracing::trace!(topic, partition, ?range, took = ?started.elapsed(), "read");
+        Ok(())
+    }
+
+    fn topic_watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64)> {
+        let t = Instant::now();
+        let (low, high) = self
+            .client
+            .fetch_watermarks(topic, partition as i32, self.config.timeout)
+            .map_err(kafka(format!(
+                "reading the watermarks of {topic}/{partition}"
+            )))?;
+        tracing::trace!(topic, partition, took = ?t.elapsed(), "watermarks");
+        let (low, high) = (low.max(0) as u64, high.max(0) as u64);
+        lock(&self.highs).insert((topic.to_owned(), partition), high);
+        Ok((low, high))
+    }
+
+    /// Reads a whole single-partition topic (committed records).
+    fn read_all(&self, topic: &str, f: &mut dyn FnMut(&OwnedMessage) -> Result<()>) -> Result<()> {
+        let (low, high) = self.topic_watermarks(topic, 0)?;
+        self.read_records(topic, 0, low..high, f)
+    }
+
+    fn load_meta(&self, meta: &mut MetaState) -> Result<()> {
+        if meta.loaded {
+            return Ok(());
+        }
+        // The pipeline's ingest producer first: its `init_transactions`
+        // aborts a dead predecessor's open ingest transaction, which would
+        // otherwise hold back this read until the broker times it out.
+        if meta.producer.is_none() {
+            meta.producer = Some(self.new_producer("ingest")?);
+        }
+        let (mut marks, mut producers) = (HashMap::new(), HashMap::new());
+        let topic = self.config.meta_topic();
+        self.read_all(&topic, &mut |m| {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = m.payload().unwrap_or_default();
+            if let Some(source) = key.strip_prefix(META_MARK) {
+                marks.insert(source.to_owned(), value.to_vec());
+            } else if let Some(id) = key.strip_prefix(META_PRODUCER) {
+                let (seq, pairs): (u64, Vec<(u64, u64)>) = postcard::from_bytes(value).map_err(
+                    Error::corrupt(format!("state of producer `{id}` in `{topic}`")),
+                )?;
+                producers.insert(
+                    id.to_owned(),
+                    (seq, pairs.into_iter().map(|(a, b)| a..b).collect()),
+                );
+            }
+            Ok(())
+        })?;
+        meta.marks = marks;
+        meta.producers = producers;
+        meta.loaded = true;
+        Ok(())
+    }
+
+    fn load_steps(&self) -> Result<BTreeMap<u64, StepRecord>> {
+        let mut records = BTreeMap::new();
+        let topic = self.config.steps_topic();
+        self.read_all(&topic, &mut |m| {
+            let record: StepRecord = postcard::from_bytes(m.payload().unwrap_or_default())
+                .map_err(Error::corrupt(format!("step record in `{topic}`")))?;
+            records.insert(record.step, record);
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    fn with_steps<T>(&self, f: impl FnOnce(&mut StepState) -> Result<T>) -> Result<T> {
+        let mut s = lock(&self.steps);
+        if s.records.is_none() {
+            s.records = Some(self.load_steps()?);
+        }
+        f(&mut s)
+    }
+}
+
+/// Whether a Kafka error means another producer with the same
+/// transactional id took over.
+fn is_fenced(code: Option<RDKafkaErrorCode>, message: &str) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
+        )
+    ) || message.to_lowercase().contains("fenced")
+}
+
+fn fenced_code(message: &str) -> Option<RDKafkaErrorCode> {
+    message
+        .to_lowercase()
+        .contains("fenced")
+        .then_some(RDKafkaErrorCode::ProducerFenced)
+}
+
+fn position(consumer: &QuietConsumer, topic: &str, partition: u32) -> Result<u64> {
+    let tpl = consumer
+        .position()
+        .map_err(kafka("reading a consumer position"))?;
+    Ok(
+        match tpl
+            .find_partition(topic, partition as i32)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(o)) if o >= 0 => o as u64,
+            _ => 0,
+        },
+    )
+}
+
+fn header<'a>(msg: &'a OwnedMessage, key: &str) -> Option<&'a [u8]> {
+    let headers = msg.headers()?;
+    (0..headers.count())
+        .filter_map(|i| headers.try_get(i))
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+}
+
+fn number<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+/// Decodes an input record: the value must be JSON; the weight header, if
+/// present, a non-zero integer.
+fn decode_event(topic: &str, partition: u32, msg: &OwnedMessage) -> Result<Event> {
+    let at = || format!("record {topic}/{partition}@{}", msg.offset());
+    let value = msg.payload().ok_or_else(|| Error::Corrupt {
+        what: at(),
+        message: "the record has no value (Sluice input records carry a JSON value)".into(),
+    })?;
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(value) {
+        return Err(Error::Corrupt {
+            what: at(),
+            message: format!("the value is not JSON: {e}"),
+        });
+    }
+    let weight = match header(msg, WEIGHT_HEADER) {
+        None => 1,
+        Some(w) => match number::<i64>(w) {
+            Some(n) if n != 0 => n,
+            _ => {
+                return Err(Error::Corrupt {
+                    what: at(),
+                    message: format!(
+                        "header `{WEIGHT_HEADER}` must be a non-zero integer, got {:?}",
+                        String::from_utf8_lossy(w)
+                    ),
+                });
+            }
+        },
+    };
+    Ok(Event {
+        value: value.to_vec(),
+        weight,
+    })
+}
+
+fn frontier_json(f: &Frontier) -> Vec<u8> {
+    let v: Vec<[u64; 3]> = f
+        .iter()
+        .map(|(id, o)| [id.input as u64, id.partition as u64, *o])
+        .collect();
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Parses a `sluice-frontier` header (for consumers and tests).
+pub fn parse_frontier(bytes: &[u8]) -> Option<Frontier> {
+    let v: Vec<[u64; 3]> = serde_json::from_slice(bytes).ok()?;
+    Some(
+        v.into_iter()
+            .map(|[i, p, o]| {
+                (
+                    PartitionId {
+                        input: i as u32,
+                        partition: p as u32,
+                    },
+                    o,
+                )
+            })
+            .collect(),
+    )
+}
+
+impl LogBackend for KafkaLog {
+    fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
+        let topic = self.config.topic(input);
+        let n = self.ensure_topic(&topic, partitions, &[])?;
+        if n != partitions {
+            return Err(ConfigError::Invalid(format!(
+                "input `{input}`: Kafka topic `{topic}` has {n} partitions, not {partitions}"
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    fn partitions(&self, input: &str) -> Result<u32> {
+        Ok(self.known_partitions(input)?.1)
+    }
+
+    fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        let mut meta = lock(&self.meta);
+        self.load_meta(&mut meta)?;
+        if let Some(p) = &batch.producer
+            && let Some((last, ranges)) = meta.producers.get(&p.id)
+            && p.seq <= *last
+        {
+            return Ok(if p.seq == *last {
+                ranges.clone()
+            } else {
+                batch
+                    .appends
+                    .iter()
+                    .map(|_| Range { start: 0, end: 0 })
+                    .collect()
+            });
+        }
+        let mut topics = Vec::with_capacity(batch.appends.len());
+        for (input, partition, _) in &batch.appends {
+            topics.push(self.check_partition(input, *partition)?);
+        }
+        let weights: Vec<Vec<String>> = batch
+            .appends
+            .iter()
+            .map(|(_, _, events)| events.iter().map(|e| e.weight.to_string()).collect())
+            .collect();
+        let mut records = Vec::new();
+        for (((_, partition, events), topic), weights) in
+            batch.appends.iter().zip(&topics).zip(&weights)
+        {
+            for (e, w) in events.iter().zip(weights) {
+                records.push(Outgoing {
+                    topic,
+                    partition: *partition as i32,
+                    key: None,
+                    value: &e.value,
+                    headers: (e.weight != 1).then(|| {
+                        OwnedHeaders::new().insert(Header {
+                            key: WEIGHT_HEADER,
+                            value: Some(w.as_bytes()),
+                        })
+                    }),
+                });
+            }
+        }
+        let n_events = records.len();
+        let meta_topic = self.config.meta_topic();
+        let mark_key = batch
+            .mark
+            .as_ref()
+            .map(|m| format!("{META_MARK}{}", m.source));
+        if let (Some(m), Some(k)) = (&batch.mark, &mark_key) {
+            records.push(Outgoing {
+                topic: &meta_topic,
+                partition: 0,
+                key: Some(k.as_bytes()),
+                value: &m.state,
+                headers: None,
+            });
+        }
+        // The producer's state needs the offsets, known only after delivery,
+        // so a producer append writes its state in a second record whose
+        // value is filled in below. Kafka gives no read-your-writes inside a
+        // transaction, so it is written with the offsets the events *will*
+        // get: sent first, delivered before the state record is sent.
+        let producer_key = batch
+            .producer
+            .as_ref()
+            .map(|p| format!("{META_PRODUCER}{}", p.id));
+        let offsets = if let (Some(p), Some(key)) = (&batch.producer, &producer_key) {
+            self.append_with_producer_state(&mut meta, records, n_events, p, key, &batch)?
+        } else {
+            let slot = &mut meta.producer;
+            let mut offsets = self.transact(slot, "ingest", None, records)?;
+            offsets.truncate(n_events);
+            offsets
+        };
+        let ranges = ranges_of(&batch, &offsets);
+        if let Some(m) = batch.mark {
+            meta.marks.insert(m.source, m.state);
+        }
+        if let Some(p) = batch.producer {
+            meta.producers.insert(p.id, (p.seq, ranges.clone()));
+        }
+        Ok(ranges)
+    }
+
+    fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {
+        let mut meta = lock(&self.meta);
+        self.load_meta(&mut meta)?;
+        Ok(meta.marks.get(source).cloned())
+    }
+
+    fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
+        let topic = self.check_partition(input, partition)?;
+        self.topic_watermarks(&topic, partition)
+    }
+
+    fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
+        let topic = self.check_partition(input, partition)?;
+        // Reading past the high watermark would wait for records that may
+        // never come: clip to it (asking the broker only when the range
+        // goes past the last one seen). Trimmed ranges fail in the read.
+        let known = lock(&self.highs).get(&(topic.clone(), partition)).copied();
+        let high = match known {
+            Some(h) if h >= range.end => h,
+            _ => self.topic_watermarks(&topic, partition)?.1,
+        };
+        let range = range.start..range.end.min(high);
+        let mut events = Vec::new();
+        self.read_records(&topic, partition, range, &mut |msg| {
+            events.push(decode_event(&topic, partition, msg)?);
+            Ok(())
+        })?;
+        Ok(events)
+    }
+
+    fn fence(&self) -> Result<u64> {
+        // A fresh step producer: `init_transactions` bumps the producer
+        // epoch, fencing every older producer of this pipeline and aborting
+        // its open transaction. The ingest producer is re-initialised too, so
+        // a dead host's open ingest transaction cannot hold back reads.
+        let mut s = lock(&self.steps);
+        s.producer = None;
+        let producer = self.new_producer("steps")?;
+        {
+            let mut meta = lock(&self.meta);
+            meta.producer = None;
+            meta.producer = Some(self.new_producer("ingest")?);
+            meta.loaded = false;
+        }
+        let records = self.load_steps()?;
+        let last_epoch = records.values().map(|r| r.epoch).max().unwrap_or(0);
+        s.epoch = s.epoch.max(last_epoch) + 1;
+        s.records = Some(records);
+        s.producer = Some(producer);
+        Ok(s.epoch)
+    }
+
+    fn commit_step(&self, commit: &StepCommit) -> Result<()> {
+        let step = commit.record.step;
+        self.with_steps(|s| {
+            let records = s.records.as_ref().expect("loaded by with_steps");
+            let last = records.keys().next_back().copied();
+            if s.epoch == 0 || s.producer.is_none() {
+                return Err(Error::InvalidCommit {
+                    step,
+                    message: "the Kafka log was not fenced (call `fence` first)".into(),
+                });
+            }
+            if commit.record.epoch != s.epoch {
+                return Err(Error::Fenced {
+                    step,
+                    epoch: commit.record.epoch,
+                    current: s.epoch,
+                });
+            }
+            if records.contains_key(&step) {
+                return Err(Error::StepExists { step });
+            }
+            if Some(step) != last.map_or(Some(0), |l| l.checked_add(1)) {
+                return Err(Error::StepGap { step, last });
+            }
+            let mut topics = Vec::with_capacity(commit.outputs.len());
+            for (name, _) in &commit.outputs {
+                let topic = self.config.topic(name);
+                let n = self.ensure_topic(&topic, self.config.output_partitions, &[])?;
+                topics.push((topic, n));
+            }
+            let mut frontiers = Vec::new();
+            for (_, entries) in &commit.outputs {
+                frontiers.push(
+                    entries
+                        .iter()
+                        .map(|e| {
+                            (
+                                e.step.to_string(),
+                                e.worker.to_string(),
+                                frontier_json(&e.frontier),
+                                e.events
+                                    .iter()
+                                    .map(|ev| ev.weight.to_string())
+                                    .collect::<Vec<_>>(),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                );
+            }
+            let mut records_out = Vec::new();
+            for (((_, entries), (topic, n)), texts) in
+                commit.outputs.iter().zip(&topics).zip(&frontiers)
+            {
+                for (entry, (step_s, worker_s, frontier, weights)) in entries.iter().zip(texts) {
+                    for (event, w) in entry.events.iter().zip(weights) {
+                        let headers = OwnedHeaders::new_with_capacity(4)
+                            .insert(Header {
+                                key: STEP_HEADER,
+                                value: Some(step_s.as_bytes()),
+                            })
+                            .insert(Header {
+                                key: WORKER_HEADER,
+                                value: Some(worker_s.as_bytes()),
+                            })
+                            .insert(Header {
+                                key: WEIGHT_HEADER,
+                                value: Some(w.as_bytes()),
+                            })
+                            .insert(Header {
+                                key: FRONTIER_HEADER,
+                                value: Some(frontier.as_slice()),
+                            });
+                        records_out.push(Outgoing {
+                            topic,
+                            partition: (entry.worker % n) as i32,
+                            key: None,
+                            value: &event.value,
+                            headers: Some(headers),
+                        });
+                    }
+                }
+            }
+            let record =
+                postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
+            let key = step.to_be_bytes();
+            let steps_topic = self.config.steps_topic();
+            records_out.push(Outgoing {
+                topic: &steps_topic,
+                partition: 0,
+                key: Some(&key),
+                value: &record,
+                headers: None,
+            });
+            let result = self.transact(&mut s.producer, "steps", Some(step), records_out);
+            match result {
+                Ok(_) => {
+                    s.records
+                        .as_mut()
+                        .expect("loaded")
+                        .insert(step, commit.record.clone());
+                    Ok(())
+                }
+                Err(e) => {
+                    // Whether an ambiguous commit took effect is learnt by
+                    // the next `fence`, which reloads the step log.
+                    s.records = None;
+                    s.epoch = 0;
+                    s.producer = None;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn last_step(&self) -> Result<Option<u64>> {
+        self.with_steps(|s| {
+            Ok(s.records
+                .as_ref()
+                .and_then(|r| r.keys().next_back().copied()))
+        })
+    }
+
+    fn step_record(&self, step: u64) -> Result<Option<StepRecord>> {
+        self.with_steps(|s| Ok(s.records.as_ref().and_then(|r| r.get(&step).cloned())))
+    }
+
+    fn scan_output(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+    ) -> Result<()> {
+        let records = self.with_steps(|s| Ok(s.records.clone().unwrap_or_default()))?;
+        let topic = self.config.topic(output);
+        let Some(n) = self.topic_partitions(&topic)? else {
+            return Ok(());
+        };
+        // (step, worker) → events, from every partition of the topic.
+        let mut events: BTreeMap<(u64, u32), Vec<Event>> = BTreeMap::new();
+        for p in 0..n {
+            let (low, high) = self.topic_watermarks(&topic, p)?;
+            self.read_records(&topic, p, low..high, &mut |msg| {
+                let offset = msg.offset();
+                let at = || format!("output record {topic}/{p}@{offset}");
+                let step = header(msg, STEP_HEADER).and_then(number::<u64>);
+                let worker = header(msg, WORKER_HEADER).and_then(number::<u32>);
+                let weight = header(msg, WEIGHT_HEADER).and_then(number::<i64>);
+                let (Some(step), Some(worker), Some(weight)) = (step, worker, weight) else {
+                    return Err(Error::Corrupt {
+                        what: at(),
+                        message: format!(
+                            "missing or malformed `{STEP_HEADER}`, `{WORKER_HEADER}` or \
+                             `{WEIGHT_HEADER}` header (was the topic written by another producer?)"
+                        ),
+                    });
+                };
+                if step >= from_step {
+                    events.entry((step, worker)).or_default().push(Event {
+                        value: msg.payload().unwrap_or_default().to_vec(),
+                        weight,
+                    });
+                }
+                Ok(())
+            })?;
+        }
+        // One entry per step per worker, the empty ones included.
+        for (step, record) in records.range(from_step..) {
+            for (w, frontier) in record.frontiers.iter().enumerate() {
+                f(OutputEntry {
+                    step: *step,
+                    worker: w as u32,
+                    frontier: frontier.clone(),
+                    events: events.remove(&(*step, w as u32)).unwrap_or_default(),
+                })?;
+            }
+        }
+        if let Some(((step, worker), _)) = events.into_iter().next() {
+            return Err(Error::Corrupt {
+                what: format!("output topic `{topic}`"),
+                message: format!(
+                    "records of step {step} worker {worker} have no committed step record"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {
+        let topic = self.check_partition(input, partition)?;
+        let (low, high) = self.topic_watermarks(&topic, partition)?;
+        let below = below.min(high);
+        if below <= low {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, partition as i32, Offset::Offset(below as i64))
+            .map_err(kafka("building a DeleteRecords request"))?;
+        let opts = AdminOptions::new().operation_timeout(Some(self.config.timeout));
+        let result = futures_executor::block_on(self.admin.delete_records(&tpl, &opts))
+            .map_err(kafka(format!("trimming {topic}/{partition} below {below}")))?;
+        for e in result.elements() {
+            e.error()
+                .map_err(kafka(format!("trimming {topic}/{partition} below {below}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl KafkaLog {
+    /// An append by a producer with a sequence number: the events and the
+    /// producer's new state in one transaction. The state records the
+    /// offsets the events got, which Kafka assigns on delivery, so the events
+    /// are sent and delivered first, inside the same open transaction.
+    fn append_with_producer_state(
+        &self,
+        meta: &mut MetaState,
+        records: Vec<Outgoing<'_>>,
+        n_events: usize,
+        p: &ProducerSeq,
+        key: &str,
+        batch: &AppendBatch,
+    ) -> Result<Vec<(i32, i64)>> {
+        let producer = match meta.producer.take() {
+            Some(p) => p,
+            None => self.new_producer("ingest")?,
+        };
+        let meta_topic = self.config.meta_topic();
+        let run = || -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
+            let n = records.len();
+            *lock(&producer.context().results) = vec![None; n + 1];
+            producer.begin_transaction()?;
+            for (i, r) in records.into_iter().enumerate() {
+                send(&producer, r.into_record(i))?;
+            }
+            await_deliveries(&producer, n, self.config.timeout)?;
+            let offsets = delivered(&producer, n)?;
+            let ranges = ranges_of(batch, &offsets[..n_events]);
+            let state = postcard::to_allocvec(&(
+                p.seq,
+                ranges.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>(),
+            ))
+            .unwrap_or_default();
+            let record: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(&meta_topic, n)
+                    .partition(0)
+                    .key(key.as_bytes())
+                    .payload(&state);
+            send(&producer, record)?;
+            await_deliveries(&producer, n + 1, self.config.timeout)?;
+            delivered(&producer, n + 1)?;
+            producer.commit_transaction(self.config.timeout)?;
+            Ok(offsets[..n_events].to_vec())
+        };
+        match run() {
+            Ok(o) => {
+                meta.producer = Some(producer);
+                Ok(o)
+            }
+            Err(e) => Err(self.failed(&producer, e, "ingest", None)),
+        }
+    }
+}
+
+fn send(
+    producer: &TxnProducer,
+    mut record: BaseRecord<'_, [u8], [u8], usize>,
+) -> std::result::Result<(), KafkaError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// Serves delivery reports until the first `n` records of the transaction
+/// have theirs. (`flush` would too, but sleeps in 100 ms slices.)
+fn await_deliveries(
+    producer: &TxnProducer,
+    n: usize,
+    timeout: Duration,
+) -> std::result::Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done = lock(&producer.context().results)
+            .iter()
+            .take(n)
+            .all(Option::is_some);
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut));
+        }
+        producer.poll(Duration::from_millis(1));
+    }
+}
+
+fn delivered(producer: &TxnProducer, n: usize) -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
+    let results = lock(&producer.context().results);
+    let mut out = Vec::with_capacity(n);
+    for r in results.iter().take(n) {
+        match r {
+            Some(Ok(po)) => out.push(*po),
+            Some(Err(e)) => {
+                tracing::warn!("a record of a transaction failed: {e}");
+                return Err(KafkaError::MessageProduction(
+                    fenced_code(e).unwrap_or(RDKafkaErrorCode::Fail),
+                ));
+            }
+            None => return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut)),
+        }
+    }
+    Ok(out)
+}
+
+/// Per append entry, the offsets its events got: from the first event's
+/// offset to one past the last's (offsets within a transaction may skip).
+fn ranges_of(batch: &AppendBatch, offsets: &[(i32, i64)]) -> Vec<Range<u64>> {
+    let mut i = 0;
+    batch
+        .appends
+        .iter()
+        .map(|(_, _, events)| {
+            let got = &offsets[i..i + events.len()];
+            i += events.len();
+            match (got.first(), got.last()) {
+                (Some(a), Some(b)) => a.1 as u64..b.1 as u64 + 1,
+                _ => 0..0,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,99 @@
+//! What a pipeline is made of: its data directory, W, where its logs live
+//! and how it runs.
+
+use sluice_runtime::PipelineOptions;
+use std::path::PathBuf;
+
+/// The configuration of one pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// The data directory: the pipeline's RocksDB (checkpoints, metadata,
+    /// and the logs when they are embedded) and its lock.
+    pub data: PathBuf,
+    /// The number of workers W (fixed for the life of the data directory).
+    pub workers: u32,
+    /// Where the input, output and step logs live.
+    pub log: LogConfig,
+    /// Steps, checkpoints, output limits. `options.name` is replaced by the
+    /// pipeline's stored identity when it opens.
+    pub options: PipelineOptions,
+    /// Prefix of a new pipeline's identity (the server uses
+    /// `<tenant>/<pipeline>/`); ignored for Kafka logs, whose identity is
+    /// the Kafka pipeline name every host shares.
+    pub id_prefix: String,
+}
+
+impl PipelineConfig {
+    /// A pipeline in `data` with `workers` workers, embedded logs and
+    /// default options.
+    pub fn new(data: impl Into<PathBuf>, workers: u32) -> Self {
+        PipelineConfig {
+            data: data.into(),
+            workers,
+            log: LogConfig::default(),
+            options: PipelineOptions::default(),
+            id_prefix: String::new(),
+        }
+    }
+}
+
+/// Where a pipeline's input, output and step logs live. Checkpoints are
+/// always in the data directory's RocksDB.
+#[derive(Debug, Clone)]
+pub enum LogConfig {
+    /// In the data directory's RocksDB (the default).
+    Embedded {
+        /// Whether step commits are fsynced. Always, except in benchmarks
+        /// that measure what durability costs: an unsynced commit can be
+        /// lost by a machine crash.
+        sync_commits: bool,
+    },
+    /// In Kafka topics.
+    #[cfg(feature = "kafka")]
+    Kafka {
+        /// Brokers, pipeline name (the identity every host shares) and topics.
+        config: sluice_kafka::KafkaConfig,
+        /// Partitions of input topics Sluice creates (default: W); existing
+        /// topics keep theirs.
+        input_partitions: Option<u32>,
+    },
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig::Embedded { sync_commits: true }
+    }
+}
+
+/// Where a pipeline's logs live, as a user names it: `sluice run --log`,
+/// a server pipeline spec's `"log"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogKind {
+    /// The data directory's RocksDB.
+    #[default]
+    Embedded,
+    /// Kafka topics.
+    Kafka,
+}
+
+impl std::str::FromStr for LogKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "embedded" => Ok(LogKind::Embedded),
+            "kafka" => Ok(LogKind::Kafka),
+            _ => Err(format!("unknown log kind {s:?}: use `embedded` or `kafka`")),
+        }
+    }
+}
+
+impl std::fmt::Display for LogKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogKind::Embedded => "embedded",
+            LogKind::Kafka => "kafka",
+        })
+    }
+}

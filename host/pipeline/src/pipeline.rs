@@ -1,0 +1,132 @@
+//! A pipeline: a component and its storage, ready to open a coordinator
+//! (which recovers) and to ingest files.
+
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+use sluice_core::{CircuitPorts, PipelineShape};
+use sluice_runtime::{Coordinator, LoadedComponent, PipelineOptions, SluiceEngine};
+use sluice_storage::ingest::{IngestReport, ingest_file};
+use std::path::Path;
+use std::sync::Arc;
+
+/// A component and its pipeline's storage.
+pub struct Pipeline {
+    engine: Arc<SluiceEngine>,
+    component: LoadedComponent,
+    ports: CircuitPorts,
+    storage: Storage,
+    options: PipelineOptions,
+}
+
+impl Pipeline {
+    /// Learns the component's ports, then opens (creating on first use) the
+    /// pipeline's storage as `config` says. The coordinator is opened by
+    /// [`coordinator`](Self::coordinator).
+    pub async fn open(
+        engine: Arc<SluiceEngine>,
+        component: LoadedComponent,
+        config: PipelineConfig,
+    ) -> Result<Pipeline> {
+        let ports = engine.describe(&component).await?;
+        Self::open_described(engine, component, ports, config).await
+    }
+
+    /// Like [`open`](Self::open), with the component's ports already known.
+    pub async fn open_described(
+        engine: Arc<SluiceEngine>,
+        component: LoadedComponent,
+        ports: CircuitPorts,
+        config: PipelineConfig,
+    ) -> Result<Pipeline> {
+        let (hash, c, p) = (component.hash.clone(), config.clone(), ports.clone());
+        let storage = tokio::task::spawn_blocking(move || Storage::open(&c, &p, &hash))
+            .await
+            .map_err(Error::task("opening the pipeline's storage"))??;
+        let mut options = config.options;
+        options.name = storage.meta.id.clone();
+        Ok(Pipeline {
+            engine,
+            component,
+            ports,
+            storage,
+            options,
+        })
+    }
+
+    /// Opens a coordinator: starts the workers, takes over the pipeline (a
+    /// new fencing epoch) and recovers (restore the newest checkpoint, replay
+    /// the steps after it).
+    pub async fn coordinator(&self) -> Result<Coordinator> {
+        self.coordinator_with(self.options.clone()).await
+    }
+
+    /// Like [`coordinator`](Self::coordinator), with other options (steps,
+    /// checkpoints); the identity stays the pipeline's.
+    pub async fn coordinator_with(&self, options: PipelineOptions) -> Result<Coordinator> {
+        let options = PipelineOptions {
+            name: self.options.name.clone(),
+            ..options
+        };
+        Ok(Coordinator::open(
+            &self.engine,
+            &self.component,
+            self.storage.guarded(),
+            options,
+        )
+        .await?)
+    }
+
+    /// Appends the JSON lines of `file` to input `port`, exactly once across
+    /// runs and crashes; `progress` gets (bytes done, file size).
+    pub async fn ingest_file(
+        &self,
+        port: &str,
+        file: &Path,
+        mut progress: impl FnMut(u64, u64) + Send + 'static,
+    ) -> Result<IngestReport> {
+        let index = self.ports.input(port)?;
+        let partitions = self.shape().inputs[index].partitions;
+        let (log, port, file) = (self.storage.log.clone(), port.to_owned(), file.to_owned());
+        Ok(tokio::task::spawn_blocking(move || {
+            ingest_file(&*log, &port, partitions, &file, &mut progress)
+        })
+        .await
+        .map_err(Error::task("ingesting a file"))??)
+    }
+
+    /// The engine the workers run on.
+    pub fn engine(&self) -> &Arc<SluiceEngine> {
+        &self.engine
+    }
+
+    /// The component.
+    pub fn component(&self) -> &LoadedComponent {
+        &self.component
+    }
+
+    /// The circuit's ports.
+    pub fn ports(&self) -> &CircuitPorts {
+        &self.ports
+    }
+
+    /// The pipeline's storage.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The pipeline's storage, to wrap its backends (fault injection).
+    pub fn storage_mut(&mut self) -> &mut Storage {
+        &mut self.storage
+    }
+
+    /// The pipeline's shape.
+    pub fn shape(&self) -> &PipelineShape {
+        self.storage.shape()
+    }
+
+    /// How the pipeline runs (its `name` is the stored identity).
+    pub fn options(&self) -> &PipelineOptions {
+        &self.options
+    }
+}

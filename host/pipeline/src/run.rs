@@ -1,0 +1,192 @@
+//! `sluice run` as a library call: open (or create) a pipeline, append the
+//! input files exactly once, recover, run until all input is consumed and
+//! committed, checkpoint, and write the output logs as JSON lines.
+
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::pipeline::Pipeline;
+use crate::supervise::RecoveryPolicy;
+use sluice_core::wire::write_output_line;
+use sluice_runtime::{Limits, SluiceEngine, Stats};
+use sluice_storage::LogBackend;
+use sluice_storage::ingest::IngestReport;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// The component file.
+    pub component: PathBuf,
+    /// The pipeline: data directory, W, logs, options.
+    pub pipeline: PipelineConfig,
+    /// `(input port, JSON-lines file)` to append.
+    pub inputs: Vec<(String, PathBuf)>,
+    /// `(output port, file)` to write the output log to.
+    pub outputs: Vec<(String, PathBuf)>,
+    /// Per-instance limits.
+    pub limits: Limits,
+}
+
+/// Progress of a run, for a caller to show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEvent {
+    /// Loading (compiling, or reading from the cache) the component.
+    Loading(PathBuf),
+    /// Appending a file: bytes done of its size.
+    Ingest {
+        /// The input port.
+        port: String,
+        /// The file.
+        file: PathBuf,
+        /// Bytes appended so far (durably).
+        done: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// Running steps: input events consumed of those appended.
+    Steps {
+        /// Steps committed in total.
+        steps: u64,
+        /// Input offsets consumed.
+        consumed: u64,
+        /// Input offsets appended.
+        total: u64,
+    },
+    /// Writing the output files.
+    Exporting,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The coordinator's figures.
+    pub stats: Stats,
+    /// Per input file, what was appended.
+    pub ingested: Vec<IngestReport>,
+    /// Time spent running steps (after ingest and recovery).
+    pub run_time: Duration,
+    /// Steps committed in total, across runs.
+    pub total_steps: u64,
+    /// Output events written per output file.
+    pub written: Vec<u64>,
+    /// Recoveries after transient errors.
+    pub retries: u32,
+}
+
+impl RunReport {
+    /// Input events consumed per second of step time.
+    pub fn events_per_second(&self) -> f64 {
+        self.stats.events_in as f64 / self.run_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Runs a pipeline to completion; `progress` hears how it goes.
+pub async fn run(
+    req: RunRequest,
+    progress: Arc<dyn Fn(RunEvent) + Send + Sync>,
+) -> Result<RunReport> {
+    let engine = Arc::new(SluiceEngine::new(
+        req.limits,
+        SluiceEngine::default_cache_dir(),
+    )?);
+    progress(RunEvent::Loading(req.component.clone()));
+    let component = engine.load_file(&req.component)?;
+    let ports = engine.describe(&component).await?;
+    for (port, _) in &req.inputs {
+        ports.input(port)?;
+    }
+    for (port, _) in &req.outputs {
+        ports.output(port)?;
+    }
+    let pipeline = Pipeline::open_described(engine, component, ports, req.pipeline.clone()).await?;
+
+    let mut ingested = Vec::new();
+    for (port, file) in &req.inputs {
+        let (p, port2, file2) = (progress.clone(), port.clone(), file.clone());
+        let report = pipeline
+            .ingest_file(port, file, move |done, size| {
+                p(RunEvent::Ingest {
+                    port: port2.clone(),
+                    file: file2.clone(),
+                    done,
+                    size,
+                })
+            })
+            .await?;
+        ingested.push(report);
+    }
+
+    let storage = pipeline.storage().clone();
+    let total = tokio::task::spawn_blocking(move || storage.appended())
+        .await
+        .map_err(Error::task("reading the input's size"))??;
+    let started = Instant::now();
+    let idle = pipeline
+        .run_until_idle(&RecoveryPolicy::default(), |c| {
+            progress(RunEvent::Steps {
+                steps: c.next_step(),
+                consumed: c.frontiers().iter().flat_map(|f| f.values()).sum(),
+                total,
+            })
+        })
+        .await?;
+    let run_time = started.elapsed();
+
+    progress(RunEvent::Exporting);
+    let mut written = Vec::new();
+    for (port, file) in &req.outputs {
+        let (log, port, file) = (pipeline.storage().log.clone(), port.clone(), file.clone());
+        let n = tokio::task::spawn_blocking(move || export_output(&*log, &port, &file))
+            .await
+            .map_err(Error::task("exporting output"))??;
+        written.push(n);
+    }
+    let c = &idle.coordinator;
+    Ok(RunReport {
+        stats: c.stats().clone(),
+        ingested,
+        run_time,
+        total_steps: c.next_step(),
+        written,
+        retries: idle.recoveries,
+    })
+}
+
+/// Writes output log `output` as JSON lines to `file` (atomically: a
+/// reader never sees a half-written file). Returns the events written.
+pub fn export_output(log: &dyn LogBackend, output: &str, file: &Path) -> Result<u64> {
+    let io = |source| Error::Io {
+        path: file.to_owned(),
+        source,
+    };
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+    let mut line = Vec::new();
+    let mut n = 0;
+    let mut failed = None;
+    log.scan_output(output, 0, &mut |entry| {
+        for event in &entry.events {
+            line.clear();
+            write_output_line(&mut line, event);
+            if let Err(e) = out.write_all(&line) {
+                failed.get_or_insert(e);
+            }
+            n += 1;
+        }
+        Ok(())
+    })?;
+    if let Some(e) = failed {
+        return Err(io(e));
+    }
+    out.flush().map_err(io)?;
+    drop(out);
+    tmp.persist(file).map_err(|e| io(e.error))?;
+    Ok(n)
+}

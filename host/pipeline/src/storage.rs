@@ -1,0 +1,153 @@
+//! Opening a pipeline's storage: the data directory's RocksDB (lock,
+//! metadata, checkpoints), its logs (embedded or Kafka), the stored shape
+//! checked against what was asked, and the input logs created.
+
+use crate::config::{LogConfig, PipelineConfig};
+use sluice_core::{CircuitPorts, PipelineShape};
+use sluice_embedded::meta::{self, LogMeta};
+use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
+use sluice_storage::{CheckpointStore, Guarded, LogBackend, Result};
+use std::sync::Arc;
+
+/// A pipeline's open storage. While it exists, the data directory is
+/// locked: no other process can open the pipeline.
+#[derive(Clone)]
+pub struct Storage {
+    /// The pipeline's logs (behind any wrappers, e.g. fault injection).
+    pub log: Arc<dyn LogBackend>,
+    /// The pipeline's checkpoints.
+    pub checkpoints: Arc<dyn CheckpointStore>,
+    /// Its identity, component and shape, as stored.
+    pub meta: PipelineMeta,
+    /// The database: keeps the directory's lock for as long as the storage
+    /// lives.
+    _db: Arc<db::PipelineDb>,
+}
+
+impl Storage {
+    /// Opens (creating on first use) the storage of a pipeline of
+    /// `config.workers` workers running a circuit with `ports`, whose
+    /// component has SHA-256 `component`. Blocks: call it off the async
+    /// workers. Fails if the data directory holds a pipeline of another
+    /// component, W or log, or another process holds it.
+    pub fn open(config: &PipelineConfig, ports: &CircuitPorts, component: &str) -> Result<Storage> {
+        let database = db::open(&config.data)?;
+        let (log, id, log_meta): (Arc<dyn LogBackend>, String, LogMeta) = match &config.log {
+            LogConfig::Embedded { sync_commits } => {
+                let log = if *sync_commits {
+                    EmbeddedLog::open(database.clone())?
+                } else {
+                    EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
+                };
+                let id = format!(
+                    "{}{}",
+                    config.id_prefix,
+                    meta::new_pipeline_id(&config.data)
+                );
+                (Arc::new(log), id, LogMeta::Embedded)
+            }
+            #[cfg(feature = "kafka")]
+            LogConfig::Kafka { config: kafka, .. } => {
+                let log = sluice_kafka::KafkaLog::open(kafka.clone())?;
+                // Every host running this pipeline must seed its guests
+                // alike: the identity is the pipeline's Kafka name.
+                let log_meta = LogMeta::Kafka {
+                    pipeline: kafka.pipeline.clone(),
+                    topics: kafka
+                        .topics
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                };
+                (Arc::new(log), kafka.pipeline.clone(), log_meta)
+            }
+        };
+        let shape = PipelineShape::new(ports, config.workers, |name| {
+            input_partitions(&*log, &config.log, name, config.workers)
+        })?;
+        let wanted = PipelineMeta {
+            id,
+            component: component.to_owned(),
+            shape,
+            log: log_meta,
+        };
+        let meta = meta::ensure(&database, &wanted)?;
+        for input in &meta.shape.inputs {
+            log.create_input(&input.name, input.partitions)?;
+        }
+        Ok(Storage {
+            log,
+            checkpoints: Arc::new(RocksCheckpointStore::open(database.clone())),
+            meta,
+            _db: database,
+        })
+    }
+
+    /// The pipeline's shape.
+    pub fn shape(&self) -> &PipelineShape {
+        &self.meta.shape
+    }
+
+    /// The logs and checkpoints behind the host's invariant checks: what a
+    /// coordinator commits to.
+    pub fn guarded(&self) -> Arc<Guarded> {
+        Arc::new(Guarded::new(
+            self.log.clone(),
+            self.checkpoints.clone(),
+            self.meta.shape.clone(),
+        ))
+    }
+
+    /// Wraps the log and the checkpoint store, e.g. to inject faults.
+    pub fn wrap(
+        &mut self,
+        f: impl FnOnce(
+            Arc<dyn LogBackend>,
+            Arc<dyn CheckpointStore>,
+        ) -> (Arc<dyn LogBackend>, Arc<dyn CheckpointStore>),
+    ) {
+        let (log, checkpoints) = f(self.log.clone(), self.checkpoints.clone());
+        self.log = log;
+        self.checkpoints = checkpoints;
+    }
+
+    /// Input events appended but not yet consumed by the given frontiers.
+    pub fn lag(&self, frontiers: &[sluice_core::Frontier]) -> u64 {
+        let mut lag = 0;
+        for frontier in frontiers {
+            for (id, offset) in frontier {
+                if let Some(name) = self.meta.shape.input_name(id.input)
+                    && let Ok((_, high)) = self.log.watermarks(name, id.partition)
+                {
+                    lag += high.saturating_sub(*offset);
+                }
+            }
+        }
+        lag
+    }
+
+    /// The number of input events appended so far, over all partitions.
+    pub fn appended(&self) -> Result<u64> {
+        let mut total = 0;
+        for (id, name) in self.meta.shape.partitions() {
+            total += self.log.watermarks(name, id.partition)?.1;
+        }
+        Ok(total)
+    }
+}
+
+/// The partitions input `name` gets: W for embedded logs; for Kafka, an
+/// existing topic's, else `--input-partitions`, else W. (A broker that
+/// cannot answer shows its error when the input is created.)
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+fn input_partitions(log: &dyn LogBackend, config: &LogConfig, name: &str, workers: u32) -> u32 {
+    match config {
+        LogConfig::Embedded { .. } => workers,
+        #[cfg(feature = "kafka")]
+        LogConfig::Kafka {
+            input_partitions, ..
+        } => log
+            .partitions(name)
+            .unwrap_or(input_partitions.unwrap_or(workers)),
+    }
+}

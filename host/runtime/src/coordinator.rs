@@ -1,0 +1,693 @@
+//! The coordinator: one per running pipeline. It owns the W workers and runs
+//! the step protocol:
+//!
+//! 1. **divide**: fix each worker's end offsets for the step (at most
+//!    `max_batch` events per partition);
+//! 2. **run**: every worker reads its events and runs `step`, concurrently,
+//!    exchanging keyed events through the [`Exchange`];
+//! 3. **commit**: all outputs and the step record in one atomic, durable write;
+//! 4. **checkpoint** every N steps or T seconds (and on [`finish`](Coordinator::finish));
+//! 5. **trim** input below the newest checkpoint's frontier.
+//!
+//! [`Coordinator::open`] is also recovery: restore the newest checkpoint,
+//! replay the steps committed after it with their recorded divisions,
+//! comparing output hashes (I4), then continue live.
+
+use crate::bindings::{Batch, Event as WitEvent};
+use crate::engine::{LoadedComponent, SluiceEngine};
+use crate::error::{Error, GuestError, Result};
+use crate::exchange::Exchange;
+use crate::worker::{Worker, WorkerInfo};
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_core::{
+    ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord, hash_outputs,
+};
+use sluice_storage::{Checkpoint, CheckpointMeta, Guarded};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a pipeline runs.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// The pipeline's identity: names it in logs and seeds its guests'
+    /// random numbers (every host running the pipeline must use the same).
+    pub name: String,
+    /// At most this many events per input partition per step.
+    pub max_batch: u64,
+    /// Checkpoint after this many committed steps…
+    pub checkpoint_every_steps: u64,
+    /// …or this much time, whichever comes first.
+    pub checkpoint_interval: Duration,
+    /// Let guests write to the host's stderr (panic messages); for local
+    /// runs only, never for a shared host.
+    pub inherit_guest_stderr: bool,
+    /// Settings handed to the circuit in `worker-info.config`.
+    pub config: Vec<(String, String)>,
+    /// At most this many output events per worker per step (all ports);
+    /// more fails the step with [`GuestError::OutputLimit`].
+    pub max_output_per_step: Option<u64>,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            name: "pipeline".into(),
+            max_batch: 10_000,
+            checkpoint_every_steps: 100,
+            checkpoint_interval: Duration::from_secs(10),
+            inherit_guest_stderr: false,
+            config: Vec::new(),
+            max_output_per_step: None,
+        }
+    }
+}
+
+/// What a coordinator has done since it was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Checkpoint restored on open, if any.
+    pub restored_checkpoint: Option<u64>,
+    /// Steps replayed during recovery (outputs dropped as duplicates).
+    pub replayed_steps: u64,
+    /// Steps committed.
+    pub steps: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Input events consumed by committed steps.
+    pub events_in: u64,
+    /// Output events committed.
+    pub events_out: u64,
+    /// Fuel the guests burned in steps (committed or not).
+    pub fuel_used: u64,
+}
+
+/// One worker's output of one step.
+struct WorkerOutput {
+    /// Events per output port.
+    ports: Vec<Vec<Event>>,
+    hash: u128,
+}
+
+/// A checkpoint being written in the background.
+struct PendingCheckpoint {
+    step: u64,
+    started: Instant,
+    snapshots: Duration,
+    write: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// The runtime of one pipeline.
+pub struct Coordinator {
+    storage: Arc<Guarded>,
+    outputs: Vec<String>,
+    /// Per worker, the partitions it reads, with the input log name.
+    owned: Vec<Vec<(PartitionId, String)>>,
+    options: PipelineOptions,
+    exchange: Arc<Exchange>,
+    instances: Vec<Option<Worker>>,
+    next_step: u64,
+    frontiers: Vec<Frontier>,
+    checkpointed_step: Option<u64>,
+    last_checkpoint_at: Instant,
+    snapshot_version: u32,
+    /// This host's fencing epoch, stamped on every commit.
+    epoch: u64,
+    /// The time of the last step, so step times never go backwards.
+    last_time_ms: u64,
+    /// Input events the last executed step read.
+    events_read: u64,
+    /// How long the last checkpoint took.
+    last_checkpoint_took: Duration,
+    /// How much of it taking the snapshots took (the rest: writing, trim).
+    last_checkpoint_snapshots: Duration,
+    /// A checkpoint whose snapshots are taken and whose write (and trim)
+    /// runs in the background while steps go on.
+    pending: Option<PendingCheckpoint>,
+    stats: Stats,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs blocking storage work off the async workers.
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T>
+where
+    T: Send + 'static,
+    E: Into<Error> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(Error::task("a storage task"))?
+        .map_err(Into::into)
+}
+
+impl Coordinator {
+    /// Starts the workers of the pipeline stored in `storage` and recovers
+    /// its state: takes a new fencing epoch, restores the newest checkpoint,
+    /// then replays committed steps after it.
+    pub async fn open(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        storage: Arc<Guarded>,
+        options: PipelineOptions,
+    ) -> Result<Self> {
+        let shape = storage.shape().clone();
+        let workers = shape.workers;
+        if workers == 0 {
+            return Err(ConfigError::NoWorkers.into());
+        }
+        let owned = shape.assignment();
+        let outputs = shape.outputs.clone();
+        let snapshot_version = shape.snapshot_version;
+        let exchange = Exchange::new(workers);
+        let mut instances = Vec::with_capacity(workers as usize);
+        for w in 0..workers {
+            let info = WorkerInfo {
+                worker: w,
+                workers,
+                pipeline: options.name.clone(),
+                config: options.config.clone(),
+            };
+            let worker = Worker::start(
+                engine,
+                component,
+                info,
+                Some(exchange.clone()),
+                options.inherit_guest_stderr,
+            )
+            .await?;
+            instances.push(Some(worker));
+        }
+        let (checkpoint, epoch) = {
+            let s = storage.clone();
+            // Take over the pipeline: a new epoch fences any older host.
+            blocking(move || Ok::<_, Error>((s.checkpoints().latest()?, s.fence()?))).await?
+        };
+        let mut c = Coordinator {
+            storage,
+            outputs,
+            frontiers: owned
+                .iter()
+                .map(|ps| ps.iter().map(|(id, _)| (*id, 0)).collect())
+                .collect(),
+            owned,
+            options,
+            exchange,
+            instances,
+            next_step: 0,
+            checkpointed_step: None,
+            last_checkpoint_at: Instant::now(),
+            snapshot_version,
+            epoch,
+            last_time_ms: 0,
+            events_read: 0,
+            last_checkpoint_took: Duration::ZERO,
+            last_checkpoint_snapshots: Duration::ZERO,
+            pending: None,
+            stats: Stats::default(),
+        };
+        if let Some(cp) = checkpoint {
+            if cp.states.len() != workers as usize {
+                return Err(ConfigError::WorkersChanged {
+                    stored: cp.states.len() as u32,
+                    wanted: workers,
+                }
+                .into());
+            }
+            for (slot, state) in c.instances.iter_mut().zip(&cp.states) {
+                if let Some(worker) = slot {
+                    worker.restore(state).await?;
+                }
+            }
+            c.frontiers = cp.meta.frontiers.clone();
+            c.next_step = cp.meta.step + 1;
+            c.checkpointed_step = Some(cp.meta.step);
+            c.stats.restored_checkpoint = Some(cp.meta.step);
+        }
+        c.replay().await?;
+        tracing::debug!(
+            pipeline = %c.options.name,
+            restored = ?c.stats.restored_checkpoint,
+            replayed = c.stats.replayed_steps,
+            "recovered"
+        );
+        Ok(c)
+    }
+
+    /// Replays the steps committed after the restored state, checking that
+    /// each produces the committed output (by hash) and dropping it.
+    async fn replay(&mut self) -> Result<()> {
+        let s = self.storage.clone();
+        let last = blocking(move || s.log().last_step()).await?;
+        let Some(last) = last else { return Ok(()) };
+        while self.next_step <= last {
+            let step = self.next_step;
+            let s = self.storage.clone();
+            let record = blocking(move || s.log().step_record(step))
+                .await?
+                .ok_or_else(|| sluice_storage::StorageError::Corrupt {
+                    what: "step log".into(),
+                    message: format!("step {step} is missing below the last committed step {last}"),
+                })?;
+            let outputs = self
+                .execute(&record.frontiers, step, record.time_ms)
+                .await?;
+            for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
+                if out.hash != *committed {
+                    self.instances.iter_mut().for_each(|i| *i = None);
+                    return Err(Error::Nondeterministic {
+                        step,
+                        worker: w as u32,
+                        committed: format!("{committed:032x}"),
+                        replayed: format!("{:032x}", out.hash),
+                    });
+                }
+            }
+            self.frontiers = record.frontiers;
+            self.last_time_ms = record.time_ms;
+            self.next_step += 1;
+            self.stats.replayed_steps += 1;
+            crash_point(CrashPoint::DuringReplay);
+        }
+        Ok(())
+    }
+
+    /// Fixes the next step's division: each worker's end offsets.
+    async fn divide(&mut self) -> Result<Vec<Frontier>> {
+        let (storage, owned, mut target) = (
+            self.storage.clone(),
+            self.owned.clone(),
+            self.frontiers.clone(),
+        );
+        let max = self.options.max_batch.max(1);
+        blocking(move || {
+            for (w, parts) in owned.iter().enumerate() {
+                for (id, name) in parts {
+                    let (_, high) = storage.log().watermarks(name, id.partition)?;
+                    let at = target[w].entry(*id).or_insert(0);
+                    *at = high.min(*at + max).max(*at);
+                }
+            }
+            Ok::<_, Error>(target)
+        })
+        .await
+    }
+
+    /// Runs one step on every worker: the input between the current
+    /// frontiers and `target`. Does not commit.
+    async fn execute(
+        &mut self,
+        target: &[Frontier],
+        step: u64,
+        time_ms: u64,
+    ) -> Result<Vec<WorkerOutput>> {
+        let inputs = {
+            let (storage, owned, from) = (
+                self.storage.clone(),
+                self.owned.clone(),
+                self.frontiers.clone(),
+            );
+            let target = target.to_vec();
+            blocking(move || read_inputs(&storage, &owned, &from, &target)).await?
+        };
+        self.events_read = inputs
+            .iter()
+            .flat_map(|batches| batches.iter().map(|b| b.events.len() as u64))
+            .sum();
+        self.exchange.begin_step();
+        let mut tasks = Vec::with_capacity(inputs.len());
+        for (w, batches) in inputs.into_iter().enumerate() {
+            let mut worker = self.instances[w].take().ok_or(Error::WorkersLost)?;
+            let exchange = self.exchange.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = worker.step(step, time_ms, batches).await;
+                exchange.worker_finished(w as u32);
+                (worker, r)
+            }));
+        }
+        let mut outputs = Vec::with_capacity(tasks.len());
+        let mut failure: Option<Error> = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            let result = match task.await {
+                Ok((mut worker, r)) => {
+                    self.stats.fuel_used += worker.take_fuel_used();
+                    self.instances[w] = Some(worker);
+                    r.and_then(|batches| self.convert(w as u32, step, batches))
+                }
+                Err(e) => Err(Error::task(format!("worker {w}"))(e)),
+            };
+            match result {
+                Ok(out) => outputs.push(out),
+                // An exchange failure is usually the echo of another worker's
+                // failure: report the root cause.
+                Err(e) => match &failure {
+                    None | Some(Error::Guest(GuestError::Exchange { .. })) => failure = Some(e),
+                    Some(_) => {}
+                },
+            }
+        }
+        if let Some(e) = failure {
+            // Instances stopped mid-step cannot be trusted (or re-entered).
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        Ok(outputs)
+    }
+
+    /// Checks a worker's output batches and hashes them.
+    fn convert(&self, worker: u32, step: u64, batches: Vec<Batch>) -> Result<WorkerOutput> {
+        if let Some(limit) = self.options.max_output_per_step {
+            let attempted: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
+            if attempted > limit {
+                return Err(GuestError::OutputLimit {
+                    worker,
+                    step,
+                    limit,
+                    attempted,
+                }
+                .into());
+            }
+        }
+        let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
+        for batch in batches {
+            let port = ports
+                .get_mut(batch.port as usize)
+                .ok_or_else(|| GuestError::Failed {
+                    worker,
+                    call: "step",
+                    message: format!(
+                        "returned a batch for output port {}, but the circuit has {} output ports",
+                        batch.port,
+                        self.outputs.len()
+                    ),
+                })?;
+            for e in batch.events.into_iter().filter(|e| e.weight != 0) {
+                if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&e.value) {
+                    return Err(GuestError::Failed {
+                        worker,
+                        call: "step",
+                        message: format!(
+                            "output port {} got a value that is not JSON: {err}",
+                            batch.port
+                        ),
+                    }
+                    .into());
+                }
+                port.push(Event {
+                    value: e.value,
+                    weight: e.weight,
+                });
+            }
+        }
+        let hash = hash_outputs(&ports);
+        Ok(WorkerOutput { ports, hash })
+    }
+
+    /// Runs and commits one step. Returns `false` (doing nothing) when no
+    /// worker has new input. A checkpoint that falls due is started: its
+    /// snapshots pause the pipeline, its write overlaps the next steps.
+    pub async fn step(&mut self) -> Result<bool> {
+        if self.pending.as_ref().is_some_and(|p| p.write.is_finished()) {
+            self.await_checkpoint().await?;
+        }
+        let r = self.step_inner().await;
+        if r.is_err() {
+            // Leave no write behind a failure: recovery must see the
+            // checkpoint store and the input as they will stay.
+            let _ = self.await_checkpoint().await;
+        }
+        r
+    }
+
+    async fn step_inner(&mut self) -> Result<bool> {
+        let target = self.divide().await?;
+        if target == self.frontiers {
+            return Ok(false);
+        }
+        crash_point(CrashPoint::AfterDivide);
+        let step = self.next_step;
+        let time_ms = now_ms().max(self.last_time_ms);
+        let mut outputs = self.execute(&target, step, time_ms).await?;
+        crash_point(CrashPoint::MidStep);
+        // Events, not offsets: Kafka's offsets include transaction markers.
+        let events_in = self.events_read;
+        let mut events_out = 0;
+        let mut logs = Vec::with_capacity(self.outputs.len());
+        for (port, name) in self.outputs.iter().enumerate() {
+            let entries: Vec<OutputEntry> = outputs
+                .iter_mut()
+                .enumerate()
+                .map(|(w, out)| {
+                    let events = std::mem::take(&mut out.ports[port]);
+                    events_out += events.len() as u64;
+                    OutputEntry {
+                        step,
+                        worker: w as u32,
+                        frontier: target[w].clone(),
+                        events,
+                    }
+                })
+                .collect();
+            logs.push((name.clone(), entries));
+        }
+        let commit = StepCommit {
+            record: StepRecord {
+                step,
+                epoch: self.epoch,
+                time_ms,
+                frontiers: target.clone(),
+                output_hashes: outputs.iter().map(|o| o.hash).collect(),
+            },
+            outputs: logs,
+        };
+        let storage = self.storage.clone();
+        let committed = blocking(move || {
+            crash_point(CrashPoint::BeforeCommit);
+            storage.commit_step(&commit)?;
+            crash_point(CrashPoint::AfterCommit);
+            Ok::<_, Error>(())
+        });
+        if let Err(e) = committed.await {
+            // The instances already hold this step's effects: continuing with
+            // them after a failed (or ambiguous) commit could lose or repeat
+            // it. Recovery (reopening) restores a state that matches the log.
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
+        self.frontiers = target;
+        self.last_time_ms = time_ms;
+        self.next_step += 1;
+        self.stats.steps += 1;
+        self.stats.events_in += events_in;
+        self.stats.events_out += events_out;
+        if self.checkpoint_due() {
+            self.start_checkpoint().await?;
+        }
+        Ok(true)
+    }
+
+    /// Whether a checkpoint is due (by steps or by time since the last).
+    pub fn checkpoint_due(&self) -> bool {
+        let last = self
+            .pending
+            .as_ref()
+            .map(|p| p.step)
+            .or(self.checkpointed_step);
+        let since = self.next_step - last.map_or(0, |s| s + 1);
+        since >= self.options.checkpoint_every_steps.max(1)
+            || self.last_checkpoint_at.elapsed() >= self.options.checkpoint_interval
+    }
+
+    /// Checkpoints the state after the last committed step (if not yet
+    /// checkpointed), then trims the input it covers.
+    pub async fn checkpoint(&mut self) -> Result<()> {
+        self.start_checkpoint().await?;
+        self.await_checkpoint().await
+    }
+
+    /// Takes the snapshots of a checkpoint of the last committed step and
+    /// starts writing it (then trimming) in the background. One write at a
+    /// time: a previous one is waited for first.
+    async fn start_checkpoint(&mut self) -> Result<()> {
+        self.await_checkpoint().await?;
+        let Some(step) = self.next_step.checked_sub(1) else {
+            return Ok(());
+        };
+        if self.checkpointed_step == Some(step) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut tasks = Vec::with_capacity(self.instances.len());
+        for slot in self.instances.iter_mut() {
+            let mut worker = slot.take().ok_or(Error::WorkersLost)?;
+            tasks.push(tokio::spawn(async move {
+                let r = worker.snapshot().await;
+                (worker, r)
+            }));
+        }
+        let mut states = Vec::with_capacity(tasks.len());
+        let mut failure = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            match task.await {
+                Ok((worker, r)) => {
+                    self.instances[w] = Some(worker);
+                    match r {
+                        Ok(state) => states.push(state),
+                        Err(e) => failure = failure.or(Some(e)),
+                    }
+                }
+                Err(e) => failure = failure.or(Some(Error::task(format!("worker {w}"))(e))),
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let snapshots = started.elapsed();
+        let checkpoint = Checkpoint {
+            meta: CheckpointMeta {
+                step,
+                frontiers: self.frontiers.clone(),
+                snapshot_version: self.snapshot_version,
+            },
+            states,
+        };
+        let storage = self.storage.clone();
+        let write = tokio::task::spawn_blocking(move || -> Result<()> {
+            crash_point(CrashPoint::MidCheckpoint);
+            storage.checkpoint(&checkpoint)?;
+            crash_point(CrashPoint::AfterCheckpoint);
+            storage.trim_to_checkpoint()?;
+            Ok(())
+        });
+        self.pending = Some(PendingCheckpoint {
+            step,
+            started,
+            snapshots,
+            write,
+        });
+        self.last_checkpoint_at = Instant::now();
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any, and records it.
+    async fn await_checkpoint(&mut self) -> Result<()> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        p.write
+            .await
+            .map_err(Error::task("the checkpoint write"))??;
+        tracing::debug!(
+            pipeline = %self.options.name,
+            step = p.step,
+            snapshots = ?p.snapshots,
+            total = ?p.started.elapsed(),
+            "checkpoint committed, input trimmed"
+        );
+        self.checkpointed_step = Some(p.step);
+        self.last_checkpoint_took = p.started.elapsed();
+        self.last_checkpoint_snapshots = p.snapshots;
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Waits for a checkpoint still being written in the background (before
+    /// dropping a coordinator whose storage is about to go away).
+    pub async fn settle(&mut self) -> Result<()> {
+        self.await_checkpoint().await
+    }
+
+    /// Graceful stop: checkpoints the last committed step.
+    pub async fn finish(&mut self) -> Result<()> {
+        self.checkpoint().await
+    }
+
+    /// The step of the newest checkpoint this coordinator restored or took.
+    pub fn checkpointed_step(&self) -> Option<u64> {
+        self.checkpointed_step
+    }
+
+    /// How long the last checkpoint took (snapshots, write and trim).
+    pub fn last_checkpoint_time(&self) -> Duration {
+        self.last_checkpoint_took
+    }
+
+    /// Of the last checkpoint's time, how much taking the snapshots took
+    /// (the rest is the durable write and the trim).
+    pub fn last_checkpoint_snapshots(&self) -> Duration {
+        self.last_checkpoint_snapshots
+    }
+
+    /// What the coordinator has done since it opened.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The next step to run (the number of committed steps).
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Each worker's current frontier.
+    pub fn frontiers(&self) -> &[Frontier] {
+        &self.frontiers
+    }
+
+    /// The storage the coordinator commits to.
+    pub fn storage(&self) -> &Arc<Guarded> {
+        &self.storage
+    }
+}
+
+/// Reads each worker's input for a step, as one batch per input port with
+/// events (partitions in order).
+fn read_inputs(
+    storage: &Guarded,
+    owned: &[Vec<(PartitionId, String)>],
+    from: &[Frontier],
+    to: &[Frontier],
+) -> Result<Vec<Vec<Batch>>> {
+    let mut all = Vec::with_capacity(owned.len());
+    for (w, parts) in owned.iter().enumerate() {
+        let mut batches: Vec<Batch> = Vec::new();
+        for (id, name) in parts {
+            let start = from[w].get(id).copied().unwrap_or(0);
+            let end = to[w].get(id).copied().unwrap_or(start);
+            if end <= start {
+                continue;
+            }
+            // Offsets may be sparse (Kafka's transaction markers take
+            // offsets), so the range holds at most `end - start` events; a
+            // dense backend checks its own ranges.
+            let events = storage.log().read(name, id.partition, start..end)?;
+            if events.len() as u64 > end - start {
+                return Err(sluice_storage::StorageError::Corrupt {
+                    what: format!("input `{name}` partition {}", id.partition),
+                    message: format!("offsets {start}..{end} returned {} events", events.len()),
+                }
+                .into());
+            }
+            let batch = match batches.iter_mut().position(|b| b.port == id.input) {
+                Some(i) => &mut batches[i],
+                None => {
+                    batches.push(Batch {
+                        port: id.input,
+                        events: Vec::new(),
+                    });
+                    batches.last_mut().expect("just pushed")
+                }
+            };
+            batch.events.extend(events.into_iter().map(|e| WitEvent {
+                key: Vec::new(),
+                value: e.value,
+                weight: e.weight,
+            }));
+        }
+        all.push(batches);
+    }
+    Ok(all)
+}

@@ -1,0 +1,290 @@
+//! The WebAssembly engine: configuration (component model, async, NaN
+//! canonicalization, fuel and epoch interruption, no threads), the linker
+//! with the host's imports, and components: validated against the world and
+//! precompiled into a cache keyed by content hash.
+
+use crate::bindings::{CIRCUIT_EXPORT, PipelineWorker, PipelineWorkerPre, WORLD};
+use crate::error::{Error, Result};
+use crate::worker::{Worker, WorkerInfo, WorkerState};
+use sha2::{Digest, Sha256};
+use sluice_core::CircuitPorts;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+/// How often the epoch advances; the granularity of wall-clock deadlines and
+/// of a long guest call yielding to other tasks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Resource limits of every instance (invariant I6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Maximum linear memory of one instance, in bytes.
+    pub memory: usize,
+    /// Fuel granted to each call into the guest (a deterministic CPU bound:
+    /// the same call stops at the same point on replay).
+    pub fuel_per_call: u64,
+    /// Wall-clock deadline of each call into the guest.
+    pub deadline: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory: 1 << 30,
+            fuel_per_call: 50_000_000_000,
+            deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A configured engine plus linker; shared by all pipelines of a host.
+pub struct SluiceEngine {
+    engine: Engine,
+    /// The pooling allocator's size, if it is used.
+    pool: Option<u32>,
+    linker: Linker<WorkerState>,
+    cache_dir: Option<PathBuf>,
+    limits: Limits,
+    /// Stops the epoch thread when the last engine sharing it is dropped.
+    _ticker: Arc<Ticker>,
+}
+
+/// Owns the epoch thread's stop flag.
+struct Ticker(Arc<AtomicBool>);
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A validated component, ready to instantiate.
+#[derive(Clone)]
+pub struct LoadedComponent {
+    /// SHA-256 of the component bytes, hex.
+    pub hash: String,
+    pub(crate) pre: PipelineWorkerPre<WorkerState>,
+}
+
+impl SluiceEngine {
+    /// Builds the engine. `cache_dir` holds precompiled components (none:
+    /// compile every time). Instances get their memory on demand.
+    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Self> {
+        Self::build(limits, cache_dir, None)
+    }
+
+    /// Like [`new`](Self::new), but instances come from a pooling allocator
+    /// sized for `max_instances` concurrent instances: faster to
+    /// instantiate, with all their memory reserved up front. A full pool
+    /// refuses further instances with an error.
+    pub fn with_pooling(
+        limits: Limits,
+        cache_dir: Option<PathBuf>,
+        max_instances: u32,
+    ) -> Result<Self> {
+        Self::build(limits, cache_dir, Some(max_instances))
+    }
+
+    fn build(limits: Limits, cache_dir: Option<PathBuf>, pooling: Option<u32>) -> Result<Self> {
+        // No `threads` feature is compiled in, so guests cannot spawn threads
+        // or share memory (I4): there is nothing to switch off.
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .cranelift_nan_canonicalization(true)
+            .consume_fuel(true)
+            .epoch_interruption(true);
+        if let Some(n) = pooling {
+            // A Rust component instantiates a handful of core modules (its
+            // own, the WASI adapter, shims), each with a memory or a table.
+            let mut pool = wasmtime::PoolingAllocationConfig::default();
+            pool.total_component_instances(n)
+                .total_core_instances(n.saturating_mul(8))
+                .total_memories(n.saturating_mul(2))
+                .total_tables(n.saturating_mul(8))
+                .total_stacks(n)
+                .max_core_instances_per_component(16)
+                .max_memories_per_component(4)
+                .max_tables_per_component(16)
+                .max_memory_size(limits.memory);
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        }
+        let engine = Engine::new(&config).map_err(Error::engine("configuring the engine"))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(Error::engine("linking WASI"))?;
+        PipelineWorker::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(Error::engine("linking the sluice:circuit world"))?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (weak, stop) = (engine.weak(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("sluice-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| Error::Engine {
+                what: "starting the epoch thread".into(),
+                source: e.into(),
+            })?;
+        Ok(SluiceEngine {
+            engine,
+            pool: pooling,
+            linker,
+            cache_dir,
+            limits,
+            _ticker: Arc::new(Ticker(ticker_stop)),
+        })
+    }
+
+    /// The same engine (compiled components, pool, epoch thread) with other
+    /// per-instance limits: one per pipeline on a multi-tenant host.
+    pub fn with_limits(&self, limits: Limits) -> SluiceEngine {
+        SluiceEngine {
+            engine: self.engine.clone(),
+            pool: self.pool,
+            linker: self.linker.clone(),
+            cache_dir: self.cache_dir.clone(),
+            limits,
+            _ticker: self._ticker.clone(),
+        }
+    }
+
+    /// The wasmtime engine.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The pooling allocator's size (`None`: instances allocated on demand).
+    pub fn pool_size(&self) -> Option<u32> {
+        self.pool
+    }
+
+    /// The limits every instance gets.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The default cache directory: `$SLUICE_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`.
+    pub fn default_cache_dir() -> Option<PathBuf> {
+        if let Some(d) = std::env::var_os("SLUICE_CACHE_DIR") {
+            return Some(PathBuf::from(d));
+        }
+        if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+            return Some(PathBuf::from(d).join("sluice"));
+        }
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("sluice"))
+    }
+
+    /// Reads, validates and compiles (or loads from the cache) the component
+    /// at `path`.
+    pub fn load_file(&self, path: &Path) -> Result<LoadedComponent> {
+        let bytes = std::fs::read(path).map_err(|e| Error::InvalidComponent {
+            path: path.to_owned(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        self.load(path, &bytes)
+    }
+
+    /// Learns a component's ports and snapshot version from a throwaway
+    /// instance (`init`, then `describe`).
+    pub async fn describe(&self, component: &LoadedComponent) -> Result<CircuitPorts> {
+        let info = WorkerInfo {
+            worker: 0,
+            workers: 1,
+            pipeline: "describe".into(),
+            config: vec![],
+        };
+        let mut worker = Worker::start(self, component, info, None, false).await?;
+        worker.describe().await
+    }
+
+    /// Validates and compiles (or loads from the cache) a component; `origin`
+    /// names it in errors.
+    pub fn load(&self, origin: &Path, bytes: &[u8]) -> Result<LoadedComponent> {
+        let invalid = |message: String| Error::InvalidComponent {
+            path: origin.to_owned(),
+            message,
+        };
+        match bytes.get(..8) {
+            Some([0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00]) => {}
+            Some([0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00]) => {
+                return Err(invalid(
+                    "this is a core WebAssembly module, not a component; build the circuit for \
+                     the wasm32-wasip2 target (sluice build does)"
+                        .into(),
+                ));
+            }
+            _ => return Err(invalid("not a WebAssembly component (bad header)".into())),
+        }
+        let hash = hex::encode(Sha256::digest(bytes));
+        let component = self
+            .compile_cached(&hash, bytes)
+            .map_err(|e| invalid(format!("does not compile: {e:#}")))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            invalid(format!("imports something this host does not provide (only the {WORLD} world and inert WASI): {e:#}"))
+        })?;
+        let pre = PipelineWorkerPre::new(pre).map_err(|e| {
+            let exports: Vec<String> = component
+                .component_type()
+                .exports(&self.engine)
+                .map(|(n, _)| n.to_owned())
+                .collect();
+            invalid(format!(
+                "does not implement the {WORLD} world ({e:#}); it must export {CIRCUIT_EXPORT}, \
+                 it exports [{}]",
+                exports.join(", ")
+            ))
+        })?;
+        Ok(LoadedComponent { hash, pre })
+    }
+
+    fn compile_cached(&self, hash: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
+        let Some(dir) = &self.cache_dir else {
+            return Component::new(&self.engine, bytes);
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        let file = dir
+            .join("components")
+            .join(format!("{hash}-{:016x}.cwasm", h.finish()));
+        if file.exists() {
+            // SAFETY: the file was written by `precompile_component` of an
+            // engine with the same compatibility hash, into our own cache, and
+            // renamed into place only once complete.
+            match unsafe { Component::deserialize_file(&self.engine, &file) } {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), "recompiling: unusable cache entry: {e:#}")
+                }
+            }
+        }
+        let compiled = self.engine.precompile_component(bytes)?;
+        if let Err(e) = write_atomically(&file, &compiled) {
+            tracing::warn!(file = %file.display(), "not caching the compiled component: {e}");
+        }
+        // SAFETY: the bytes were just produced by this engine.
+        unsafe { Component::deserialize(&self.engine, &compiled) }
+    }
+}
+
+fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.persist(file).map_err(|e| e.error)?;
+    Ok(())
+}

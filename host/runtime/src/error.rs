@@ -1,0 +1,244 @@
+//! The runtime's errors: what a guest did ([`GuestError`], each naming the
+//! worker, the call and the limit), what storage reported
+//! ([`StorageError`]), what the configuration got wrong ([`ConfigError`]),
+//! and the runtime's own ([`Error`]). Whether a retry may help is decided
+//! by the layer that made the error ([`Error::is_transient`]).
+
+use crate::exchange::ExchangeError;
+use sluice_core::ConfigError;
+use sluice_storage::{BoxError, StorageError};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Result with the runtime's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can stop a pipeline's runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Storage failed or refused (an invariant, fencing, corruption).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+
+    /// A guest trapped, exceeded a limit or failed.
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+
+    /// The configuration is not valid or conflicts with what is stored.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    /// I4: a replayed step produced different output than the committed one.
+    #[error(
+        "the circuit is not deterministic: replaying step {step} on worker {worker} produced \
+         output with hash {replayed}, but the committed output of that step has hash {committed} \
+         (invariant I4); the pipeline is stopped, nothing was written"
+    )]
+    Nondeterministic {
+        /// Step replayed.
+        step: u64,
+        /// Worker whose output differs.
+        worker: u32,
+        /// Hash recorded at commit.
+        committed: String,
+        /// Hash of the replay.
+        replayed: String,
+    },
+
+    /// The pooling allocator has no free slot for another instance.
+    #[error(
+        "no capacity for another instance: the engine's instance pool ({limit} instances) is full \
+         (limit: instances per host); stop a pipeline or raise the pool size"
+    )]
+    PoolExhausted {
+        /// The pool's size.
+        limit: u32,
+    },
+
+    /// The component cannot be used.
+    #[error("{path}: {message}")]
+    InvalidComponent {
+        /// Where it came from.
+        path: PathBuf,
+        /// Why it is refused.
+        message: String,
+    },
+
+    /// An earlier failure left the coordinator without its instances.
+    #[error("the pipeline's workers were lost to an earlier failure; reopen it")]
+    WorkersLost,
+
+    /// The WebAssembly engine failed outside a guest call.
+    #[error("wasmtime ({what}): {source}")]
+    Engine {
+        /// What the host was doing.
+        what: String,
+        /// wasmtime's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A task of the runtime panicked or was cancelled.
+    #[error("{what} failed: {source}")]
+    Task {
+        /// Which task.
+        what: String,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl Error {
+    /// Whether the error may go away on retry (after recovering): only
+    /// storage's transient failures. A guest failure, a limit, a
+    /// nondeterministic replay, a configuration conflict or a fenced host
+    /// will not.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Storage(e) if e.is_transient())
+    }
+
+    /// A short, stable name of the error's kind, for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Guest(g) => g.kind(),
+            Error::Nondeterministic { .. } => "nondeterministic",
+            Error::Storage(e) if e.is_transient() => "storage",
+            Error::Storage(StorageError::Fenced { .. } | StorageError::FencedProducer { .. }) => {
+                "fenced"
+            }
+            Error::Storage(_) => "storage_refused",
+            Error::Config(_) | Error::InvalidComponent { .. } => "config",
+            Error::PoolExhausted { .. } => "capacity",
+            Error::WorkersLost | Error::Engine { .. } | Error::Task { .. } => "other",
+        }
+    }
+
+    pub(crate) fn engine(what: impl Into<String>) -> impl FnOnce(wasmtime::Error) -> Error {
+        let what = what.into();
+        move |e| Error::Engine {
+            what,
+            source: e.into(),
+        }
+    }
+
+    pub(crate) fn task(what: impl Into<String>) -> impl FnOnce(tokio::task::JoinError) -> Error {
+        let what = what.into();
+        move |source| Error::Task { what, source }
+    }
+}
+
+/// What a guest did: each variant names the worker and the call, and a
+/// limit names its value (invariant I6).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GuestError {
+    /// The guest trapped.
+    #[error("worker {worker} trapped in `{call}`: {trap}")]
+    Trap {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// The trap and its backtrace, as wasmtime reports it.
+        trap: String,
+    },
+
+    /// The fuel limit per call (deterministic CPU bound) ran out.
+    #[error(
+        "worker {worker} exhausted its fuel limit of {limit} units in `{call}` (limit: fuel per step)"
+    )]
+    FuelExhausted {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// Fuel granted per call.
+        limit: u64,
+    },
+
+    /// The wall-clock deadline per call ran out.
+    #[error(
+        "worker {worker} exceeded its wall-clock deadline of {deadline:?} in `{call}` (limit: step deadline)"
+    )]
+    DeadlineExceeded {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// The deadline.
+        deadline: Duration,
+    },
+
+    /// The guest tried to grow its memory past the limit.
+    #[error(
+        "worker {worker} exceeded its memory limit in `{call}`: tried to grow linear memory to \
+         {requested} bytes, limit is {limit} bytes (limit: memory per instance)"
+    )]
+    MemoryExceeded {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// Size asked for.
+        requested: usize,
+        /// The limit.
+        limit: usize,
+    },
+
+    /// A worker emitted more output in one step than its pipeline allows.
+    #[error(
+        "output limit: worker {worker} emitted {attempted} events in step {step}, above the \
+         pipeline's limit of {limit} events per worker per step"
+    )]
+    OutputLimit {
+        /// The worker.
+        worker: u32,
+        /// The step.
+        step: u64,
+        /// The limit.
+        limit: u64,
+        /// What the worker emitted.
+        attempted: u64,
+    },
+
+    /// The circuit returned an error, or output the host refuses.
+    #[error("worker {worker}: the circuit failed in `{call}`: {message}")]
+    Failed {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// The circuit's message.
+        message: String,
+    },
+
+    /// A worker broke the exchange's calling contract, or the exchange was
+    /// abandoned.
+    #[error("exchange: worker {worker} in `{call}`: {source}")]
+    Exchange {
+        /// Worker index.
+        worker: u32,
+        /// Export being called.
+        call: &'static str,
+        /// What went wrong.
+        #[source]
+        source: ExchangeError,
+    },
+}
+
+impl GuestError {
+    /// A short, stable name of the kind, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GuestError::Trap { .. } => "trap",
+            GuestError::FuelExhausted { .. } => "fuel",
+            GuestError::DeadlineExceeded { .. } => "deadline",
+            GuestError::MemoryExceeded { .. } => "memory",
+            GuestError::OutputLimit { .. } => "output_limit",
+            GuestError::Failed { .. } => "guest",
+            GuestError::Exchange { .. } => "exchange",
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The exchange: routes keyed events between the W workers of a pipeline
+//! within one step.
+//!
+//! A key is hashed (xxh3, fixed seed: stable across hosts and versions) into
+//! one of [`SHARDS`] shards; shard `s` belongs to worker `s mod W`. Every
+//! worker contributes once per channel per step; when all have, each gets
+//! the events it owns, in worker order, so the result is deterministic.
+
+use crate::bindings::Event;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// Why a shuffle failed; the guest sees it as the WIT `exchange-error`, the
+/// host reports it as the step's failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExchangeError {
+    /// A worker broke the exchange's calling contract.
+    #[error("{0}")]
+    ContractViolation(String),
+    /// The step was abandoned before every worker contributed.
+    #[error("{0}")]
+    Aborted(String),
+}
+
+/// Number of shards of the key-hash space.
+pub const SHARDS: u64 = 1024;
+
+/// The shard of a key.
+pub fn shard(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key) % SHARDS
+}
+
+/// The worker that owns a shard, for `workers` workers.
+pub fn owner(shard: u64, workers: u32) -> u32 {
+    (shard % workers as u64) as u32
+}
+
+type Reply = Result<Vec<Event>, ExchangeError>;
+
+struct Round {
+    contributed: Vec<bool>,
+    /// `inbox[dest][src]`: what `src` sent to `dest`.
+    inbox: Vec<Vec<Vec<Event>>>,
+    waiters: Vec<Option<oneshot::Sender<Reply>>>,
+}
+
+struct State {
+    rounds: BTreeMap<u32, Round>,
+    finished: Vec<bool>,
+    failure: Option<ExchangeError>,
+}
+
+/// The exchange of one pipeline.
+pub struct Exchange {
+    workers: u32,
+    state: Mutex<State>,
+}
+
+impl Exchange {
+    /// An exchange for `workers` workers.
+    pub fn new(workers: u32) -> Arc<Self> {
+        Arc::new(Exchange {
+            workers,
+            state: Mutex::new(State {
+                rounds: BTreeMap::new(),
+                finished: vec![false; workers as usize],
+                failure: None,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a step: forgets the previous step's rounds and failures.
+    pub fn begin_step(&self) {
+        let mut s = self.lock();
+        s.rounds.clear();
+        s.finished = vec![false; self.workers as usize];
+        s.failure = None;
+    }
+
+    /// Worker `worker` contributes `events` on `channel`; resolves to the
+    /// events it owns once every worker has contributed.
+    pub(crate) async fn shuffle(&self, worker: u32, channel: u32, events: Vec<Event>) -> Reply {
+        let receiver = {
+            let mut s = self.lock();
+            if let Some(f) = &s.failure {
+                return Err(f.clone());
+            }
+            let w = self.workers as usize;
+            let round = s.rounds.entry(channel).or_insert_with(|| Round {
+                contributed: vec![false; w],
+                inbox: vec![vec![Vec::new(); w]; w],
+                waiters: (0..w).map(|_| None).collect(),
+            });
+            let me = worker as usize;
+            if round.contributed[me] {
+                let msg = format!(
+                    "worker {worker} called shuffle twice on channel {channel} in one step"
+                );
+                return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg)));
+            }
+            round.contributed[me] = true;
+            for e in events {
+                let dest = owner(shard(&e.key), self.workers) as usize;
+                round.inbox[dest][me].push(e);
+            }
+            if round.contributed.iter().all(|c| *c) {
+                let mut round = s.rounds.remove(&channel).expect("round exists");
+                let mut mine = Vec::new();
+                for (dest, from) in round.inbox.into_iter().enumerate() {
+                    let events: Vec<Event> = from.into_iter().flatten().collect();
+                    if dest == me {
+                        mine = events;
+                    } else if let Some(tx) = round.waiters[dest].take() {
+                        let _ = tx.send(Ok(events));
+                    }
+                }
+                return Ok(mine);
+            }
+            if let Some(done) = s.finished.iter().position(|f| *f) {
+                let msg = format!(
+                    "worker {worker} waits on channel {channel}, but worker {done} already finished its step without using it; \
+                     every worker must call shuffle on the same channels in each step"
+                );
+                return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg)));
+            }
+            let (tx, rx) = oneshot::channel();
+            s.rounds.get_mut(&channel).expect("round exists").waiters[me] = Some(tx);
+            rx
+        };
+        receiver.await.unwrap_or_else(|_| {
+            Err(ExchangeError::Aborted(
+                "the step was abandoned before every worker contributed".into(),
+            ))
+        })
+    }
+
+    /// Worker `worker` returned from its step. Fails any round it never
+    /// joined: the workers waiting there would otherwise wait forever.
+    pub fn worker_finished(&self, worker: u32) {
+        let mut s = self.lock();
+        s.finished[worker as usize] = true;
+        let stuck: Vec<u32> = s
+            .rounds
+            .iter()
+            .filter(|(_, r)| !r.contributed[worker as usize])
+            .map(|(c, _)| *c)
+            .collect();
+        if let Some(channel) = stuck.first() {
+            let msg = format!(
+                "worker {worker} finished its step without calling shuffle on channel {channel}, \
+                 which other workers are waiting on; every worker must call shuffle on the same channels in each step"
+            );
+            self.fail(&mut s, ExchangeError::ContractViolation(msg));
+        }
+    }
+
+    /// Records a failure and wakes every waiter with it.
+    fn fail(&self, s: &mut State, error: ExchangeError) -> ExchangeError {
+        s.failure.get_or_insert(error.clone());
+        for round in s.rounds.values_mut() {
+            for tx in round.waiters.iter_mut().filter_map(Option::take) {
+                let _ = tx.send(Err(error.clone()));
+            }
+        }
+        error
+    }
+
+    /// The failure of the current step, if the exchange failed: the root
+    /// cause, whatever the workers returned after seeing it.
+    pub fn failure(&self) -> Option<ExchangeError> {
+        self.lock().failure.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(key: &str, v: u8) -> Event {
+        Event {
+            key: key.as_bytes().to_vec(),
+            value: vec![v],
+            weight: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn routes_by_key_owner_in_worker_order() {
+        let x = Exchange::new(2);
+        x.begin_step();
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        let send = |w: u8| keys.iter().map(|k| ev(k, w)).collect::<Vec<_>>();
+        let (a, b) = tokio::join!(x.shuffle(0, 7, send(0)), x.shuffle(1, 7, send(1)));
+        for (w, got) in [a.unwrap(), b.unwrap()].into_iter().enumerate() {
+            assert!(got.iter().all(|e| owner(shard(&e.key), 2) == w as u32));
+            // Worker 0's contributions come first.
+            let sources: Vec<u8> = got.iter().map(|e| e.value[0]).collect();
+            assert!(sources.windows(2).all(|p| p[0] <= p[1]));
+            assert_eq!(
+                got.len(),
+                2 * keys
+                    .iter()
+                    .filter(|k| owner(shard(k.as_bytes()), 2) == w as u32)
+                    .count()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_skips_a_channel_fails_the_waiters() {
+        let x = Exchange::new(2);
+        x.begin_step();
+        let waiting = x.shuffle(0, 1, vec![ev("a", 0)]);
+        let finishing = async {
+            tokio::task::yield_now().await;
+            x.worker_finished(1);
+        };
+        let (r, ()) = tokio::join!(waiting, finishing);
+        assert!(
+            r.unwrap_err()
+                .to_string()
+                .contains("without calling shuffle on channel 1")
+        );
+    }
+}

@@ -1,0 +1,495 @@
+//! A worker: one sandboxed instance of a circuit component, with its store,
+//! its limits and its end of the exchange. Every call into the guest goes
+//! through here, and every way it can fail becomes a typed [`Error`].
+
+use crate::bindings::{self, Batch, CircuitError, Event, PipelineWorker, WitExchangeError, sluice};
+use crate::determinism::{GuestEnvironment, seed};
+use crate::engine::{Limits, LoadedComponent, SluiceEngine};
+use crate::error::{Error, GuestError, Result};
+use crate::exchange::{Exchange, ExchangeError};
+use sluice_core::CircuitPorts;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// Who an instance is within its pipeline; fixed for its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// This worker's index, `0 <= worker < workers`.
+    pub worker: u32,
+    /// The pipeline's number of workers W.
+    pub workers: u32,
+    /// The pipeline's identity: seeds the guest's random numbers.
+    pub pipeline: String,
+    /// Settings handed to the circuit.
+    pub config: Vec<(String, String)>,
+}
+
+impl From<WorkerInfo> for bindings::WorkerInfo {
+    fn from(i: WorkerInfo) -> Self {
+        bindings::WorkerInfo {
+            worker: i.worker,
+            workers: i.workers,
+            pipeline: i.pipeline,
+            config: i.config,
+        }
+    }
+}
+
+/// Refuses memory growth past the limit and remembers the attempt, so the
+/// resulting failure can be reported as the memory limit.
+struct MemoryLimiter {
+    max: usize,
+    refused: Option<usize>,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max {
+            self.refused = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// The host state of one instance.
+pub struct WorkerState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    exchange: Option<Arc<Exchange>>,
+    worker: u32,
+    call_started: Instant,
+    deadline: Duration,
+    deadline_hit: bool,
+    exchange_error: Option<ExchangeError>,
+}
+
+impl WasiView for WorkerState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl sluice::circuit::types::Host for WorkerState {}
+
+impl sluice::circuit::exchange::Host for WorkerState {
+    async fn shuffle(
+        &mut self,
+        channel: u32,
+        events: Vec<Event>,
+    ) -> std::result::Result<Vec<Event>, ExchangeError> {
+        let result = match self.exchange.clone() {
+            Some(exchange) => exchange.shuffle(self.worker, channel, events).await,
+            None => Err(ExchangeError::ContractViolation(
+                "exchange.shuffle called outside a step".into(),
+            )),
+        };
+        if let Err(e) = &result {
+            self.exchange_error.get_or_insert_with(|| e.clone());
+        }
+        result
+    }
+
+    /// A failed shuffle is an error the guest sees (and the host reports
+    /// whatever the guest does next), never a trap.
+    fn convert_exchange_error(&mut self, err: ExchangeError) -> wasmtime::Result<WitExchangeError> {
+        Ok(match err {
+            ExchangeError::ContractViolation(m) => WitExchangeError::ContractViolation(m),
+            ExchangeError::Aborted(m) => WitExchangeError::Aborted(m),
+        })
+    }
+}
+
+/// One instance of a circuit.
+pub struct Worker {
+    index: u32,
+    store: Store<WorkerState>,
+    bindings: PipelineWorker,
+    limits: Limits,
+    environment: GuestEnvironment,
+    pipeline: String,
+    /// Fuel burned by calls since the last [`take_fuel_used`](Self::take_fuel_used).
+    fuel_used: u64,
+}
+
+/// The step number the guest environment is seeded with outside steps
+/// (init, describe, snapshot, restore).
+const OUTSIDE_STEP: u64 = u64::MAX;
+
+impl Worker {
+    /// Instantiates `component` as worker `info.worker` and calls `init`.
+    pub async fn start(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        info: WorkerInfo,
+        exchange: Option<Arc<Exchange>>,
+        inherit_stderr: bool,
+    ) -> Result<Self> {
+        let limits = engine.limits();
+        let environment = GuestEnvironment::default();
+        environment.enter_step(&info.pipeline, info.worker, OUTSIDE_STEP, 0);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.wall_clock(environment.clock.clone())
+            .monotonic_clock(environment.clock.clone())
+            .secure_random(environment.secure.clone())
+            .insecure_random(environment.insecure.clone())
+            .insecure_random_seed(seed(&info.pipeline, info.worker, 0, "insecure-seed") as u128);
+        if inherit_stderr {
+            wasi.inherit_stderr();
+        }
+        let state = WorkerState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max: limits.memory,
+                refused: None,
+            },
+            exchange,
+            worker: info.worker,
+            call_started: Instant::now(),
+            deadline: limits.deadline,
+            deadline_hit: false,
+            exchange_error: None,
+        };
+        let mut store = new_store(engine, state);
+        let index = info.worker;
+        arm(&mut store, &limits);
+        let bindings = match component.pre.instantiate_async(&mut store).await {
+            Ok(b) => b,
+            Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
+        };
+        let pipeline = info.pipeline.clone();
+        let mut worker = Worker {
+            index,
+            store,
+            bindings,
+            limits,
+            environment,
+            pipeline,
+            fuel_used: 0,
+        };
+        worker.arm();
+        let r = worker
+            .bindings
+            .sluice_circuit_circuit()
+            .call_init(&mut worker.store, &info.into())
+            .await;
+        worker.check("init", r)?;
+        Ok(worker)
+    }
+
+    fn arm(&mut self) {
+        arm(&mut self.store, &self.limits);
+        self.environment
+            .enter_step(&self.pipeline, self.index, OUTSIDE_STEP, 0);
+    }
+
+    fn classify(&mut self, call: &'static str, e: wasmtime::Error) -> Error {
+        classify(&mut self.store, self.index, call, &self.limits, e)
+    }
+
+    fn check<T>(
+        &mut self,
+        call: &'static str,
+        r: wasmtime::Result<std::result::Result<T, CircuitError>>,
+    ) -> Result<T> {
+        // A failed shuffle fails the call, whatever the guest made of it.
+        if r.is_ok()
+            && let Some(source) = self.store.data_mut().exchange_error.take()
+        {
+            return Err(GuestError::Exchange {
+                worker: self.index,
+                call,
+                source,
+            }
+            .into());
+        }
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(GuestError::Failed {
+                worker: self.index,
+                call,
+                message: guest_message(e),
+            }
+            .into()),
+            Err(e) => Err(self.classify(call, e)),
+        }
+    }
+
+    /// Asks the circuit for its ports.
+    pub async fn describe(&mut self) -> Result<CircuitPorts> {
+        self.arm();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_describe(&mut self.store)
+            .await;
+        let info = r.map_err(|e| self.classify("describe", e))?;
+        Ok(CircuitPorts {
+            inputs: info.inputs,
+            outputs: info.outputs,
+            snapshot_version: info.snapshot_version,
+        })
+    }
+
+    /// Runs step `step` on `inputs`, the guest's clocks showing `time_ms`
+    /// and its random numbers seeded for this step; returns the output
+    /// batches.
+    pub(crate) async fn step(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        inputs: Vec<Batch>,
+    ) -> Result<Vec<Batch>> {
+        self.arm();
+        self.environment
+            .enter_step(&self.pipeline, self.index, step, time_ms);
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_step(&mut self.store, &inputs)
+            .await;
+        let left = self.store.get_fuel().unwrap_or(0);
+        self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
+        self.check("step", r)
+    }
+
+    /// Fuel burned by steps since the last call, which resets it.
+    pub fn take_fuel_used(&mut self) -> u64 {
+        std::mem::take(&mut self.fuel_used)
+    }
+
+    /// Takes a snapshot of the circuit's state.
+    pub async fn snapshot(&mut self) -> Result<Vec<u8>> {
+        self.arm();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_snapshot(&mut self.store)
+            .await;
+        self.check("snapshot", r)
+    }
+
+    /// Restores the circuit's state from a snapshot.
+    pub async fn restore(&mut self, state: &[u8]) -> Result<()> {
+        self.arm();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_restore(&mut self.store, state)
+            .await;
+        self.check("restore", r)
+    }
+
+    /// Instantiates `component` without calling anything in it: the bare
+    /// wasmtime cost a worker start builds on (the baseline of `sluice bench`).
+    pub async fn instantiate_only(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+    ) -> Result<()> {
+        let limits = engine.limits();
+        let state = WorkerState {
+            wasi: WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max: limits.memory,
+                refused: None,
+            },
+            exchange: None,
+            worker: 0,
+            call_started: Instant::now(),
+            deadline: limits.deadline,
+            deadline_hit: false,
+            exchange_error: None,
+        };
+        let mut store = new_store(engine, state);
+        arm(&mut store, &limits);
+        match component.pre.instantiate_async(&mut store).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(instantiate_error(engine, &mut store, 0, &limits, e)),
+        }
+    }
+
+    /// Starts a single worker (W=1) with its own exchange: for benchmarks
+    /// and tools that drive a circuit directly, without storage.
+    pub async fn standalone(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+    ) -> Result<Self> {
+        let info = WorkerInfo {
+            worker: 0,
+            workers: 1,
+            pipeline: pipeline.to_owned(),
+            config: vec![],
+        };
+        Worker::start(engine, component, info, Some(Exchange::new(1)), false).await
+    }
+
+    /// Runs step `step` with host-typed events: `inputs[p]` are input port
+    /// `p`'s events; returns each output port's events (ports the circuit
+    /// left empty come back empty).
+    pub async fn step_ports(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        inputs: Vec<Vec<sluice_core::Event>>,
+    ) -> Result<Vec<Vec<sluice_core::Event>>> {
+        let batches = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(port, events)| Batch {
+                port: port as u32,
+                events: events
+                    .into_iter()
+                    .map(|e| Event {
+                        key: Vec::new(),
+                        value: e.value,
+                        weight: e.weight,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut out: Vec<Vec<sluice_core::Event>> = Vec::new();
+        for batch in self.step(step, time_ms, batches).await? {
+            let port = batch.port as usize;
+            if out.len() <= port {
+                out.resize_with(port + 1, Vec::new);
+            }
+            out[port].extend(batch.events.into_iter().map(|e| sluice_core::Event {
+                value: e.value,
+                weight: e.weight,
+            }));
+        }
+        Ok(out)
+    }
+}
+
+fn guest_message(e: CircuitError) -> String {
+    match e {
+        CircuitError::BadInput(m) => format!("bad input: {m}"),
+        CircuitError::IncompatibleSnapshot(m) => format!("incompatible snapshot: {m}"),
+        CircuitError::Protocol(m) => format!("protocol error: {m}"),
+        CircuitError::Failed(m) => m,
+    }
+}
+
+/// A store with the instance limits: the memory limiter, and an epoch
+/// callback that yields to other tasks at every tick and traps once the
+/// call's wall-clock deadline has passed. Every store needs the callback:
+/// without it the first epoch tick would trap.
+fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
+    let mut store = Store::new(engine.engine(), state);
+    store.limiter(|s| &mut s.limiter);
+    // wasmtime caps what one call may hand the host at 128 MiB by default,
+    // which a worker's snapshot outgrows; the instance's memory limit is
+    // the natural cap (a guest cannot hand over more than it holds).
+    store.set_hostcall_fuel(engine.limits().memory);
+    store.epoch_deadline_callback(|mut cx| {
+        let s = cx.data_mut();
+        if s.call_started.elapsed() > s.deadline {
+            s.deadline_hit = true;
+            return Err(wasmtime::format_err!("wall-clock deadline exceeded"));
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store
+}
+
+/// A failed instantiation: a full instance pool is a capacity error, not a
+/// fault of the guest.
+fn instantiate_error(
+    engine: &SluiceEngine,
+    store: &mut Store<WorkerState>,
+    worker: u32,
+    limits: &Limits,
+    e: wasmtime::Error,
+) -> Error {
+    if let Some(limit) = engine.pool_size()
+        && format!("{e:#}").contains("maximum concurrent")
+    {
+        return Error::PoolExhausted { limit };
+    }
+    classify(store, worker, "instantiate", limits, e)
+}
+
+/// Resets fuel and deadline before a call into the guest.
+fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
+    // Fuel is enabled on every engine `SluiceEngine` builds, so this cannot fail.
+    let _ = store.set_fuel(limits.fuel_per_call);
+    store.set_epoch_deadline(1);
+    let s = store.data_mut();
+    s.call_started = Instant::now();
+    s.deadline_hit = false;
+    s.exchange_error = None;
+}
+
+/// Turns a failed call into the error that names its cause.
+fn classify(
+    store: &mut Store<WorkerState>,
+    worker: u32,
+    call: &'static str,
+    limits: &Limits,
+    e: wasmtime::Error,
+) -> Error {
+    let s = store.data_mut();
+    let guest = if let Some(requested) = s.limiter.refused.take() {
+        GuestError::MemoryExceeded {
+            worker,
+            call,
+            requested,
+            limit: limits.memory,
+        }
+    } else if s.deadline_hit {
+        GuestError::DeadlineExceeded {
+            worker,
+            call,
+            deadline: limits.deadline,
+        }
+    } else if let Some(source) = s.exchange_error.take() {
+        GuestError::Exchange {
+            worker,
+            call,
+            source,
+        }
+    } else {
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => GuestError::FuelExhausted {
+                worker,
+                call,
+                limit: limits.fuel_per_call,
+            },
+            Some(Trap::Interrupt) => GuestError::DeadlineExceeded {
+                worker,
+                call,
+                deadline: limits.deadline,
+            },
+            _ => GuestError::Trap {
+                worker,
+                call,
+                trap: format!("{e:#}"),
+            },
+        }
+    };
+    guest.into()
+}

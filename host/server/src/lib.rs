@@ -1,0 +1,126 @@
+//! # sluice-server: `sluice serve`, the multi-tenant host
+//!
+//! A long-running host with an HTTP API (axum, OpenAPI at `/openapi.json`):
+//!
+//! - [`types`]: the API's wire types (request and response bodies, specs).
+//! - [`service`]: the domain layer — callers and tokens, tenants,
+//!   components, pipelines and **tenant limits** — returning
+//!   [`ServiceError`](service::ServiceError); no HTTP in it.
+//! - [`registry`]: tenants (hashed tokens, limits) and pipeline specs,
+//!   persisted atomically.
+//! - [`runner`]: one task per pipeline, a state machine over its
+//!   coordinator, recovering as the pipeline's recovery policy says.
+//! - [`routes`]: the HTTP edge, one module per resource, and the one
+//!   mapping of errors to statuses and codes.
+//! - [`page`]: the status page.
+//!
+//! An admin token (never a default) creates tenants; a tenant sees only its
+//! own resources (another tenant's answer 404). Each tenant's files live
+//! under `DIR/tenants/<tenant>/`, created and written through a `cap-std`
+//! directory handle, every name validated first. On start the host
+//! recovers every pipeline that was running; on SIGTERM it checkpoints them.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! sluice_server::serve(sluice_server::ServeOptions {
+//!     data: "/var/lib/sluice".into(),
+//!     listen: "127.0.0.1:7878".parse()?,
+//!     admin_token: std::env::var("SLUICE_ADMIN_TOKEN")?,
+//!     pool: 0,
+//!     kafka: None,
+//! })
+//! .await
+//! # }
+//! ```
+
+pub mod page;
+pub mod registry;
+pub mod routes;
+pub mod runner;
+pub mod service;
+pub mod types;
+
+use sluice_runtime::{Limits, SluiceEngine};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The data directory (registry, components, pipelines).
+    pub data: PathBuf,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The admin token.
+    pub admin_token: String,
+    /// Size the pooling allocator for this many instances (0: allocate on
+    /// demand).
+    pub pool: u32,
+    /// Kafka brokers for pipelines created with `"log": "kafka"`.
+    pub kafka: Option<runner::KafkaSettings>,
+}
+
+/// Runs the server until Ctrl-C / SIGTERM, then checkpoints every running
+/// pipeline and returns.
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let admin_token = opts.admin_token.trim();
+    if admin_token.len() < 16 {
+        anyhow::bail!("the admin token must be at least 16 characters");
+    }
+    let engine = Arc::new(if opts.pool > 0 {
+        SluiceEngine::with_pooling(
+            Limits::default(),
+            SluiceEngine::default_cache_dir(),
+            opts.pool,
+        )?
+    } else {
+        SluiceEngine::new(Limits::default(), SluiceEngine::default_cache_dir())?
+    });
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ])?
+        .build_recorder();
+    let metrics = recorder.handle();
+    if metrics::set_global_recorder(recorder).is_err() {
+        tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+    }
+    let service = Arc::new(service::Service::new(
+        opts.data.clone(),
+        admin_token,
+        engine,
+        opts.kafka.clone(),
+    )?);
+    service.recover().await;
+
+    let app = routes::router(Arc::new(routes::AppState {
+        service: service.clone(),
+        metrics,
+    }));
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this line to learn the port.
+    println!("sluice: listening on http://{addr}");
+    tracing::info!("listening on http://{addr}");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    service.shutdown().await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} },
+        Err(e) => {
+            tracing::warn!("no SIGTERM handler ({e}); stop the server with Ctrl-C");
+            let _ = ctrl_c.await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,125 @@
+//! The server's registry: tenants (with hashed tokens and limits) and each
+//! tenant's pipelines (their specs and whether they should be running),
+//! persisted as one JSON file replaced atomically on every change.
+
+use crate::service::ServiceError;
+use crate::types::{Desired, PipelineSpec, TenantLimits};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One pipeline's entry in the registry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PipelineEntry {
+    /// As created.
+    pub spec: PipelineSpec,
+    /// What the tenant last asked for.
+    pub desired: Desired,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tenant {
+    /// SHA-256 of the tenant's API token, hex (the token itself is never
+    /// stored).
+    pub token_sha256: String,
+    /// What the tenant may use.
+    pub limits: TenantLimits,
+    /// The tenant's pipelines, by name.
+    pub pipelines: BTreeMap<String, PipelineEntry>,
+}
+
+/// Everything the server must remember across restarts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Registry {
+    /// Tenants by name.
+    pub tenants: BTreeMap<String, Tenant>,
+}
+
+/// The SHA-256 of a token, hex.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh API token: 32 random bytes, hex.
+pub fn new_token() -> Result<String, ServiceError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ServiceError::Internal(format!("no randomness for a token: {e}")))?;
+    Ok(format!("sl_{}", hex::encode(bytes)))
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Registry {
+    /// The registry file in `dir`.
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join("registry.json")
+    }
+
+    /// Reads the registry (empty if the file does not exist yet).
+    pub fn load(dir: &Path) -> Result<Registry, ServiceError> {
+        let path = Self::path(dir);
+        let internal = |e: &dyn std::fmt::Display| {
+            ServiceError::Internal(format!("reading {}: {e}", path.display()))
+        };
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| internal(&e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Registry::default()),
+            Err(e) => Err(internal(&e)),
+        }
+    }
+
+    /// Writes the registry durably: a temporary file, fsynced, renamed over
+    /// the old one.
+    pub fn save(&self, dir: &Path) -> Result<(), ServiceError> {
+        let write = || -> std::io::Result<()> {
+            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            serde_json::to_writer_pretty(tmp.as_file_mut(), self)?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(Self::path(dir)).map_err(|e| e.error)?;
+            std::fs::File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| ServiceError::Internal(format!("saving the registry: {e}")))
+    }
+
+    /// The tenant whose token this is.
+    pub fn tenant_by_token(&self, token: &str) -> Option<&str> {
+        let hash = token_hash(token);
+        self.tenants
+            .iter()
+            .find(|(_, t)| constant_time_eq(t.token_sha256.as_bytes(), hash.as_bytes()))
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// A tenant, or 404.
+    pub fn tenant(&self, name: &str) -> Result<&Tenant, ServiceError> {
+        self.tenants
+            .get(name)
+            .ok_or_else(|| ServiceError::not_found("tenant", name))
+    }
+
+    /// A tenant, mutably, or 404.
+    pub fn tenant_mut(&mut self, name: &str) -> Result<&mut Tenant, ServiceError> {
+        self.tenants
+            .get_mut(name)
+            .ok_or_else(|| ServiceError::not_found("tenant", name))
+    }
+
+    /// Every (tenant, pipeline entry), to recover on start.
+    pub fn all_pipelines(&self) -> Vec<(String, PipelineEntry)> {
+        self.tenants
+            .iter()
+            .flat_map(|(t, tenant)| {
+                tenant
+                    .pipelines
+                    .values()
+                    .map(move |p| (t.clone(), p.clone()))
+            })
+            .collect()
+    }
+}

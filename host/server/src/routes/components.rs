@@ -1,0 +1,50 @@
+//! `/components`: a tenant's uploaded components.
+
+use super::{ApiResult, Shared, bearer, body};
+use crate::types::{ComponentInfo, ErrorBody};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+
+/// Uploads (or replaces) a component: validated against the Sluice world,
+/// precompiled and cached by content hash. Running pipelines keep the
+/// version they were created with.
+#[utoipa::path(put, path = "/components/{name}", request_body(content = Vec<u8>, content_type = "application/wasm"),
+    params(("name" = String, Path, description = "component name")),
+    responses((status = 201, body = ComponentInfo), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(super) async fn put(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, axum::Json<ComponentInfo>)> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    sluice_core::validate_name("component", &name).map_err(crate::service::ServiceError::from)?;
+    let bytes = body(b)?;
+    let info = state.service.put_component(&tenant, &name, &bytes).await?;
+    Ok((StatusCode::CREATED, axum::Json(info)))
+}
+
+/// Lists the caller's components.
+#[utoipa::path(get, path = "/components", responses((status = 200, body = Vec<ComponentInfo>)))]
+pub(super) async fn list(
+    State(state): Shared,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<Vec<ComponentInfo>>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    Ok(axum::Json(state.service.list_components(&tenant)?))
+}
+
+/// Deletes a component name (pipelines created from it keep running).
+#[utoipa::path(delete, path = "/components/{name}", params(("name" = String, Path, description = "component name")),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub(super) async fn delete(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    state.service.delete_component(&tenant, &name)?;
+    Ok(StatusCode::NO_CONTENT)
+}

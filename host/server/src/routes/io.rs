@@ -1,0 +1,272 @@
+//! A pipeline's input and output over HTTP: durable pushes, reads after a
+//! position (long-poll) and server-sent events.
+
+use super::{ApiError, ApiResult, Shared, bearer, body};
+use crate::runner::PipelineHandle;
+use crate::service::ServiceError;
+use crate::types::{ErrorBody, PushAck};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sluice_core::wire::{BodyError, parse_events, write_output_line};
+use sluice_core::{OutputPosition, PositionedEvent};
+use sluice_storage::{ProducerSeq, read_output};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// The handle of a tenant's pipeline whose `kind` port `port` exists.
+fn port_of(
+    state: &super::AppState,
+    tenant: &str,
+    name: &str,
+    output: bool,
+    port: &str,
+) -> ApiResult<Arc<PipelineHandle>> {
+    let h = state.service.pipeline(tenant, name)?;
+    let ports = h.ports();
+    let (known, kind) = if output {
+        (&ports.outputs, "output port")
+    } else {
+        (&ports.inputs, "input port")
+    };
+    if !known.iter().any(|p| p == port) {
+        return Err(ServiceError::not_found(kind, port).into());
+    }
+    Ok(h)
+}
+
+/// The producer of a push: both headers, or neither.
+fn producer(headers: &HeaderMap) -> ApiResult<Option<ProducerSeq>> {
+    match (
+        headers.get("sluice-producer-id"),
+        headers.get("sluice-producer-seq"),
+    ) {
+        (None, None) => Ok(None),
+        (Some(id), Some(seq)) => {
+            let id = id
+                .to_str()
+                .ok()
+                .filter(|s| !s.is_empty() && s.len() <= 128)
+                .ok_or_else(|| {
+                    bad(
+                        "invalid_producer",
+                        "Sluice-Producer-Id: 1-128 visible characters",
+                    )
+                })?;
+            let seq = seq
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    bad(
+                        "invalid_producer",
+                        "Sluice-Producer-Seq: an unsigned integer",
+                    )
+                })?;
+            Ok(Some(ProducerSeq {
+                id: id.to_owned(),
+                seq,
+            }))
+        }
+        _ => Err(bad(
+            "invalid_producer",
+            "send both Sluice-Producer-Id and Sluice-Producer-Seq, or neither",
+        )),
+    }
+}
+
+/// Appends input: JSON lines, or one JSON array of events. Returns once the
+/// events are durable. With `Sluice-Producer-Id` and `Sluice-Producer-Seq`
+/// headers, a retry of an acknowledged push appends nothing and gets the
+/// same offsets.
+#[utoipa::path(post, path = "/pipelines/{name}/input/{port}",
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port")),
+    request_body(content = String, content_type = "application/x-ndjson"),
+    responses((status = 200, body = PushAck), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(super) async fn push(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, port)): Path<(String, String)>,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<axum::Json<PushAck>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    port_of(&state, &tenant, &name, false, &port)?;
+    let bytes = body(b)?;
+    let text =
+        std::str::from_utf8(&bytes).map_err(|_| bad("invalid_body", "the body is not UTF-8"))?;
+    let events = parse_events(text).map_err(|e| match e {
+        BodyError::Json(_) => bad("invalid_json", e.to_string()),
+        BodyError::Event(_) => bad("invalid_event", e.to_string()),
+    })?;
+    let producer = producer(&headers)?;
+    let ack = state
+        .service
+        .push(&tenant, &name, &port, events, producer)
+        .await?;
+    Ok(axum::Json(ack))
+}
+
+fn position(s: &str) -> ApiResult<OutputPosition> {
+    OutputPosition::parse(s).map_err(|m| bad("invalid_position", m))
+}
+
+/// Reads up to `limit` events of `port` after `after`, off the async workers.
+async fn read_after(
+    h: &PipelineHandle,
+    port: &str,
+    after: Option<OutputPosition>,
+    limit: usize,
+) -> ApiResult<Vec<PositionedEvent>> {
+    let (log, port) = (h.log(), port.to_owned());
+    tokio::task::spawn_blocking(move || read_output(&*log, &port, after, limit))
+        .await
+        .map_err(|e| ServiceError::Internal(e.to_string()))?
+        .map_err(|e| ServiceError::Pipeline(e.into()).into())
+}
+
+/// `GET …/output/{port}` parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OutputQuery {
+    /// Return events after this position (`STEP:WORKER:INDEX`).
+    after: Option<String>,
+    /// At most this many events (default 10 000).
+    limit: Option<usize>,
+    /// Wait up to this many milliseconds for output when there is none yet.
+    wait_ms: Option<u64>,
+}
+
+/// Reads output after a position as NDJSON, each line
+/// `{"position": "S:W:I", "insert"|"delete": value, "weight"?: n}`; long-polls
+/// with `wait_ms` when nothing is there yet.
+#[utoipa::path(get, path = "/pipelines/{name}/output/{port}",
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "output port"),
+           ("after" = Option<String>, Query, description = "STEP:WORKER:INDEX"),
+           ("limit" = Option<usize>, Query, description = "max events"),
+           ("wait_ms" = Option<u64>, Query, description = "long-poll wait")),
+    responses((status = 200, content_type = "application/x-ndjson", body = String), (status = 404, body = ErrorBody)))]
+pub(super) async fn read(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, port)): Path<(String, String)>,
+    query: Result<Query<OutputQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    let h = port_of(&state, &tenant, &name, true, &port)?;
+    let Query(q) = query.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let after = q.after.as_deref().map(position).transpose()?;
+    let limit = q.limit.unwrap_or(10_000).clamp(1, 100_000);
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0).min(60_000));
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut committed = h.committed();
+    let events = loop {
+        committed.borrow_and_update();
+        let events = read_after(&h, &port, after, limit).await?;
+        if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+            break events;
+        }
+        // A timeout ends the wait; the next read then returns what there is.
+        let _ = tokio::time::timeout_at(deadline, committed.changed()).await;
+    };
+    let mut out = Vec::new();
+    let mut line = Vec::new();
+    for e in events {
+        line.clear();
+        write_output_line(&mut line, &e.event);
+        // `{"insert":…}` → `{"position":"S:W:I","insert":…}`
+        out.extend_from_slice(format!("{{\"position\":\"{}\",", e.position).as_bytes());
+        out.extend_from_slice(&line[1..]);
+    }
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-ndjson"),
+        )],
+        out,
+    )
+        .into_response())
+}
+
+/// `GET …/output/{port}/stream` parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StreamQuery {
+    /// Start after this position (`STEP:WORKER:INDEX`); a reconnecting
+    /// client's `Last-Event-ID` header does the same.
+    after: Option<String>,
+}
+
+/// What the output stream carries between reads.
+struct StreamState {
+    handle: Arc<PipelineHandle>,
+    port: String,
+    after: Option<OutputPosition>,
+    committed: tokio::sync::watch::Receiver<u64>,
+    ready: std::collections::VecDeque<SseEvent>,
+}
+
+/// Streams output as server-sent events, from a position on and then as
+/// steps commit: each event's `id` is its position (`STEP:WORKER:INDEX`, so
+/// a reconnecting client resumes with `Last-Event-ID`) and its `data` the
+/// line `{"insert"|"delete": value, "weight"?: n}`.
+#[utoipa::path(get, path = "/pipelines/{name}/output/{port}/stream",
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "output port"),
+           ("after" = Option<String>, Query, description = "STEP:WORKER:INDEX")),
+    responses((status = 200, content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
+pub(super) async fn stream(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, port)): Path<(String, String)>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+) -> ApiResult<Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    let h = port_of(&state, &tenant, &name, true, &port)?;
+    let Query(q) = query.map_err(|e| bad("invalid_query", e.body_text()))?;
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let after = q.after.or(resume).as_deref().map(position).transpose()?;
+    let init = StreamState {
+        committed: h.committed(),
+        handle: h,
+        port,
+        after,
+        ready: Default::default(),
+    };
+    let stream = futures_util::stream::unfold(init, |mut st| async move {
+        loop {
+            if let Some(event) = st.ready.pop_front() {
+                return Some((Ok(event), st));
+            }
+            st.committed.borrow_and_update();
+            // The pipeline is gone or its storage failed: end the stream;
+            // the client reconnects with `Last-Event-ID`.
+            let events = read_after(&st.handle, &st.port, st.after, 1_000)
+                .await
+                .ok()?;
+            if events.is_empty() {
+                st.committed.changed().await.ok()?;
+                continue;
+            }
+            let mut line = Vec::new();
+            for e in events {
+                line.clear();
+                write_output_line(&mut line, &e.event);
+                st.after = Some(e.position);
+                let data = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+                st.ready
+                    .push_back(SseEvent::default().id(e.position.to_string()).data(data));
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,231 @@
+//! The HTTP edge: the router, one module of handlers per resource, and the
+//! one place where errors become HTTP statuses and stable codes
+//! ([`ApiError`]). Every handler authorizes first (through the service); a
+//! tenant's view of the world is its own components and pipelines, and any
+//! other name answers 404.
+
+mod components;
+mod io;
+mod observe;
+mod pipelines;
+mod tenants;
+
+use crate::service::{Service, ServiceError};
+use crate::types::{ErrorBody, ErrorDetail};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use std::sync::Arc;
+use utoipa::OpenApi;
+
+/// Largest request body outside component uploads.
+pub const MAX_BODY: usize = 16 << 20;
+/// Largest component upload the server reads at all (tenants' own limits
+/// are lower or equal).
+pub const MAX_UPLOAD: usize = 256 << 20;
+
+/// What every handler shares.
+pub struct AppState {
+    /// The domain layer.
+    pub service: Arc<Service>,
+    /// Renders `/metrics`.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+type Shared = axum::extract::State<Arc<AppState>>;
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The router with every route.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(observe::page))
+        .route("/openapi.json", get(observe::openapi))
+        .route("/metrics", get(observe::metrics))
+        .route("/tenants", post(tenants::create))
+        .route("/components", get(components::list))
+        .route(
+            "/components/{name}",
+            put(components::put)
+                .delete(components::delete)
+                .layer(DefaultBodyLimit::max(MAX_UPLOAD)),
+        )
+        .route("/pipelines", get(pipelines::list).post(pipelines::create))
+        .route(
+            "/pipelines/{name}",
+            get(pipelines::get).delete(pipelines::delete),
+        )
+        .route("/pipelines/{name}/{action}", post(pipelines::control))
+        .route("/pipelines/{name}/input/{port}", post(io::push))
+        .route("/pipelines/{name}/output/{port}", get(io::read))
+        .route("/pipelines/{name}/output/{port}/stream", get(io::stream))
+        .fallback(|| async { ApiError::from(ServiceError::not_found("route", "this path")) })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// The API's OpenAPI document.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Sluice", description = "Multi-tenant host for WebAssembly circuit pipelines"),
+    paths(
+        tenants::create,
+        components::list,
+        components::put,
+        components::delete,
+        pipelines::list,
+        pipelines::create,
+        pipelines::get,
+        pipelines::delete,
+        pipelines::control,
+        io::push,
+        io::read,
+        io::stream,
+        observe::metrics
+    ),
+    components(schemas(
+        crate::types::CreateTenant,
+        crate::types::TenantCreated,
+        crate::types::TenantLimits,
+        crate::types::ComponentInfo,
+        crate::types::PipelineSpec,
+        crate::types::PipelineLimits,
+        crate::types::PipelineState,
+        crate::types::PipelineStatus,
+        crate::types::PushAck,
+        crate::types::PartitionRange,
+        ErrorBody,
+        ErrorDetail
+    )),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+/// An API error: an HTTP status, a stable machine-readable code and a
+/// message for people. Serialized as `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable code, e.g. `not_found`, `invalid_name`, `limit_exceeded`.
+    pub code: &'static str,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        use ServiceError as S;
+        use StatusCode as C;
+        let message = e.to_string();
+        match e {
+            S::Unauthorized => ApiError::new(C::UNAUTHORIZED, "unauthorized", message),
+            S::Forbidden(_) => ApiError::new(C::FORBIDDEN, "forbidden", message),
+            S::NotFound { .. } => ApiError::new(C::NOT_FOUND, "not_found", message),
+            S::Exists { .. } => ApiError::new(C::CONFLICT, "exists", message),
+            S::InvalidName(_) => ApiError::new(C::BAD_REQUEST, "invalid_name", message),
+            S::Invalid { code, .. } => ApiError::new(C::BAD_REQUEST, code, message),
+            S::LimitExceeded { .. } => {
+                ApiError::new(C::UNPROCESSABLE_ENTITY, "limit_exceeded", message)
+            }
+            S::TooLarge { .. } => ApiError::new(C::PAYLOAD_TOO_LARGE, "limit_exceeded", message),
+            S::InvalidComponent(_) => {
+                ApiError::new(C::UNPROCESSABLE_ENTITY, "invalid_component", message)
+            }
+            S::NoKafka => ApiError::new(C::UNPROCESSABLE_ENTITY, "no_kafka", message),
+            S::Pipeline(e) => pipeline_error(&e, message),
+            S::Internal(_) => ApiError::new(C::INTERNAL_SERVER_ERROR, "internal", message),
+        }
+    }
+}
+
+/// A pipeline's error as the API answers it.
+fn pipeline_error(e: &sluice_pipeline::Error, message: String) -> ApiError {
+    use StatusCode as C;
+    use sluice_runtime::Error as R;
+    use sluice_storage::StorageError as S;
+    match e.as_runtime() {
+        Some(R::Storage(S::Unknown { .. })) => ApiError::new(C::NOT_FOUND, "not_found", message),
+        Some(R::Config(_) | R::InvalidComponent { .. } | R::Storage(S::Config(_))) => {
+            ApiError::new(C::UNPROCESSABLE_ENTITY, "invalid", message)
+        }
+        Some(R::Guest(_)) => ApiError::new(C::UNPROCESSABLE_ENTITY, "guest_failed", message),
+        _ => ApiError::new(C::INTERNAL_SERVER_ERROR, "internal", message),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.into(),
+                message: self.message,
+            },
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The bearer token of a request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// A request body, or the error its rejection means.
+fn body(b: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    b.map_err(|r| {
+        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "bad_body"
+        };
+        ApiError::new(r.status(), code, r.body_text())
+    })
+}
+
+/// A JSON request body, or 400 `invalid_json` / `invalid_request`.
+fn json<T: serde::de::DeserializeOwned>(b: &[u8]) -> ApiResult<T> {
+    serde_json::from_slice(b).map_err(|e| {
+        let code = if e.is_data() {
+            "invalid_request"
+        } else {
+            "invalid_json"
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, code, format!("request body: {e}"))
+    })
+}

@@ -1,0 +1,72 @@
+//! `/pipelines`: create, inspect, control and delete a tenant's pipelines.
+
+use super::{ApiResult, Shared, bearer, body, json};
+use crate::types::{ErrorBody, PipelineSpec, PipelineStatus};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+
+/// Lists the caller's pipelines with their status.
+#[utoipa::path(get, path = "/pipelines", responses((status = 200, body = Vec<PipelineStatus>)))]
+pub(super) async fn list(
+    State(state): Shared,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<Vec<PipelineStatus>>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    Ok(axum::Json(state.service.statuses(&tenant)))
+}
+
+/// Creates a pipeline from an uploaded component and starts it.
+#[utoipa::path(post, path = "/pipelines", request_body = PipelineSpec,
+    responses((status = 201, body = PipelineStatus), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(super) async fn create(
+    State(state): Shared,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, axum::Json<PipelineStatus>)> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    let spec: PipelineSpec = json(&body(b)?)?;
+    let status = state.service.create_pipeline(&tenant, spec).await?;
+    Ok((StatusCode::CREATED, axum::Json(status)))
+}
+
+/// One pipeline's status.
+#[utoipa::path(get, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
+    responses((status = 200, body = PipelineStatus), (status = 404, body = ErrorBody)))]
+pub(super) async fn get(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<PipelineStatus>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    Ok(axum::Json(state.service.pipeline(&tenant, &name)?.status()))
+}
+
+/// Starts, pauses or stops a pipeline (`stop` checkpoints and unloads).
+#[utoipa::path(post, path = "/pipelines/{name}/{action}",
+    params(("name" = String, Path, description = "pipeline name"), ("action" = String, Path, description = "start, pause or stop")),
+    responses((status = 200, body = PipelineStatus), (status = 404, body = ErrorBody)))]
+pub(super) async fn control(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+) -> ApiResult<axum::Json<PipelineStatus>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    Ok(axum::Json(
+        state.service.control(&tenant, &name, &action).await?,
+    ))
+}
+
+/// Deletes a pipeline and its data.
+#[utoipa::path(delete, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub(super) async fn delete(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    state.service.delete_pipeline(&tenant, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,255 @@
+//! The API's wire types: request and response bodies, and the specs the
+//! registry persists. Serde and OpenAPI only; no engine, no storage.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What a tenant may use; enforced by the host. Pipelines ask for their own
+/// limits within these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantLimits {
+    /// Maximum linear memory of one instance, in MiB.
+    pub memory_mib: u64,
+    /// Fuel per call into the guest (deterministic CPU bound per step).
+    pub fuel_per_step: u64,
+    /// Wall-clock deadline of one call into the guest, in milliseconds.
+    pub deadline_ms: u64,
+    /// Pipelines the tenant may have.
+    pub max_pipelines: u32,
+    /// Workers one pipeline may have.
+    pub max_workers: u32,
+    /// Size of one uploaded component, in bytes.
+    pub max_component_bytes: u64,
+    /// Output events one worker may emit in one step.
+    pub max_output_per_step: u64,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        TenantLimits {
+            memory_mib: 256,
+            fuel_per_step: 10_000_000_000,
+            deadline_ms: 30_000,
+            max_pipelines: 16,
+            max_workers: 8,
+            max_component_bytes: 32 << 20,
+            max_output_per_step: 1_000_000,
+        }
+    }
+}
+
+/// A pipeline as its tenant created it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// The pipeline's name (unique per tenant).
+    pub name: String,
+    /// The component it runs (a name the tenant uploaded).
+    pub component: String,
+    /// The component's SHA-256 when the pipeline was created: the pipeline
+    /// keeps running that version even if the name is uploaded again.
+    #[serde(default)]
+    pub component_hash: String,
+    /// Number of workers W.
+    #[serde(default = "one")]
+    pub workers: u32,
+    /// At most this many events per input partition per step.
+    #[serde(default = "max_batch")]
+    pub max_batch: u64,
+    /// Checkpoint after this many steps…
+    #[serde(default = "checkpoint_every")]
+    pub checkpoint_every_steps: u64,
+    /// …or this many milliseconds, whichever comes first.
+    #[serde(default = "checkpoint_interval")]
+    pub checkpoint_interval_ms: u64,
+    /// Limits for this pipeline; each at most the tenant's (omitted: the
+    /// tenant's).
+    #[serde(default)]
+    pub limits: Option<PipelineLimits>,
+    /// Where its logs live: `embedded` (default) or `kafka` (on the
+    /// server's brokers, topics `<tenant>.<pipeline>.<port>`).
+    #[serde(default)]
+    #[schema(value_type = String)]
+    pub log: sluice_pipeline::LogKind,
+}
+
+fn one() -> u32 {
+    1
+}
+fn max_batch() -> u64 {
+    10_000
+}
+fn checkpoint_every() -> u64 {
+    100
+}
+fn checkpoint_interval() -> u64 {
+    10_000
+}
+
+/// A pipeline's own limits, each optional (the tenant's when omitted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineLimits {
+    /// Maximum linear memory of one instance, in MiB.
+    pub memory_mib: Option<u64>,
+    /// Fuel per call into the guest.
+    pub fuel_per_step: Option<u64>,
+    /// Wall-clock deadline of one call, in milliseconds.
+    pub deadline_ms: Option<u64>,
+    /// Output events one worker may emit in one step.
+    pub max_output_per_step: Option<u64>,
+}
+
+/// Whether a pipeline should be running after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Desired {
+    /// Running steps.
+    Running,
+    /// Instances kept, no steps.
+    Paused,
+    /// Checkpointed and unloaded.
+    Stopped,
+}
+
+/// Where a pipeline is in its life, as the API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineState {
+    /// Opening: starting the workers and recovering.
+    Starting,
+    /// Committing steps.
+    Running,
+    /// Running, with no new input.
+    Idle,
+    /// Instances kept, no steps.
+    Paused,
+    /// Checkpointed and unloaded.
+    Stopped,
+    /// Failed; `last_error` says why. `start` tries again.
+    Failed,
+}
+
+impl PipelineState {
+    /// The state's name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineState::Starting => "starting",
+            PipelineState::Running => "running",
+            PipelineState::Idle => "idle",
+            PipelineState::Paused => "paused",
+            PipelineState::Stopped => "stopped",
+            PipelineState::Failed => "failed",
+        }
+    }
+}
+
+/// What the API reports about a pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PipelineStatus {
+    /// The pipeline's name.
+    pub name: String,
+    /// The component it runs.
+    pub component: String,
+    /// The component's SHA-256.
+    pub component_hash: String,
+    /// Where it is in its life.
+    pub state: PipelineState,
+    /// Number of workers.
+    pub workers: u32,
+    /// Input ports.
+    pub inputs: Vec<String>,
+    /// Output ports.
+    pub outputs: Vec<String>,
+    /// Steps committed in total.
+    pub steps: u64,
+    /// Input events consumed since the host started the pipeline.
+    pub events_in: u64,
+    /// Output events committed since the host started the pipeline.
+    pub events_out: u64,
+    /// Per worker: `input/partition` → offset consumed up to.
+    pub frontiers: Vec<BTreeMap<String, u64>>,
+    /// Input events appended but not yet consumed.
+    pub input_lag: u64,
+    /// The step of the newest checkpoint.
+    pub last_checkpoint: Option<u64>,
+    /// Fuel the guests burned since the host started the pipeline.
+    pub fuel_used: u64,
+    /// Why the pipeline failed (or the last error it recovered from).
+    pub last_error: Option<String>,
+}
+
+/// `POST /tenants`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    /// The tenant's name.
+    pub name: String,
+    /// Its limits (omitted fields: defaults).
+    #[serde(default)]
+    pub limits: Option<TenantLimits>,
+}
+
+/// A created tenant and its API token (shown once; stored hashed).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TenantCreated {
+    /// The tenant.
+    pub name: String,
+    /// Its API token.
+    pub token: String,
+    /// Its limits.
+    pub limits: TenantLimits,
+}
+
+/// An uploaded component.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ComponentInfo {
+    /// Its name.
+    pub name: String,
+    /// SHA-256 of its bytes.
+    pub hash: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Input ports (listed on upload).
+    pub inputs: Vec<String>,
+    /// Output ports (listed on upload).
+    pub outputs: Vec<String>,
+}
+
+/// Where a push's events went.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PartitionRange {
+    /// Input partition.
+    pub partition: u32,
+    /// First offset.
+    pub start: u64,
+    /// One past the last offset.
+    pub end: u64,
+}
+
+/// A durable acknowledgement of a push.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PushAck {
+    /// Events acknowledged (a retry of an acknowledged push gets the
+    /// original acknowledgement; nothing is appended twice).
+    pub events: u64,
+    /// Offsets per partition.
+    pub offsets: Vec<PartitionRange>,
+}
+
+/// Every error response: `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// An error's stable code and message.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable.
+    pub code: String,
+    /// For people.
+    pub message: String,
+}

@@ -1,0 +1,417 @@
+//! The conformance suites every storage backend must pass.
+//!
+//! Plain functions over the traits (as `object_store` does): a backend's
+//! tests call [`log_backend`] and [`checkpoint_store`] with a factory for
+//! fresh, empty instances, passing what the backend cannot do as flags. The
+//! embedded backends run them in their crate's tests; the Kafka backend runs
+//! the same functions against a real broker.
+
+use crate::checkpoint::KEPT;
+use crate::error::StorageError as Error;
+use crate::{
+    AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, IngestMark, LogBackend, ProducerSeq,
+};
+use sluice_core::{Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
+use std::sync::Arc;
+
+/// What a log backend supports.
+#[derive(Debug, Clone, Copy)]
+pub struct LogFlags {
+    /// Whether `trim` discards data (a backend may keep it longer).
+    pub supports_trim: bool,
+    /// Whether offsets are dense (every offset holds an event). Kafka's are
+    /// not: transaction markers take offsets. Without it, the suite checks
+    /// only what the trait promises: offsets increase, an append's range
+    /// covers its events (consecutive for a single writer), reads return
+    /// exactly the events of their range.
+    pub dense_offsets: bool,
+}
+
+fn ev(i: u64) -> Event {
+    Event {
+        value: format!("{i}").into_bytes(),
+        weight: if i.is_multiple_of(3) { -1 } else { 1 },
+    }
+}
+
+fn frontier(input: u32, partition: u32, offset: u64) -> Frontier {
+    [(PartitionId { input, partition }, offset)]
+        .into_iter()
+        .collect()
+}
+
+/// A well-formed commit of `step` for one worker and output `out`.
+pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
+    let f = frontier(0, 0, offset);
+    StepCommit {
+        record: StepRecord {
+            step,
+            epoch: 1, // the first `fence()` of a fresh log
+            time_ms: 1_700_000_000_000 + step,
+            frontiers: vec![f.clone()],
+            output_hashes: vec![step as u128],
+        },
+        outputs: vec![(
+            "out".into(),
+            vec![OutputEntry {
+                step,
+                worker: 0,
+                frontier: f,
+                events: vec![ev(step)],
+            }],
+        )],
+    }
+}
+
+/// Runs every log test on fresh logs from `make`.
+pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
+    append_read_watermarks(&*make(), flags);
+    appends_are_ordered_per_partition(&*make());
+    ingest_marks_are_atomic_with_appends(&*make());
+    a_producer_retry_is_acknowledged_once(&*make(), flags);
+    commit_step_once_and_in_order(&*make());
+    fencing_refuses_an_older_epoch(&*make());
+    step_records_and_outputs_round_trip(&*make());
+    trim_moves_low_watermark(&*make(), flags);
+    unknown_input_is_an_error(&*make());
+}
+
+/// Appends return the offsets their events got; reads return what was
+/// appended.
+pub fn append_read_watermarks(log: &dyn LogBackend, flags: LogFlags) {
+    log.create_input("in", 2).unwrap();
+    log.create_input("in", 2).unwrap();
+    assert!(
+        log.create_input("in", 3).is_err(),
+        "partition count is fixed"
+    );
+    assert_eq!(log.partitions("in").unwrap(), 2);
+    assert_eq!(log.watermarks("in", 0).unwrap(), (0, 0));
+    let r = log
+        .append(AppendBatch {
+            appends: vec![
+                ("in".into(), 0, (0..5).map(ev).collect()),
+                ("in".into(), 1, vec![ev(9)]),
+            ],
+            mark: None,
+            producer: None,
+        })
+        .unwrap();
+    if flags.dense_offsets {
+        assert_eq!(r, vec![0..5, 0..1]);
+    }
+    assert_eq!(
+        r[0].end - r[0].start,
+        5,
+        "a single writer's offsets are consecutive"
+    );
+    assert_eq!(r[1].end - r[1].start, 1);
+    let r2 = log
+        .append(AppendBatch {
+            appends: vec![("in".into(), 0, vec![ev(5)])],
+            mark: None,
+            producer: None,
+        })
+        .unwrap();
+    if flags.dense_offsets {
+        assert_eq!(r2, vec![5..6]);
+    }
+    assert!(r2[0].start >= r[0].end, "offsets increase");
+    let (low, high) = log.watermarks("in", 0).unwrap();
+    assert_eq!(low, 0);
+    assert!(high >= r2[0].end);
+    if flags.dense_offsets {
+        assert_eq!(high, 6);
+    }
+    assert_eq!(
+        log.read("in", 0, 0..r2[0].end).unwrap(),
+        (0..6).map(ev).collect::<Vec<_>>()
+    );
+    let at = |i: u64| r[0].start + i;
+    assert_eq!(log.read("in", 0, at(2)..at(4)).unwrap(), vec![ev(2), ev(3)]);
+    assert_eq!(
+        log.read("in", 0, at(4)..high + 100).unwrap(),
+        vec![ev(4), ev(5)],
+        "reads stop at the high watermark"
+    );
+    assert_eq!(
+        log.read("in", 0, at(1)..at(2)).unwrap(),
+        vec![ev(1)],
+        "reads go back"
+    );
+    assert_eq!(log.read("in", 1, r[1].clone()).unwrap(), vec![ev(9)]);
+}
+
+/// Two appends to one partition in one batch keep their order.
+pub fn appends_are_ordered_per_partition(log: &dyn LogBackend) {
+    log.create_input("in", 1).unwrap();
+    let r = log
+        .append(AppendBatch {
+            appends: vec![
+                ("in".into(), 0, vec![ev(1), ev(2)]),
+                ("in".into(), 0, vec![ev(3)]),
+            ],
+            mark: None,
+            producer: None,
+        })
+        .unwrap();
+    assert_eq!(r, vec![0..2, 2..3]);
+    assert_eq!(log.read("in", 0, 0..3).unwrap(), vec![ev(1), ev(2), ev(3)]);
+}
+
+/// An ingest mark is stored with the events of its batch.
+pub fn ingest_marks_are_atomic_with_appends(log: &dyn LogBackend) {
+    log.create_input("in", 1).unwrap();
+    assert_eq!(log.ingest_mark("file-a").unwrap(), None);
+    let mark = IngestMark {
+        source: "file-a".into(),
+        state: b"10".to_vec(),
+    };
+    log.append(AppendBatch {
+        appends: vec![("in".into(), 0, vec![ev(1)])],
+        mark: Some(mark),
+        producer: None,
+    })
+    .unwrap();
+    assert_eq!(log.ingest_mark("file-a").unwrap(), Some(b"10".to_vec()));
+    assert_eq!(log.ingest_mark("file-b").unwrap(), None);
+}
+
+/// Fencing: after a new epoch starts, a commit carrying the old one is
+/// refused, and the new epoch commits.
+pub fn fencing_refuses_an_older_epoch(log: &dyn LogBackend) {
+    let first = log.fence().unwrap();
+    let mut commit = sample_commit(0, 1);
+    commit.record.epoch = first;
+    log.commit_step(&commit).unwrap();
+    let second = log.fence().unwrap();
+    assert!(second > first);
+    let mut zombie = sample_commit(1, 2);
+    zombie.record.epoch = first;
+    assert!(matches!(
+        log.commit_step(&zombie),
+        Err(Error::Fenced { step: 1, epoch, current }) if epoch == first && current == second
+    ));
+    assert_eq!(
+        log.last_step().unwrap(),
+        Some(0),
+        "the zombie's commit wrote nothing"
+    );
+    zombie.record.epoch = second;
+    log.commit_step(&zombie).unwrap();
+}
+
+/// A retried append with the same (producer, seq) is acknowledged with the
+/// original offsets and appends nothing; producers are independent.
+pub fn a_producer_retry_is_acknowledged_once(log: &dyn LogBackend, flags: LogFlags) {
+    log.create_input("in", 1).unwrap();
+    let batch = |producer: &str, seq: u64, events: Vec<Event>| AppendBatch {
+        appends: vec![("in".into(), 0, events)],
+        mark: None,
+        producer: Some(ProducerSeq {
+            id: producer.into(),
+            seq,
+        }),
+    };
+    let first = log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap();
+    if flags.dense_offsets {
+        assert_eq!(first, vec![0..2]);
+    }
+    let high = log.watermarks("in", 0).unwrap().1;
+    assert_eq!(
+        log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap(),
+        first,
+        "the retry gets the same offsets"
+    );
+    assert_eq!(
+        log.watermarks("in", 0).unwrap().1,
+        high,
+        "and appends nothing"
+    );
+    let q = log.append(batch("q", 1, vec![ev(3)])).unwrap();
+    assert!(
+        q[0].start >= first[0].end,
+        "another producer is independent"
+    );
+    let p2 = log.append(batch("p", 2, vec![ev(4)])).unwrap();
+    assert!(p2[0].start >= q[0].end);
+    if flags.dense_offsets {
+        assert_eq!((q[0].clone(), p2[0].clone()), (2..3, 3..4));
+    }
+    let old = log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap();
+    assert!(old[0].is_empty(), "an older retry appends nothing");
+    assert_eq!(
+        log.read("in", 0, 0..100).unwrap(),
+        vec![ev(1), ev(2), ev(3), ev(4)]
+    );
+}
+
+/// I1: a step commits once, and steps commit in order from 0.
+pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
+    log.fence().unwrap();
+    assert_eq!(log.last_step().unwrap(), None);
+    assert!(matches!(
+        log.commit_step(&sample_commit(1, 1)),
+        Err(Error::StepGap {
+            step: 1,
+            last: None
+        })
+    ));
+    log.commit_step(&sample_commit(0, 1)).unwrap();
+    assert!(matches!(
+        log.commit_step(&sample_commit(0, 1)),
+        Err(Error::StepExists { step: 0 })
+    ));
+    assert!(matches!(
+        log.commit_step(&sample_commit(2, 1)),
+        Err(Error::StepGap { step: 2, .. })
+    ));
+    log.commit_step(&sample_commit(1, 2)).unwrap();
+    assert_eq!(log.last_step().unwrap(), Some(1));
+    let mut seen = Vec::new();
+    log.scan_output("out", 0, &mut |e| {
+        seen.push((e.step, e.worker));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        vec![(0, 0), (1, 0)],
+        "exactly one entry per step per worker"
+    );
+}
+
+/// Step records and output entries read back as written.
+pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
+    log.fence().unwrap();
+    for s in 0..4 {
+        log.commit_step(&sample_commit(s, s * 10)).unwrap();
+    }
+    assert_eq!(
+        log.step_record(2).unwrap(),
+        Some(sample_commit(2, 20).record)
+    );
+    assert_eq!(log.step_record(9).unwrap(), None);
+    let mut entries = Vec::new();
+    log.scan_output("out", 2, &mut |e| {
+        entries.push(e);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        entries,
+        vec![
+            sample_commit(2, 20).outputs[0].1[0].clone(),
+            sample_commit(3, 30).outputs[0].1[0].clone()
+        ]
+    );
+    let mut none = 0;
+    log.scan_output("other", 0, &mut |_| {
+        none += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(none, 0, "output logs are separate");
+}
+
+/// Trim raises the low watermark (never lowers it) and reads below it fail.
+pub fn trim_moves_low_watermark(log: &dyn LogBackend, flags: LogFlags) {
+    log.create_input("in", 1).unwrap();
+    let r = log
+        .append(AppendBatch {
+            appends: vec![("in".into(), 0, (0..10).map(ev).collect())],
+            mark: None,
+            producer: None,
+        })
+        .unwrap()
+        .remove(0);
+    let at = |i: u64| r.start + i;
+    log.trim("in", 0, at(4)).unwrap();
+    log.trim("in", 0, at(2)).unwrap();
+    if flags.supports_trim {
+        let (low, high) = log.watermarks("in", 0).unwrap();
+        assert_eq!(low, at(4), "trim moved the low watermark, never down");
+        assert!(high >= r.end);
+        assert!(matches!(
+            log.read("in", 0, at(3)..at(5)),
+            Err(Error::Trimmed { low, .. }) if low == at(4)
+        ));
+    }
+    assert_eq!(
+        log.read("in", 0, at(4)..r.end).unwrap(),
+        (4..10).map(ev).collect::<Vec<_>>()
+    );
+    let r2 = log
+        .append(AppendBatch {
+            appends: vec![("in".into(), 0, vec![ev(10)])],
+            mark: None,
+            producer: None,
+        })
+        .unwrap();
+    assert!(r2[0].start >= r.end, "offsets continue after a trim");
+    if flags.dense_offsets {
+        assert_eq!(r2, vec![10..11]);
+    }
+}
+
+/// Unknown logs and partitions are errors, not empty results.
+pub fn unknown_input_is_an_error(log: &dyn LogBackend) {
+    assert!(log.partitions("nope").is_err());
+    assert!(log.watermarks("nope", 0).is_err());
+    log.create_input("in", 1).unwrap();
+    assert!(log.watermarks("in", 1).is_err());
+    assert!(
+        log.append(AppendBatch {
+            appends: vec![("nope".into(), 0, vec![ev(1)])],
+            mark: None,
+            producer: None
+        })
+        .is_err()
+    );
+}
+
+fn checkpoint(step: u64, workers: usize) -> Checkpoint {
+    Checkpoint {
+        meta: CheckpointMeta {
+            step,
+            frontiers: (0..workers as u32).map(|w| frontier(0, w, step)).collect(),
+            snapshot_version: 1,
+        },
+        states: (0..workers)
+            .map(|w| format!("state {step}/{w}").into_bytes())
+            .collect(),
+    }
+}
+
+/// Runs every checkpoint-store test on fresh stores from `make`.
+pub fn checkpoint_store(make: &dyn Fn() -> Arc<dyn CheckpointStore>) {
+    checkpoints_round_trip_and_keep_the_newest(&*make());
+    checkpoints_only_move_forward(&*make());
+}
+
+/// A stored checkpoint reads back whole; only the newest [`KEPT`] remain.
+pub fn checkpoints_round_trip_and_keep_the_newest(store: &dyn CheckpointStore) {
+    assert_eq!(store.latest().unwrap(), None);
+    for step in [3, 7, 12, 20] {
+        store.put(&checkpoint(step, 3)).unwrap();
+        assert_eq!(store.latest().unwrap(), Some(checkpoint(step, 3)));
+    }
+    assert_eq!(store.list().unwrap().len(), KEPT);
+    assert_eq!(store.list().unwrap(), vec![12, 20]);
+    assert_eq!(store.get(12).unwrap(), Some(checkpoint(12, 3)));
+    assert_eq!(store.get(3).unwrap(), None);
+    assert_eq!(store.latest_meta().unwrap().map(|m| m.step), Some(20));
+}
+
+/// An older checkpoint than the newest is refused; the same step replaces.
+pub fn checkpoints_only_move_forward(store: &dyn CheckpointStore) {
+    store.put(&checkpoint(5, 2)).unwrap();
+    assert!(store.put(&checkpoint(4, 2)).is_err());
+    let mut again = checkpoint(5, 2);
+    again.states[1] = b"new".to_vec();
+    store.put(&again).unwrap();
+    assert_eq!(store.latest().unwrap(), Some(again));
+    let mut bad = checkpoint(6, 2);
+    bad.states.pop();
+    assert!(store.put(&bad).is_err(), "one state per worker");
+}

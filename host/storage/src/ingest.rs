@@ -1,0 +1,199 @@
+//! Appending JSON-lines files to input logs, exactly once.
+//!
+//! Each file is appended in chunks; every chunk's append carries a mark
+//! (bytes and lines consumed, SHA-256 of the consumed prefix) stored
+//! atomically with its events. Running again resumes after the last durable
+//! chunk, skips a file already appended, appends only what was added to a
+//! file that grew, and refuses a file whose appended part changed.
+
+use crate::error::StorageError;
+use crate::{AppendBatch, IngestMark, LogBackend};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sluice_core::Event;
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_core::wire::parse_input_line;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Why a file could not be appended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// The log refused or failed the append.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A line is not an event.
+    #[error("{path}: line {line}: {message}")]
+    BadLine {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: u64,
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// The part of the file appended before has changed since.
+    #[error(
+        "{path} changed since its first {bytes} bytes were appended to input `{input}`; \
+         refusing to guess what is new (append to the file only, or use a new --data directory)"
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// How much of it was appended before.
+        bytes: u64,
+        /// The input it was appended to.
+        input: String,
+    },
+}
+
+impl IngestError {
+    /// Whether a retry may help: only when the log's failure was transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, IngestError::Storage(e) if e.is_transient())
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IngestError + '_ {
+    move |source| IngestError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Lines per append (and per durable mark).
+const CHUNK_LINES: usize = 8192;
+/// Consecutive lines that go to one partition.
+const LINES_PER_PARTITION_BLOCK: u64 = 1024;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct FileMark {
+    bytes: u64,
+    lines: u64,
+    prefix_sha256: String,
+}
+
+/// What ingesting one file did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    /// Events appended now.
+    pub appended: u64,
+    /// Lines appended by earlier runs (skipped now).
+    pub already: u64,
+}
+
+/// Appends the JSON lines of `path` to input log `input` (with `partitions`
+/// partitions), exactly once across runs and crashes. `progress` is called
+/// with (bytes done, file size) as chunks become durable.
+pub fn ingest_file(
+    log: &dyn LogBackend,
+    input: &str,
+    partitions: u32,
+    path: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<IngestReport, IngestError> {
+    let canonical = path.canonicalize().map_err(io(path))?;
+    let source = format!("file:{input}:{}", canonical.display());
+    let mut file = std::fs::File::open(&canonical).map_err(io(path))?;
+    let size = file.metadata().map_err(io(path))?.len();
+    let mark: FileMark = match log.ingest_mark(&source)? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(StorageError::corrupt(format!(
+            "ingest mark of {}",
+            path.display()
+        )))?,
+        None => FileMark::default(),
+    };
+
+    // Check that what was appended before is still the file's prefix.
+    let mut hasher = Sha256::new();
+    if mark.bytes > 0 {
+        let mut prefix = (&mut file).take(mark.bytes);
+        let copied = std::io::copy(&mut prefix, &mut hasher).map_err(io(path))?;
+        if copied != mark.bytes || hex::encode(hasher.clone().finalize()) != mark.prefix_sha256 {
+            return Err(IngestError::Changed {
+                path: path.to_owned(),
+                bytes: mark.bytes,
+                input: input.to_owned(),
+            });
+        }
+        file.seek(SeekFrom::Start(mark.bytes)).map_err(io(path))?;
+    }
+    progress(mark.bytes, size);
+    let mut report = IngestReport {
+        appended: 0,
+        already: mark.lines,
+    };
+    let (mut bytes, mut lines) = (mark.bytes, mark.lines);
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut line = String::new();
+    loop {
+        let mut parts: Vec<Vec<Event>> = vec![Vec::new(); partitions as usize];
+        let mut chunk_lines = 0;
+        while chunk_lines < CHUNK_LINES {
+            line.clear();
+            let n = reader
+                .read_line(&mut line)
+                .map_err(|e| IngestError::BadLine {
+                    path: path.to_owned(),
+                    line: lines + 1,
+                    message: e.to_string(),
+                })?;
+            if n == 0 {
+                break;
+            }
+            lines += 1;
+            chunk_lines += 1;
+            bytes += n as u64;
+            hasher.update(line.as_bytes());
+            let event = parse_input_line(&line).map_err(|m| IngestError::BadLine {
+                path: path.to_owned(),
+                line: lines,
+                message: m.to_string(),
+            })?;
+            if let Some(event) = event {
+                let p = ((lines - 1) / LINES_PER_PARTITION_BLOCK) % partitions as u64;
+                parts[p as usize].push(event);
+            }
+        }
+        if chunk_lines == 0 {
+            break;
+        }
+        let events: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mark = FileMark {
+            bytes,
+            lines,
+            prefix_sha256: hex::encode(hasher.clone().finalize()),
+        };
+        let state = serde_json::to_vec(&mark).map_err(StorageError::corrupt("ingest mark"))?;
+        log.append(AppendBatch {
+            appends: parts
+                .into_iter()
+                .enumerate()
+                .filter(|(_, events)| !events.is_empty())
+                .map(|(p, events)| (input.to_owned(), p as u32, events))
+                .collect(),
+            mark: Some(IngestMark {
+                source: source.clone(),
+                state,
+            }),
+            producer: None,
+        })?;
+        report.appended += events;
+        progress(bytes, size);
+        crash_point(CrashPoint::MidIngest);
+    }
+    Ok(report)
+}

@@ -1,0 +1,208 @@
+//! Where the host enforces the storage invariants, whatever the guest or a
+//! backend does:
+//!
+//! - **I1 replay safety**: a step is committed at most once (the backend's
+//!   commit refuses a step that exists; this layer refuses malformed ones).
+//! - **I2 trim safety**: input is trimmed only below the newest committed
+//!   checkpoint's frontier ([`Guarded::trim`]).
+//! - **I3 division durability**: a step's division (its record) is committed
+//!   in the same atomic write as its outputs, never after; frontiers only
+//!   move forward; a checkpoint covers only committed steps.
+
+use crate::error::{Result, StorageError};
+use crate::{Checkpoint, CheckpointStore, LogBackend};
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_core::{Frontier, PartitionId, PipelineShape, StepCommit, StepRecord};
+use std::sync::{Arc, Mutex};
+
+/// A log backend and a checkpoint store behind the host's invariant checks.
+pub struct Guarded {
+    log: Arc<dyn LogBackend>,
+    checkpoints: Arc<dyn CheckpointStore>,
+    shape: PipelineShape,
+    /// The last committed record, to check that frontiers move forward;
+    /// the outer `None` until it is read from the log (at the first commit or
+    /// [`fence`](Self::fence)).
+    last: Mutex<Option<Option<StepRecord>>>,
+}
+
+impl Guarded {
+    /// Guards `log` and `checkpoints` for a pipeline of this shape.
+    pub fn new(
+        log: Arc<dyn LogBackend>,
+        checkpoints: Arc<dyn CheckpointStore>,
+        shape: PipelineShape,
+    ) -> Self {
+        // Nothing is read here: until a host fences, a log may hold a
+        // predecessor's open transaction (Kafka), which reads wait out.
+        Guarded {
+            log,
+            checkpoints,
+            shape,
+            last: Mutex::new(None),
+        }
+    }
+
+    fn read_last(&self) -> Result<Option<StepRecord>> {
+        match self.log.last_step()? {
+            Some(step) => self.log.step_record(step),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes over the pipeline: starts a new fencing epoch in the log (see
+    /// [`LogBackend::fence`]) and returns it, then reads the last committed
+    /// step as it stands once every older host is fenced.
+    pub fn fence(&self) -> Result<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let epoch = self.log.fence()?;
+        *last = Some(self.read_last()?);
+        Ok(epoch)
+    }
+
+    /// The log, for reads.
+    pub fn log(&self) -> &dyn LogBackend {
+        &*self.log
+    }
+
+    /// The checkpoint store, for reads.
+    pub fn checkpoints(&self) -> &dyn CheckpointStore {
+        &*self.checkpoints
+    }
+
+    /// The pipeline's shape.
+    pub fn shape(&self) -> &PipelineShape {
+        &self.shape
+    }
+
+    /// Checks a step commit's shape and frontiers, then commits it.
+    pub fn commit_step(&self, commit: &StepCommit) -> Result<()> {
+        let step = commit.record.step;
+        let invalid = |message: String| StorageError::InvalidCommit { step, message };
+        let rec = &commit.record;
+        let workers = self.shape.workers as usize;
+        if rec.frontiers.len() != workers || rec.output_hashes.len() != workers {
+            return Err(invalid(format!(
+                "{} frontiers and {} hashes for {workers} workers",
+                rec.frontiers.len(),
+                rec.output_hashes.len(),
+            )));
+        }
+        if commit.outputs.len() != self.shape.outputs.len()
+            || commit
+                .outputs
+                .iter()
+                .zip(&self.shape.outputs)
+                .any(|((a, _), b)| a != b)
+        {
+            return Err(invalid(
+                "outputs do not match the pipeline's output logs".into(),
+            ));
+        }
+        for (name, entries) in &commit.outputs {
+            let well_formed = entries.len() == workers
+                && entries.iter().enumerate().all(|(w, e)| {
+                    e.worker as usize == w && e.step == step && e.frontier == rec.frontiers[w]
+                });
+            if !well_formed {
+                return Err(invalid(format!(
+                    "output `{name}` must hold exactly one entry per worker, tagged with this step and its frontier"
+                )));
+            }
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none() {
+            *last = Some(self.read_last()?);
+        }
+        if let Some(Some(prev)) = &*last {
+            for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {
+                if let Some((p, _)) = old.iter().find(|(p, o)| new.get(p).is_none_or(|n| n < o)) {
+                    return Err(invalid(format!(
+                        "worker {w}'s frontier moves backwards on {p:?}"
+                    )));
+                }
+            }
+        }
+        self.log.commit_step(commit)?;
+        *last = Some(Some(commit.record.clone()));
+        Ok(())
+    }
+
+    /// Stores a checkpoint, after checking that it covers a committed step
+    /// with that step's frontiers.
+    pub fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let step = checkpoint.meta.step;
+        let refuse = |message: &str| StorageError::InvalidCheckpoint {
+            step,
+            message: message.into(),
+        };
+        let record = self
+            .log
+            .step_record(step)?
+            .ok_or_else(|| refuse("the step is not committed (I3)"))?;
+        if record.frontiers != checkpoint.meta.frontiers {
+            return Err(refuse("its frontiers differ from the step record's"));
+        }
+        if checkpoint.states.len() != self.shape.workers as usize {
+            return Err(refuse(&format!(
+                "{} states for {} workers",
+                checkpoint.states.len(),
+                self.shape.workers
+            )));
+        }
+        self.checkpoints.put(checkpoint)
+    }
+
+    /// The offset of `input`/`partition` that the newest committed checkpoint
+    /// covers (0 if none).
+    pub fn checkpointed_offset(&self, input: u32, partition: u32) -> Result<u64> {
+        let Some(meta) = self.checkpoints.latest_meta()? else {
+            return Ok(0);
+        };
+        let id = PartitionId { input, partition };
+        Ok(meta
+            .frontiers
+            .iter()
+            .find_map(|f| f.get(&id).copied())
+            .unwrap_or(0))
+    }
+
+    /// Trims one input partition below `below`; refused (I2) if the newest
+    /// committed checkpoint does not cover it.
+    pub fn trim(&self, input: u32, partition: u32, below: u64) -> Result<()> {
+        let name = self
+            .shape
+            .input_name(input)
+            .ok_or_else(|| StorageError::Unknown {
+                kind: "input port index",
+                name: input.to_string(),
+                hint: String::new(),
+            })?;
+        let allowed = self.checkpointed_offset(input, partition)?;
+        if below > allowed {
+            return Err(StorageError::TrimAboveCheckpoint {
+                input: name.to_owned(),
+                partition,
+                requested: below,
+                allowed,
+            });
+        }
+        self.log.trim(name, partition, below)
+    }
+
+    /// Trims every input partition up to the newest committed checkpoint's
+    /// frontier. Returns how many partitions it covered.
+    pub fn trim_to_checkpoint(&self) -> Result<usize> {
+        let Some(meta) = self.checkpoints.latest_meta()? else {
+            return Ok(0);
+        };
+        let all: Frontier = meta.frontiers.into_iter().flatten().collect();
+        for (i, (id, offset)) in all.iter().enumerate() {
+            self.trim(id.input, id.partition, *offset)?;
+            if i == 0 {
+                crash_point(CrashPoint::MidTrim);
+            }
+        }
+        Ok(all.len())
+    }
+}

@@ -1,0 +1,43 @@
+//! # sluice-storage: every durable byte of a pipeline goes through here
+//!
+//! The traits a backend implements, and everything the host builds on them
+//! without knowing which backend it is:
+//!
+//! - [`LogBackend`] ([`log`]): input logs, output logs and step records, and
+//!   the atomic **step commit**. Backends: `sluice-embedded` (RocksDB, the
+//!   default) and `sluice-kafka`.
+//! - [`CheckpointStore`] ([`checkpoint`]): all workers' state at a step
+//!   boundary, committed at once.
+//! - [`Guarded`] ([`invariants`]): the host's enforcement of I1–I3 over any
+//!   pair of backends, including **the trim rule** ([`Guarded::trim`]); the
+//!   runtime talks to storage only through it.
+//! - [`audit`]: the offline check behind `sluice verify`, from what any
+//!   backend stores.
+//! - [`ingest`]: appending JSON-lines files to input logs exactly once.
+//! - [`read_output`] ([`read`]): output events after a position.
+//! - [`faults`]: wrappers that inject errors and delays into any backend.
+//! - [`conformance`]: the suites every backend passes.
+//!
+//! ```
+//! use sluice_storage::{StorageError, Result};
+//! fn retry_worthy(r: &Result<()>) -> bool {
+//!     r.as_ref().is_err_and(StorageError::is_transient)
+//! }
+//! # assert!(!retry_worthy(&Ok(())));
+//! ```
+
+pub mod audit;
+pub mod checkpoint;
+pub mod conformance;
+pub mod error;
+pub mod faults;
+pub mod ingest;
+pub mod invariants;
+pub mod log;
+pub mod read;
+
+pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
+pub use error::{BoxError, Result, StorageError};
+pub use invariants::Guarded;
+pub use log::{AppendBatch, IngestMark, LogBackend, ProducerSeq};
+pub use read::read_output;

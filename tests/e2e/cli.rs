@@ -1,0 +1,272 @@
+//! The `sluice` command line contract: build, run, demo, and clear errors.
+
+use crate::support::{component, recount, repo, sluice_cmd};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn write_lines(path: &Path, lines: &[&str]) {
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(path, body).unwrap();
+}
+
+#[test]
+fn demo_counts_equal_a_plain_recount() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts_file = dir.path().join("counts.json");
+    let out = sluice_cmd()
+        .args(["demo", "--repeat", "3", "--save-counts"])
+        .arg(&counts_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "demo failed: {}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("top words:") && stdout.contains("events/s"),
+        "{stdout}"
+    );
+    let counts: BTreeMap<String, i64> =
+        serde_json::from_slice(&std::fs::read(&counts_file).unwrap()).unwrap();
+    let text = std::fs::read_to_string(repo().join("host/tools/data/demo.txt")).unwrap();
+    let expected = recount(text.lines().map(|l| (l, 3)));
+    assert!(expected.len() > 300, "the bundled text is substantial");
+    assert_eq!(counts, expected);
+}
+
+#[test]
+fn build_prints_the_component_path_last() {
+    let target = crate::support::cache_dir().join("guest-target");
+    let out = sluice_cmd()
+        .arg("build")
+        .arg(repo().join("examples/wordcount"))
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    assert!(last.ends_with("wordcount.wasm"), "{stdout}");
+    assert!(Path::new(last).is_file());
+
+    let out = sluice_cmd()
+        .arg("build")
+        .arg("/definitely/not/here")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a Rust crate"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn run_twice_appends_once_and_resumes_a_grown_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input, output) = (
+        dir.path().join("data"),
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
+    write_lines(
+        &input,
+        &[
+            "\"the cat\"",
+            "\"the dog\"",
+            "{\"delete\": \"the cat\"}",
+            "{\"insert\": \"a cat\", \"weight\": 2}",
+        ],
+    );
+    let run = || {
+        let out = sluice_cmd()
+            .arg("run")
+            .arg(component("examples/wordcount"))
+            .arg("--data")
+            .arg(&data)
+            .args(["--workers", "2", "--max-batch", "1", "--quiet"])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap()
+    };
+    let expected: BTreeMap<String, i64> = [("a", 2), ("cat", 2), ("dog", 1), ("the", 1)]
+        .into_iter()
+        .map(|(w, n)| (w.to_owned(), n))
+        .collect();
+    assert_eq!(run(), expected);
+    assert_eq!(run(), expected, "a second run appends nothing");
+    // The file grows: only the new line is appended.
+    let mut body = std::fs::read_to_string(&input).unwrap();
+    body.push_str("\"dog days\"\n");
+    std::fs::write(&input, &body).unwrap();
+    let mut grown = expected.clone();
+    *grown.get_mut("dog").unwrap() += 1;
+    grown.insert("days".into(), 1);
+    assert_eq!(run(), grown);
+    // The file changes under what was appended: refused, with a reason.
+    std::fs::write(&input, body.replace("dog", "cow")).unwrap();
+    let out = sluice_cmd()
+        .arg("run")
+        .arg(component("examples/wordcount"))
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--quiet"])
+        .arg(format!("--input=lines={}", input.display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("changed since"), "{}", stderr(&out));
+}
+
+#[test]
+fn run_reports_bad_input_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let wc = component("examples/wordcount");
+    let bad = dir.path().join("bad.jsonl");
+    write_lines(&bad, &["\"fine\"", "{oops"]);
+    let run = |args: &[&str]| {
+        let out = sluice_cmd().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let e = stderr(&out);
+        assert!(!e.contains("panicked"), "{e}");
+        e
+    };
+    let data = dir.path().join("d1");
+    let (wc_s, data_s) = (wc.to_str().unwrap(), data.to_str().unwrap());
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        data_s,
+        &format!("--input=lines={}", bad.display()),
+    ]);
+    assert!(e.contains("line 2") && e.contains("not JSON"), "{e}");
+
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        data_s,
+        "--input=lines=/no/such/file.jsonl",
+    ]);
+    assert!(e.contains("does not exist"), "{e}");
+
+    let good = dir.path().join("good.jsonl");
+    write_lines(&good, &["\"x\""]);
+    let e = run(&[
+        "run",
+        wc_s,
+        "--data",
+        dir.path().join("d2").to_str().unwrap(),
+        &format!("--input=words={}", good.display()),
+    ]);
+    assert!(
+        e.contains("unknown input port `words`") && e.contains("lines"),
+        "{e}"
+    );
+
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let e = run(&[
+        "run",
+        core.to_str().unwrap(),
+        "--data",
+        dir.path().join("d3").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("core WebAssembly module, not a component"),
+        "{e}"
+    );
+
+    let empty = dir.path().join("empty.wasm");
+    std::fs::write(&empty, b"\0asm\x0d\0\x01\0").unwrap();
+    let e = run(&[
+        "run",
+        empty.to_str().unwrap(),
+        "--data",
+        dir.path().join("d5").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("does not implement the sluice:circuit/pipeline-worker")
+            && e.contains("exports []"),
+        "{e}"
+    );
+
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"hello").unwrap();
+    let e = run(&[
+        "run",
+        junk.to_str().unwrap(),
+        "--data",
+        dir.path().join("d4").to_str().unwrap(),
+    ]);
+    assert!(e.contains("not a WebAssembly component"), "{e}");
+
+    let e = run(&[
+        "run",
+        "--data",
+        data_s,
+        wc_s,
+        "--workers",
+        "3",
+        &format!("--input=lines={}", good.display()),
+    ]);
+    assert!(e.contains("runs with 1 workers, not 3"), "{e}");
+}
+
+#[test]
+fn a_second_process_on_the_same_data_is_refused_naming_the_holder() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input) = (dir.path().join("data"), dir.path().join("in.jsonl"));
+    let lines: Vec<String> = (0..200_000)
+        .map(|i| format!("\"word{} other{}\"", i % 97, i % 13))
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let wasm = component("examples/wordcount");
+    let mut first = sluice_cmd()
+        .arg("run")
+        .arg(&wasm)
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--max-batch", "100", "--quiet"])
+        .arg(format!("--input=lines={}", input.display()))
+        .env("SLUICE_LOG", "sluice=debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first process is committing steps.
+    let mut log = BufReader::new(first.stderr.take().unwrap());
+    let mut line = String::new();
+    while log.read_line(&mut line).unwrap() > 0 && !line.contains("step committed") {
+        line.clear();
+    }
+    assert!(
+        line.contains("step committed"),
+        "the first run never committed a step"
+    );
+    let second = sluice_cmd()
+        .arg("run")
+        .arg(&wasm)
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--quiet"])
+        .output()
+        .unwrap();
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!second.status.success());
+    let e = stderr(&second);
+    assert!(
+        e.contains("is in use by pid") && e.contains(&format!("pid {}", first.id())),
+        "{e}"
+    );
+}

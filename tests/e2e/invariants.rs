@@ -1,0 +1,357 @@
+//! The host's invariants, each shown by a test that fails if the rule goes:
+//! I1 (a step is written once), I2 (trim only below a committed checkpoint),
+//! I4 (a replay that differs is caught), and guest failures (trap, fuel,
+//! memory) failing only their pipeline without losing committed work.
+
+use crate::support::{Harness, component, manual_checkpoints};
+use sluice_runtime::{Error, GuestError, Limits};
+use sluice_storage::StorageError;
+use std::time::Duration;
+
+const MISBEHAVE: &str = "tests/guests/misbehave";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i1_a_committed_step_is_never_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 2, Limits::default()).await;
+    h.append("in", 0, &["a", "b"]);
+    let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert!(c.step().await.unwrap());
+    // Rewrite step 0 with the record the log holds: refused, whatever the outputs.
+    let record = h.log.step_record(0).unwrap().unwrap();
+    let mut again = sluice_core::StepCommit {
+        record: record.clone(),
+        outputs: h
+            .outputs
+            .iter()
+            .map(|name| {
+                let entries = (0..2)
+                    .map(|w| sluice_core::OutputEntry {
+                        step: 0,
+                        worker: w,
+                        frontier: record.frontiers[w as usize].clone(),
+                        events: vec![],
+                    })
+                    .collect();
+                (name.clone(), entries)
+            })
+            .collect(),
+    };
+    assert!(matches!(
+        h.storage.commit_step(&again),
+        Err(StorageError::StepExists { step: 0 })
+    ));
+    // A malformed commit (missing a worker's entry) is refused before it reaches the log.
+    again.record.step = 1;
+    again.outputs[0].1.pop();
+    assert!(matches!(
+        h.storage.commit_step(&again),
+        Err(StorageError::InvalidCommit { step: 1, .. })
+    ));
+    assert_eq!(h.log.last_step().unwrap(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_a_superseded_coordinator_cannot_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 1, Limits::default()).await;
+    h.append("in", 0, &["a", "b", "c", "d"]);
+    let mut zombie = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert!(zombie.step().await.unwrap());
+    // A new host takes over the pipeline (recovering from the log)...
+    let mut successor = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert_eq!(successor.stats().replayed_steps, 1);
+    // ...and the old one's next commit is refused.
+    let err = zombie.step().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Storage(StorageError::Fenced { step: 1, .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fenced"), "{err}");
+    assert_eq!(h.log.last_step().unwrap(), Some(0));
+    assert!(successor.step().await.unwrap());
+    assert_eq!(h.log.last_step().unwrap(), Some(1));
+    assert_eq!(h.integrated("out").len(), 4, "every input once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_trim_only_below_the_newest_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 1, Limits::default()).await;
+    h.append("in", 0, &["a", "b", "c", "d", "e"]);
+    let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+    // Nothing checkpointed: no trim at all.
+    assert!(matches!(
+        h.storage.trim(0, 0, 1),
+        Err(StorageError::TrimAboveCheckpoint { allowed: 0, .. })
+    ));
+    assert!(c.step().await.unwrap()); // consumes a, b
+    c.checkpoint().await.unwrap(); // covers offset 2, trims below it
+    assert!(c.step().await.unwrap()); // consumes c, d (not checkpointed)
+    assert_eq!(
+        h.log.watermarks("in", 0).unwrap(),
+        (2, 5),
+        "input below the checkpoint is gone"
+    );
+    assert!(matches!(
+        h.log.read("in", 0, 0..2),
+        Err(StorageError::Trimmed { low: 2, .. })
+    ));
+    let err = h.storage.trim(0, 0, 3).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StorageError::TrimAboveCheckpoint {
+                requested: 3,
+                allowed: 2,
+                ..
+            }
+        ),
+        "trim above the checkpoint must be refused, got {err}"
+    );
+    assert_eq!(
+        h.log.read("in", 0, 2..5).unwrap().len(),
+        3,
+        "refused trim removed nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_restores_and_replays_to_the_same_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    let before = {
+        let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+        h.append("in", 0, &["apple", "avocado", "banana", "cherry"]);
+        h.append("in", 1, &["blueberry", "apricot", "cranberry"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        c.checkpoint().await.unwrap();
+        assert!(c.step().await.unwrap());
+        // Crash: drop without a checkpoint. Step 1 is committed, not checkpointed.
+        h.integrated("letters")
+    };
+    let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+    let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert_eq!(c.stats().restored_checkpoint, Some(0));
+    assert_eq!(c.stats().replayed_steps, 1);
+    assert_eq!(h.integrated("letters"), before, "replay wrote nothing");
+    while c.step().await.unwrap() {}
+    let letters = h.integrated("letters");
+    assert_eq!(letters.get(r#"["a",3]"#), Some(&1), "{letters:?}");
+    assert_eq!(letters.get(r#"["b",2]"#), Some(&1), "{letters:?}");
+    assert_eq!(letters.get(r#"["c",2]"#), Some(&1), "{letters:?}");
+    assert_eq!(letters.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_a_replay_with_different_output_stops_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    {
+        let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+        h.append("in", 0, &["nondet-a", "nondet-b", "nondet-c", "nondet-d"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        c.checkpoint().await.unwrap();
+        assert!(c.step().await.unwrap());
+    }
+    let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+    let committed = h.integrated("out");
+    let err = match h.coordinator(manual_checkpoints()).await {
+        Ok(_) => panic!("a nondeterministic replay must stop the pipeline"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(
+            err,
+            sluice_pipeline::Error::Runtime(Error::Nondeterministic {
+                step: 1,
+                worker: 0,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not deterministic"), "{err}");
+    assert_eq!(h.integrated("out"), committed, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i4_a_guest_reading_the_clock_and_random_numbers_replays_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    let committed = {
+        let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+        h.append("in", 0, &["clock-0", "random-0"]);
+        h.append("in", 1, &["clock-1", "random-1"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        c.checkpoint().await.unwrap();
+        h.append("in", 0, &["clock-2", "random-2"]);
+        h.append("in", 1, &["clock-3", "random-3", "random-4"]);
+        assert!(c.step().await.unwrap());
+        assert!(c.step().await.unwrap());
+        // Crash with steps 1 and 2 committed but not checkpointed.
+        h.integrated("out")
+    };
+    // Time moves on before the restart.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+    let c = h
+        .coordinator(manual_checkpoints())
+        .await
+        .expect("the replay reproduces clock and random reads");
+    assert_eq!(c.stats().replayed_steps, 2);
+    assert_eq!(h.integrated("out"), committed);
+    // The clock the guest saw is the step's recorded time.
+    let record = h.log.step_record(1).unwrap().unwrap();
+    let seen: Vec<&String> = committed
+        .keys()
+        .filter(|v| v.starts_with("\"clock-2@"))
+        .collect();
+    assert_eq!(seen, [&format!("\"clock-2@{}\"", record.time_ms)]);
+    // Random numbers differ between workers and steps.
+    let randoms: std::collections::BTreeSet<&str> = committed
+        .keys()
+        .filter(|v| v.starts_with("\"random"))
+        .map(|v| v.split('#').nth(1).unwrap())
+        .collect();
+    assert_eq!(randoms.len(), 5, "{committed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_fails_the_pipeline_naming_it_and_keeps_committed_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    let h = Harness::open(dir.path(), &wasm, 2, Limits::default()).await;
+    h.append("in", 0, &["a", "b"]);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(2)).await.unwrap();
+    assert!(c.step().await.unwrap());
+    h.append("in", 1, &["trap"]);
+    let err = c.step().await.unwrap_err();
+    match &err {
+        Error::Guest(GuestError::Trap {
+            worker: 1,
+            call: "step",
+            trap,
+        }) => assert!(trap.contains("unreachable"), "{trap}"),
+        other => panic!("expected a trap of worker 1, got {other}"),
+    }
+    assert_eq!(
+        h.log.last_step().unwrap(),
+        Some(0),
+        "the failed step committed nothing"
+    );
+    assert_eq!(h.integrated("out").len(), 2, "committed output is intact");
+    // The pipeline cannot go on with lost instances, and says so.
+    assert!(c.step().await.is_err());
+    // A reopen recovers the committed state (and fails again on the same input).
+    drop(c);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(2)).await.unwrap();
+    assert_eq!(c.stats().replayed_steps, 1);
+    assert!(matches!(
+        c.step().await,
+        Err(Error::Guest(GuestError::Trap { .. }))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuel_and_memory_limits_stop_a_guest_with_a_named_error() {
+    let wasm = component(MISBEHAVE);
+    let limits = Limits {
+        memory: 64 << 20,
+        fuel_per_call: 200_000_000,
+        deadline: Duration::from_secs(60),
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+    h.append("in", 0, &["spin"]);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
+    let err = c.step().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Guest(GuestError::FuelExhausted {
+                limit: 200_000_000,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fuel per step"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+    h.append("in", 0, &["grow"]);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
+    let err = c.step().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Guest(GuestError::MemoryExceeded { limit, .. }) if limit == 64 << 20),
+        "{err}"
+    );
+
+    let limits = Limits {
+        fuel_per_call: u64::MAX,
+        deadline: Duration::from_millis(300),
+        ..limits
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+    h.append("in", 0, &["spin"]);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
+    let err = c.step().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Guest(GuestError::DeadlineExceeded { .. })),
+        "{err}"
+    );
+}
+
+struct PipelineOptionsExt;
+
+impl PipelineOptionsExt {
+    fn batch(n: u64) -> sluice_runtime::PipelineOptions {
+        sluice_runtime::PipelineOptions {
+            max_batch: n,
+            ..manual_checkpoints()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_worker_runs_steps_and_a_full_pool_is_a_capacity_error() {
+    use sluice_core::Event;
+    use sluice_runtime::{SluiceEngine, Worker};
+    let engine =
+        SluiceEngine::with_pooling(Limits::default(), Some(crate::support::cache_dir()), 2)
+            .unwrap();
+    let component = engine.load_file(&component("examples/wordcount")).unwrap();
+    let mut first = Worker::standalone(&engine, &component, "a").await.unwrap();
+    let line = |l: &str| Event {
+        value: serde_json::to_vec(l).unwrap(),
+        weight: 1,
+    };
+    let out = first
+        .step_ports(0, 0, vec![vec![line("b a b")]])
+        .await
+        .unwrap();
+    let values: Vec<String> = out[0]
+        .iter()
+        .map(|e| String::from_utf8(e.value.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        values,
+        [r#"{"word":"a","count":1}"#, r#"{"word":"b","count":2}"#]
+    );
+    let _second = Worker::standalone(&engine, &component, "b").await.unwrap();
+    match Worker::standalone(&engine, &component, "c").await {
+        Err(Error::PoolExhausted { limit: 2 }) => {}
+        Err(other) => panic!("expected a capacity error, got {other}"),
+        Ok(_) => panic!("a pool of 2 must refuse a third instance"),
+    }
+    drop(first);
+    Worker::standalone(&engine, &component, "d")
+        .await
+        .expect("a freed slot is reused");
+}

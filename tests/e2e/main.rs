@@ -1,0 +1,15 @@
+//! The end-to-end tests, one binary (see `tests/README.md`): they run the
+//! real `sluice` binary and the host's libraries against real storage, a
+//! real Kafka-protocol broker and real guest components.
+
+mod support;
+
+mod chaos;
+mod cli;
+mod crash;
+mod examples;
+mod faults;
+mod invariants;
+mod kafka;
+mod server;
+mod verify;

@@ -1,0 +1,233 @@
+//! The crash campaign shared by the embedded and Kafka crash tests.
+
+use super::{component, recount, sluice_cmd};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// Workers of the crashed pipeline.
+pub const WORKERS: u32 = 2;
+/// Kills that must land for the campaign to count.
+pub const MIN_KILLS: usize = 5;
+
+/// xorshift64*: enough randomness for kill times and text, reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What a crash campaign left behind, for the backend-specific checks.
+pub struct Campaign {
+    /// Holds the data directory, input and output (removed on drop).
+    pub dir: tempfile::TempDir,
+    /// The pipeline's data directory.
+    pub data: PathBuf,
+    /// The from-scratch word count of the input.
+    pub expected: BTreeMap<String, i64>,
+    /// SIGKILLs that landed.
+    pub kills: usize,
+}
+
+/// The crash test on any backend: `sluice run` of word count over `lines`
+/// lines as a child process, with `extra` arguments (the log backend),
+/// SIGKILLed at random moments (during ingest, steps, commits and
+/// checkpoints) and rerun each time; asserts that the final output equals
+/// the from-scratch count. The seed is printed; `SLUICE_CRASH_SEED` replays
+/// a run's kill times.
+///
+/// With `first_crash` (`POINT:N`), the first run aborts itself at that named
+/// crash point instead of being killed.
+pub fn campaign(lines_wanted: usize, extra: &[String], first_crash: Option<&str>) -> Campaign {
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("crash test seed: {seed} (SLUICE_CRASH_SEED={seed} to repeat)");
+    let mut rng = Rng(seed);
+
+    // Input: lines of words from a small vocabulary, with some lines later deleted.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let vocab: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let mut lines: Vec<(String, i64)> = Vec::with_capacity(lines_wanted);
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+        for i in 0..lines_wanted {
+            if i > 10 && rng.below(20) == 0 {
+                let victim = lines[rng.below(lines.len() as u64) as usize].0.clone();
+                writeln!(f, "{}", serde_json::json!({ "delete": victim })).unwrap();
+                lines.push((victim, -1));
+            } else {
+                let n = 1 + rng.below(6);
+                let line: Vec<&str> = (0..n)
+                    .map(|_| vocab[rng.below(vocab.len() as u64) as usize].as_str())
+                    .collect();
+                let line = line.join(" ");
+                writeln!(f, "{}", serde_json::to_string(&line).unwrap()).unwrap();
+                lines.push((line, 1));
+            }
+        }
+    }
+    let expected = recount(lines.iter().map(|(l, w)| (l.as_str(), *w)));
+
+    let wasm = component("examples/wordcount");
+    let data = dir.path().join("data");
+    let output = dir.path().join("counts.jsonl");
+    let command = || {
+        let mut cmd = sluice_cmd();
+        cmd.arg("run")
+            .arg(&wasm)
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--workers",
+                &WORKERS.to_string(),
+                "--max-batch",
+                "300",
+                "--checkpoint-every",
+                "4",
+                "--quiet",
+            ])
+            .args(extra)
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()))
+            .env("SLUICE_LOG", "sluice=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let spawn = || command().spawn().unwrap();
+
+    // Kill times follow the child's progress, not the clock, so the test
+    // holds on a fast or a loaded machine: a quarter of the kills land at a
+    // random moment of start-up (ingest, recovery and replay), the rest a
+    // few milliseconds after a random number of step commits (in the next
+    // step's run, its commit, or a checkpoint and trim).
+    let (mut kills, mut attempts, mut after_commits, mut replayed) = (0, 0, 0, 0);
+    let mut finished = false;
+    if let Some(point) = first_crash {
+        attempts += 1;
+        let out = command().env("SLUICE_CRASH_AT", point).output().unwrap();
+        assert!(
+            !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("crash point"),
+            "the first run should have aborted at crash point {point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        kills += 1;
+    }
+    while kills < MIN_KILLS + 3 && attempts < 40 {
+        attempts += 1;
+        let mut child = spawn();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)
+            {
+                if line.contains("step committed") {
+                    let _ = tx.send(());
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            log
+        });
+        let during_startup = rng.below(4) == 0;
+        let (commits_wanted, start) = (1 + rng.below(12), Instant::now());
+        let startup_delay = Duration::from_millis(rng.below(300));
+        let mut commits = 0;
+        let kill_now = loop {
+            if during_startup && start.elapsed() >= startup_delay {
+                break true;
+            }
+            match rx.recv_timeout(Duration::from_millis(2)) {
+                Ok(()) => {
+                    commits += 1;
+                    if !during_startup && commits >= commits_wanted {
+                        std::thread::sleep(Duration::from_millis(rng.below(15)));
+                        break true;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                // The child closed stderr: it has exited.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break false,
+            }
+        };
+        if kill_now && child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            kills += 1;
+            after_commits += usize::from(!during_startup);
+            replayed += replayed_steps(&reader.join().unwrap());
+        } else {
+            let status = child.wait().unwrap();
+            let log = reader.join().unwrap();
+            assert!(status.success(), "run failed after {kills} kills: {log}");
+            replayed += replayed_steps(&log);
+            finished = true;
+            break;
+        }
+    }
+    if !finished {
+        let out = spawn().wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "final run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!(
+        "crash test: {kills} SIGKILLs ({after_commits} after step commits) in {attempts} runs; \
+         {replayed} committed steps replayed and dropped as duplicates on recovery"
+    );
+    assert!(
+        kills >= MIN_KILLS,
+        "only {kills} kills landed before the pipeline finished; the run is too fast for this test"
+    );
+
+    let got =
+        sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    assert_eq!(got.len(), expected.len());
+    assert_eq!(
+        got, expected,
+        "integrated output equals the from-scratch count"
+    );
+    Campaign {
+        dir,
+        data,
+        expected,
+        kills,
+    }
+}
+
+/// Steps replayed by one run, from its `recovered` debug line.
+fn replayed_steps(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("recovered"))
+        .filter_map(|l| l.split("replayed=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}

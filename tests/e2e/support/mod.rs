@@ -1,0 +1,161 @@
+//! Helpers shared by the end-to-end tests.
+#![allow(dead_code)]
+
+pub mod crash;
+pub mod server;
+
+use sluice_core::Event;
+use sluice_pipeline::{Pipeline, PipelineConfig};
+use sluice_runtime::{Coordinator, Limits, PipelineOptions, SluiceEngine};
+use sluice_storage::{AppendBatch, Guarded, LogBackend};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `sluice` binary under test.
+pub fn sluice() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Scratch space that survives between test runs (guest builds, caches).
+pub fn scratch() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// The precompiled-component cache the tests use.
+pub fn cache_dir() -> PathBuf {
+    scratch().join("sluice-cache")
+}
+
+/// Builds a guest crate (path relative to the repository) once per run of
+/// the test binary and returns its component.
+pub fn component(crate_path: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.get(crate_path) {
+        return p.clone();
+    }
+    let wasm = sluice_tools::compile::build_component(
+        &repo().join(crate_path),
+        Some(&cache_dir().join("guest-target")),
+    )
+    .unwrap_or_else(|e| panic!("building {crate_path}: {e:#}"));
+    built.insert(crate_path.to_owned(), wasm.clone());
+    wasm
+}
+
+/// A `sluice` command with the test cache.
+pub fn sluice_cmd() -> std::process::Command {
+    let mut cmd = std::process::Command::new(sluice());
+    cmd.env("SLUICE_CACHE_DIR", cache_dir());
+    cmd
+}
+
+/// A pipeline opened through the library, for tests that need to stop at
+/// precise points.
+pub struct Harness {
+    pub pipeline: Pipeline,
+    /// The pipeline's logs.
+    pub log: Arc<dyn LogBackend>,
+    /// Its logs and checkpoints behind the invariant checks.
+    pub storage: Arc<Guarded>,
+    pub outputs: Vec<String>,
+    pub workers: u32,
+}
+
+impl Harness {
+    /// Opens (or creates) a pipeline of `wasm` in `dir`.
+    pub async fn open(dir: &Path, wasm: &Path, workers: u32, limits: Limits) -> Harness {
+        let engine = Arc::new(SluiceEngine::new(limits, Some(cache_dir())).unwrap());
+        let component = engine.load_file(wasm).unwrap();
+        let pipeline = Pipeline::open(engine, component, PipelineConfig::new(dir, workers))
+            .await
+            .unwrap();
+        Harness {
+            log: pipeline.storage().log.clone(),
+            storage: pipeline.storage().guarded(),
+            outputs: pipeline.shape().outputs.clone(),
+            workers,
+            pipeline,
+        }
+    }
+
+    /// The engine the workers run on.
+    pub fn engine(&self) -> &Arc<SluiceEngine> {
+        self.pipeline.engine()
+    }
+
+    /// Appends JSON values (inserts) to `partition` of input `port`.
+    pub fn append(&self, port: &str, partition: u32, values: &[&str]) {
+        let events = values
+            .iter()
+            .map(|v| Event {
+                value: serde_json::to_vec(v).unwrap(),
+                weight: 1,
+            })
+            .collect();
+        self.log
+            .append(AppendBatch {
+                appends: vec![(port.into(), partition, events)],
+                mark: None,
+                producer: None,
+            })
+            .unwrap();
+    }
+
+    /// Opens a coordinator (which recovers).
+    pub async fn coordinator(
+        &self,
+        options: PipelineOptions,
+    ) -> sluice_pipeline::Result<Coordinator> {
+        self.pipeline.coordinator_with(options).await
+    }
+
+    /// Integrated contents of output `name`: JSON value → weight.
+    pub fn integrated(&self, name: &str) -> BTreeMap<String, i64> {
+        let mut z = BTreeMap::new();
+        self.log
+            .scan_output(name, 0, &mut |e| {
+                for ev in e.events {
+                    *z.entry(String::from_utf8(ev.value).unwrap()).or_insert(0) += ev.weight;
+                }
+                Ok(())
+            })
+            .unwrap();
+        z.retain(|_, w| *w != 0);
+        z
+    }
+}
+
+/// Options that never checkpoint on their own.
+pub fn manual_checkpoints() -> PipelineOptions {
+    PipelineOptions {
+        checkpoint_every_steps: u64::MAX,
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        max_batch: 2,
+        ..PipelineOptions::default()
+    }
+}
+
+/// Word count from scratch, normalizing words the way the example's
+/// documentation says: trim non-alphanumerics at both ends, lower-case.
+pub fn recount<'a>(lines: impl IntoIterator<Item = (&'a str, i64)>) -> BTreeMap<String, i64> {
+    let mut counts = BTreeMap::new();
+    for (line, weight) in lines {
+        for raw in line.split_whitespace() {
+            let w: String = raw
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
+            if !w.is_empty() {
+                *counts.entry(w).or_insert(0) += weight;
+            }
+        }
+    }
+    counts.retain(|_, n| *n > 0);
+    counts
+}
