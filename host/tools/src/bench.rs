@@ -358,6 +358,20 @@ fn append_halves(log: &dyn LogBackend, events: Vec<Event>) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Appends `events` to the word-count pipeline (half to each partition),
+/// opens its coordinator and runs it until no input is left (no
+/// checkpoint): the coordinator, and the time the steps took.
+async fn fill_and_run(
+    pipeline: &Pipeline,
+    events: Vec<Event>,
+) -> anyhow::Result<(Coordinator, Duration)> {
+    append_halves(&*pipeline.storage().log, events)?;
+    let mut c = pipeline.coordinator().await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    Ok((c, t.elapsed()))
+}
+
 /// Options that never checkpoint by themselves, with `max_batch` events per
 /// partition per step.
 fn manual_checkpoints(max_batch: u64) -> PipelineOptions {
@@ -396,20 +410,15 @@ async fn pipeline_rate(
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let pipeline = wordcount_pipeline(engine, component, dir.path(), synced, 5_000).await?;
-    append_halves(
-        &*pipeline.storage().log,
-        lines
-            .iter()
-            .map(|e| Event {
-                value: e.value.clone(),
-                weight: 1,
-            })
-            .collect(),
-    )?;
-    let mut c = pipeline.coordinator().await?;
-    let t = Instant::now();
-    while c.step().await? {}
-    Ok(rate(lines.len() as u64, t.elapsed()))
+    let events = lines
+        .iter()
+        .map(|e| Event {
+            value: e.value.clone(),
+            weight: 1,
+        })
+        .collect();
+    let (_, took) = fill_and_run(&pipeline, events).await?;
+    Ok(rate(lines.len() as u64, took))
 }
 
 async fn exactly_once_cost(
@@ -578,11 +587,8 @@ async fn stateful_pipeline(
             }
         })
         .collect();
-    append_halves(&*pipeline.storage().log, lines)?;
-    let mut c = pipeline.coordinator().await?;
-    let t = Instant::now();
-    while c.step().await? {}
-    let per_step = t.elapsed() / c.next_step().max(1) as u32;
+    let (c, took) = fill_and_run(&pipeline, lines).await?;
+    let per_step = took / c.next_step().max(1) as u32;
     Ok((per_step, c))
 }
 
@@ -683,20 +689,14 @@ async fn replay_cost(
     let n = if quick { 50_000 } else { 1_000_000 };
     let dir = tempfile::tempdir()?;
     let pipeline = wordcount_pipeline(engine, &wc.component, dir.path(), true, 5_000).await?;
-    append_halves(
-        &*pipeline.storage().log,
-        text_lines(n)
-            .iter()
-            .map(|l| Event {
-                value: serde_json::to_vec(l).expect("string"),
-                weight: 1,
-            })
-            .collect(),
-    )?;
-    let mut c = pipeline.coordinator().await?;
-    let t = Instant::now();
-    while c.step().await? {}
-    let live = t.elapsed();
+    let events = text_lines(n)
+        .iter()
+        .map(|l| Event {
+            value: serde_json::to_vec(l).expect("string"),
+            weight: 1,
+        })
+        .collect();
+    let (c, live) = fill_and_run(&pipeline, events).await?;
     drop(c);
     drop(pipeline);
     let replay = time_open_wordcount(engine, &wc.component, dir.path()).await?;
