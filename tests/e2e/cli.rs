@@ -126,6 +126,42 @@ fn run_twice_appends_once_and_resumes_a_grown_file() {
     assert!(stderr(&out).contains("changed since"), "{}", stderr(&out));
 }
 
+/// A file still being written ends in a partial line: `sluice run` appends
+/// only complete lines and leaves the last one, whole, for the next run.
+#[test]
+fn a_line_still_being_written_waits_for_its_newline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input, output) = (
+        dir.path().join("data"),
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
+    std::fs::write(&input, "\"the cat\"\n\"the d").unwrap();
+    let run = || {
+        let out = sluice_cmd()
+            .arg("run")
+            .arg(component("examples/wordcount"))
+            .arg("--data")
+            .arg(&data)
+            .args(["--workers", "2", "--quiet"])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap()
+    };
+    let counts = |pairs: &[(&str, i64)]| -> BTreeMap<String, i64> {
+        pairs.iter().map(|(w, n)| ((*w).to_owned(), *n)).collect()
+    };
+    assert_eq!(run(), counts(&[("cat", 1), ("the", 1)]));
+    // The writer finishes the line: it is appended whole, once.
+    let mut body = std::fs::read_to_string(&input).unwrap();
+    body.push_str("og\"\n");
+    std::fs::write(&input, &body).unwrap();
+    assert_eq!(run(), counts(&[("cat", 1), ("dog", 1), ("the", 2)]));
+}
+
 #[test]
 fn run_reports_bad_input_clearly() {
     let dir = tempfile::tempdir().unwrap();

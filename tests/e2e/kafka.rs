@@ -360,7 +360,9 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
             .collect::<String>(),
     )
     .unwrap();
-    client.push("wc", "lines", &file, false).unwrap();
+    client
+        .push("wc", "lines", &file, &Default::default())
+        .unwrap();
     let expected = crate::support::recount(lines.iter().map(|l| (l.as_str(), 1)));
     let topic = format!("{tenant}.wc.counts");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);

@@ -84,14 +84,14 @@ fn two_tenants_run_wordcount_side_by_side() {
         "wc",
         "lines",
         &lines_file(dir.path(), "a.jsonl", &la),
-        false,
+        &Default::default(),
     )
     .unwrap();
     b.push(
         "wc",
         "lines",
         &lines_file(dir.path(), "b.jsonl", &lb),
-        false,
+        &Default::default(),
     )
     .unwrap();
     let ea = crate::support::recount(la.iter().map(|l| (l.as_str(), 1)));
@@ -112,7 +112,7 @@ fn two_tenants_run_wordcount_side_by_side() {
         "wc",
         "lines",
         &lines_file(dir.path(), "c.jsonl", &["late words".to_owned()]),
-        false,
+        &Default::default(),
     )
     .unwrap();
     let got = reader.join().unwrap();
@@ -458,7 +458,7 @@ fn hostile_guests_fail_only_their_own_pipeline() {
     let feed_victim = |round: &mut usize| {
         *round += 1;
         let f = lines_file(dir.path(), &format!("v{round}.jsonl"), &text(200, "v"));
-        victim.push("wc", "lines", &f, false).unwrap();
+        victim.push("wc", "lines", &f, &Default::default()).unwrap();
     };
     for (name, limits, input, cause) in [
         (
@@ -675,7 +675,7 @@ fn output_streams_as_server_sent_events() {
             "2.jsonl",
             &["brandnew brandnew other".to_owned()],
         ),
-        false,
+        &Default::default(),
     )
     .unwrap();
     let live = reader.join().unwrap();
@@ -691,8 +691,13 @@ fn wordcount_with(dir: &Path, lines: &[String]) -> (Server, Client) {
     let server = Server::start(&dir.join("data"));
     let a = server.tenant("alpha");
     a.deploy(&wordcount(), "wc", "wc", 2, false).unwrap();
-    a.push("wc", "lines", &lines_file(dir, "1.jsonl", lines), false)
-        .unwrap();
+    a.push(
+        "wc",
+        "lines",
+        &lines_file(dir, "1.jsonl", lines),
+        &Default::default(),
+    )
+    .unwrap();
     await_counts(
         &a,
         "wc",
@@ -730,7 +735,7 @@ fn pause_stop_start_and_delete() {
         "wc",
         "lines",
         &lines_file(dir.path(), "2.jsonl", &["later words".to_owned()]),
-        false,
+        &Default::default(),
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -774,4 +779,200 @@ fn pause_stop_start_and_delete() {
         "its data is removed"
     );
     assert_eq!(a.status(None).unwrap(), "[]");
+}
+
+/// A push's status and body, with producer headers `(id, epoch, seq)`.
+fn push_as(
+    server: &Server,
+    token: &str,
+    port: &str,
+    producer: (&str, u64, u64),
+    lines: &[serde_json::Value],
+) -> (u16, serde_json::Value) {
+    let body: String = lines.iter().map(|l| l.to_string() + "\n").collect();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent
+        .post(&format!("{}/pipelines/oj/input/{port}", server.url))
+        .header("Authorization", &format!("Bearer {token}"))
+        .header("Sluice-Producer-Id", producer.0)
+        .header("Sluice-Producer-Epoch", &producer.1.to_string())
+        .header("Sluice-Producer-Seq", &producer.2.to_string())
+        .send(body.as_bytes())
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap())
+}
+
+/// Producers get Kafka's idempotent-producer rules, per (producer, port):
+/// the same sequence number on two ports appends on both; a gap, an older
+/// number and an older session are refused (409, naming what was expected)
+/// and append nothing; a retry of the last push gets its acknowledgement;
+/// a producer that restarts its numbering starts a new session. The join's
+/// output shows exactly the accepted pushes.
+#[test]
+fn producers_follow_kafka_idempotence_rules_per_port() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let a = server.tenant("alpha");
+    a.deploy(
+        &crate::support::component("examples/orders-join"),
+        "oj",
+        "oj",
+        1,
+        false,
+    )
+    .unwrap();
+    let t = a.token().to_owned();
+    let order = |id: u64, amount: u64| json!({"id": id, "customer": 1, "amount": amount});
+    // (x, 1) on `customers`, then (x, 1) on `orders`: both are appended.
+    let (s, ack) = push_as(
+        &server,
+        &t,
+        "customers",
+        ("x", 0, 1),
+        &[json!({"id": 1, "name": "c1", "region": "north"})],
+    );
+    assert_eq!((s, ack["events"].as_u64()), (200, Some(1)), "{ack}");
+    let (s, first) = push_as(&server, &t, "orders", ("x", 0, 1), &[order(1, 5)]);
+    assert_eq!((s, first["events"].as_u64()), (200, Some(1)), "{first}");
+    // A gap (3 before 2): refused, naming the expected number.
+    let (s, err) = push_as(&server, &t, "orders", ("x", 0, 3), &[order(3, 1000)]);
+    assert_eq!(
+        (s, err["error"]["code"].as_str()),
+        (409, Some("out_of_order_sequence"))
+    );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expected is 2"),
+        "{err}"
+    );
+    let (s, _) = push_as(&server, &t, "orders", ("x", 0, 2), &[order(2, 7)]);
+    assert_eq!(s, 200);
+    // A retry of the last push: the original acknowledgement, nothing more.
+    let (s, second) = push_as(&server, &t, "orders", ("x", 0, 2), &[order(2, 7)]);
+    assert_eq!(s, 200);
+    let (s, again) = push_as(&server, &t, "orders", ("x", 0, 2), &[order(2, 7)]);
+    assert_eq!((s, &again), (200, &second), "a retry is acknowledged alike");
+    // An older number: refused, naming the last acknowledged.
+    let (s, err) = push_as(&server, &t, "orders", ("x", 0, 1), &[order(1, 5)]);
+    assert_eq!(
+        (s, err["error"]["code"].as_str()),
+        (409, Some("duplicate_sequence"))
+    );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 was already acknowledged")
+    );
+    // A restart of the numbering is a new session, which fences the old one.
+    let (s, _) = push_as(&server, &t, "orders", ("x", 1, 1), &[order(4, 100)]);
+    assert_eq!(s, 200);
+    let (s, err) = push_as(&server, &t, "orders", ("x", 0, 3), &[order(3, 1000)]);
+    assert_eq!(
+        (s, err["error"]["code"].as_str()),
+        (409, Some("producer_fenced"))
+    );
+    let p: serde_json::Value = serde_json::from_str(
+        &raw(
+            "GET",
+            &format!("{}/pipelines/oj/input/orders/producers/x", server.url),
+            Some(&t),
+            "",
+            b"",
+        )
+        .1,
+    )
+    .unwrap();
+    assert_eq!(
+        (p["epoch"].as_u64(), p["last_seq"].as_u64()),
+        (Some(1), Some(1)),
+        "{p}"
+    );
+    // Exactly the accepted orders count: 5 + 7 + 100.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let lines = a.read("oj", "revenue", None, 1_000).unwrap();
+        let mut z: BTreeMap<String, i64> = BTreeMap::new();
+        for l in &lines {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let w = if v.get("insert").is_some() { 1 } else { -1 };
+            let value = v.get("insert").or(v.get("delete")).unwrap().to_string();
+            *z.entry(value).or_default() += w;
+        }
+        z.retain(|_, w| *w != 0);
+        if z.keys().any(|k| k.contains("112")) {
+            assert_eq!(z.len(), 1, "{z:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "revenue never reached 112: {z:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `sluice push` survives its own crash: SIGKILLed mid-file and run again,
+/// it resumes after what the server acknowledged, and every line counts
+/// once.
+#[test]
+fn sluice_push_resumes_after_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let a = server.tenant("alpha");
+    a.deploy(&wordcount(), "wc", "wc", 1, false).unwrap();
+    let lines: Vec<String> = (0..30_000)
+        .map(|i| format!("p{} q{}", i % 101, i % 7))
+        .collect();
+    let file = lines_file(dir.path(), "big.jsonl", &lines);
+    let push = || {
+        let mut cmd = crate::support::sluice_cmd();
+        cmd.args(["push", "wc", "lines"])
+            .arg(&file)
+            .args(["--chunk-lines", "100"])
+            .env("SLUICE_SERVER", &server.url)
+            .env("SLUICE_TOKEN", a.token())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let mut child = push().spawn().unwrap();
+    // Kill it once some pushes are acknowledged, long before the end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(&a, "wc");
+        let seen = s["events_in"].as_u64().unwrap() + s["input_lag"].as_u64().unwrap();
+        if seen >= 2_000 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the push finished before it could be killed"
+        );
+        assert!(Instant::now() < deadline, "the push made no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = push().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("resumed after the"), "{stderr}");
+    await_counts(
+        &a,
+        "wc",
+        &crate::support::recount(lines.iter().map(|l| (l.as_str(), 1))),
+    );
+    // Once more: nothing left to push.
+    let out = push().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("appended 0 events in 0 pushes"), "{stderr}");
 }

@@ -151,7 +151,9 @@ pub enum Command {
         /// Server and token.
         conn: Connection,
     },
-    /// Push a JSON-lines file to a pipeline's input port (durably, once).
+    /// Push a JSON-lines file to a pipeline's input port, durably and
+    /// exactly once: run it again after a crash (of this client, the network
+    /// or the server) and it resumes after what the server acknowledged.
     Push {
         /// The pipeline.
         pipeline: String,
@@ -159,6 +161,13 @@ pub enum Command {
         port: String,
         /// The JSON-lines file.
         file: PathBuf,
+        /// Lines per push request.
+        #[arg(long, default_value_t = crate::client::PUSH_CHUNK)]
+        chunk_lines: usize,
+        /// Push the whole file again, as a new producer session (the file
+        /// changed, or it is meant to be counted twice).
+        #[arg(long)]
+        restart: bool,
         #[command(flatten)]
         /// Server and token.
         conn: Connection,

@@ -4,7 +4,8 @@
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::{BufRead, Write};
+use sha2::{Digest, Sha256};
+use std::io::{BufRead, Read, Seek, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,8 +16,96 @@ pub struct Client {
     token: String,
 }
 
-/// Lines per push request of `sluice push`.
+/// Lines per push request of `sluice push`, by default.
 pub const PUSH_CHUNK: usize = 5_000;
+
+/// How `sluice push` sends a file.
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    /// Lines per push request.
+    pub chunk_lines: usize,
+    /// Start a new producer session and send the whole file again.
+    pub restart: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        PushOptions {
+            chunk_lines: PUSH_CHUNK,
+            restart: false,
+            progress: false,
+        }
+    }
+}
+
+/// What `sluice push` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushReport {
+    /// Events acknowledged now.
+    pub appended: u64,
+    /// Push requests sent now.
+    pub pushes: u64,
+    /// Lines an earlier run had pushed (skipped now).
+    pub resumed_after_lines: u64,
+}
+
+/// What the server keeps of a `sluice push` producer with its last push:
+/// how much of the file was sent, and the SHA-256 of that part.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct PushMark {
+    lines: u64,
+    bytes: u64,
+    prefix_sha256: String,
+}
+
+impl PushMark {
+    /// Fails if the first `self.bytes` of `f` are not what was sent.
+    fn check_prefix(&self, f: &mut std::fs::File, file: &Path) -> anyhow::Result<()> {
+        let mut hasher = Sha256::new();
+        let copied = std::io::copy(&mut f.take(self.bytes), &mut hasher)?;
+        if copied != self.bytes || hex::encode(hasher.finalize()) != self.prefix_sha256 {
+            bail!(
+                "{} changed since its first {} lines were pushed; refusing to guess what is new \
+                 (append to the file only, or push it again from the start with --restart)",
+                file.display(),
+                self.lines
+            );
+        }
+        Ok(())
+    }
+
+    /// A hasher fed with the part already sent.
+    fn hasher_after_prefix(&self, file: &Path) -> anyhow::Result<Sha256> {
+        let mut hasher = Sha256::new();
+        let mut f = std::fs::File::open(file)?;
+        std::io::copy(&mut (&mut f).take(self.bytes), &mut hasher)?;
+        Ok(hasher)
+    }
+}
+
+/// The producer identity of `sluice push` of `file` to `port` of `pipeline`
+/// on `server`: stable, so a re-run is the same producer and resumes.
+fn push_producer_id(server: &str, pipeline: &str, port: &str, file: &Path) -> String {
+    let mut h = Sha256::new();
+    for part in [server, pipeline, port, &file.to_string_lossy()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("push-{}", &hex::encode(h.finalize())[..24])
+}
+
+/// What the server remembers of a producer (`GET …/producers/{id}`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ProducerInfo {
+    /// Its session.
+    pub epoch: u64,
+    /// The last sequence number acknowledged in it.
+    pub last_seq: u64,
+    /// The mark sent with that push.
+    pub mark: Option<String>,
+}
 
 fn style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -162,80 +251,128 @@ impl Client {
         out
     }
 
-    /// Pushes a JSON-lines file in chunks, each with a producer id and
-    /// sequence number so a retried chunk is appended once. Returns the
-    /// events appended.
+    /// `GET …/input/{port}/producers/{id}`: what the pipeline remembers of
+    /// a producer.
+    pub fn producer(&self, pipeline: &str, port: &str, id: &str) -> anyhow::Result<ProducerInfo> {
+        let answer = self.call(
+            "GET",
+            &format!("/pipelines/{pipeline}/input/{port}/producers/{id}"),
+            None,
+            &[],
+        )?;
+        serde_json::from_str(&answer).with_context(|| format!("the server answered {answer:?}"))
+    }
+
+    /// Pushes a JSON-lines file, durably and exactly once, even across a
+    /// crash of this client: the file is sent in chunks of `opts.chunk_lines`
+    /// complete lines, each a push of one producer whose identity is stable
+    /// for (server, pipeline, port, file) with the next sequence number, and
+    /// a mark (lines and bytes sent, SHA-256 of the bytes sent) that the
+    /// server keeps with it. A re-run asks the server for the producer's
+    /// mark and resumes after it, after checking that the part already sent
+    /// has not changed; `opts.restart` starts a new session (epoch) that
+    /// sends the whole file again. A last line without its newline is left
+    /// for the next run (the file may still be being written).
     pub fn push(
         &self,
         pipeline: &str,
         port: &str,
         file: &Path,
-        progress: bool,
-    ) -> anyhow::Result<u64> {
-        let f = std::fs::File::open(file).with_context(|| file.display().to_string())?;
+        opts: &PushOptions,
+    ) -> anyhow::Result<PushReport> {
+        let canonical = file
+            .canonicalize()
+            .with_context(|| file.display().to_string())?;
+        let mut f = std::fs::File::open(&canonical).with_context(|| file.display().to_string())?;
         let total = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let bar = if progress {
+        let producer = push_producer_id(&self.server, pipeline, port, &canonical);
+        let known = self.producer(pipeline, port, &producer)?;
+        let (epoch, mut seq, mut mark) = match (&known.mark, opts.restart) {
+            (Some(text), false) => {
+                let mark: PushMark = serde_json::from_str(text)
+                    .with_context(|| format!("the server's mark of producer {producer}"))?;
+                mark.check_prefix(&mut f, file)?;
+                (known.epoch, known.last_seq, mark)
+            }
+            (None, false) if known.last_seq > 0 => bail!(
+                "producer {producer} pushed to `{port}` without a mark (not by sluice push?); \
+                 push the file again from the start with --restart"
+            ),
+            (None, false) => (known.epoch, 0, PushMark::default()),
+            (_, true) => (
+                known.epoch + u64::from(known.last_seq > 0),
+                0,
+                PushMark::default(),
+            ),
+        };
+        let mut report = PushReport {
+            resumed_after_lines: mark.lines,
+            ..PushReport::default()
+        };
+        let bar = if opts.progress {
             let b = ProgressBar::new(total);
             b.set_style(style("pushing {msg} {wide_bar} {bytes}/{total_bytes}"));
             b.set_message(file.display().to_string());
+            b.set_position(mark.bytes);
             b
         } else {
             ProgressBar::hidden()
         };
-        let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("randomness: {e}"))?;
-        let producer = format!("push-{}", hex::encode(nonce));
-        let mut appended = 0;
-        let mut chunk = String::new();
-        let (mut lines, mut seq) = (0, 0u64);
+        f.seek(std::io::SeekFrom::Start(mark.bytes))?;
+        let mut hasher = mark.hasher_after_prefix(&canonical)?;
         let mut reader = std::io::BufReader::new(f);
         let path = format!("/pipelines/{pipeline}/input/{port}");
         let mut line = String::new();
         loop {
-            line.clear();
-            let n = reader.read_line(&mut line)?;
-            if n > 0 {
-                chunk.push_str(&line);
-                if !line.ends_with('\n') {
-                    chunk.push('\n');
+            let mut chunk = String::new();
+            let mut lines = 0;
+            while lines < opts.chunk_lines.max(1) {
+                line.clear();
+                let n = reader.read_line(&mut line)?;
+                if n == 0 || !line.ends_with('\n') {
+                    break; // the end, or a line still being written
                 }
+                chunk.push_str(&line);
+                hasher.update(line.as_bytes());
                 lines += 1;
-                bar.inc(n as u64);
             }
-            if (n == 0 && !chunk.is_empty()) || lines == PUSH_CHUNK {
-                seq += 1;
-                let headers = [
-                    ("Sluice-Producer-Id", producer.clone()),
-                    ("Sluice-Producer-Seq", seq.to_string()),
-                ];
-                // Retry transport errors: the sequence number makes it safe.
-                let mut attempt = 0;
-                let ack = loop {
-                    match self.call(
-                        "POST",
-                        &path,
-                        Some(("application/x-ndjson", chunk.as_bytes())),
-                        &headers,
-                    ) {
-                        Ok(ack) => break ack,
-                        Err(e) if attempt < 5 && e.downcast_ref::<ureq::Error>().is_some() => {
-                            attempt += 1;
-                            std::thread::sleep(Duration::from_millis(200 << attempt));
-                        }
-                        Err(e) => return Err(e),
-                    }
-                };
-                let v: serde_json::Value = serde_json::from_str(&ack)?;
-                appended += v["events"].as_u64().unwrap_or(0);
-                chunk.clear();
-                lines = 0;
-            }
-            if n == 0 {
+            if lines == 0 {
                 break;
             }
+            seq += 1;
+            mark.lines += lines as u64;
+            mark.bytes += chunk.len() as u64;
+            mark.prefix_sha256 = hex::encode(hasher.clone().finalize());
+            let headers = [
+                ("Sluice-Producer-Id", producer.clone()),
+                ("Sluice-Producer-Epoch", epoch.to_string()),
+                ("Sluice-Producer-Seq", seq.to_string()),
+                ("Sluice-Producer-Mark", serde_json::to_string(&mark)?),
+            ];
+            // Retry transport errors: the sequence number makes it safe.
+            let mut attempt = 0;
+            let ack = loop {
+                match self.call(
+                    "POST",
+                    &path,
+                    Some(("application/x-ndjson", chunk.as_bytes())),
+                    &headers,
+                ) {
+                    Ok(ack) => break ack,
+                    Err(e) if attempt < 5 && e.downcast_ref::<ureq::Error>().is_some() => {
+                        attempt += 1;
+                        std::thread::sleep(Duration::from_millis(200 << attempt));
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            let v: serde_json::Value = serde_json::from_str(&ack)?;
+            report.appended += v["events"].as_u64().unwrap_or(0);
+            report.pushes += 1;
+            bar.set_position(mark.bytes);
         }
         bar.finish_and_clear();
-        Ok(appended)
+        Ok(report)
     }
 
     /// Reads output after `after` (a position `S:W:I`), waiting up to

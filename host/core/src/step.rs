@@ -100,16 +100,26 @@ pub struct PositionedEvent {
 
 /// The hash of one worker's output of one step (events per output port),
 /// recorded at commit and compared on replay (I4) and by the audit.
+///
+/// It sees each port's events as a multiset: the order a guest returns
+/// them in does not count (a circuit may emit in `HashMap` order, which a
+/// restored instance iterates differently), any difference in content —
+/// an event more or less, another value or weight, another port — does.
+/// Each event's 128-bit hash is summed (wrapping) per port, a commutative
+/// combination; the count and the port index are hashed in.
 pub fn hash_outputs(ports: &[Vec<Event>]) -> u128 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for (port, events) in ports.iter().enumerate() {
+        let mut sum = 0u128;
+        for e in events {
+            let mut eh = xxhash_rust::xxh3::Xxh3::new();
+            eh.update(&e.weight.to_le_bytes());
+            eh.update(&e.value);
+            sum = sum.wrapping_add(eh.digest128());
+        }
         h.update(&(port as u64).to_le_bytes());
         h.update(&(events.len() as u64).to_le_bytes());
-        for e in events {
-            h.update(&(e.value.len() as u64).to_le_bytes());
-            h.update(&e.value);
-            h.update(&e.weight.to_le_bytes());
-        }
+        h.update(&sum.to_le_bytes());
     }
     h.digest128()
 }
@@ -132,15 +142,35 @@ mod tests {
     }
 
     #[test]
-    fn the_output_hash_sees_order_ports_and_weights() {
+    fn the_output_hash_sees_content_ports_and_weights_but_not_order() {
         let e = |v: &str, w| Event {
             value: v.as_bytes().to_vec(),
             weight: w,
         };
         let base = hash_outputs(&[vec![e("1", 1), e("2", 1)]]);
-        assert_ne!(base, hash_outputs(&[vec![e("2", 1), e("1", 1)]]));
-        assert_ne!(base, hash_outputs(&[vec![e("1", 1), e("2", -1)]]));
-        assert_ne!(base, hash_outputs(&[vec![], vec![e("1", 1), e("2", 1)]]));
-        assert_eq!(base, hash_outputs(&[vec![e("1", 1), e("2", 1)]]));
+        assert_eq!(base, hash_outputs(&[vec![e("2", 1), e("1", 1)]]), "order");
+        assert_ne!(base, hash_outputs(&[vec![e("1", 1), e("2", -1)]]), "weight");
+        assert_ne!(base, hash_outputs(&[vec![e("1", 1), e("3", 1)]]), "value");
+        assert_ne!(base, hash_outputs(&[vec![e("1", 1)]]), "an event less");
+        assert_ne!(
+            base,
+            hash_outputs(&[vec![e("1", 1), e("2", 1), e("2", 1)]]),
+            "an event more"
+        );
+        assert_ne!(
+            base,
+            hash_outputs(&[vec![], vec![e("1", 1), e("2", 1)]]),
+            "port"
+        );
+        assert_ne!(
+            hash_outputs(&[vec![e("1", 1), e("1", -1)]]),
+            hash_outputs(&[vec![]]),
+            "a multiset, not a consolidated Z-set"
+        );
+        assert_ne!(
+            hash_outputs(&[vec![e("12", 1)]]),
+            hash_outputs(&[vec![e("1", 1), e("2", 1)]]),
+            "event boundaries"
+        );
     }
 }

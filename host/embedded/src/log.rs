@@ -10,7 +10,10 @@
 use crate::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS, rocks};
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
-use sluice_storage::{AppendBatch, LogBackend, ProducerSeq, Result, StorageError as Error};
+use sluice_storage::{
+    AppendBatch, LogBackend, ProducerCheck, ProducerState, Result, StorageError as Error,
+    check_producer,
+};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,9 +52,13 @@ pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
 
 const EPOCH_KEY: &[u8] = b"log.epoch";
 
-fn producer_key(id: &str) -> Vec<u8> {
-    // Ingest marks are named `file:…`; producers live in their own namespace.
-    [b"producer:".as_slice(), id.as_bytes()].concat()
+/// The key of a producer's state on one input: ingest marks are named
+/// `file:…`, producers live in their own namespace.
+fn producer_key(id: &str, input: &str) -> Vec<u8> {
+    let mut k = b"producer:".to_vec();
+    db::push_name(&mut k, input);
+    k.extend_from_slice(id.as_bytes());
+    k
 }
 
 fn input_meta_key(name: &str) -> Vec<u8> {
@@ -106,23 +113,6 @@ impl EmbeddedLog {
             sync_commits: false,
             ..Self::open(db)?
         })
-    }
-
-    /// The producer's last sequence number and the offsets that append got.
-    fn producer_state(&self, p: &ProducerSeq) -> Result<Option<(u64, Vec<Range<u64>>)>> {
-        let cf = db::cf(&self.db, CF_INGEST)?;
-        match self
-            .db
-            .get_cf(cf, producer_key(&p.id))
-            .map_err(rocks("reading a producer's sequence"))?
-        {
-            Some(v) => {
-                let (seq, pairs): (u64, Vec<(u64, u64)>) = postcard::from_bytes(&v)
-                    .map_err(Error::corrupt(format!("state of producer `{}`", p.id)))?;
-                Ok(Some((seq, pairs.into_iter().map(|(a, b)| a..b).collect())))
-            }
-            None => Ok(None),
-        }
     }
 
     fn commit_options(&self) -> rocksdb::WriteOptions {
@@ -295,16 +285,15 @@ impl LogBackend for EmbeddedLog {
 
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
         let cf = db::cf(&self.db, CF_INPUT)?;
+        let producer_input = batch.producer_input()?;
+        // The lock orders appends: a producer's check and its write are one
+        // action.
         let mut cache = lock(&self.marks);
-        if let Some(p) = &batch.producer
-            && let Some((last, ranges)) = self.producer_state(p)?
-            && p.seq <= last
-        {
-            return Ok(if p.seq == last {
-                ranges
-            } else {
-                batch.appends.iter().map(|_| 0..0).collect()
-            });
+        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
+            let state = self.producer(&p.id, input)?;
+            if let ProducerCheck::Duplicate(ranges) = check_producer(p, input, state.as_ref())? {
+                return Ok(ranges);
+            }
         }
         let mut next: HashMap<(String, u32), u64> = HashMap::new();
         let mut wb = WriteBatch::default();
@@ -329,11 +318,15 @@ impl LogBackend for EmbeddedLog {
                 &mark.state,
             );
         }
-        if let Some(p) = &batch.producer {
+        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
             let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
-            let state =
-                postcard::to_allocvec(&(p.seq, pairs)).map_err(Error::corrupt("producer state"))?;
-            wb.put_cf(db::cf(&self.db, CF_INGEST)?, producer_key(&p.id), state);
+            let state = postcard::to_allocvec(&(p.epoch, p.seq, pairs))
+                .map_err(Error::corrupt("producer state"))?;
+            wb.put_cf(
+                db::cf(&self.db, CF_INGEST)?,
+                producer_key(&p.id, input),
+                state,
+            );
         }
         self.db
             .write_opt(wb, &db::synced())
@@ -344,6 +337,26 @@ impl LogBackend for EmbeddedLog {
             }
         }
         Ok(ranges)
+    }
+
+    fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>> {
+        let cf = db::cf(&self.db, CF_INGEST)?;
+        let Some(v) = self
+            .db
+            .get_cf(cf, producer_key(id, input))
+            .map_err(rocks("reading a producer's state"))?
+        else {
+            return Ok(None);
+        };
+        let (epoch, last_seq, pairs): (u64, u64, Vec<(u64, u64)>) = postcard::from_bytes(&v)
+            .map_err(Error::corrupt(format!(
+                "state of producer `{id}` on input `{input}`"
+            )))?;
+        Ok(Some(ProducerState {
+            epoch,
+            last_seq,
+            ranges: pairs.into_iter().map(|(a, b)| a..b).collect(),
+        }))
     }
 
     fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {

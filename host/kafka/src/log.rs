@@ -35,7 +35,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
-use sluice_storage::{AppendBatch, LogBackend, ProducerSeq, Result, StorageError as Error};
+use sluice_storage::{
+    AppendBatch, LogBackend, ProducerCheck, ProducerSeq, ProducerState, Result,
+    StorageError as Error, check_producer,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -241,7 +244,8 @@ struct MetaState {
     producer: Option<TxnProducer>,
     loaded: bool,
     marks: HashMap<String, Vec<u8>>,
-    producers: HashMap<String, (u64, Vec<Range<u64>>)>,
+    /// By (producer id, input log).
+    producers: HashMap<(String, String), ProducerState>,
 }
 
 /// What the step producer keeps.
@@ -685,13 +689,21 @@ impl KafkaLog {
             let value = m.payload().unwrap_or_default();
             if let Some(source) = key.strip_prefix(META_MARK) {
                 marks.insert(source.to_owned(), value.to_vec());
-            } else if let Some(id) = key.strip_prefix(META_PRODUCER) {
-                let (seq, pairs): (u64, Vec<(u64, u64)>) = postcard::from_bytes(value).map_err(
-                    Error::corrupt(format!("state of producer `{id}` in `{topic}`")),
-                )?;
+            } else if let Some((input, id)) = key
+                .strip_prefix(META_PRODUCER)
+                .and_then(|k| k.split_once('/'))
+            {
+                let (epoch, last_seq, pairs): (u64, u64, Vec<(u64, u64)>) =
+                    postcard::from_bytes(value).map_err(Error::corrupt(format!(
+                        "state of producer `{id}` on input `{input}` in `{topic}`"
+                    )))?;
                 producers.insert(
-                    id.to_owned(),
-                    (seq, pairs.into_iter().map(|(a, b)| a..b).collect()),
+                    (id.to_owned(), input.to_owned()),
+                    ProducerState {
+                        epoch,
+                        last_seq,
+                        ranges: pairs.into_iter().map(|(a, b)| a..b).collect(),
+                    },
                 );
             }
             Ok(())
@@ -849,21 +861,14 @@ impl LogBackend for KafkaLog {
     }
 
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        let producer_input = batch.producer_input()?.map(str::to_owned);
         let mut meta = lock(&self.meta);
         self.load_meta(&mut meta)?;
-        if let Some(p) = &batch.producer
-            && let Some((last, ranges)) = meta.producers.get(&p.id)
-            && p.seq <= *last
-        {
-            return Ok(if p.seq == *last {
-                ranges.clone()
-            } else {
-                batch
-                    .appends
-                    .iter()
-                    .map(|_| Range { start: 0, end: 0 })
-                    .collect()
-            });
+        if let (Some(p), Some(input)) = (&batch.producer, &producer_input) {
+            let state = meta.producers.get(&(p.id.clone(), input.clone()));
+            if let ProducerCheck::Duplicate(ranges) = check_producer(p, input, state)? {
+                return Ok(ranges);
+            }
         }
         let mut topics = Vec::with_capacity(batch.appends.len());
         for (input, partition, _) in &batch.appends {
@@ -913,26 +918,55 @@ impl LogBackend for KafkaLog {
         // value is filled in below. Kafka gives no read-your-writes inside a
         // transaction, so it is written with the offsets the events *will*
         // get: sent first, delivered before the state record is sent.
-        let producer_key = batch
-            .producer
-            .as_ref()
-            .map(|p| format!("{META_PRODUCER}{}", p.id));
-        let offsets = if let (Some(p), Some(key)) = (&batch.producer, &producer_key) {
-            self.append_with_producer_state(&mut meta, records, n_events, p, key, &batch)?
+        let producer_key = match (&batch.producer, &producer_input) {
+            (Some(p), Some(input)) => Some(format!("{META_PRODUCER}{input}/{}", p.id)),
+            _ => None,
+        };
+        let sent = if let (Some(p), Some(key)) = (&batch.producer, &producer_key) {
+            self.append_with_producer_state(&mut meta, records, n_events, p, key, &batch)
         } else {
             let slot = &mut meta.producer;
-            let mut offsets = self.transact(slot, "ingest", None, records)?;
-            offsets.truncate(n_events);
-            offsets
+            self.transact(slot, "ingest", None, records)
+                .map(|mut offsets| {
+                    offsets.truncate(n_events);
+                    offsets
+                })
+        };
+        let offsets = match sent {
+            Ok(offsets) => offsets,
+            Err(e) => {
+                // The commit may have taken effect even though it failed
+                // (a timeout, a lost answer): read the marks and producer
+                // states back before the next append, so a retry of this
+                // one is recognised as a duplicate.
+                meta.loaded = false;
+                return Err(e);
+            }
         };
         let ranges = ranges_of(&batch, &offsets);
         if let Some(m) = batch.mark {
             meta.marks.insert(m.source, m.state);
         }
-        if let Some(p) = batch.producer {
-            meta.producers.insert(p.id, (p.seq, ranges.clone()));
+        if let (Some(p), Some(input)) = (batch.producer, producer_input) {
+            meta.producers.insert(
+                (p.id, input),
+                ProducerState {
+                    epoch: p.epoch,
+                    last_seq: p.seq,
+                    ranges: ranges.clone(),
+                },
+            );
         }
         Ok(ranges)
+    }
+
+    fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>> {
+        let mut meta = lock(&self.meta);
+        self.load_meta(&mut meta)?;
+        Ok(meta
+            .producers
+            .get(&(id.to_owned(), input.to_owned()))
+            .cloned())
     }
 
     fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {
@@ -1225,6 +1259,7 @@ impl KafkaLog {
             let offsets = delivered(&producer, n)?;
             let ranges = ranges_of(batch, &offsets[..n_events]);
             let state = postcard::to_allocvec(&(
+                p.epoch,
                 p.seq,
                 ranges.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>(),
             ))

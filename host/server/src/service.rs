@@ -8,13 +8,13 @@
 use crate::registry::{self, PipelineEntry, Registry, Tenant};
 use crate::runner::{KafkaSettings, PipelineHandle};
 use crate::types::{
-    ComponentInfo, CreateTenant, Desired, PartitionRange, PipelineSpec, PipelineStatus, PushAck,
-    TenantCreated, TenantLimits,
+    ComponentInfo, CreateTenant, Desired, PartitionRange, PipelineSpec, PipelineStatus,
+    ProducerInfo, PushAck, TenantCreated, TenantLimits,
 };
 use sha2::Digest;
 use sluice_core::{CircuitPorts, Event, InvalidName, validate_name};
 use sluice_runtime::{Limits, LoadedComponent, SluiceEngine};
-use sluice_storage::{AppendBatch, ProducerSeq};
+use sluice_storage::{AppendBatch, IngestMark, ProducerSeq};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -609,7 +609,7 @@ impl Service {
         name: &str,
         port: &str,
         events: Vec<Event>,
-        producer: Option<ProducerSeq>,
+        producer: Option<(ProducerSeq, Option<String>)>,
     ) -> Result<PushAck> {
         let h = self.pipeline(tenant, name)?;
         let index = h
@@ -618,6 +618,16 @@ impl Service {
             .map_err(|_| ServiceError::not_found("input port", port))?;
         let partitions = h.shape().inputs[index].partitions;
         let n = events.len() as u64;
+        let (producer, mark) = match producer {
+            Some((p, mark)) => {
+                let mark = mark.map(|m| IngestMark {
+                    source: producer_mark_source(&p.id, port),
+                    state: m.into_bytes(),
+                });
+                (Some(p), mark)
+            }
+            None => (None, None),
+        };
         let first = match &producer {
             Some(p) => {
                 let hash = xxhash_rust::xxh3::xxh3_64(format!("{}/{}", p.id, p.seq).as_bytes());
@@ -640,7 +650,7 @@ impl Service {
         let ranges = tokio::task::spawn_blocking(move || {
             log.append(AppendBatch {
                 appends,
-                mark: None,
+                mark,
                 producer,
             })
         })
@@ -660,6 +670,42 @@ impl Service {
                     end: r.end,
                 })
                 .collect(),
+        })
+    }
+}
+
+/// Where a producer's mark for `port` is kept among the ingest marks.
+fn producer_mark_source(id: &str, port: &str) -> String {
+    format!("producer:{port}/{id}")
+}
+
+impl Service {
+    /// What the pipeline remembers of producer `id` on input `port`.
+    pub async fn producer(
+        &self,
+        tenant: &str,
+        name: &str,
+        port: &str,
+        id: &str,
+    ) -> Result<ProducerInfo> {
+        let h = self.pipeline(tenant, name)?;
+        let log = h.log();
+        let (id2, port2) = (id.to_owned(), port.to_owned());
+        let (state, mark) = tokio::task::spawn_blocking(move || {
+            let state = log.producer(&id2, &port2)?;
+            let mark = log.ingest_mark(&producer_mark_source(&id2, &port2))?;
+            Ok::<_, sluice_storage::StorageError>((state, mark))
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(e.to_string()))?
+        .map_err(sluice_pipeline::Error::from)?;
+        let state = state.unwrap_or_default();
+        Ok(ProducerInfo {
+            producer: id.to_owned(),
+            port: port.to_owned(),
+            epoch: state.epoch,
+            last_seq: state.last_seq,
+            mark: mark.map(|m| String::from_utf8_lossy(&m).into_owned()),
         })
     }
 }

@@ -238,6 +238,21 @@ pub struct PushAck {
     pub offsets: Vec<PartitionRange>,
 }
 
+/// What a pipeline remembers of a producer on one input port.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ProducerInfo {
+    /// The producer.
+    pub producer: String,
+    /// The input port.
+    pub port: String,
+    /// Its current session (0 if it never pushed).
+    pub epoch: u64,
+    /// The last sequence number acknowledged in that session (0: none).
+    pub last_seq: u64,
+    /// The mark the producer sent with its last acknowledged push.
+    pub mark: Option<String>,
+}
+
 /// Every error response: `{"error": {"code", "message"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {

@@ -68,7 +68,7 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     append_read_watermarks(&*make(), flags);
     appends_are_ordered_per_partition(&*make());
     ingest_marks_are_atomic_with_appends(&*make());
-    a_producer_retry_is_acknowledged_once(&*make(), flags);
+    producers_follow_the_idempotence_rules(&*make(), flags);
     commit_step_once_and_in_order(&*make());
     fencing_refuses_an_older_epoch(&*make());
     step_records_and_outputs_round_trip(&*make());
@@ -201,49 +201,104 @@ pub fn fencing_refuses_an_older_epoch(log: &dyn LogBackend) {
     log.commit_step(&zombie).unwrap();
 }
 
-/// A retried append with the same (producer, seq) is acknowledged with the
-/// original offsets and appends nothing; producers are independent.
-pub fn a_producer_retry_is_acknowledged_once(log: &dyn LogBackend, flags: LogFlags) {
-    log.create_input("in", 1).unwrap();
-    let batch = |producer: &str, seq: u64, events: Vec<Event>| AppendBatch {
-        appends: vec![("in".into(), 0, events)],
-        mark: None,
-        producer: Some(ProducerSeq {
-            id: producer.into(),
-            seq,
-        }),
-    };
-    let first = log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap();
+/// A producer's appends follow Kafka's idempotent-producer rules, per
+/// (producer, input): the next sequence number appends; a retry of the last
+/// gets its original offsets and appends nothing; an older one and a gap are
+/// refused, naming the last and the expected; a new epoch starts a new
+/// session at 1 and fences the old one. Nothing refused is appended.
+pub fn producers_follow_the_idempotence_rules(log: &dyn LogBackend, flags: LogFlags) {
+    log.create_input("orders", 1).unwrap();
+    log.create_input("customers", 1).unwrap();
+    let batch =
+        |input: &str, producer: &str, epoch: u64, seq: u64, events: Vec<Event>| AppendBatch {
+            appends: vec![(input.into(), 0, events)],
+            mark: None,
+            producer: Some(ProducerSeq {
+                id: producer.into(),
+                epoch,
+                seq,
+            }),
+        };
+    let high = |input: &str| log.watermarks(input, 0).unwrap().1;
+    assert_eq!(log.producer("x", "orders").unwrap(), None);
+    let first = log
+        .append(batch("orders", "x", 0, 1, vec![ev(1), ev(2)]))
+        .unwrap();
     if flags.dense_offsets {
         assert_eq!(first, vec![0..2]);
     }
-    let high = log.watermarks("in", 0).unwrap().1;
+    let stored = log.producer("x", "orders").unwrap().expect("stored");
+    assert_eq!((stored.epoch, stored.last_seq), (0, 1));
+    // A retry of the last append: the original offsets, nothing appended.
+    let before = high("orders");
     assert_eq!(
-        log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap(),
-        first,
-        "the retry gets the same offsets"
+        log.append(batch("orders", "x", 0, 1, vec![ev(1), ev(2)]))
+            .unwrap(),
+        first
     );
+    assert_eq!(high("orders"), before, "a retry appends nothing");
+    // Sequence numbers are per input: the same (x, 1) on another input appends.
+    let c = log
+        .append(batch("customers", "x", 0, 1, vec![ev(7)]))
+        .unwrap();
     assert_eq!(
-        log.watermarks("in", 0).unwrap().1,
-        high,
-        "and appends nothing"
+        c[0].end - c[0].start,
+        1,
+        "another input is another sequence"
     );
-    let q = log.append(batch("q", 1, vec![ev(3)])).unwrap();
-    assert!(
-        q[0].start >= first[0].end,
-        "another producer is independent"
-    );
-    let p2 = log.append(batch("p", 2, vec![ev(4)])).unwrap();
-    assert!(p2[0].start >= q[0].end);
-    if flags.dense_offsets {
-        assert_eq!((q[0].clone(), p2[0].clone()), (2..3, 3..4));
-    }
-    let old = log.append(batch("p", 1, vec![ev(1), ev(2)])).unwrap();
-    assert!(old[0].is_empty(), "an older retry appends nothing");
+    assert_eq!(log.read("customers", 0, c[0].clone()).unwrap(), vec![ev(7)]);
+    // A gap (3 before 2, as when pushes in flight land out of order): refused.
+    assert!(matches!(
+        log.append(batch("orders", "x", 0, 3, vec![ev(4)])),
+        Err(Error::OutOfOrderSequence {
+            seq: 3,
+            expected: 2,
+            ..
+        })
+    ));
+    let two = log.append(batch("orders", "x", 0, 2, vec![ev(3)])).unwrap();
+    assert!(two[0].start >= first[0].end);
+    assert!(log.append(batch("orders", "x", 0, 3, vec![ev(4)])).is_ok());
+    // An older sequence number: refused, naming the last acknowledged.
+    assert!(matches!(
+        log.append(batch("orders", "x", 0, 1, vec![ev(1), ev(2)])),
+        Err(Error::DuplicateSequence {
+            seq: 1,
+            last: 3,
+            ..
+        })
+    ));
+    // A producer that restarts its numbering starts a new session (epoch).
+    let again = log.append(batch("orders", "x", 1, 1, vec![ev(5)])).unwrap();
     assert_eq!(
-        log.read("in", 0, 0..100).unwrap(),
-        vec![ev(1), ev(2), ev(3), ev(4)]
+        again[0].end - again[0].start,
+        1,
+        "a new session appends at 1"
     );
+    let stored = log.producer("x", "orders").unwrap().expect("stored");
+    assert_eq!((stored.epoch, stored.last_seq), (1, 1));
+    // ... which fences the older session.
+    assert!(matches!(
+        log.append(batch("orders", "x", 0, 4, vec![ev(6)])),
+        Err(Error::ProducerFenced {
+            epoch: 0,
+            current: 1,
+            ..
+        })
+    ));
+    // Another producer is independent.
+    assert!(log.append(batch("orders", "y", 0, 1, vec![ev(8)])).is_ok());
+    assert_eq!(
+        log.read("orders", 0, 0..high("orders")).unwrap(),
+        vec![ev(1), ev(2), ev(3), ev(4), ev(5), ev(8)],
+        "exactly the accepted appends, once each"
+    );
+    // A producer's batch goes to one input.
+    let mut two_inputs = batch("orders", "z", 0, 1, vec![ev(9)]);
+    two_inputs
+        .appends
+        .push(("customers".into(), 0, vec![ev(9)]));
+    assert!(log.append(two_inputs).is_err());
 }
 
 /// I1: a step commits once, and steps commit in order from 0.

@@ -165,6 +165,56 @@ pub enum StorageError {
         message: String,
     },
 
+    /// A producer's append whose sequence number is below its last one: a
+    /// retry of an append older than the last (nothing was appended).
+    #[error(
+        "duplicate sequence: producer `{producer}` on input `{input}` sent sequence number {seq}, \
+         but {last} was already acknowledged; nothing was appended"
+    )]
+    DuplicateSequence {
+        /// The producer.
+        producer: String,
+        /// The input log.
+        input: String,
+        /// The sequence number sent.
+        seq: u64,
+        /// The last one acknowledged.
+        last: u64,
+    },
+
+    /// A producer's append that skips sequence numbers (an earlier append
+    /// is missing or still in flight); nothing was appended.
+    #[error(
+        "out-of-order sequence: producer `{producer}` on input `{input}` sent sequence number \
+         {seq}, the next expected is {expected}; nothing was appended"
+    )]
+    OutOfOrderSequence {
+        /// The producer.
+        producer: String,
+        /// The input log.
+        input: String,
+        /// The sequence number sent.
+        seq: u64,
+        /// The next one the input expects.
+        expected: u64,
+    },
+
+    /// An append from a producer session older than the current one.
+    #[error(
+        "fenced producer: producer `{producer}` on input `{input}` sent epoch {epoch}, but a newer \
+         session (epoch {current}) has started; nothing was appended"
+    )]
+    ProducerFenced {
+        /// The producer.
+        producer: String,
+        /// The input log.
+        input: String,
+        /// The epoch sent.
+        epoch: u64,
+        /// The current epoch.
+        current: u64,
+    },
+
     /// What was asked conflicts with what is stored, or is not valid.
     #[error(transparent)]
     Config(#[from] ConfigError),

@@ -8,7 +8,7 @@
 //! failing run can be repeated.
 
 use crate::error::{Result, StorageError};
-use crate::{AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend};
+use crate::{AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState};
 use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,6 +146,10 @@ impl LogBackend for FaultyLog {
     }
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
         self.faults.write("append", || self.inner.append(batch))
+    }
+    fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>> {
+        self.faults
+            .read("producer", || self.inner.producer(id, input))
     }
     fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>> {
         self.faults

@@ -1,6 +1,8 @@
 //! Appending JSON-lines files to input logs, exactly once.
 //!
-//! Each file is appended in chunks; every chunk's append carries a mark
+//! Only complete lines are appended: a last line without its newline (a
+//! file still being written) is left for the next run. Each file is
+//! appended in chunks; every chunk's append carries a mark
 //! (bytes and lines consumed, SHA-256 of the consumed prefix) stored
 //! atomically with its events. Running again resumes after the last durable
 //! chunk, skips a file already appended, appends only what was added to a
@@ -151,7 +153,9 @@ pub fn ingest_file(
                     line: lines + 1,
                     message: e.to_string(),
                 })?;
-            if n == 0 {
+            if n == 0 || !line.ends_with('\n') {
+                // The end, or a last line still being written: it is left
+                // for the next run, whole.
                 break;
             }
             lines += 1;

@@ -39,5 +39,7 @@ pub mod read;
 pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
 pub use error::{BoxError, Result, StorageError};
 pub use invariants::Guarded;
-pub use log::{AppendBatch, IngestMark, LogBackend, ProducerSeq};
+pub use log::{
+    AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, check_producer,
+};
 pub use read::read_output;

@@ -7,8 +7,8 @@
 //! Backends live in their own crates (`sluice-embedded`, `sluice-kafka`) and
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
-use crate::error::Result;
-use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
+use crate::error::{Result, StorageError};
+use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
 
 /// Events to append to input logs, made durable together.
@@ -19,19 +19,117 @@ pub struct AppendBatch {
     /// Stored atomically with the events, so an interrupted ingest resumes
     /// exactly where the durable part ends.
     pub mark: Option<IngestMark>,
-    /// The producer and its sequence number: an append whose sequence
-    /// number is not above the producer's last one is a retry, acknowledged
-    /// without appending anything.
+    /// The producer, its session and the sequence number of this append:
+    /// the batch is appended only if it is the producer's next one on its
+    /// input (see [`check_producer`] for the rules). A producer's batch
+    /// appends to one input log.
     pub producer: Option<ProducerSeq>,
 }
 
-/// A producer's identity and the sequence number of one of its appends.
+/// A producer's identity, session and the sequence number of one append.
+///
+/// Sequence numbers are per (producer, input log) and start at 1 in each
+/// session; a producer starts a new session by raising its epoch, which
+/// fences the older session (its appends are refused from then on).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerSeq {
     /// The producer's id, chosen by the producer.
     pub id: String,
-    /// Increases with every append of the producer.
+    /// The producer's session; 0 for the first.
+    pub epoch: u64,
+    /// 1 for the session's first append to an input, then one more each.
     pub seq: u64,
+}
+
+/// What a backend remembers of a producer on one input log.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProducerState {
+    /// Its current session.
+    pub epoch: u64,
+    /// The last sequence number appended in that session (0: none yet).
+    pub last_seq: u64,
+    /// The offsets that append got, per entry of its batch: the answer to a
+    /// retry of it.
+    pub ranges: Vec<Range<u64>>,
+}
+
+/// What a producer's append must do, by the rules of Kafka's idempotent
+/// producer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProducerCheck {
+    /// The next sequence number (or the first of a new session): append.
+    Append,
+    /// A retry of the last append: answer with its offsets, append nothing.
+    Duplicate(Vec<Range<u64>>),
+}
+
+/// Decides a producer's append on `input` from what was stored (`None`: a
+/// producer never seen there). With `last` the session's last sequence
+/// number: `seq == last + 1` appends; `seq == last` is a retry, answered
+/// with the original offsets; `seq < last` fails with
+/// [`StorageError::DuplicateSequence`]; `seq > last + 1` with
+/// [`StorageError::OutOfOrderSequence`]. An epoch above the stored one
+/// starts a new session (`seq` must then be 1); one below fails with
+/// [`StorageError::ProducerFenced`]. Nothing is acknowledged that was not
+/// appended.
+pub fn check_producer(
+    p: &ProducerSeq,
+    input: &str,
+    state: Option<&ProducerState>,
+) -> Result<ProducerCheck> {
+    let fresh = ProducerState::default();
+    let state = state.unwrap_or(&fresh);
+    let last = match p.epoch.cmp(&state.epoch) {
+        std::cmp::Ordering::Less => {
+            return Err(StorageError::ProducerFenced {
+                producer: p.id.clone(),
+                input: input.to_owned(),
+                epoch: p.epoch,
+                current: state.epoch,
+            });
+        }
+        std::cmp::Ordering::Greater => 0,
+        std::cmp::Ordering::Equal => state.last_seq,
+    };
+    if p.seq == last + 1 {
+        Ok(ProducerCheck::Append)
+    } else if p.seq == last && last > 0 {
+        Ok(ProducerCheck::Duplicate(state.ranges.clone()))
+    } else if p.seq < last {
+        Err(StorageError::DuplicateSequence {
+            producer: p.id.clone(),
+            input: input.to_owned(),
+            seq: p.seq,
+            last,
+        })
+    } else {
+        Err(StorageError::OutOfOrderSequence {
+            producer: p.id.clone(),
+            input: input.to_owned(),
+            seq: p.seq,
+            expected: last + 1,
+        })
+    }
+}
+
+impl AppendBatch {
+    /// The one input log a producer's batch appends to, or why the batch is
+    /// not a valid producer append.
+    pub fn producer_input(&self) -> Result<Option<&str>> {
+        let Some(p) = &self.producer else {
+            return Ok(None);
+        };
+        let mut inputs = self.appends.iter().map(|(input, _, _)| input.as_str());
+        let first = inputs.next();
+        match first {
+            Some(input) if inputs.all(|i| i == input) => Ok(Some(input)),
+            _ => Err(ConfigError::Invalid(format!(
+                "an append of producer `{}` must go to exactly one input log",
+                p.id
+            ))
+            .into()),
+        }
+    }
 }
 
 /// Progress of one ingest source (a file appended by `sluice run`), stored
@@ -57,12 +155,17 @@ pub trait LogBackend: Send + Sync {
     fn partitions(&self, input: &str) -> Result<u32>;
 
     /// Appends events and returns, per entry of `batch.appends`, the offsets
-    /// they got. Returns only once the events (and the mark) are durable.
+    /// they got. Returns only once the events (and the mark, and the
+    /// producer's new state) are durable, in one atomic write.
     ///
-    /// With a producer sequence number not above the producer's last, nothing
-    /// is appended: a retry of the producer's last append gets that append's
-    /// offsets again; an older one gets empty ranges.
+    /// A producer's batch follows [`check_producer`]: a retry of the
+    /// producer's last append gets that append's offsets and appends
+    /// nothing; any other sequence number than the next fails.
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>>;
+
+    /// What is stored of producer `id` on input log `input`, if it appended
+    /// there.
+    fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>>;
 
     /// The last mark stored for `source`, if any.
     fn ingest_mark(&self, source: &str) -> Result<Option<Vec<u8>>>;

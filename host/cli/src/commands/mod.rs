@@ -52,8 +52,17 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             pipeline,
             port,
             file,
+            chunk_lines,
+            restart,
             conn,
-        } => remote::push(conn, pipeline, port, file).await,
+        } => {
+            let opts = crate::client::PushOptions {
+                chunk_lines,
+                restart,
+                progress: true,
+            };
+            remote::push(conn, pipeline, port, file, opts).await
+        }
         Command::Tail {
             pipeline,
             port,

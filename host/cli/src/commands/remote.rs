@@ -38,10 +38,20 @@ pub async fn push(
     pipeline: String,
     port: String,
     file: PathBuf,
+    opts: crate::client::PushOptions,
 ) -> anyhow::Result<()> {
     let c = conn.client();
-    let n = call(move || c.push(&pipeline, &port, &file, true)).await?;
-    eprintln!("appended {n} events");
+    let report = call(move || c.push(&pipeline, &port, &file, &opts)).await?;
+    if report.resumed_after_lines > 0 {
+        eprintln!(
+            "resumed after the {} lines an earlier run pushed",
+            report.resumed_after_lines
+        );
+    }
+    eprintln!(
+        "appended {} events in {} pushes",
+        report.appended, report.pushes
+    );
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 use super::{ApiError, ApiResult, Shared, bearer, body};
 use crate::runner::PipelineHandle;
 use crate::service::ServiceError;
-use crate::types::{ErrorBody, PushAck};
+use crate::types::{ErrorBody, ProducerInfo, PushAck};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -43,50 +43,81 @@ fn port_of(
     Ok(h)
 }
 
-/// The producer of a push: both headers, or neither.
-fn producer(headers: &HeaderMap) -> ApiResult<Option<ProducerSeq>> {
-    match (
-        headers.get("sluice-producer-id"),
-        headers.get("sluice-producer-seq"),
-    ) {
-        (None, None) => Ok(None),
+/// A producer id: 1–128 visible ASCII characters.
+fn producer_id(id: &str) -> ApiResult<&str> {
+    let ok = !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic());
+    ok.then_some(id).ok_or_else(|| {
+        bad(
+            "invalid_producer",
+            "a producer id is 1-128 visible ASCII characters",
+        )
+    })
+}
+
+/// The producer of a push (`Sluice-Producer-Id` and `Sluice-Producer-Seq`,
+/// both or neither; `Sluice-Producer-Epoch` optional, 0 by default) and its
+/// mark (`Sluice-Producer-Mark`, optional: up to 4 KiB the producer gets
+/// back from `GET …/producers/{id}`, stored with the append).
+fn producer(headers: &HeaderMap) -> ApiResult<Option<(ProducerSeq, Option<String>)>> {
+    let text = |name: &str| -> ApiResult<Option<&str>> {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str()
+                    .map_err(|_| bad("invalid_producer", format!("{name}: not visible ASCII")))
+            })
+            .transpose()
+    };
+    let number = |name: &str| -> ApiResult<Option<u64>> {
+        text(name)?
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| bad("invalid_producer", format!("{name}: an unsigned integer")))
+            })
+            .transpose()
+    };
+    let (id, seq) = (text("sluice-producer-id")?, number("sluice-producer-seq")?);
+    let (epoch, mark) = (
+        number("sluice-producer-epoch")?,
+        text("sluice-producer-mark")?,
+    );
+    match (id, seq) {
+        (None, None) if epoch.is_none() && mark.is_none() => Ok(None),
         (Some(id), Some(seq)) => {
-            let id = id
-                .to_str()
-                .ok()
-                .filter(|s| !s.is_empty() && s.len() <= 128)
-                .ok_or_else(|| {
-                    bad(
-                        "invalid_producer",
-                        "Sluice-Producer-Id: 1-128 visible characters",
-                    )
-                })?;
-            let seq = seq
-                .to_str()
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    bad(
-                        "invalid_producer",
-                        "Sluice-Producer-Seq: an unsigned integer",
-                    )
-                })?;
-            Ok(Some(ProducerSeq {
-                id: id.to_owned(),
-                seq,
-            }))
+            if mark.is_some_and(|m| m.len() > 4096) {
+                return Err(bad(
+                    "invalid_producer",
+                    "Sluice-Producer-Mark: at most 4096 bytes",
+                ));
+            }
+            Ok(Some((
+                ProducerSeq {
+                    id: producer_id(id)?.to_owned(),
+                    epoch: epoch.unwrap_or(0),
+                    seq,
+                },
+                mark.map(str::to_owned),
+            )))
         }
         _ => Err(bad(
             "invalid_producer",
-            "send both Sluice-Producer-Id and Sluice-Producer-Seq, or neither",
+            "send both Sluice-Producer-Id and Sluice-Producer-Seq (with, optionally, \
+             Sluice-Producer-Epoch and Sluice-Producer-Mark), or none of them",
         )),
     }
 }
 
 /// Appends input: JSON lines, or one JSON array of events. Returns once the
-/// events are durable. With `Sluice-Producer-Id` and `Sluice-Producer-Seq`
-/// headers, a retry of an acknowledged push appends nothing and gets the
-/// same offsets.
+/// events are durable.
+///
+/// A producer sends `Sluice-Producer-Id` and `Sluice-Producer-Seq`
+/// (`Sluice-Producer-Epoch` to start a new session) and gets Kafka's
+/// idempotent-producer rules per (producer, port): sequence numbers start at
+/// 1 and go up by one; a retry of the last acknowledged push gets the
+/// original acknowledgement and appends nothing; an older number answers
+/// 409 `duplicate_sequence`, a gap 409 `out_of_order_sequence`, an older
+/// epoch 409 `producer_fenced`.
 #[utoipa::path(post, path = "/pipelines/{name}/input/{port}",
     params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port")),
     request_body(content = String, content_type = "application/x-ndjson"),
@@ -112,6 +143,26 @@ pub(super) async fn push(
         .push(&tenant, &name, &port, events, producer)
         .await?;
     Ok(axum::Json(ack))
+}
+
+/// What the pipeline remembers of a producer on an input port: its session,
+/// the last sequence number it acknowledged (0: none) and the producer's
+/// mark stored with it, so a producer that restarts resumes after it.
+#[utoipa::path(get, path = "/pipelines/{name}/input/{port}/producers/{id}",
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port"),
+           ("id" = String, Path, description = "producer id")),
+    responses((status = 200, body = ProducerInfo), (status = 404, body = ErrorBody)))]
+pub(super) async fn producer_state(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path((name, port, id)): Path<(String, String, String)>,
+) -> ApiResult<axum::Json<ProducerInfo>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    port_of(&state, &tenant, &name, false, &port)?;
+    let id = producer_id(&id)?;
+    Ok(axum::Json(
+        state.service.producer(&tenant, &name, &port, id).await?,
+    ))
 }
 
 fn position(s: &str) -> ApiResult<OutputPosition> {

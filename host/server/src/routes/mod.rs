@@ -60,6 +60,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/pipelines/{name}/{action}", post(pipelines::control))
         .route("/pipelines/{name}/input/{port}", post(io::push))
+        .route(
+            "/pipelines/{name}/input/{port}/producers/{id}",
+            get(io::producer_state),
+        )
         .route("/pipelines/{name}/output/{port}", get(io::read))
         .route("/pipelines/{name}/output/{port}/stream", get(io::stream))
         .fallback(|| async { ApiError::from(ServiceError::not_found("route", "this path")) })
@@ -82,6 +86,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         pipelines::delete,
         pipelines::control,
         io::push,
+        io::producer_state,
         io::read,
         io::stream,
         observe::metrics
@@ -96,6 +101,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         crate::types::PipelineState,
         crate::types::PipelineStatus,
         crate::types::PushAck,
+        crate::types::ProducerInfo,
         crate::types::PartitionRange,
         ErrorBody,
         ErrorDetail
@@ -176,6 +182,15 @@ fn pipeline_error(e: &sluice_pipeline::Error, message: String) -> ApiError {
     use sluice_storage::StorageError as S;
     match e.as_runtime() {
         Some(R::Storage(S::Unknown { .. })) => ApiError::new(C::NOT_FOUND, "not_found", message),
+        Some(R::Storage(S::DuplicateSequence { .. })) => {
+            ApiError::new(C::CONFLICT, "duplicate_sequence", message)
+        }
+        Some(R::Storage(S::OutOfOrderSequence { .. })) => {
+            ApiError::new(C::CONFLICT, "out_of_order_sequence", message)
+        }
+        Some(R::Storage(S::ProducerFenced { .. })) => {
+            ApiError::new(C::CONFLICT, "producer_fenced", message)
+        }
         Some(R::Config(_) | R::InvalidComponent { .. } | R::Storage(S::Config(_))) => {
             ApiError::new(C::UNPROCESSABLE_ENTITY, "invalid", message)
         }

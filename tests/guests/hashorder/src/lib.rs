@@ -1,0 +1,78 @@
+//! A circuit written against the `sluice:circuit` bindings directly, as a
+//! component in another language would be, without the SDK (whose `output`
+//! operator sorts every delta): each step counts its input values in a
+//! fresh `HashMap` and emits the counts in the map's iteration order.
+//!
+//! Rust gives every new `HashMap` other hash keys (a counter on top of a
+//! per-process seed), so an instance restored from a checkpoint iterates a
+//! step's map in another order than the instance that first ran the step:
+//! the same output as a multiset, in another order. The host's replay check
+//! must accept that and still reject any difference in content.
+
+#![cfg(target_arch = "wasm32")]
+
+use std::collections::HashMap;
+
+#[allow(missing_docs)]
+mod bindings {
+    wit_bindgen::generate!({
+        world: "pipeline-worker",
+        path: "../../../wit",
+    });
+}
+
+// Name the WIT files to cargo, so that a change to them rebuilds this crate.
+const _: [&str; 4] = [
+    include_str!("../../../../wit/types.wit"),
+    include_str!("../../../../wit/exchange.wit"),
+    include_str!("../../../../wit/circuit.wit"),
+    include_str!("../../../../wit/worlds.wit"),
+];
+
+use bindings::exports::sluice::circuit::circuit::Guest;
+use bindings::sluice::circuit::types::{Batch, CircuitError, CircuitInfo, Event, WorkerInfo};
+
+struct HashOrder;
+
+impl Guest for HashOrder {
+    fn describe() -> CircuitInfo {
+        CircuitInfo {
+            inputs: vec!["in".into()],
+            outputs: vec!["out".into()],
+            snapshot_version: 1,
+        }
+    }
+
+    fn init(_info: WorkerInfo) -> Result<(), CircuitError> {
+        Ok(())
+    }
+
+    fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
+        let mut counts: HashMap<Vec<u8>, i64> = HashMap::new();
+        for batch in inputs {
+            for e in batch.events {
+                *counts.entry(e.value).or_default() += e.weight;
+            }
+        }
+        let events = counts
+            .into_iter()
+            .filter(|(_, n)| *n != 0)
+            .map(|(value, weight)| Event {
+                key: Vec::new(),
+                value,
+                weight,
+            })
+            .collect();
+        Ok(vec![Batch { port: 0, events }])
+    }
+
+    fn snapshot() -> Result<Vec<u8>, CircuitError> {
+        Ok(Vec::new())
+    }
+
+    fn restore(_state: Vec<u8>) -> Result<(), CircuitError> {
+        Ok(())
+    }
+}
+
+bindings::export!(HashOrder with_types_in bindings);
