@@ -405,3 +405,74 @@ fn a_replay_in_another_order_is_the_same_output() {
     }
     assert_eq!(total, expected, "every input counted exactly once");
 }
+
+/// Timers follow the step's time, not real time: a guest that sleeps 1 ms
+/// at a time until 5 ms have passed on its monotonic clock sleeps exactly 5
+/// times, in every run and every replay (with real-time timers the count
+/// would vary; with a clock frozen for the step, it would never end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_polling_a_timer_sees_the_same_time_in_every_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    let limits = Limits {
+        deadline: Duration::from_secs(10),
+        ..Limits::default()
+    };
+    let committed = {
+        let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+        h.append("in", 0, &["sleepy-a", "sleepy-b"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        h.integrated("out")
+    };
+    assert_eq!(
+        committed.keys().collect::<Vec<_>>(),
+        ["\"sleepy-a#5\"", "\"sleepy-b#5\""]
+    );
+    // A restart replays the step: the same naps, or the replay check fails.
+    let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+    let c = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert_eq!(c.stats().replayed_steps, 1);
+    assert_eq!(h.integrated("out"), committed);
+}
+
+/// A replayed step runs under the fuel and memory limits it was committed
+/// with: a pipeline reopened with a fuel limit too low for its committed
+/// steps still recovers, and the new limit applies to new steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_runs_under_the_limits_its_step_ran_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component("examples/wordcount");
+    let words: Vec<String> = (0..2_000).map(|i| format!("w{i} x{i} y{i}")).collect();
+    let lines: Vec<&str> = words.iter().map(String::as_str).collect();
+    {
+        let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+        h.append("lines", 0, &lines);
+        let options = sluice_runtime::PipelineOptions {
+            max_batch: 1_000,
+            ..manual_checkpoints()
+        };
+        let mut c = h.coordinator(options).await.unwrap();
+        while c.step().await.unwrap() {}
+        assert_eq!(c.next_step(), 2);
+    }
+    let starved = Limits {
+        fuel_per_call: 50_000,
+        ..Limits::default()
+    };
+    let h = Harness::open(dir.path(), &wasm, 1, starved).await;
+    let mut c = h
+        .coordinator(manual_checkpoints())
+        .await
+        .expect("the replay runs with the fuel its steps had");
+    assert_eq!(c.stats().replayed_steps, 2);
+    h.append("lines", 0, &lines[..500]);
+    let err = c.step().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Guest(GuestError::FuelExhausted { limit: 50_000, .. })
+        ),
+        "a new step gets the new limit: {err}"
+    );
+}

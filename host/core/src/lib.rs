@@ -31,5 +31,5 @@ pub use event::{Event, Frontier, PartitionId};
 pub use name::{InvalidName, validate_name};
 pub use shape::{CircuitPorts, InputLog, PipelineShape};
 pub use step::{
-    OutputEntry, OutputPosition, PositionedEvent, StepCommit, StepRecord, hash_outputs,
+    OutputEntry, OutputPosition, PositionedEvent, StepCommit, StepLimits, StepRecord, hash_outputs,
 };

@@ -23,6 +23,19 @@ pub struct StepRecord {
     /// Hash of each worker's output in this step, indexed by worker
     /// ([`hash_outputs`]).
     pub output_hashes: Vec<u128>,
+    /// The deterministic limits the step ran under, which its replays get
+    /// too (a replay under a lower fuel or memory limit could fail where the
+    /// original run did not).
+    pub limits: StepLimits,
+}
+
+/// The deterministic per-call limits of a step's instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLimits {
+    /// Fuel per call into the guest.
+    pub fuel_per_call: u64,
+    /// Linear memory per instance, bytes.
+    pub memory: u64,
 }
 
 /// One worker's output on one output port in one step: the unit an output log

@@ -20,7 +20,8 @@ use crate::exchange::Exchange;
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{
-    ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord, hash_outputs,
+    ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepLimits, StepRecord,
+    hash_outputs,
 };
 use sluice_storage::{Checkpoint, CheckpointMeta, Guarded};
 use std::sync::Arc;
@@ -114,6 +115,8 @@ pub struct Coordinator {
     epoch: u64,
     /// The time of the last step, so step times never go backwards.
     last_time_ms: u64,
+    /// The deterministic limits new steps run (and are recorded) with.
+    limits: StepLimits,
     /// Input events the last executed step read.
     events_read: u64,
     /// How long the last checkpoint took.
@@ -203,6 +206,10 @@ impl Coordinator {
             snapshot_version,
             epoch,
             last_time_ms: 0,
+            limits: StepLimits {
+                fuel_per_call: engine.limits().fuel_per_call,
+                memory: engine.limits().memory as u64,
+            },
             events_read: 0,
             last_checkpoint_took: Duration::ZERO,
             last_checkpoint_snapshots: Duration::ZERO,
@@ -237,21 +244,37 @@ impl Coordinator {
         Ok(c)
     }
 
-    /// Replays the steps committed after the restored state, checking that
-    /// each produces the committed output (by hash) and dropping it.
+    /// Reads the record of committed step `step` (a future that holds no
+    /// borrow of the coordinator, whose instances are not `Sync`).
+    fn record(&self, step: u64) -> impl Future<Output = Result<StepRecord>> + use<> {
+        let s = self.storage.clone();
+        async move {
+            blocking(move || s.log().step_record(step))
+                .await?
+                .ok_or_else(|| {
+                    sluice_storage::StorageError::Corrupt {
+                        what: "step log".into(),
+                        message: format!("the record of committed step {step} is missing"),
+                    }
+                    .into()
+                })
+        }
+    }
+
+    /// Replays the steps committed after the restored state, each under the
+    /// limits it ran with, checking that each produces the committed output
+    /// (by hash) and dropping it. Step times continue from the last
+    /// committed step's, whatever the wall clock says now.
     async fn replay(&mut self) -> Result<()> {
         let s = self.storage.clone();
         let last = blocking(move || s.log().last_step()).await?;
         let Some(last) = last else { return Ok(()) };
+        self.last_time_ms = self.last_time_ms.max(self.record(last).await?.time_ms);
+        let live = self.limits;
         while self.next_step <= last {
             let step = self.next_step;
-            let s = self.storage.clone();
-            let record = blocking(move || s.log().step_record(step))
-                .await?
-                .ok_or_else(|| sluice_storage::StorageError::Corrupt {
-                    what: "step log".into(),
-                    message: format!("step {step} is missing below the last committed step {last}"),
-                })?;
+            let record = self.record(step).await?;
+            self.set_limits(record.limits);
             let outputs = self
                 .execute(&record.frontiers, step, record.time_ms)
                 .await?;
@@ -267,12 +290,23 @@ impl Coordinator {
                 }
             }
             self.frontiers = record.frontiers;
-            self.last_time_ms = record.time_ms;
             self.next_step += 1;
             self.stats.replayed_steps += 1;
             crash_point(CrashPoint::DuringReplay);
         }
+        self.set_limits(live);
         Ok(())
+    }
+
+    /// Sets the deterministic limits of every instance (a record without
+    /// them, all zero, keeps the current ones).
+    fn set_limits(&mut self, limits: StepLimits) {
+        if limits == StepLimits::default() {
+            return;
+        }
+        for worker in self.instances.iter_mut().flatten() {
+            worker.set_step_limits(limits);
+        }
     }
 
     /// Fixes the next step's division: each worker's end offsets.
@@ -460,6 +494,7 @@ impl Coordinator {
                 time_ms,
                 frontiers: target.clone(),
                 output_hashes: outputs.iter().map(|o| o.hash).collect(),
+                limits: self.limits,
             },
             outputs: logs,
         };

@@ -4,6 +4,7 @@
 //! precompiled into a cache keyed by content hash.
 
 use crate::bindings::{CIRCUIT_EXPORT, PipelineWorker, PipelineWorkerPre, WORLD};
+use crate::determinism::StepClocks;
 use crate::error::{Error, Result};
 use crate::worker::{Worker, WorkerInfo, WorkerState};
 use sha2::{Digest, Sha256};
@@ -94,9 +95,12 @@ impl SluiceEngine {
         // No `threads` feature is compiled in, so guests cannot spawn threads
         // or share memory (I4): there is nothing to switch off.
         let mut config = Config::new();
+        // Relaxed SIMD may compute other bits on another CPU (fused or not):
+        // the deterministic mode gives every host the same (I4).
         config
             .wasm_component_model(true)
             .cranelift_nan_canonicalization(true)
+            .relaxed_simd_deterministic(true)
             .consume_fuel(true)
             .epoch_interruption(true);
         if let Some(n) = pooling {
@@ -118,6 +122,15 @@ impl SluiceEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(Error::engine("linking WASI"))?;
+        // The monotonic clock's timers follow the step's time, not real time
+        // (see `determinism`): replace WASI's.
+        linker.allow_shadowing(true);
+        wasmtime_wasi::p2::bindings::clocks::monotonic_clock::add_to_linker::<_, StepClocks>(
+            &mut linker,
+            WorkerState::clock_view,
+        )
+        .map_err(Error::engine("linking the step clock"))?;
+        linker.allow_shadowing(false);
         PipelineWorker::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(Error::engine("linking the sluice:circuit world"))?;
 

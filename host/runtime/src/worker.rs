@@ -3,7 +3,7 @@
 //! through here, and every way it can fail becomes a typed [`Error`].
 
 use crate::bindings::{self, Batch, CircuitError, Event, PipelineWorker, WitExchangeError, sluice};
-use crate::determinism::{GuestEnvironment, seed};
+use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::{Exchange, ExchangeError};
@@ -79,6 +79,18 @@ pub struct WorkerState {
     deadline: Duration,
     deadline_hit: bool,
     exchange_error: Option<ExchangeError>,
+    /// The clock the guest sees (its timers follow it).
+    clock: StepClock,
+}
+
+impl WorkerState {
+    /// The guest's `wasi:clocks/monotonic-clock`.
+    pub(crate) fn clock_view(&mut self) -> StepClockView<'_> {
+        StepClockView {
+            clock: &self.clock,
+            table: &mut self.table,
+        }
+    }
 }
 
 impl WasiView for WorkerState {
@@ -170,6 +182,7 @@ impl Worker {
             deadline: limits.deadline,
             deadline_hit: false,
             exchange_error: None,
+            clock: environment.clock.clone(),
         };
         let mut store = new_store(engine, state);
         let index = info.worker;
@@ -274,6 +287,14 @@ impl Worker {
         self.check("step", r)
     }
 
+    /// Sets the deterministic limits (fuel per call, memory) of the next
+    /// calls: a replayed step runs under the ones it was recorded with.
+    pub(crate) fn set_step_limits(&mut self, limits: sluice_core::StepLimits) {
+        self.limits.fuel_per_call = limits.fuel_per_call;
+        self.limits.memory = usize::try_from(limits.memory).unwrap_or(usize::MAX);
+        self.store.data_mut().limiter.max = self.limits.memory;
+    }
+
     /// Fuel burned by steps since the last call, which resets it.
     pub fn take_fuel_used(&mut self) -> u64 {
         std::mem::take(&mut self.fuel_used)
@@ -321,6 +342,7 @@ impl Worker {
             deadline: limits.deadline,
             deadline_hit: false,
             exchange_error: None,
+            clock: StepClock::default(),
         };
         let mut store = new_store(engine, state);
         arm(&mut store, &limits);

@@ -50,6 +50,7 @@ pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
             time_ms: 1_700_000_000_000 + step,
             frontiers: vec![f.clone()],
             output_hashes: vec![step as u128],
+            limits: Default::default(),
         },
         outputs: vec![(
             "out".into(),

@@ -495,6 +495,7 @@ pub fn sample_commit(step: u64, events: usize, epoch: u64) -> StepCommit {
             time_ms: step,
             frontiers,
             output_hashes: vec![step as u128, 0],
+            limits: Default::default(),
         },
         outputs: vec![("counts".into(), entries)],
     }

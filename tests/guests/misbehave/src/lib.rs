@@ -6,7 +6,9 @@
 //! - values starting with `"nondet"` get a suffix from a counter kept in a
 //!   static, outside the snapshot: a replay after a restore differs;
 //! - values starting with `"clock"` get `@` and the WASI wall clock in ms;
-//! - values starting with `"random"` get `#` and a WASI random `u64`.
+//! - values starting with `"random"` get `#` and a WASI random `u64`;
+//! - values starting with `"sleepy"` sleep 1 ms at a time until 5 ms have
+//!   passed on the monotonic clock, and get `#` and how often they slept.
 //!
 //! Then it counts the echoed values per first letter (so W > 1 exercises the
 //! exchange) on output `letters`.
@@ -38,6 +40,15 @@ fn misbehave(s: &String) -> String {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
             format!("{s}@{}", now.as_millis())
+        }
+        _ if s.starts_with("sleepy") => {
+            let start = std::time::Instant::now();
+            let mut naps = 0;
+            while start.elapsed() < std::time::Duration::from_millis(5) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                naps += 1;
+            }
+            format!("{s}#{naps}")
         }
         _ if s.starts_with("random") => {
             let mut bytes = [0u8; 8];
