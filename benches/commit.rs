@@ -6,8 +6,8 @@ use sluice_core::StepCommit;
 use sluice_embedded::{db, output_key};
 use sluice_pipeline::{PipelineConfig, Storage};
 
-fn commit(step: u64, epoch: u64) -> StepCommit {
-    sluice_tools::bench::sample_commit(step, 50, epoch)
+fn commit(step: u64, epoch: u64, prev: u128) -> StepCommit {
+    sluice_tools::bench::sample_commit(step, 50, epoch, prev)
 }
 
 fn bench(c: &mut Criterion) {
@@ -23,10 +23,12 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     let guarded = storage.guarded();
     let epoch = guarded.fence().unwrap();
-    let mut step = 0;
+    let (mut step, mut prev) = (0, 0);
     group.bench_function("runtime step commit", |b| {
         b.iter(|| {
-            guarded.commit_step(&commit(step, epoch)).unwrap();
+            let c = commit(step, epoch, prev);
+            guarded.commit_step(&c).unwrap();
+            prev = c.record.chain_hash();
             step += 1;
         })
     });
@@ -40,7 +42,7 @@ fn bench(c: &mut Criterion) {
     let mut step = 0;
     group.bench_function("raw synced WriteBatch", |b| {
         b.iter(|| {
-            let c = commit(step, 1);
+            let c = commit(step, 1, 0);
             let mut wb = rocksdb::WriteBatch::default();
             for e in &c.outputs[0].1 {
                 wb.put_cf(

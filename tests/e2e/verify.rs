@@ -2,7 +2,8 @@
 //! and each deliberate corruption is reported as exactly that violation.
 
 use crate::support::{component, sluice_cmd};
-use sluice_embedded::db::{self, CF_OUTPUT};
+use sluice_core::{OutputEntry, StepRecord, hash_outputs};
+use sluice_embedded::db::{self, CF_OUTPUT, CF_STEPS};
 use sluice_embedded::{EmbeddedLog, output_key};
 use sluice_storage::LogBackend;
 use std::path::{Path, PathBuf};
@@ -116,6 +117,95 @@ fn a_trim_above_the_checkpoint_is_reported() {
     assert!(!ok, "{text}");
     assert!(
         text.contains("violation: input `lines` partition 0 is trimmed below offset 400, above the newest committed checkpoint's frontier 300"),
+        "{text}"
+    );
+}
+
+/// Rewrites step `step`'s record in `data` with `f`.
+fn rewrite_record(data: &Path, step: u64, f: impl FnOnce(&mut StepRecord)) {
+    let database = db::open(data).unwrap();
+    let cf = db::cf(&database, CF_STEPS).unwrap();
+    let bytes = database.get_cf(cf, step.to_be_bytes()).unwrap().unwrap();
+    let mut record: StepRecord = postcard::from_bytes(&bytes).unwrap();
+    f(&mut record);
+    database
+        .put_cf(
+            cf,
+            step.to_be_bytes(),
+            postcard::to_allocvec(&record).unwrap(),
+        )
+        .unwrap();
+}
+
+/// Rewrites the `counts` entry of (`step`, `worker`) in `data` with `f`.
+fn rewrite_entry(data: &Path, step: u64, worker: u32, f: impl FnOnce(&mut OutputEntry)) {
+    let database = db::open(data).unwrap();
+    let cf = db::cf(&database, CF_OUTPUT).unwrap();
+    let key = output_key("counts", step, worker);
+    let bytes = database.get_cf(cf, &key).unwrap().unwrap();
+    let mut entry: OutputEntry = postcard::from_bytes(&bytes).unwrap();
+    f(&mut entry);
+    database
+        .put_cf(cf, &key, postcard::to_allocvec(&entry).unwrap())
+        .unwrap();
+}
+
+/// A step rewritten in place, outputs and record consistent with each other
+/// (keys stay unique, hashes match): the next record's link gives it away.
+#[test]
+fn a_step_rewritten_in_place_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pipeline(dir.path(), "rewritten", None);
+    let mut events = Vec::new();
+    rewrite_entry(&data, 3, 0, |e| {
+        e.events[0].weight += 1;
+        events = e.events.clone();
+    });
+    rewrite_record(&data, 3, |r| r.output_hashes[0] = hash_outputs(&[events]));
+    let (ok, text) = verify(&data);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("violation: step 4's record does not chain to step 3's"),
+        "{text}"
+    );
+}
+
+/// A partition vanishing from a worker's frontier is reported.
+#[test]
+fn a_partition_dropped_from_a_frontier_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pipeline(dir.path(), "dropped", Some(8));
+    let mut frontier = Default::default();
+    rewrite_record(&data, 7, |r| {
+        r.frontiers[0].clear();
+        frontier = r.frontiers[0].clone();
+    });
+    rewrite_entry(&data, 7, 0, |e| e.frontier = frontier);
+    let (ok, text) = verify(&data);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("violation: step 7: worker 0's frontier lost `lines` partition 0"),
+        "{text}"
+    );
+}
+
+/// A worker whose frontier names a partition another worker reads is
+/// reported.
+#[test]
+fn a_partition_read_by_the_wrong_worker_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pipeline(dir.path(), "stolen", Some(8));
+    let mut frontier = Default::default();
+    rewrite_record(&data, 7, |r| {
+        let theirs: Vec<_> = r.frontiers[1].iter().map(|(k, v)| (*k, *v)).collect();
+        r.frontiers[0].extend(theirs);
+        frontier = r.frontiers[0].clone();
+    });
+    rewrite_entry(&data, 7, 0, |e| e.frontier = frontier);
+    let (ok, text) = verify(&data);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("violation: step 7: worker 0 read `lines` partition 1, which worker 1 reads"),
         "{text}"
     );
 }

@@ -27,6 +27,38 @@ pub struct StepRecord {
     /// too (a replay under a lower fuel or memory limit could fail where the
     /// original run did not).
     pub limits: StepLimits,
+    /// The [`chain_hash`](Self::chain_hash) of the previous step's record
+    /// (0 for step 0): the records form a chain, so a step rewritten in
+    /// place breaks the link of the next one.
+    pub prev: u128,
+}
+
+impl StepRecord {
+    /// The hash of everything in the record (including its own link), which
+    /// the next record holds in `prev`.
+    pub fn chain_hash(&self) -> u128 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for n in [self.step, self.epoch, self.time_ms] {
+            h.update(&n.to_le_bytes());
+        }
+        h.update(&(self.frontiers.len() as u64).to_le_bytes());
+        for f in &self.frontiers {
+            h.update(&(f.len() as u64).to_le_bytes());
+            for (id, offset) in f {
+                h.update(&id.input.to_le_bytes());
+                h.update(&id.partition.to_le_bytes());
+                h.update(&offset.to_le_bytes());
+            }
+        }
+        h.update(&(self.output_hashes.len() as u64).to_le_bytes());
+        for o in &self.output_hashes {
+            h.update(&o.to_le_bytes());
+        }
+        h.update(&self.limits.fuel_per_call.to_le_bytes());
+        h.update(&self.limits.memory.to_le_bytes());
+        h.update(&self.prev.to_le_bytes());
+        h.digest128()
+    }
 }
 
 /// The deterministic per-call limits of a step's instances.

@@ -117,6 +117,9 @@ pub struct Coordinator {
     last_time_ms: u64,
     /// The deterministic limits new steps run (and are recorded) with.
     limits: StepLimits,
+    /// The chain hash of the last committed step's record, which the next
+    /// record links to.
+    prev: u128,
     /// Input events the last executed step read.
     events_read: u64,
     /// How long the last checkpoint took.
@@ -210,6 +213,7 @@ impl Coordinator {
                 fuel_per_call: engine.limits().fuel_per_call,
                 memory: engine.limits().memory as u64,
             },
+            prev: 0,
             events_read: 0,
             last_checkpoint_took: Duration::ZERO,
             last_checkpoint_snapshots: Duration::ZERO,
@@ -269,7 +273,9 @@ impl Coordinator {
         let s = self.storage.clone();
         let last = blocking(move || s.log().last_step()).await?;
         let Some(last) = last else { return Ok(()) };
-        self.last_time_ms = self.last_time_ms.max(self.record(last).await?.time_ms);
+        let last_record = self.record(last).await?;
+        self.last_time_ms = self.last_time_ms.max(last_record.time_ms);
+        self.prev = last_record.chain_hash();
         let live = self.limits;
         while self.next_step <= last {
             let step = self.next_step;
@@ -495,9 +501,11 @@ impl Coordinator {
                 frontiers: target.clone(),
                 output_hashes: outputs.iter().map(|o| o.hash).collect(),
                 limits: self.limits,
+                prev: self.prev,
             },
             outputs: logs,
         };
+        let link = commit.record.chain_hash();
         let storage = self.storage.clone();
         let committed = blocking(move || {
             crash_point(CrashPoint::BeforeCommit);
@@ -513,6 +521,7 @@ impl Coordinator {
             return Err(e);
         }
         tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
+        self.prev = link;
         self.frontiers = target;
         self.last_time_ms = time_ms;
         self.next_step += 1;

@@ -3,7 +3,10 @@
 //! audits an embedded pipeline and a Kafka one alike.
 //!
 //! - step records are contiguous from 0, one frontier and one hash per
-//!   worker, frontiers never move backwards and never past the input;
+//!   worker, and chained (each holds the hash of the one before, so a step
+//!   rewritten in place breaks the next link); frontiers never move
+//!   backwards, never past the input, never drop a partition, and name only
+//!   partitions their worker reads;
 //! - every output log holds exactly one entry per step per worker (I1),
 //!   tagged with that step's frontier;
 //! - no output exists for a step without a record (I3: the division is
@@ -132,17 +135,41 @@ fn step_records(
                 record.output_hashes.len()
             );
         }
+        let link = records.last().map_or(0, StepRecord::chain_hash);
+        if record.prev != link {
+            violation!(
+                "step {step}'s record does not chain to step {}'s: a step before it was rewritten \
+                 after it was committed",
+                step.saturating_sub(1)
+            );
+        }
         let previous = records
             .last()
             .map(|r| r.frontiers.clone())
             .unwrap_or_else(|| vec![Frontier::new(); w]);
         for (worker, (before, after)) in previous.iter().zip(&record.frontiers).enumerate() {
+            if let Some((id, _)) = before.iter().find(|(id, _)| !after.contains_key(id)) {
+                let name = highs.get(id).map_or("?", |(n, _)| n.as_str());
+                violation!(
+                    "step {step}: worker {worker}'s frontier lost `{name}` partition {}, which it \
+                     carried at the step before",
+                    id.partition
+                );
+            }
             for (id, offset) in after {
                 let Some((name, high)) = highs.get(id) else {
                     violation!(
                         "step {step}: worker {worker} consumed an unknown input partition {id:?}"
                     );
                 };
+                let owner = shape.reader_of(id.partition);
+                if owner != worker as u32 {
+                    violation!(
+                        "step {step}: worker {worker} read `{name}` partition {}, which worker \
+                         {owner} reads",
+                        id.partition
+                    );
+                }
                 if offset > high {
                     violation!(
                         "step {step}: worker {worker} consumed `{name}` partition {} up to {offset}, past its end {high}",

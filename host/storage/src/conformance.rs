@@ -51,6 +51,7 @@ pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
             frontiers: vec![f.clone()],
             output_hashes: vec![step as u128],
             limits: Default::default(),
+            prev: 0,
         },
         outputs: vec![(
             "out".into(),

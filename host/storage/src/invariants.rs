@@ -7,7 +7,8 @@
 //!   checkpoint's frontier ([`Guarded::trim`]).
 //! - **I3 division durability**: a step's division (its record) is committed
 //!   in the same atomic write as its outputs, never after; frontiers only
-//!   move forward; a checkpoint covers only committed steps.
+//!   move forward; a checkpoint covers only committed steps; each record
+//!   holds the hash of the one before it (the chain the audit checks).
 
 use crate::error::{Result, StorageError};
 use crate::{Checkpoint, CheckpointStore, LogBackend};
@@ -113,6 +114,16 @@ impl Guarded {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_none() {
             *last = Some(self.read_last()?);
+        }
+        // The step that follows the last must link to it (any other step is
+        // refused by the log: written already, or out of order).
+        let previous = last.as_ref().and_then(Option::as_ref);
+        let next = previous.map_or(0, |p| p.step + 1);
+        let link = previous.map_or(0, StepRecord::chain_hash);
+        if rec.step == next && rec.prev != link {
+            return Err(invalid(
+                "its record does not chain to the previous step's record".into(),
+            ));
         }
         if let Some(Some(prev)) = &*last {
             for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {

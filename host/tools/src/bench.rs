@@ -453,15 +453,21 @@ async fn exactly_once_cost(
 }
 
 /// Step commits like the runtime's: W=2, one output log `counts`, `events`
-/// events of ~30 bytes per worker (also used by `benches/commit.rs`).
+/// events of ~30 bytes per worker, each record chained to the one before.
 pub fn sample_commits(steps: u64, events: usize, epoch: u64) -> Vec<StepCommit> {
+    let mut prev = 0;
     (0..steps)
-        .map(|step| sample_commit(step, events, epoch))
+        .map(|step| {
+            let c = sample_commit(step, events, epoch, prev);
+            prev = c.record.chain_hash();
+            c
+        })
         .collect()
 }
 
-/// One commit of [`sample_commits`].
-pub fn sample_commit(step: u64, events: usize, epoch: u64) -> StepCommit {
+/// One commit of [`sample_commits`], linked to the record whose chain hash
+/// is `prev` (also used by `benches/commit.rs`).
+pub fn sample_commit(step: u64, events: usize, epoch: u64, prev: u128) -> StepCommit {
     let frontiers: Vec<Frontier> = (0..2)
         .map(|w| {
             [(
@@ -496,6 +502,7 @@ pub fn sample_commit(step: u64, events: usize, epoch: u64) -> StepCommit {
             frontiers,
             output_hashes: vec![step as u128, 0],
             limits: Default::default(),
+            prev,
         },
         outputs: vec![("counts".into(), entries)],
     }
