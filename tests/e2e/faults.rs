@@ -1,57 +1,71 @@
 //! Storage faults: with errors injected into every kind of log and
-//! checkpoint operation (before and after the operation took effect), a
-//! pipeline that recovers and retries on each transient error still
-//! produces every input's effect exactly once.
+//! checkpoint operation (before and after the operation took effect), from
+//! the first append of input on, a producer that retries its appends with
+//! the same sequence number and a pipeline that recovers on each transient
+//! error still produce every input's effect exactly once — on the embedded
+//! log and on Kafka.
 
 use crate::support::{cache_dir, component};
 use sluice_core::Event;
-use sluice_pipeline::{Pipeline, PipelineConfig, RecoveryPolicy};
+use sluice_pipeline::{LogConfig, Pipeline, PipelineConfig, RecoveryPolicy};
 use sluice_runtime::{Limits, PipelineOptions, SluiceEngine};
-use sluice_storage::AppendBatch;
 use sluice_storage::faults::{FaultConfig, FaultyCheckpoints, FaultyLog};
+use sluice_storage::{AppendBatch, LogBackend, ProducerSeq};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Arc::new(SluiceEngine::new(Limits::default(), Some(cache_dir())).unwrap());
-    let component = engine
-        .load_file(&component("tests/guests/misbehave"))
-        .unwrap();
-    const W: u32 = 2;
-    let config = PipelineConfig {
-        options: PipelineOptions {
-            max_batch: 20,
-            checkpoint_every_steps: 3,
-            ..PipelineOptions::default()
-        },
-        ..PipelineConfig::new(dir.path(), W)
-    };
-    let mut pipeline = Pipeline::open(engine, component, config).await.unwrap();
-
-    // Input, appended before any fault can strike: 2000 words over 2 partitions.
-    let words: Vec<String> = (0..2000)
-        .map(|i| format!("{}{}", ["ant", "bee", "cat", "dog"][i % 4], i % 7))
-        .collect();
-    let clean = pipeline.storage().log.clone();
-    for (p, chunk) in words.chunks(1000).enumerate() {
-        let events = chunk
+/// Appends `words` through `log` (which injects faults) as producer
+/// `loader`, in chunks of 50 alternating over 2 partitions, retrying each
+/// chunk with its sequence number until it is acknowledged. Returns the
+/// retries.
+fn append_through_faults(log: &dyn LogBackend, words: &[String]) -> u32 {
+    let mut retries = 0;
+    for (i, chunk) in words.chunks(50).enumerate() {
+        let events: Vec<Event> = chunk
             .iter()
             .map(|w| Event {
                 value: serde_json::to_vec(w).unwrap(),
                 weight: 1,
             })
             .collect();
-        clean
-            .append(AppendBatch {
-                appends: vec![("in".into(), p as u32, events)],
-                mark: None,
-                producer: None,
-            })
-            .unwrap();
+        let batch = AppendBatch {
+            appends: vec![("in".into(), (i % 2) as u32, events)],
+            mark: None,
+            producer: Some(ProducerSeq {
+                id: "loader".into(),
+                epoch: 0,
+                seq: i as u64 + 1,
+            }),
+        };
+        loop {
+            match log.append(batch.clone()) {
+                Ok(_) => break,
+                Err(e) if e.is_transient() && retries < 1_000 => retries += 1,
+                Err(e) => panic!("append of chunk {i}: {e}"),
+            }
+        }
     }
+    retries
+}
+
+/// Runs the fault test on a pipeline whose logs are where `log` says.
+async fn faults_never_lose_or_duplicate(data: &std::path::Path, log: LogConfig) {
+    let engine = Arc::new(SluiceEngine::new(Limits::default(), Some(cache_dir())).unwrap());
+    let component = engine
+        .load_file(&component("tests/guests/misbehave"))
+        .unwrap();
+    let config = PipelineConfig {
+        log,
+        options: PipelineOptions {
+            max_batch: 20,
+            checkpoint_every_steps: 3,
+            ..PipelineOptions::default()
+        },
+        ..PipelineConfig::new(data, 2)
+    };
+    let mut pipeline = Pipeline::open(engine, component, config).await.unwrap();
+    let clean = pipeline.storage().log.clone();
 
     let config = FaultConfig {
         seed: 7,
@@ -72,6 +86,12 @@ async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
         (l, c)
     });
     let (log, checkpoints) = (log.unwrap(), checkpoints.unwrap());
+
+    // Input, appended through the faults: 2000 words.
+    let words: Vec<String> = (0..2000)
+        .map(|i| format!("{}{}", ["ant", "bee", "cat", "dog"][i % 4], i % 7))
+        .collect();
+    let append_retries = append_through_faults(&*log, &words);
     // Every transient error recovers (many in a row, without pauses): the
     // same policy as production, only more patient.
     let patient = RecoveryPolicy {
@@ -82,10 +102,11 @@ async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
     let idle = pipeline.run_until_idle(&patient, |_| {}).await.unwrap();
     let injected = log.injected() + checkpoints.injected();
     eprintln!(
-        "faults: {injected} injected, {} recoveries",
+        "faults: {injected} injected, {append_retries} append retries, {} recoveries",
         idle.recoveries
     );
     assert!(injected >= 20, "only {injected} faults were injected");
+    assert!(append_retries > 5, "faults struck the appends");
     assert!(idle.recoveries > 5, "faults forced recoveries");
 
     // Read the result without faults.
@@ -114,4 +135,25 @@ async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
         .map(|l| (format!("[\"{l}\",500]"), 1))
         .collect();
     assert_eq!(integrate("letters"), letters);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_storage_faults_never_lose_or_duplicate_an_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    faults_never_lose_or_duplicate(dir.path(), LogConfig::default()).await;
+}
+
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_faults_on_kafka_never_lose_or_duplicate_an_effect() {
+    let Some(brokers) = crate::kafka::brokers() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = sluice_kafka::KafkaConfig::new(brokers, crate::kafka::fresh_name("faults"));
+    let log = LogConfig::Kafka {
+        config,
+        input_partitions: None,
+    };
+    faults_never_lose_or_duplicate(dir.path(), log).await;
 }

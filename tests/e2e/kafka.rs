@@ -5,7 +5,7 @@
 //! `CI`, where a missing broker is a failure.
 #![cfg(feature = "kafka")]
 
-use crate::support::crash::{WORKERS, campaign};
+use crate::support::crash::{Positions, WORKERS, campaign};
 use crate::support::server::{Server, code};
 use crate::support::sluice_cmd;
 use sluice_kafka::{KafkaConfig, KafkaLog};
@@ -30,7 +30,7 @@ pub fn brokers() -> Option<String> {
 }
 
 /// A pipeline name no earlier run used (topics outlive test runs).
-fn fresh_name(what: &str) -> String {
+pub fn fresh_name(what: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -128,6 +128,7 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
         // The first run dies inside its third step's transaction: records a
         // read_committed consumer must never see.
         Some("inside-transaction:3"),
+        Positions::Skip,
     );
     let log = KafkaLog::open(KafkaConfig::new(&brokers, &pipeline)).unwrap();
     let last = log.last_step().unwrap().expect("steps were committed");
