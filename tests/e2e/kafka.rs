@@ -195,6 +195,20 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
         }
     }
 
+    // The pipeline's consumer group shows how far it read each partition
+    // (committed with every step): Kafka's own tools see its lag.
+    let offsets = log.group_offsets("lines").unwrap();
+    for frontier in &checkpoint.frontiers {
+        for (id, offset) in frontier {
+            assert_eq!(
+                offsets[id.partition as usize],
+                Some(*offset),
+                "the group's offset of partition {} is the last step's frontier",
+                id.partition
+            );
+        }
+    }
+
     // The offline audit reads the Kafka logs through the same storage
     // traits as the embedded ones, and finds them consistent.
     let out = sluice_cmd()
@@ -402,4 +416,282 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
     assert_eq!(s, 201, "{body}");
     let (s, body) = plain.create(other.token(), &spec);
     assert_eq!((s, code(&body).as_str()), (422, "no_kafka"), "{body}");
+}
+
+/// Output reads while steps commit: a reader whose view of the step log is
+/// older than the output topic leaves the newer steps for a later read
+/// (it used to report them as corruption), and a read from a late step
+/// finds where that step starts instead of scanning the topic.
+#[test]
+fn output_reads_while_steps_commit() {
+    let Some(brokers) = brokers() else { return };
+    let name = fresh_name("scan");
+    let writer = KafkaLog::open(KafkaConfig::new(&brokers, &name)).unwrap();
+    writer.fence().unwrap();
+    for step in 0..20 {
+        writer
+            .commit_step(&conformance::sample_commit(step, step))
+            .unwrap();
+    }
+    let entries = |log: &KafkaLog, from: u64| {
+        let mut steps = Vec::new();
+        log.scan_output("out", from, &mut |e| {
+            steps.push((e.step, e.events.len()));
+            Ok(())
+        })
+        .map(|()| steps)
+    };
+    let reader = KafkaLog::open(KafkaConfig::new(&brokers, &name)).unwrap();
+    assert_eq!(entries(&reader, 0).unwrap().len(), 20);
+    for step in 20..40 {
+        writer
+            .commit_step(&conformance::sample_commit(step, step))
+            .unwrap();
+    }
+    let seen = entries(&reader, 0).expect("newer steps are not corruption");
+    assert_eq!(seen.len(), 20, "the reader's view ends at step 19");
+    let late = KafkaLog::open(KafkaConfig::new(&brokers, &name)).unwrap();
+    let tail = entries(&late, 35).unwrap();
+    assert_eq!(
+        tail,
+        (35..40).map(|s| (s, 1)).collect::<Vec<_>>(),
+        "exactly the steps from 35 on, each with its event"
+    );
+    let mut events = Vec::new();
+    late.scan_output("out", 35, &mut |e| {
+        events.extend(e.events);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        events,
+        (35..40)
+            .flat_map(|s| conformance::sample_commit(s, s).outputs[0].1[0]
+                .events
+                .clone())
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Trim deletes records only on the pipeline's own input topics: an input
+/// topic the user named (`--topic`) may have other readers and keeps its
+/// records unless `--trim-named-topics` says otherwise.
+#[test]
+fn named_input_topics_are_trimmed_only_when_asked() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let lines: Vec<String> = (0..600)
+        .map(|i| format!("\"w{} v{}\"", i % 13, i % 5))
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let wasm = crate::support::component("examples/wordcount");
+    let run = |name: &str, trim_named: bool| {
+        let pipeline = fresh_name(name);
+        let topic = format!("{pipeline}-raw");
+        let mut cmd = crate::support::sluice_cmd();
+        cmd.arg("run")
+            .arg(&wasm)
+            .arg("--data")
+            .arg(dir.path().join(name))
+            .args(["--max-batch", "100", "--checkpoint-every", "2", "--quiet"])
+            .args([
+                "--log",
+                "kafka",
+                "--brokers",
+                &brokers,
+                "--pipeline",
+                &pipeline,
+            ])
+            .arg(format!("--topic=lines={topic}"))
+            .arg(format!("--input=lines={}", input.display()));
+        if trim_named {
+            cmd.arg("--trim-named-topics");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut config = KafkaConfig::new(&brokers, &pipeline);
+        config.topics.insert("lines".into(), topic);
+        let log = KafkaLog::open(config).unwrap();
+        log.watermarks("lines", 0).unwrap()
+    };
+    let (low, high) = run("named", false);
+    assert_eq!(low, 0, "a named topic keeps its records");
+    assert!(high >= 600);
+    let (low, _) = run("trimmed", true);
+    assert!(
+        low > 0,
+        "with --trim-named-topics it is trimmed to the checkpoint"
+    );
+}
+
+/// An admin client of the test broker.
+fn admin(brokers: &str) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap()
+}
+
+/// Creates `topic` with one partition and `config`.
+fn create_topic(brokers: &str, topic: &str, config: &[(&str, &str)]) {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let mut new = NewTopic::new(topic, 1, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        new = new.set(k, v);
+    }
+    let results =
+        futures_executor::block_on(admin(brokers).create_topics([&new], &AdminOptions::new()))
+            .unwrap();
+    for r in results {
+        r.unwrap();
+    }
+}
+
+/// `sluice run` of word count on Kafka pipeline `pipeline` with its own
+/// data directory `data`, with `extra` arguments; returns the output.
+fn run_on_kafka(
+    brokers: &str,
+    pipeline: &str,
+    data: &std::path::Path,
+    extra: &[String],
+) -> std::process::Output {
+    crate::support::sluice_cmd()
+        .arg("run")
+        .arg(crate::support::component("examples/wordcount"))
+        .arg("--data")
+        .arg(data)
+        .args(["--max-batch", "100", "--checkpoint-every", "2", "--quiet"])
+        .args([
+            "--log",
+            "kafka",
+            "--brokers",
+            brokers,
+            "--pipeline",
+            pipeline,
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// A host taking over a Kafka pipeline without the checkpoints of the host
+/// before it (another data directory) finds the input trimmed below where
+/// its recovery would read: it fails, saying so, instead of failing on a
+/// read.
+#[test]
+fn a_takeover_without_the_checkpoints_fails_clearly() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let lines: Vec<String> = (0..600)
+        .map(|i| format!("\"w{} v{}\"", i % 13, i % 5))
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let pipeline = fresh_name("takeover");
+    let feed = [format!("--input=lines={}", input.display())];
+    let first = run_on_kafka(&brokers, &pipeline, &dir.path().join("a"), &feed);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let second = run_on_kafka(&brokers, &pipeline, &dir.path().join("b"), &[]);
+    let e = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{e}");
+    assert!(
+        e.contains("after a checkpoint this host does not have")
+            && e.contains("has no checkpoint")
+            && e.contains("--data"),
+        "{e}"
+    );
+}
+
+/// An input topic deleted and made again under a pipeline ends below where
+/// the pipeline read it: a clear error naming the topic and the offsets,
+/// never silently skipped.
+#[test]
+fn an_input_that_shrinks_under_the_pipeline_is_an_error() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("lines.jsonl");
+    let lines: Vec<String> = (0..300).map(|i| format!("\"w{}\"", i % 13)).collect();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let pipeline = fresh_name("shrink");
+    let topic = format!("{pipeline}-raw");
+    let extra = [
+        format!("--topic=lines={topic}"),
+        "--input-partitions=1".to_owned(),
+    ];
+    let mut feed = extra.to_vec();
+    feed.push(format!("--input=lines={}", input.display()));
+    let first = run_on_kafka(&brokers, &pipeline, &dir.path().join("a"), &feed);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    // The topic is deleted and made again, empty.
+    let deleted = futures_executor::block_on(
+        admin(&brokers).delete_topics(&[topic.as_str()], &rdkafka::admin::AdminOptions::new()),
+    )
+    .unwrap();
+    for r in deleted {
+        r.unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let results = futures_executor::block_on(admin(&brokers).create_topics(
+            [&rdkafka::admin::NewTopic::new(
+                &topic,
+                1,
+                rdkafka::admin::TopicReplication::Fixed(1),
+            )],
+            &rdkafka::admin::AdminOptions::new(),
+        ))
+        .unwrap();
+        if results.iter().all(Result::is_ok) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{results:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let again = run_on_kafka(&brokers, &pipeline, &dir.path().join("a"), &extra);
+    let e = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success(), "{e}");
+    assert!(
+        e.contains(&format!(
+            "input `lines` partition 0 now ends at offset 0, below offset"
+        )) && e.contains("deleted, recreated or truncated"),
+        "{e}"
+    );
+}
+
+/// An input topic with `cleanup.policy=compact` is refused at start
+/// (compaction could remove records a replay must read) unless the user
+/// opts in.
+#[test]
+fn compacted_input_topics_are_refused_unless_allowed() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = fresh_name("compact");
+    let topic = format!("{pipeline}-compacted");
+    create_topic(&brokers, &topic, &[("cleanup.policy", "compact")]);
+    let named = [format!("--topic=lines={topic}")];
+    let out = run_on_kafka(&brokers, &pipeline, &dir.path().join("a"), &named);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(e.contains("cleanup.policy=compact"), "{e}");
+    let mut allowed = named.to_vec();
+    allowed.push("--allow-compacted-inputs".into());
+    let out = run_on_kafka(&brokers, &pipeline, &dir.path().join("b"), &allowed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -368,6 +368,16 @@ pub struct KafkaArgs {
     /// security.protocol=SASL_SSL (repeatable).
     #[arg(long = "kafka-config", value_parser = key_value)]
     pub client: Vec<(String, String)>,
+    /// Trim the input topics named with --topic too, after checkpoints
+    /// (by default only the pipeline's own `<pipeline>.<port>` topics are:
+    /// a named topic may have other readers).
+    #[arg(long)]
+    pub trim_named_topics: bool,
+    /// Accept input topics with cleanup.policy=compact (refused by default:
+    /// compaction may remove records a committed step read; safe only when
+    /// keys never repeat).
+    #[arg(long)]
+    pub allow_compacted_inputs: bool,
 }
 
 impl KafkaArgs {
@@ -396,6 +406,8 @@ impl KafkaArgs {
                 config.output_partitions = self.output_partitions.max(1);
                 config.replication = self.replication;
                 config.client = self.client.clone();
+                config.trim_named_topics = self.trim_named_topics;
+                config.allow_compacted_inputs = self.allow_compacted_inputs;
                 Ok(LogConfig::Kafka {
                     config,
                     input_partitions: self.input_partitions,

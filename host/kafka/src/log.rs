@@ -21,11 +21,17 @@
 //!   go to the pipeline's meta topic (`<pipeline>.sluice-meta`) in the same
 //!   transaction as the events they cover (transactional id
 //!   `sluice.<pipeline>.ingest`).
-//! - **Trim** is `DeleteRecords`, which moves the partition's low watermark.
+//! - **Trim** is `DeleteRecords`, which moves the partition's low watermark,
+//!   on the pipeline's own input topics only (`<pipeline>.<port>`): a topic
+//!   the user named may have other readers, and is trimmed only with
+//!   [`KafkaConfig::trim_named_topics`].
+//! - **Consumer-group offsets.** Each step's transaction also commits how far
+//!   the step read every input partition as the offsets of the consumer
+//!   group `sluice.<pipeline>`, so Kafka's tools show the pipeline's lag.
 //!
 //! Checkpoints stay in the data directory's RocksDB (`sluice-embedded`).
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -73,6 +79,18 @@ pub struct KafkaConfig {
     pub timeout: Duration,
     /// Extra librdkafka settings for every client (security, etc.).
     pub client: Vec<(String, String)>,
+    /// The pipeline's input logs, in port order: each step commits how far
+    /// it read them as the consumer-group offsets of `sluice.<pipeline>`,
+    /// so Kafka's own tools show the pipeline's lag (none: no offsets).
+    pub inputs: Vec<String>,
+    /// Trim input topics named in `topics` too. By default only the
+    /// pipeline's own topics (`<pipeline>.<port>`) are trimmed: a topic the
+    /// user named may have other readers.
+    pub trim_named_topics: bool,
+    /// Accept input topics with `cleanup.policy=compact`. Compaction may
+    /// remove a record a committed step read, and its replay would then
+    /// read fewer: only safe when keys never repeat.
+    pub allow_compacted_inputs: bool,
 }
 
 impl KafkaConfig {
@@ -86,7 +104,15 @@ impl KafkaConfig {
             replication: 1,
             timeout: Duration::from_secs(30),
             client: Vec::new(),
+            inputs: Vec::new(),
+            trim_named_topics: false,
+            allow_compacted_inputs: false,
         }
+    }
+
+    /// The consumer group whose offsets show the pipeline's progress.
+    pub fn group(&self) -> String {
+        format!("sluice.{}", self.pipeline)
     }
 
     /// The topic holding log `log`.
@@ -293,10 +319,15 @@ impl KafkaLog {
             .base()
             .create()
             .map_err(kafka("creating the Kafka admin client"))?;
+        // Read committed: its end offsets are the last stable offsets, so a
+        // step is divided before another producer's open transaction and
+        // never waits for it (a broker that answers the high watermark
+        // instead makes the reads wait).
         let client: BaseConsumer = config
             .base()
             .set("enable.auto.commit", "false")
-            .set("group.id", format!("sluice.{}", config.pipeline))
+            .set("isolation.level", "read_committed")
+            .set("group.id", config.group())
             .create()
             .map_err(kafka("creating a Kafka client"))?;
         let log = KafkaLog {
@@ -321,6 +352,32 @@ impl KafkaLog {
     /// The configuration this log was opened with.
     pub fn config(&self) -> &KafkaConfig {
         &self.config
+    }
+
+    /// The offsets the pipeline's consumer group (`sluice.<pipeline>`) has
+    /// committed on each partition of input `input` (`None`: none yet): how
+    /// far committed steps read it, as Kafka's own tools see it.
+    pub fn group_offsets(&self, input: &str) -> Result<Vec<Option<u64>>> {
+        let (topic, n) = self.known_partitions(input)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..n {
+            tpl.add_partition(&topic, p as i32);
+        }
+        let committed = self
+            .client
+            .committed_offsets(tpl, self.config.timeout)
+            .map_err(kafka(format!("reading the committed offsets of `{topic}`")))?;
+        Ok((0..n)
+            .map(|p| {
+                match committed
+                    .find_partition(&topic, p as i32)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(o)) if o >= 0 => Some(o as u64),
+                    _ => None,
+                }
+            })
+            .collect())
     }
 
     /// The partition count of `topic`, or `None` if it does not exist.
@@ -405,6 +462,25 @@ impl KafkaLog {
         }
     }
 
+    /// The value of configuration `key` of `topic`, as the broker reports it.
+    fn topic_config(&self, topic: &str, key: &str) -> Result<Option<String>> {
+        let opts = AdminOptions::new().request_timeout(Some(self.config.timeout));
+        let results = futures_executor::block_on(
+            self.admin
+                .describe_configs([&ResourceSpecifier::Topic(topic)], &opts),
+        )
+        .map_err(kafka(format!("describing topic `{topic}`")))?;
+        for r in results {
+            let resource = r.map_err(|code| {
+                kafka(format!("describing topic `{topic}`"))(KafkaError::AdminOp(code))
+            })?;
+            if let Some(entry) = resource.get(key) {
+                return Ok(entry.value.clone());
+            }
+        }
+        Ok(None)
+    }
+
     /// The partition count of an existing topic of log `log`, or an error.
     fn known_partitions(&self, log: &str) -> Result<(String, u32)> {
         let topic = self.config.topic(log);
@@ -459,12 +535,13 @@ impl KafkaLog {
         role: &str,
         step: Option<u64>,
         records: Vec<Outgoing<'_>>,
+        offsets: Option<&TopicPartitionList>,
     ) -> Result<Vec<(i32, i64)>> {
         let producer = match slot.take() {
             Some(p) => p,
             None => self.new_producer(role)?,
         };
-        let result = self.transact_with(&producer, records, step.is_some());
+        let result = self.transact_with(&producer, records, step.is_some(), offsets);
         match result {
             Ok(offsets) => {
                 *slot = Some(producer);
@@ -513,6 +590,7 @@ impl KafkaLog {
         producer: &TxnProducer,
         records: Vec<Outgoing<'_>>,
         step_commit: bool,
+        offsets: Option<&TopicPartitionList>,
     ) -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
         let n = records.len();
         *lock(&producer.context().results) = vec![None; n];
@@ -522,14 +600,19 @@ impl KafkaLog {
         }
         let t = Instant::now();
         await_deliveries(producer, n, self.config.timeout)?;
-        let offsets = delivered(producer, n)?;
+        let delivered = delivered(producer, n)?;
+        if let Some(tpl) = offsets
+            && let Some(group) = self.client.group_metadata()
+        {
+            producer.send_offsets_to_transaction(tpl, &group, self.config.timeout)?;
+        }
         let flushed = t.elapsed();
         if step_commit {
             crash_point(CrashPoint::InsideTransaction);
         }
         producer.commit_transaction(self.config.timeout)?;
         tracing::trace!(records = n, ?flushed, total = ?t.elapsed(), "transaction committed");
-        Ok(offsets)
+        Ok(delivered)
     }
 
     /// The reader of one partition, created on first use.
@@ -770,6 +853,23 @@ fn position(consumer: &QuietConsumer, topic: &str, partition: u32) -> Result<u64
     )
 }
 
+/// The step, worker and weight headers of an output record.
+fn output_headers(topic: &str, p: u32, msg: &OwnedMessage) -> Result<(u64, u32, i64)> {
+    let step = header(msg, STEP_HEADER).and_then(number::<u64>);
+    let worker = header(msg, WORKER_HEADER).and_then(number::<u32>);
+    let weight = header(msg, WEIGHT_HEADER).and_then(number::<i64>);
+    match (step, worker, weight) {
+        (Some(step), Some(worker), Some(weight)) => Ok((step, worker, weight)),
+        _ => Err(Error::Corrupt {
+            what: format!("output record {topic}/{p}@{}", msg.offset()),
+            message: format!(
+                "missing or malformed `{STEP_HEADER}`, `{WORKER_HEADER}` or `{WEIGHT_HEADER}` \
+                 header (was the topic written by another producer?)"
+            ),
+        }),
+    }
+}
+
 fn header<'a>(msg: &'a OwnedMessage, key: &str) -> Option<&'a [u8]> {
     let headers = msg.headers()?;
     (0..headers.count())
@@ -847,6 +947,18 @@ impl LogBackend for KafkaLog {
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
         let topic = self.config.topic(input);
         let n = self.ensure_topic(&topic, partitions, &[])?;
+        if !self.config.allow_compacted_inputs
+            && let Some(policy) = self.topic_config(&topic, "cleanup.policy")?
+            && policy.contains("compact")
+        {
+            return Err(ConfigError::Invalid(format!(
+                "input `{input}`: Kafka topic `{topic}` has cleanup.policy={policy}; compaction \
+                 may remove records a committed step read, and its replay would read fewer. Use a \
+                 topic with cleanup.policy=delete, or --allow-compacted-inputs if its keys never \
+                 repeat"
+            ))
+            .into());
+        }
         if n != partitions {
             return Err(ConfigError::Invalid(format!(
                 "input `{input}`: Kafka topic `{topic}` has {n} partitions, not {partitions}"
@@ -926,7 +1038,7 @@ impl LogBackend for KafkaLog {
             self.append_with_producer_state(&mut meta, records, n_events, p, key, &batch)
         } else {
             let slot = &mut meta.producer;
-            self.transact(slot, "ingest", None, records)
+            self.transact(slot, "ingest", None, records, None)
                 .map(|mut offsets| {
                     offsets.truncate(n_events);
                     offsets
@@ -1114,7 +1226,14 @@ impl LogBackend for KafkaLog {
                 value: &record,
                 headers: None,
             });
-            let result = self.transact(&mut s.producer, "steps", Some(step), records_out);
+            let positions = self.positions(&commit.record)?;
+            let result = self.transact(
+                &mut s.producer,
+                "steps",
+                Some(step),
+                records_out,
+                positions.as_ref(),
+            );
             match result {
                 Ok(_) => {
                     s.records
@@ -1153,7 +1272,15 @@ impl LogBackend for KafkaLog {
         from_step: u64,
         f: &mut dyn FnMut(OutputEntry) -> Result<()>,
     ) -> Result<()> {
+        // The step records as they stand now: output of steps committed
+        // while this read goes on is left for the next read.
         let records = self.with_steps(|s| Ok(s.records.clone().unwrap_or_default()))?;
+        let Some(last) = records.keys().next_back().copied() else {
+            return Ok(());
+        };
+        if from_step > last {
+            return Ok(());
+        }
         let topic = self.config.topic(output);
         let Some(n) = self.topic_partitions(&topic)? else {
             return Ok(());
@@ -1162,22 +1289,13 @@ impl LogBackend for KafkaLog {
         let mut events: BTreeMap<(u64, u32), Vec<Event>> = BTreeMap::new();
         for p in 0..n {
             let (low, high) = self.topic_watermarks(&topic, p)?;
-            self.read_records(&topic, p, low..high, &mut |msg| {
-                let offset = msg.offset();
-                let at = || format!("output record {topic}/{p}@{offset}");
-                let step = header(msg, STEP_HEADER).and_then(number::<u64>);
-                let worker = header(msg, WORKER_HEADER).and_then(number::<u32>);
-                let weight = header(msg, WEIGHT_HEADER).and_then(number::<i64>);
-                let (Some(step), Some(worker), Some(weight)) = (step, worker, weight) else {
-                    return Err(Error::Corrupt {
-                        what: at(),
-                        message: format!(
-                            "missing or malformed `{STEP_HEADER}`, `{WORKER_HEADER}` or \
-                             `{WEIGHT_HEADER}` header (was the topic written by another producer?)"
-                        ),
-                    });
-                };
-                if step >= from_step {
+            let start = match from_step {
+                0 => low,
+                _ => self.first_offset_of_step(&topic, p, low..high, from_step)?,
+            };
+            self.read_records(&topic, p, start..high, &mut |msg| {
+                let (step, worker, weight) = output_headers(&topic, p, msg)?;
+                if (from_step..=last).contains(&step) {
                     events.entry((step, worker)).or_default().push(Event {
                         value: msg.payload().unwrap_or_default().to_vec(),
                         weight,
@@ -1210,6 +1328,11 @@ impl LogBackend for KafkaLog {
 
     fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {
         let topic = self.check_partition(input, partition)?;
+        if self.config.topics.contains_key(input) && !self.config.trim_named_topics {
+            // A topic the user named may have other readers: its records
+            // stay (the checkpoint covers them all the same).
+            return Ok(());
+        }
         let (low, high) = self.topic_watermarks(&topic, partition)?;
         let below = below.min(high);
         if below <= low {
@@ -1230,6 +1353,79 @@ impl LogBackend for KafkaLog {
 }
 
 impl KafkaLog {
+    /// The input positions a step's record says were consumed, as the
+    /// offsets the pipeline's consumer group commits with the step (none when
+    /// the input logs were not named in the configuration).
+    fn positions(&self, record: &StepRecord) -> Result<Option<TopicPartitionList>> {
+        if self.config.inputs.is_empty() {
+            return Ok(None);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (id, offset) in record.frontiers.iter().flatten() {
+            let Some(input) = self.config.inputs.get(id.input as usize) else {
+                continue;
+            };
+            tpl.add_partition_offset(
+                &self.config.topic(input),
+                id.partition as i32,
+                Offset::Offset(*offset as i64),
+            )
+            .map_err(kafka("building the step's consumer offsets"))?;
+        }
+        Ok(Some(tpl))
+    }
+
+    /// An offset of output partition `topic`/`p`, within `range`, at or
+    /// before the first record of step `step` or later (records of a
+    /// partition are in step order: steps commit one transaction after the
+    /// other). Found by bisection, reading a few records at each probe, so a
+    /// read near the end of a long topic does not scan it.
+    fn first_offset_of_step(
+        &self,
+        topic: &str,
+        p: u32,
+        range: Range<u64>,
+        step: u64,
+    ) -> Result<u64> {
+        let (mut lo, mut hi) = (range.start, range.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.first_record_from(topic, p, mid..hi)? {
+                Some((offset, s)) if s < step => lo = offset + 1,
+                // Nothing at or after `mid` is older than `step`.
+                _ => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// The offset and step of the first committed record of `topic`/`p` in
+    /// `range`, reading a growing window from its start.
+    fn first_record_from(
+        &self,
+        topic: &str,
+        p: u32,
+        range: Range<u64>,
+    ) -> Result<Option<(u64, u64)>> {
+        let mut window = 64;
+        loop {
+            let end = range.end.min(range.start.saturating_add(window));
+            let mut first = None;
+            self.read_records(topic, p, range.start..end, &mut |msg| {
+                if first.is_none() {
+                    let (step, _, _) = output_headers(topic, p, msg)?;
+                    first = Some((msg.offset() as u64, step));
+                }
+                Ok(())
+            })?;
+            if first.is_some() || end == range.end {
+                return Ok(first);
+            }
+            // Only transaction markers and aborted records so far.
+            window = window.saturating_mul(4);
+        }
+    }
+
     /// An append by a producer with a sequence number: the events and the
     /// producer's new state in one transaction. The state records the
     /// offsets the events got, which Kafka assigns on delivery, so the events

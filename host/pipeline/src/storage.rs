@@ -48,6 +48,8 @@ impl Storage {
             }
             #[cfg(feature = "kafka")]
             LogConfig::Kafka { config: kafka, .. } => {
+                let mut kafka = kafka.clone();
+                kafka.inputs = ports.inputs.clone();
                 let log = sluice_kafka::KafkaLog::open(kafka.clone())?;
                 // Every host running this pipeline must seed its guests
                 // alike: the identity is the pipeline's Kafka name.

@@ -238,6 +238,7 @@ impl Coordinator {
             c.checkpointed_step = Some(cp.meta.step);
             c.stats.restored_checkpoint = Some(cp.meta.step);
         }
+        c.check_input_reachable().await?;
         c.replay().await?;
         tracing::debug!(
             pipeline = %c.options.name,
@@ -315,7 +316,40 @@ impl Coordinator {
         }
     }
 
-    /// Fixes the next step's division: each worker's end offsets.
+    /// Checks that the input the recovered state goes on from is still
+    /// there: where a checkpoint this host does not have trimmed it (another
+    /// host's, with another data directory), say so, instead of failing on
+    /// the first read.
+    fn check_input_reachable(&self) -> impl Future<Output = Result<()>> + use<> {
+        let (storage, owned, from) = (
+            self.storage.clone(),
+            self.owned.clone(),
+            self.frontiers.clone(),
+        );
+        let restored = self.checkpointed_step;
+        blocking(move || {
+            for (w, parts) in owned.iter().enumerate() {
+                for (id, name) in parts {
+                    let (low, _) = storage.log().watermarks(name, id.partition)?;
+                    let at = from[w].get(id).copied().unwrap_or(0);
+                    if at < low {
+                        return Err(Error::CheckpointElsewhere {
+                            input: name.clone(),
+                            partition: id.partition,
+                            trimmed_below: low,
+                            restored,
+                            resumes_at: at,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Fixes the next step's division: each worker's end offsets. An input
+    /// that now ends below where the pipeline has read it (a topic deleted
+    /// and made again, truncated) is an error, never skipped.
     async fn divide(&mut self) -> Result<Vec<Frontier>> {
         let (storage, owned, mut target) = (
             self.storage.clone(),
@@ -328,7 +362,16 @@ impl Coordinator {
                 for (id, name) in parts {
                     let (_, high) = storage.log().watermarks(name, id.partition)?;
                     let at = target[w].entry(*id).or_insert(0);
-                    *at = high.min(*at + max).max(*at);
+                    if high < *at {
+                        return Err(sluice_storage::StorageError::InputShrank {
+                            input: name.clone(),
+                            partition: id.partition,
+                            end: high,
+                            frontier: *at,
+                        }
+                        .into());
+                    }
+                    *at = high.min(*at + max);
                 }
             }
             Ok::<_, Error>(target)

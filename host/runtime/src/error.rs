@@ -65,6 +65,29 @@ pub enum Error {
         message: String,
     },
 
+    /// The recovered state resumes reading an input below what was trimmed:
+    /// the checkpoint the trim followed is not in this host's checkpoint
+    /// store (another host, with another data directory, took it).
+    #[error(
+        "input `{input}` partition {partition} was trimmed below offset {trimmed_below} after a \
+         checkpoint this host does not have (it {}, and would go on from offset {resumes_at}): \
+         the pipeline was checkpointed by a host with another data directory; run it with that \
+         host's --data",
+        .restored.map_or("has no checkpoint".to_owned(), |s| format!("restored the checkpoint of step {s}"))
+    )]
+    CheckpointElsewhere {
+        /// The input log.
+        input: String,
+        /// Its partition.
+        partition: u32,
+        /// Its low watermark.
+        trimmed_below: u64,
+        /// The checkpoint this host restored, if any.
+        restored: Option<u64>,
+        /// The offset the recovered state reads from.
+        resumes_at: u64,
+    },
+
     /// An earlier failure left the coordinator without its instances.
     #[error("the pipeline's workers were lost to an earlier failure; reopen it")]
     WorkersLost,
@@ -111,6 +134,7 @@ impl Error {
             Error::Storage(_) => "storage_refused",
             Error::Config(_) | Error::InvalidComponent { .. } => "config",
             Error::PoolExhausted { .. } => "capacity",
+            Error::CheckpointElsewhere { .. } => "config",
             Error::WorkersLost | Error::Engine { .. } | Error::Task { .. } => "other",
         }
     }

@@ -145,6 +145,24 @@ pub enum StorageError {
         low: u64,
     },
 
+    /// An input that ends below where the pipeline has read it: a topic
+    /// deleted and made again, or truncated, under the pipeline.
+    #[error(
+        "input `{input}` partition {partition} now ends at offset {end}, below offset {frontier} \
+         that the pipeline has already read: the log was deleted, recreated or truncated under \
+         the pipeline; its events cannot be matched to the committed steps"
+    )]
+    InputShrank {
+        /// Input log.
+        input: String,
+        /// Partition.
+        partition: u32,
+        /// Its end (high watermark) now.
+        end: u64,
+        /// How far the pipeline read it.
+        frontier: u64,
+    },
+
     /// A log or partition that does not exist.
     #[error("unknown {kind} `{name}`{hint}")]
     Unknown {
