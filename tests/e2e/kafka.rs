@@ -664,9 +664,8 @@ fn an_input_that_shrinks_under_the_pipeline_is_an_error() {
     let e = String::from_utf8_lossy(&again.stderr);
     assert!(!again.status.success(), "{e}");
     assert!(
-        e.contains(&format!(
-            "input `lines` partition 0 now ends at offset 0, below offset"
-        )) && e.contains("deleted, recreated or truncated"),
+        e.contains("input `lines` partition 0 now ends at offset 0, below offset")
+            && e.contains("deleted, recreated or truncated"),
         "{e}"
     );
 }
