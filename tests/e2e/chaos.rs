@@ -10,6 +10,8 @@ fn a_short_crash_campaign_finds_no_violation() {
     let out = sluice_cmd()
         .args(["chaos", "--trials", "30", "--seed", "7", "--component"])
         .arg(component("examples/orders-join"))
+        .arg("--noisy-component")
+        .arg(component("tests/guests/noisy"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -19,7 +21,10 @@ fn a_short_crash_campaign_finds_no_violation() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("trials: 30"), "{stdout}");
+    assert!(
+        stdout.contains("trials: 30 (15 of the noisy circuit)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
         "{stdout}"
@@ -49,6 +54,8 @@ fn three_workers_survive_a_crash_campaign_too() {
             "--component",
         ])
         .arg(component("examples/orders-join"))
+        .arg("--noisy-component")
+        .arg(component("tests/guests/noisy"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

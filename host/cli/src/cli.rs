@@ -74,6 +74,10 @@ pub enum Command {
         /// The orders-join component (default: build examples/orders-join).
         #[arg(long)]
         component: Option<PathBuf>,
+        /// The noisy component, run by every second trial (default, when
+        /// --component is not given either: build tests/guests/noisy).
+        #[arg(long)]
+        noisy_component: Option<PathBuf>,
         /// Workers W.
         #[arg(long, default_value_t = 2)]
         workers: u32,

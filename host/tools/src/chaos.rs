@@ -1,15 +1,24 @@
 //! `sluice chaos`: a crash campaign against the exactly-once promise.
 //!
-//! Every trial runs a keyed pipeline (orders joined with customers, revenue
-//! summed per region: two exchanges, W workers) over freshly generated input
-//! with retractions (deleted orders, customers moving region) as a child
-//! `sluice run`, crashes it one to three times, either at a named crash
-//! point (`SLUICE_CRASH_AT`, see [`crash`](sluice_core::crash)) or with a
-//! SIGKILL at a random moment, restarts it until it finishes, and compares
+//! Every trial runs a pipeline over freshly generated input with retractions
+//! as a child `sluice run`, crashes it one to three times, either at a named
+//! crash point (`SLUICE_CRASH_AT`, see [`crash`](sluice_core::crash)) or with
+//! a SIGKILL at a random moment, restarts it until it finishes, and compares
 //! the integrated output with a from-scratch computation. It also audits the
-//! logs ([`audit_embedded`]). Violations are counted as
-//! lost (an expected result missing), duplicated (present too often), wrong
-//! (never expected) and audit failures.
+//! logs ([`audit_embedded`]). The pipelines, alternating:
+//!
+//! - a keyed one (orders joined with customers, revenue summed per region:
+//!   two exchanges, W workers; deleted orders, customers moving region);
+//! - with [`ChaosOptions::noisy`], a circuit written against the WIT
+//!   bindings that reads the clock and random numbers, keeps state in its
+//!   snapshots and emits in `HashMap` order (`tests/guests/noisy`): a replay
+//!   that saw another time, other random numbers or another state would
+//!   stop the pipeline (I4), and its values are checked once each.
+//!
+//! Violations are counted as lost (an expected result missing), duplicated
+//! (present too often), wrong (never expected) and audit failures. Random
+//! kills are told apart by when they landed: during start-up (ingest,
+//! recovery) or while steps ran.
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -18,8 +27,11 @@ use sluice_core::crash::CrashPoint;
 use sluice_embedded::audit::audit_embedded;
 use sluice_storage::audit::Verdict;
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Campaign settings.
@@ -31,6 +43,9 @@ pub struct ChaosOptions {
     pub seed: u64,
     /// The orders-join component.
     pub component: PathBuf,
+    /// The noisy component (`tests/guests/noisy`): when given, every second
+    /// trial runs it.
+    pub noisy: Option<PathBuf>,
     /// Workers W.
     pub workers: u32,
     /// Orders per trial.
@@ -52,6 +67,11 @@ pub struct ChaosReport {
     pub points_hit: BTreeMap<&'static str, u32>,
     /// SIGKILLs at random moments that landed before the run finished.
     pub kills: u32,
+    /// Of those, the ones that landed once the run had recovered, while
+    /// steps ran (the others hit start-up: ingest, restore, replay).
+    pub kills_in_steps: u32,
+    /// Trials of the noisy circuit.
+    pub noisy_trials: u32,
     /// Expected results missing from the output.
     pub lost: u64,
     /// Results present more often than expected.
@@ -75,8 +95,13 @@ impl std::fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "trials: {}  runs: {}  restarts: {}  random kills: {}",
-            self.trials, self.runs, self.restarts, self.kills
+            "trials: {} ({} of the noisy circuit)  runs: {}  restarts: {}  random kills: {} ({} while steps ran)",
+            self.trials,
+            self.noisy_trials,
+            self.runs,
+            self.restarts,
+            self.kills,
+            self.kills_in_steps
         )?;
         write!(f, "crash points hit:")?;
         for p in CrashPoint::ALL {
@@ -119,8 +144,21 @@ impl Rng {
     }
 }
 
-/// Writes a trial's input and returns the expected integrated output.
-fn generate(dir: &Path, rng: &mut Rng, orders: u32) -> anyhow::Result<BTreeMap<String, i64>> {
+/// What one trial runs: its circuit, its input files and output, and the
+/// integrated output a from-scratch computation expects.
+struct Workload {
+    component: PathBuf,
+    inputs: Vec<(&'static str, PathBuf)>,
+    output: (&'static str, PathBuf),
+    /// Integrated output: the key each event counts under → its weight.
+    expected: BTreeMap<String, i64>,
+    /// The key an output value counts under.
+    key: fn(&serde_json::Value) -> String,
+}
+
+/// The orders-join workload: writes a trial's input, returns the workload.
+fn orders_join(dir: &Path, rng: &mut Rng, opts: &ChaosOptions) -> anyhow::Result<Workload> {
+    let orders = opts.orders;
     let regions = ["north", "south", "east", "west", "central"];
     let customers = 1 + orders as u64 / 20;
     let mut region_of: BTreeMap<u64, usize> = BTreeMap::new();
@@ -168,15 +206,63 @@ fn generate(dir: &Path, rng: &mut Rng, orders: u32) -> anyhow::Result<BTreeMap<S
     for (customer, amount) in live.values() {
         *revenue.entry(regions[region_of[customer]]).or_default() += amount;
     }
-    Ok(revenue
-        .into_iter()
-        .map(|(region, revenue)| (json!({"region": region, "revenue": revenue}).to_string(), 1))
-        .collect())
+    Ok(Workload {
+        component: opts.component.clone(),
+        inputs: vec![
+            ("orders", dir.join("orders.jsonl")),
+            ("customers", dir.join("customers.jsonl")),
+        ],
+        output: ("revenue", dir.join("revenue.jsonl")),
+        expected: revenue
+            .into_iter()
+            .map(|(region, revenue)| (json!({"region": region, "revenue": revenue}).to_string(), 1))
+            .collect(),
+        key: |v| v.to_string(),
+    })
+}
+
+/// The noisy workload: values from a small vocabulary, inserted and
+/// sometimes deleted; each output event counts under its `v`, whatever
+/// time, random number and step count it carries.
+fn noisy(
+    dir: &Path,
+    rng: &mut Rng,
+    opts: &ChaosOptions,
+    component: &Path,
+) -> anyhow::Result<Workload> {
+    let mut live: BTreeMap<String, i64> = BTreeMap::new();
+    let mut lines = Vec::new();
+    for _ in 0..opts.orders {
+        let v = format!("x{}", rng.below(60));
+        if rng.below(6) == 0 && live.get(&v).is_some_and(|n| *n > 0) {
+            lines.push(json!({"delete": v}).to_string());
+            *live.entry(v).or_default() -= 1;
+        } else {
+            lines.push(json!(v).to_string());
+            *live.entry(v).or_default() += 1;
+        }
+    }
+    std::fs::write(dir.join("values.jsonl"), lines.join("\n") + "\n")?;
+    live.retain(|_, n| *n != 0);
+    Ok(Workload {
+        component: component.to_owned(),
+        inputs: vec![("in", dir.join("values.jsonl"))],
+        output: ("out", dir.join("out.jsonl")),
+        expected: live
+            .into_iter()
+            .map(|(v, n)| (json!(v).to_string(), n))
+            .collect(),
+        key: |v| v["v"].to_string(),
+    })
 }
 
 enum Crash {
+    /// Abort at the n-th reach of a named crash point.
     At(CrashPoint, u64),
+    /// SIGKILL this long after the start (start-up: ingest, recovery).
     KillAfter(Duration),
+    /// SIGKILL this long after the run recovered (while steps run).
+    KillInSteps(Duration),
 }
 
 enum Outcome {
@@ -188,12 +274,13 @@ fn run_child(
     exe: &Path,
     opts: &ChaosOptions,
     dir: &Path,
+    work: &Workload,
     crash: Option<&Crash>,
     report: &mut ChaosReport,
 ) -> anyhow::Result<Outcome> {
     let mut cmd = Command::new(exe);
     cmd.arg("run")
-        .arg(&opts.component)
+        .arg(&work.component)
         .arg("--data")
         .arg(dir.join("data"))
         .args([
@@ -205,19 +292,19 @@ fn run_child(
             "3",
             "--quiet",
         ])
+        .args(
+            work.inputs
+                .iter()
+                .map(|(port, file)| format!("--input={port}={}", file.display())),
+        )
         .arg(format!(
-            "--input=orders={}",
-            dir.join("orders.jsonl").display()
-        ))
-        .arg(format!(
-            "--input=customers={}",
-            dir.join("customers.jsonl").display()
-        ))
-        .arg(format!(
-            "--output=revenue={}",
-            dir.join("revenue.jsonl").display()
+            "--output={}={}",
+            work.output.0,
+            work.output.1.display()
         ))
         .env_remove("SLUICE_CRASH_AT")
+        // The `recovered` line says when start-up ended.
+        .env("SLUICE_LOG", "sluice_runtime::coordinator=debug")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(Crash::At(point, n)) = crash {
@@ -225,33 +312,58 @@ fn run_child(
     }
     report.runs += 1;
     let mut child = cmd.spawn().context("starting sluice run")?;
-    if let Some(Crash::KillAfter(delay)) = crash {
+    let recovered = Arc::new(AtomicBool::new(false));
+    let stderr = child.stderr.take().context("the child's stderr")?;
+    let reader = {
+        let recovered = recovered.clone();
+        std::thread::spawn(move || {
+            let mut log = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("recovered") {
+                    recovered.store(true, Ordering::Relaxed);
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            log
+        })
+    };
+    if let Some(Crash::KillAfter(delay) | Crash::KillInSteps(delay)) = crash {
+        if matches!(crash, Some(Crash::KillInSteps(_))) {
+            while !recovered.load(Ordering::Relaxed) && child.try_wait()?.is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let start = Instant::now();
         while start.elapsed() < *delay {
             if child.try_wait()?.is_some() {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(1));
         }
         if child.try_wait()?.is_none() {
+            let in_steps = recovered.load(Ordering::Relaxed);
             child.kill()?;
             child.wait()?;
+            let _ = reader.join();
             report.kills += 1;
+            report.kills_in_steps += u32::from(in_steps);
             return Ok(Outcome::Crashed);
         }
     }
-    let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
+    let status = child.wait()?;
+    let log = reader.join().unwrap_or_default();
+    if status.success() {
         return Ok(Outcome::Finished);
     }
     if let Some(Crash::At(point, _)) = crash
-        && stderr.contains(&format!("sluice: crash point {}", point.name()))
+        && log.contains(&format!("sluice: crash point {}", point.name()))
     {
         *report.points_hit.entry(point.name()).or_default() += 1;
         return Ok(Outcome::Crashed);
     }
-    bail!("sluice run failed: {}", stderr.trim())
+    let errors: Vec<&str> = log.lines().filter(|l| !l.contains(" DEBUG ")).collect();
+    bail!("sluice run failed: {}", errors.join("\n").trim())
 }
 
 fn trial(
@@ -263,12 +375,23 @@ fn trial(
     let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
-    let expected = generate(dir, &mut rng, opts.orders)?;
+    let work = match &opts.noisy {
+        Some(component) if seed % 2 == 1 => {
+            report.noisy_trials += 1;
+            noisy(dir, &mut rng, opts, component)?
+        }
+        _ => orders_join(dir, &mut rng, opts)?,
+    };
+    let expected = &work.expected;
     let crashes = 1 + rng.below(3);
     let mut crashed = false;
     for attempt in 0..crashes {
         let crash = if rng.below(4) == 0 {
-            Crash::KillAfter(Duration::from_millis(5 + rng.below(150)))
+            if rng.below(2) == 0 {
+                Crash::KillAfter(Duration::from_millis(5 + rng.below(80)))
+            } else {
+                Crash::KillInSteps(Duration::from_millis(rng.below(25)))
+            }
         } else {
             // Only the first run ingests, and only a restart replays: pick
             // among the points this run can reach.
@@ -289,7 +412,7 @@ fn trial(
         };
         report.restarts += u32::from(crashed);
         crashed = matches!(
-            run_child(exe, opts, dir, Some(&crash), report)?,
+            run_child(exe, opts, dir, &work, Some(&crash), report)?,
             Outcome::Crashed
         );
         if !crashed {
@@ -297,18 +420,18 @@ fn trial(
         }
     }
     report.restarts += u32::from(crashed);
-    if let Outcome::Crashed = run_child(exe, opts, dir, None, report)? {
+    if let Outcome::Crashed = run_child(exe, opts, dir, &work, None, report)? {
         bail!("a run without a crash point crashed");
     }
 
     let mut got: BTreeMap<String, i64> = BTreeMap::new();
-    for line in std::fs::read_to_string(dir.join("revenue.jsonl"))?.lines() {
+    for line in std::fs::read_to_string(&work.output.1)?.lines() {
         let (v, w) = sluice_core::wire::parse_output_line(line)?;
-        *got.entry(v.to_string()).or_default() += w;
+        *got.entry((work.key)(&v)).or_default() += w;
     }
     got.retain(|_, w| *w != 0);
     let mut violation = None;
-    for (value, e) in &expected {
+    for (value, e) in expected {
         let g = got.get(value).copied().unwrap_or(0);
         if g < *e {
             report.lost += (e - g) as u64;

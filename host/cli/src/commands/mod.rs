@@ -80,9 +80,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             trials,
             seed,
             component,
+            noisy_component,
             workers,
             orders,
-        } => tools::chaos(trials, seed, component, workers, orders).await,
+        } => tools::chaos(trials, seed, component, noisy_component, workers, orders).await,
         Command::Bench {
             quick,
             markdown,

@@ -14,23 +14,33 @@ pub async fn build(path: PathBuf, target_dir: Option<PathBuf>) -> anyhow::Result
     Ok(())
 }
 
+/// Builds the guest crate at `path` (relative to the source tree's
+/// `examples/`) into the shared guest target directory.
+async fn build_guest(path: &str) -> anyhow::Result<PathBuf> {
+    let src = sluice_tools::examples_dir().join(path);
+    let target = SluiceEngine::default_cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("guest-target");
+    tokio::task::spawn_blocking(move || compile::build_component(&src, Some(&target))).await?
+}
+
 /// `sluice chaos`.
 pub async fn chaos(
     trials: u32,
     seed: u64,
     component: Option<PathBuf>,
+    noisy: Option<PathBuf>,
     workers: u32,
     orders: u32,
 ) -> anyhow::Result<()> {
-    let component = match component {
-        Some(c) => c,
-        None => {
-            let src = sluice_tools::examples_dir().join("orders-join");
-            let target = SluiceEngine::default_cache_dir()
-                .unwrap_or_else(std::env::temp_dir)
-                .join("guest-target");
-            tokio::task::spawn_blocking(move || compile::build_component(&src, Some(&target)))
-                .await??
+    let (component, noisy) = match (component, noisy) {
+        (Some(c), noisy) => (c, noisy),
+        (None, noisy) => {
+            let noisy = match noisy {
+                Some(n) => n,
+                None => build_guest("../tests/guests/noisy").await?,
+            };
+            (build_guest("orders-join").await?, Some(noisy))
         }
     };
     let exe = std::env::current_exe()?;
@@ -38,6 +48,7 @@ pub async fn chaos(
         trials,
         seed,
         component,
+        noisy,
         workers,
         orders,
         progress: true,

@@ -1,0 +1,107 @@
+//! A circuit for the crash campaign, written against the `sluice:circuit`
+//! bindings directly (no SDK): everything a replay must reproduce that an
+//! SDK circuit does not exercise.
+//!
+//! Input port `in` takes JSON values (inserts and deletes). Each step counts
+//! them in a fresh `HashMap` (whose iteration order differs between
+//! instances) and emits, in that order, one event per value with the net
+//! count as its weight and the value `{"v": value, "t": clock ms, "r": a WASI
+//! random number, "k": steps seen}` on output `out`. The step count `k` is
+//! the instance's state, carried through snapshots. A replay of a step must
+//! give the same events (I4): same clock, same random numbers, same state;
+//! the campaign checks the sum of weights per `v` against the input.
+
+#![cfg(target_arch = "wasm32")]
+
+use std::cell::Cell;
+use std::collections::HashMap;
+
+#[allow(missing_docs)]
+mod bindings {
+    wit_bindgen::generate!({
+        world: "pipeline-worker",
+        path: "../../../wit",
+    });
+}
+
+// Name the WIT files to cargo, so that a change to them rebuilds this crate.
+const _: [&str; 4] = [
+    include_str!("../../../../wit/types.wit"),
+    include_str!("../../../../wit/exchange.wit"),
+    include_str!("../../../../wit/circuit.wit"),
+    include_str!("../../../../wit/worlds.wit"),
+];
+
+use bindings::exports::sluice::circuit::circuit::Guest;
+use bindings::sluice::circuit::types::{Batch, CircuitError, CircuitInfo, Event, WorkerInfo};
+
+thread_local! {
+    /// Steps this instance has run (restored from snapshots).
+    static STEPS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Noisy;
+
+/// A WASI random number (the host seeds it per step).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).unwrap_or_default();
+    u64::from_le_bytes(bytes)
+}
+
+impl Guest for Noisy {
+    fn describe() -> CircuitInfo {
+        CircuitInfo {
+            inputs: vec!["in".into()],
+            outputs: vec!["out".into()],
+            snapshot_version: 1,
+        }
+    }
+
+    fn init(_info: WorkerInfo) -> Result<(), CircuitError> {
+        Ok(())
+    }
+
+    fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
+        let mut counts: HashMap<Vec<u8>, i64> = HashMap::new();
+        for batch in inputs {
+            for e in batch.events {
+                *counts.entry(e.value).or_default() += e.weight;
+            }
+        }
+        let k = STEPS.get() + 1;
+        STEPS.set(k);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let r = random_u64();
+        let events = counts
+            .into_iter()
+            .filter(|(_, n)| *n != 0)
+            .map(|(value, weight)| {
+                let v = String::from_utf8_lossy(&value);
+                Event {
+                    key: Vec::new(),
+                    value: format!("{{\"v\":{v},\"t\":{t},\"r\":{r},\"k\":{k}}}").into_bytes(),
+                    weight,
+                }
+            })
+            .collect();
+        Ok(vec![Batch { port: 0, events }])
+    }
+
+    fn snapshot() -> Result<Vec<u8>, CircuitError> {
+        Ok(STEPS.get().to_le_bytes().to_vec())
+    }
+
+    fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
+        let bytes: [u8; 8] = state
+            .try_into()
+            .map_err(|_| CircuitError::IncompatibleSnapshot("expected 8 bytes".into()))?;
+        STEPS.set(u64::from_le_bytes(bytes));
+        Ok(())
+    }
+}
+
+bindings::export!(Noisy with_types_in bindings);
