@@ -306,3 +306,47 @@ fn a_second_process_on_the_same_data_is_refused_naming_the_holder() {
         "{e}"
     );
 }
+
+/// `scripts/setup.sh` decides what to install from dpkg's database, never
+/// from files another package may have left: a fresh image ships
+/// `libclang-cpp.so.14` (libclang-cpp14), which a file glob once took for
+/// libclang and skipped `libclang-dev`, and the RocksDB build then failed.
+#[test]
+fn setup_plans_libclang_dev_from_dpkg_not_from_files() {
+    let plan = |status: &str, path: Option<&str>| {
+        let admindir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(admindir.path().join("updates")).unwrap();
+        std::fs::write(admindir.path().join("status"), status).unwrap();
+        // Beside it, a tree like the fresh image's: libclang-cpp, no libclang.
+        let tree = admindir.path().join("usr/lib/llvm-14/lib");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::write(tree.join("libclang-cpp.so.14"), b"").unwrap();
+        let mut cmd = std::process::Command::new(repo().join("scripts/setup.sh"));
+        cmd.arg("--dry-run")
+            .env("SLUICE_DPKG_ADMINDIR", admindir.path())
+            .env_remove("LIBCLANG_PATH");
+        if let Some(p) = path {
+            cmd.env("SLUICE_SETUP_PATH", p);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let installed = "Package: libclang-dev\nStatus: install ok installed\n\
+                     Version: 1:14.0-55.7~deb12u1\nArchitecture: amd64\n\n";
+    assert!(
+        plan("", None).contains("libclang-dev"),
+        "a fresh root lacks it"
+    );
+    let removed = installed.replace("install ok installed", "deinstall ok config-files");
+    assert!(
+        plan(&removed, None).contains("libclang-dev"),
+        "removed is not installed"
+    );
+    assert!(!plan(installed, None).contains("libclang-dev"));
+    let bare = plan(installed, Some("/nonexistent"));
+    assert!(
+        bare.contains("make") && bare.contains("g++") && bare.contains("kcat"),
+        "{bare}"
+    );
+}

@@ -476,3 +476,52 @@ async fn a_replay_runs_under_the_limits_its_step_ran_with() {
         "a new step gets the new limit: {err}"
     );
 }
+
+/// Guest clocks never go backwards across a restart: the first step after
+/// it is at least as late as the last committed step, even when the
+/// checkpoint leaves nothing to replay and the wall clock now says earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_time_does_not_go_back_after_a_restart() {
+    use sluice_embedded::db::{self, CF_STEPS};
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component(MISBEHAVE);
+    {
+        let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+        h.append("in", 0, &["a"]);
+        let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+        assert!(c.step().await.unwrap());
+        c.checkpoint().await.unwrap();
+    }
+    // The host that committed step 0 had a clock a year ahead of this one.
+    let ahead = {
+        let database = db::open(dir.path()).unwrap();
+        let cf = db::cf(&database, CF_STEPS).unwrap();
+        let bytes = database.get_cf(cf, 0u64.to_be_bytes()).unwrap().unwrap();
+        let mut record: sluice_core::StepRecord = postcard::from_bytes(&bytes).unwrap();
+        record.time_ms += 365 * 24 * 3600 * 1000;
+        database
+            .put_cf(
+                cf,
+                0u64.to_be_bytes(),
+                postcard::to_allocvec(&record).unwrap(),
+            )
+            .unwrap();
+        record.time_ms
+    };
+    let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+    let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert_eq!(c.stats().replayed_steps, 0, "the checkpoint covers step 0");
+    h.append("in", 0, &["clock-after"]);
+    assert!(c.step().await.unwrap());
+    let seen: u64 = h
+        .integrated("out")
+        .keys()
+        .find_map(|v| {
+            v.strip_prefix("\"clock-after@")?
+                .strip_suffix('"')?
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert!(seen >= ahead, "step 1 saw {seen}, before step 0's {ahead}");
+}
