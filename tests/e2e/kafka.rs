@@ -29,6 +29,23 @@ pub fn brokers() -> Option<String> {
     }
 }
 
+/// The broker's topics whose names start with `prefix`.
+fn topics(brokers: &str, prefix: &str) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let md = client
+        .fetch_metadata(None, std::time::Duration::from_secs(10))
+        .unwrap();
+    md.topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|t| t.starts_with(prefix))
+        .collect()
+}
+
 /// A pipeline name no earlier run used (topics outlive test runs).
 pub fn fresh_name(what: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -379,7 +396,8 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
         .push("wc", "lines", &file, &Default::default())
         .unwrap();
     let expected = crate::support::recount(lines.iter().map(|l| (l.as_str(), 1)));
-    let topic = format!("{tenant}.wc.counts");
+    // The server names the topics: `sl.<tenant>.<pipeline>.<port>`.
+    let topic = format!("sl.{tenant}.wc.counts");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         // The output topic appears with the first committed step.
@@ -409,6 +427,26 @@ fn server_pipelines_can_keep_their_logs_in_kafka() {
     // The server reads the same output back, with positions.
     let read = client.read("wc", "counts", None, 0).unwrap();
     assert!(!read.is_empty() && read[0].starts_with("{\"position\":\"0:"));
+    // Deleting the pipeline deletes its topics (and only its).
+    let prefix = format!("sl.{tenant}.wc.");
+    assert!(
+        topics(&brokers, &prefix).len() >= 3,
+        "{:?}",
+        topics(&brokers, &prefix)
+    );
+    client.delete("wc").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = topics(&brokers, &prefix);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleted pipeline's topics are still there: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     // A server without brokers refuses Kafka pipelines with a clear code.
     let plain = Server::start(&dir.path().join("plain"));
     let other = plain.tenant("solo");

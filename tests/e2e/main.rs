@@ -9,6 +9,7 @@ mod cli;
 mod crash;
 mod examples;
 mod faults;
+mod hardening;
 mod invariants;
 mod kafka;
 mod server;

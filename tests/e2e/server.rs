@@ -399,7 +399,11 @@ fn malformed_requests_get_a_4xx_with_a_stable_code() {
         ("GET", u("/no/such/route"), "", Vec::new(), 404, "not_found"),
     ];
     for (m, url, ct, body, want, want_code) in cases {
-        let (s, got) = raw(m, &url, t, ct, &body);
+        let (s, got) = if body.len() > 1 << 20 {
+            server.send(m, url.strip_prefix(&server.url).unwrap(), t, ct, &body)
+        } else {
+            raw(m, &url, t, ct, &body)
+        };
         assert_eq!(s, want, "{m} {url}: {got:.300}");
         assert_eq!(code(&got), want_code, "{m} {url}: {got:.300}");
     }
@@ -420,7 +424,7 @@ fn malformed_requests_get_a_4xx_with_a_stable_code() {
             "{path} missing from /openapi.json"
         );
     }
-    let (s, page) = raw("GET", &u(&format!("/?token={}", a.token())), None, "", b"");
+    let (s, page) = raw("GET", &u("/"), t, "", b"");
     assert_eq!(s, 200);
     assert!(
         page.contains("<td>wc</td>"),

@@ -128,6 +128,9 @@ pub enum Command {
         /// Replication factor of the Kafka topics the server creates.
         #[arg(long, default_value_t = 1)]
         kafka_replication: i32,
+        #[command(flatten)]
+        /// Timeouts, connection and concurrency bounds, memory budget.
+        limits: ServerLimitArgs,
     },
     /// Tenant administration on a server (admin token).
     Tenant {
@@ -324,6 +327,70 @@ pub enum TenantCommand {
         /// The tenant's name.
         name: String,
     },
+    /// Issue a new token for a tenant (the old one stops working); prints
+    /// it (shown once).
+    Rotate {
+        /// The tenant's name.
+        name: String,
+    },
+    /// Delete a tenant with its pipelines, components, logs, checkpoints
+    /// and Kafka topics.
+    Delete {
+        /// The tenant's name.
+        name: String,
+    },
+    /// Show the host's budgets and every tenant's usage.
+    List,
+}
+
+/// `sluice serve`'s bounds (the README's "Limits and quotas" table).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerLimitArgs {
+    /// A client must send a request's headers within this many ms (an idle
+    /// keep-alive connection closes after it too).
+    #[arg(long, default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+    /// A client must send a request's body within this many ms (408).
+    #[arg(long, default_value_t = 60_000)]
+    pub body_timeout_ms: u64,
+    /// Connections served at once (more wait in the listen backlog).
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Pushes in flight at once, all tenants together (429 past it).
+    #[arg(long, default_value_t = 8)]
+    pub max_pushes: usize,
+    /// Long-polls and output streams open at once, all tenants (429).
+    #[arg(long, default_value_t = 256)]
+    pub max_streams: usize,
+    /// Components compiled at once (default: half the cores, at least 1).
+    #[arg(long)]
+    pub max_compiles: Option<usize>,
+    /// How long compiling one component may take, in ms (422 after).
+    #[arg(long, default_value_t = 120_000)]
+    pub compile_timeout_ms: u64,
+    /// Memory the host promises pipelines' instances, in MiB (default:
+    /// three quarters of the machine's).
+    #[arg(long)]
+    pub memory_budget_mib: Option<u64>,
+}
+
+impl ServerLimitArgs {
+    /// The server's limits.
+    pub fn limits(&self) -> sluice_server::limits::ServerLimits {
+        let d = sluice_server::limits::ServerLimits::default();
+        sluice_server::limits::ServerLimits {
+            header_timeout: std::time::Duration::from_millis(self.header_timeout_ms),
+            body_timeout: std::time::Duration::from_millis(self.body_timeout_ms),
+            max_connections: self.max_connections,
+            max_pushes: self.max_pushes,
+            max_streams: self.max_streams,
+            max_compiles: self.max_compiles.unwrap_or(d.max_compiles),
+            compile_timeout: std::time::Duration::from_millis(self.compile_timeout_ms),
+            memory_budget: self
+                .memory_budget_mib
+                .map_or(d.memory_budget, |m| m.saturating_mul(1 << 20)),
+        }
+    }
 }
 
 /// Which server, as whom.

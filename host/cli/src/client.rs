@@ -209,6 +209,23 @@ impl Client {
         )
     }
 
+    /// Issues a new token for a tenant (admin); returns the server's
+    /// answer (with the token).
+    pub fn rotate_token(&self, name: &str) -> anyhow::Result<String> {
+        self.call("POST", &format!("/tenants/{name}/token"), None, &[])
+    }
+
+    /// Deletes a tenant with all its data (admin).
+    pub fn delete_tenant(&self, name: &str) -> anyhow::Result<()> {
+        self.call("DELETE", &format!("/tenants/{name}"), None, &[])
+            .map(|_| ())
+    }
+
+    /// The host's budgets and every tenant's usage (admin), as JSON.
+    pub fn tenants(&self) -> anyhow::Result<String> {
+        self.call("GET", "/tenants", None, &[])
+    }
+
     /// Uploads a component and creates (and starts) a pipeline running it.
     pub fn deploy(
         &self,

@@ -23,6 +23,8 @@ pub mod name;
 pub mod shape;
 /// Steps: records, output entries, commits, positions and the output hash.
 pub mod step;
+/// Outside text (guest messages) bounded and escaped for keeping and logging.
+pub mod text;
 /// Events as JSON lines: input lines, output lines.
 pub mod wire;
 

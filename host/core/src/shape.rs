@@ -21,10 +21,23 @@ pub struct CircuitPorts {
 }
 
 impl CircuitPorts {
-    /// Checks every port name against the naming rule.
+    /// Checks every port name against the naming rule; names are distinct
+    /// (inputs and outputs together: each is a log) and none starts with
+    /// `sluice-` (reserved for the host's own logs, e.g. `sluice-steps`).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = std::collections::BTreeSet::new();
         for name in self.inputs.iter().chain(&self.outputs) {
             validate_name("port", name)?;
+            if name.starts_with("sluice-") {
+                return Err(ConfigError::Invalid(format!(
+                    "port {name:?}: names starting with `sluice-` are the host's"
+                )));
+            }
+            if !seen.insert(name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "port {name:?} is declared twice (ports share one namespace: each is a log)"
+                )));
+            }
         }
         Ok(())
     }

@@ -103,35 +103,88 @@ pub enum BodyError {
     /// One line or element is not an event; the message names it.
     #[error("{0}")]
     Event(LineError),
+    /// The body holds more events than one push may.
+    #[error("a push may carry at most {0} events; split the body")]
+    TooMany(usize),
 }
 
 /// Parses a whole push body: JSON lines, or one JSON array whose elements
 /// are events as lines would hold them. Blank lines are skipped. An error
 /// names the line (from 1) or the array element (from 0).
 pub fn parse_events(text: &str) -> Result<Vec<Event>, BodyError> {
+    parse_events_bounded(text, usize::MAX)
+}
+
+/// Like [`parse_events`], but stops with [`BodyError::TooMany`] as soon as
+/// the body holds more than `max` events, before decoding the rest: a body
+/// of many tiny events costs at most `max` events of memory.
+pub fn parse_events_bounded(text: &str, max: usize) -> Result<Vec<Event>, BodyError> {
     let mut events = Vec::new();
-    if text.trim_start().starts_with('[') {
-        let values: Vec<Value> =
-            serde_json::from_str(text).map_err(|e| BodyError::Json(e.to_string()))?;
-        for (i, v) in values.iter().enumerate() {
-            match parse_input_line(&v.to_string()) {
-                Ok(Some(e)) => events.push(e),
-                Ok(None) => {}
-                Err(m) => return Err(BodyError::Event(LineError(format!("element {i}: {m}")))),
+    let mut push = |e: Option<Event>| -> Result<(), BodyError> {
+        if let Some(e) = e {
+            if events.len() == max {
+                return Err(BodyError::TooMany(max));
             }
+            events.push(e);
         }
+        Ok(())
+    };
+    if text.trim_start().starts_with('[') {
+        // Element by element, never the whole array as values.
+        let mut de = serde_json::Deserializer::from_str(text);
+        let mut failure = None;
+        let result = serde::Deserializer::deserialize_seq(
+            &mut de,
+            Elements {
+                push: &mut push,
+                failure: &mut failure,
+            },
+        );
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        result.map_err(|e| BodyError::Json(e.to_string()))?;
+        de.end().map_err(|e| BodyError::Json(e.to_string()))?;
     } else {
         for (i, line) in text.lines().enumerate() {
-            match parse_input_line(line) {
-                Ok(Some(e)) => events.push(e),
-                Ok(None) => {}
-                Err(m) => {
-                    return Err(BodyError::Event(LineError(format!("line {}: {m}", i + 1))));
-                }
-            }
+            let e = parse_input_line(line)
+                .map_err(|m| BodyError::Event(LineError(format!("line {}: {m}", i + 1))))?;
+            push(e)?;
         }
     }
     Ok(events)
+}
+
+/// Visits a JSON array's elements one at a time.
+struct Elements<'a, F> {
+    push: &'a mut F,
+    failure: &'a mut Option<BodyError>,
+}
+
+impl<'de, F> serde::de::Visitor<'de> for Elements<'_, F>
+where
+    F: FnMut(Option<Event>) -> Result<(), BodyError>,
+{
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of events")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0usize;
+        while let Some(v) = seq.next_element::<Value>()? {
+            let outcome = parse_input_line(&v.to_string())
+                .map_err(|m| BodyError::Event(LineError(format!("element {i}: {m}"))))
+                .and_then(|e| (self.push)(e));
+            if let Err(e) = outcome {
+                *self.failure = Some(e);
+                return Err(serde::de::Error::custom("stopped"));
+            }
+            i += 1;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +239,22 @@ mod tests {
             Err(BodyError::Event(LineError(m))) if m.starts_with("element 1:")
         ));
         assert!(matches!(parse_events("[1, 2"), Err(BodyError::Json(_))));
+    }
+
+    #[test]
+    fn bounded_bodies_stop_at_the_bound() {
+        assert_eq!(parse_events_bounded("1\n2\n3\n", 3).unwrap().len(), 3);
+        assert_eq!(
+            parse_events_bounded("1\n2\n3\n4\n", 3),
+            Err(BodyError::TooMany(3))
+        );
+        assert_eq!(parse_events_bounded("[1, 2, 3]", 3).unwrap().len(), 3);
+        assert_eq!(
+            parse_events_bounded("[1, 2, 3, 4]", 3),
+            Err(BodyError::TooMany(3))
+        );
+        // Blank lines are not events.
+        assert_eq!(parse_events_bounded("1\n\n\n2\n", 2).unwrap().len(), 2);
     }
 
     #[test]

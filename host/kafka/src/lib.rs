@@ -19,5 +19,5 @@ pub mod log;
 
 pub use log::{
     FRONTIER_HEADER, KafkaConfig, KafkaLog, STEP_HEADER, WEIGHT_HEADER, WORKER_HEADER,
-    parse_frontier, validate_topic,
+    delete_topics, parse_frontier, validate_topic,
 };

@@ -1555,3 +1555,53 @@ fn ranges_of(batch: &AppendBatch, offsets: &[(i32, i64)]) -> Vec<Range<u64>> {
         })
         .collect()
 }
+
+/// Deletes the topics a pipeline owns — its step and meta topics and every
+/// `<pipeline>.<log>` topic (logs named to other topics in
+/// [`KafkaConfig::topics`] are not the pipeline's and stay) — and its
+/// consumer group. Returns the topics deleted.
+pub fn delete_topics(config: &KafkaConfig) -> Result<Vec<String>> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .base()
+        .create()
+        .map_err(kafka("creating the Kafka admin client"))?;
+    let client: BaseConsumer = config
+        .base()
+        .create()
+        .map_err(kafka("creating a Kafka client"))?;
+    let md = client
+        .fetch_metadata(None, config.timeout)
+        .map_err(kafka("listing topics"))?;
+    let prefix = format!("{}.", config.pipeline);
+    let named: std::collections::HashSet<&String> = config.topics.values().collect();
+    // Log names hold no `.`: a topic with one more is another pipeline's.
+    let owned: Vec<String> = md
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|t| {
+            t.strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains('.'))
+                && !named.contains(t)
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(config.timeout));
+    if !owned.is_empty() {
+        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let results = futures_executor::block_on(admin.delete_topics(&names, &opts))
+            .map_err(kafka("deleting the pipeline's topics"))?;
+        for r in results {
+            if let Err((topic, code)) = r
+                && code != RDKafkaErrorCode::UnknownTopicOrPartition
+            {
+                return Err(kafka_failure(
+                    format!("deleting topic `{topic}`"),
+                    code.to_string(),
+                ));
+            }
+        }
+    }
+    // The group only shows progress; a broker without it is fine.
+    let _ = futures_executor::block_on(admin.delete_groups(&[&config.group()], &opts));
+    Ok(owned)
+}

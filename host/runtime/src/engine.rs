@@ -224,26 +224,67 @@ impl SluiceEngine {
         worker.describe().await
     }
 
+    /// The cheap checks of a component, before anything is compiled: the
+    /// binary header, and the names its outermost component imports and
+    /// exports (only WASI and the `sluice:circuit` interfaces may be
+    /// imported; the circuit must be exported). A component that passes may
+    /// still be refused by [`load`](Self::load), which checks the types.
+    pub fn precheck(&self, origin: &Path, bytes: &[u8]) -> Result<()> {
+        let invalid = |message: String| Error::InvalidComponent {
+            path: origin.to_owned(),
+            message,
+        };
+        check_header(bytes).map_err(invalid)?;
+        let mut depth = 0usize;
+        let mut exports_circuit = false;
+        for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+            let payload = payload.map_err(|e| invalid(format!("not a valid component: {e}")))?;
+            match payload {
+                wasmparser::Payload::ModuleSection { .. }
+                | wasmparser::Payload::ComponentSection { .. } => depth += 1,
+                wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
+                wasmparser::Payload::ComponentImportSection(imports) if depth == 0 => {
+                    for import in imports {
+                        let import =
+                            import.map_err(|e| invalid(format!("not a valid component: {e}")))?;
+                        let name = import.name.name;
+                        if !(name.starts_with("wasi:") || name.starts_with("sluice:circuit/")) {
+                            return Err(invalid(format!(
+                                "imports {name:?}, which this host does not provide (only the \
+                                 {WORLD} world and inert WASI)"
+                            )));
+                        }
+                    }
+                }
+                wasmparser::Payload::ComponentExportSection(exports) if depth == 0 => {
+                    for export in exports {
+                        let export =
+                            export.map_err(|e| invalid(format!("not a valid component: {e}")))?;
+                        exports_circuit |= export.name.name == CIRCUIT_EXPORT;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !exports_circuit {
+            return Err(invalid(format!(
+                "does not implement the {WORLD} world: it does not export {CIRCUIT_EXPORT}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Validates and compiles (or loads from the cache) a component; `origin`
-    /// names it in errors.
+    /// names it in errors. A compiled component is cached only once it
+    /// passed the world check.
     pub fn load(&self, origin: &Path, bytes: &[u8]) -> Result<LoadedComponent> {
         let invalid = |message: String| Error::InvalidComponent {
             path: origin.to_owned(),
             message,
         };
-        match bytes.get(..8) {
-            Some([0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00]) => {}
-            Some([0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00]) => {
-                return Err(invalid(
-                    "this is a core WebAssembly module, not a component; build the circuit for \
-                     the wasm32-wasip2 target (sluice build does)"
-                        .into(),
-                ));
-            }
-            _ => return Err(invalid("not a WebAssembly component (bad header)".into())),
-        }
+        check_header(bytes).map_err(invalid)?;
         let hash = hex::encode(Sha256::digest(bytes));
-        let component = self
+        let (component, compiled) = self
             .compile_cached(&hash, bytes)
             .map_err(|e| invalid(format!("does not compile: {e:#}")))?;
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
@@ -261,35 +302,119 @@ impl SluiceEngine {
                 exports.join(", ")
             ))
         })?;
+        if let (Some(compiled), Some(file)) = (compiled, self.cache_file(&hash))
+            && let Err(e) = write_atomically(&file, &compiled)
+        {
+            tracing::warn!(file = %file.display(), "not caching the compiled component: {e}");
+        }
         Ok(LoadedComponent { hash, pre })
     }
 
-    fn compile_cached(&self, hash: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
-        let Some(dir) = &self.cache_dir else {
-            return Component::new(&self.engine, bytes);
-        };
+    /// Where the compiled form of component `hash` is cached.
+    fn cache_file(&self, hash: &str) -> Option<PathBuf> {
+        let dir = self.cache_dir.as_ref()?;
+        Some(
+            dir.join("components")
+                .join(format!("{hash}-{:016x}.cwasm", self.compatibility())),
+        )
+    }
+
+    /// A hash of what makes compiled code usable by this engine.
+    fn compatibility(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.engine.precompile_compatibility_hash().hash(&mut h);
-        let file = dir
-            .join("components")
-            .join(format!("{hash}-{:016x}.cwasm", h.finish()));
+        h.finish()
+    }
+
+    /// The component from the cache, or compiled (with the compiled bytes,
+    /// for the caller to cache once the component passed its checks).
+    fn compile_cached(
+        &self,
+        hash: &str,
+        bytes: &[u8],
+    ) -> wasmtime::Result<(Component, Option<Vec<u8>>)> {
+        let Some(file) = self.cache_file(hash) else {
+            return Ok((Component::new(&self.engine, bytes)?, None));
+        };
         if file.exists() {
             // SAFETY: the file was written by `precompile_component` of an
             // engine with the same compatibility hash, into our own cache, and
             // renamed into place only once complete.
             match unsafe { Component::deserialize_file(&self.engine, &file) } {
-                Ok(c) => return Ok(c),
+                Ok(c) => {
+                    // Marks the entry as used, for pruning.
+                    if let Ok(f) = std::fs::File::options().append(true).open(&file) {
+                        let _ = f.set_modified(std::time::SystemTime::now());
+                    }
+                    return Ok((c, None));
+                }
                 Err(e) => {
                     tracing::warn!(file = %file.display(), "recompiling: unusable cache entry: {e:#}")
                 }
             }
         }
         let compiled = self.engine.precompile_component(bytes)?;
-        if let Err(e) = write_atomically(&file, &compiled) {
-            tracing::warn!(file = %file.display(), "not caching the compiled component: {e}");
-        }
         // SAFETY: the bytes were just produced by this engine.
-        unsafe { Component::deserialize(&self.engine, &compiled) }
+        let component = unsafe { Component::deserialize(&self.engine, &compiled) }?;
+        Ok((component, Some(compiled)))
+    }
+
+    /// Deletes compiled components from the cache that were made by another
+    /// engine, or whose component hash is not in `keep` and that were not
+    /// used for `unused_for`. Returns the files and bytes removed.
+    pub fn prune_cache(
+        &self,
+        keep: &std::collections::BTreeSet<String>,
+        unused_for: Duration,
+    ) -> std::io::Result<(usize, u64)> {
+        let Some(dir) = &self.cache_dir else {
+            return Ok((0, 0));
+        };
+        let dir = dir.join("components");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+            Err(e) => return Err(e),
+        };
+        let ours = format!("-{:016x}.cwasm", self.compatibility());
+        let now = std::time::SystemTime::now();
+        let (mut files, mut bytes) = (0, 0);
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some((hash, _)) = name.split_once('-') else {
+                continue;
+            };
+            if !name.ends_with(".cwasm") {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            let idle = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default();
+            let stale = !name.ends_with(&ours) || !keep.contains(hash);
+            if stale && idle >= unused_for && std::fs::remove_file(entry.path()).is_ok() {
+                files += 1;
+                bytes += meta.len();
+            }
+        }
+        Ok((files, bytes))
+    }
+}
+
+/// The component-model binary header, or why the bytes are not a component.
+fn check_header(bytes: &[u8]) -> std::result::Result<(), String> {
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00]) => Ok(()),
+        Some([0, b'a', b's', b'm', 0x01, 0x00, 0x00, 0x00]) => Err(
+            "this is a core WebAssembly module, not a component; build the circuit for the \
+             wasm32-wasip2 target (sluice build does)"
+                .into(),
+        ),
+        _ => Err("not a WebAssembly component (bad header)".into()),
     }
 }
 

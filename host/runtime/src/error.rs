@@ -197,8 +197,9 @@ pub enum GuestError {
 
     /// The guest tried to grow its memory past the limit.
     #[error(
-        "worker {worker} exceeded its memory limit in `{call}`: tried to grow linear memory to \
-         {requested} bytes, limit is {limit} bytes (limit: memory per instance)"
+        "worker {worker} exceeded its memory limit in `{call}`: tried to hold {requested} bytes \
+         (all linear memories and tables together), limit is {limit} bytes (limit: memory per \
+         instance)"
     )]
     MemoryExceeded {
         /// Worker index.

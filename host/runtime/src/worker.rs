@@ -37,34 +37,82 @@ impl From<WorkerInfo> for bindings::WorkerInfo {
     }
 }
 
-/// Refuses memory growth past the limit and remembers the attempt, so the
-/// resulting failure can be reported as the memory limit.
-struct MemoryLimiter {
+/// Core instances one component instance may create (a Rust component
+/// has a handful: its own module, the WASI adapter, shims).
+pub const MAX_INSTANCES: usize = 32;
+/// Linear memories one component instance may create.
+pub const MAX_MEMORIES: usize = 8;
+/// Tables one component instance may create.
+pub const MAX_TABLES: usize = 32;
+/// What one table element counts for against the memory limit.
+pub const TABLE_ELEMENT_BYTES: usize = 16;
+
+/// Bounds what one instance holds: **all** its linear memories and tables
+/// together (so a component with several memories gets no more than one
+/// would), and how many instances, memories and tables it creates.
+/// Remembers a refused growth, so the failure is reported as the memory
+/// limit.
+struct InstanceLimiter {
+    /// The limit, in bytes.
     max: usize,
+    /// Bytes of linear memory and table the instance holds.
+    used: usize,
+    /// The total a refused growth asked for.
     refused: Option<usize>,
 }
 
-impl ResourceLimiter for MemoryLimiter {
+impl InstanceLimiter {
+    fn new(max: usize) -> Self {
+        InstanceLimiter {
+            max,
+            used: 0,
+            refused: None,
+        }
+    }
+
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let total = (self.used + desired).saturating_sub(current);
+        if total > self.max {
+            self.refused = Some(total);
+            return false;
+        }
+        self.used = total;
+        true
+    }
+}
+
+impl ResourceLimiter for InstanceLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max {
-            self.refused = Some(desired);
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(current, desired))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
+        Ok(self.grow(
+            current.saturating_mul(TABLE_ELEMENT_BYTES),
+            desired.saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -72,7 +120,7 @@ impl ResourceLimiter for MemoryLimiter {
 pub struct WorkerState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limiter: MemoryLimiter,
+    limiter: InstanceLimiter,
     exchange: Option<Arc<Exchange>>,
     worker: u32,
     call_started: Instant,
@@ -172,10 +220,7 @@ impl Worker {
         let state = WorkerState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                max: limits.memory,
-                refused: None,
-            },
+            limiter: InstanceLimiter::new(limits.memory),
             exchange,
             worker: info.worker,
             call_started: Instant::now(),
@@ -332,10 +377,7 @@ impl Worker {
         let state = WorkerState {
             wasi: WasiCtxBuilder::new().build(),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                max: limits.memory,
-                refused: None,
-            },
+            limiter: InstanceLimiter::new(limits.memory),
             exchange: None,
             worker: 0,
             call_started: Instant::now(),
@@ -407,13 +449,16 @@ impl Worker {
     }
 }
 
+/// A circuit's error as the host keeps it: bounded and escaped (the guest
+/// chose the words).
 fn guest_message(e: CircuitError) -> String {
-    match e {
-        CircuitError::BadInput(m) => format!("bad input: {m}"),
-        CircuitError::IncompatibleSnapshot(m) => format!("incompatible snapshot: {m}"),
-        CircuitError::Protocol(m) => format!("protocol error: {m}"),
-        CircuitError::Failed(m) => m,
-    }
+    let (what, m) = match e {
+        CircuitError::BadInput(m) => ("bad input: ", m),
+        CircuitError::IncompatibleSnapshot(m) => ("incompatible snapshot: ", m),
+        CircuitError::Protocol(m) => ("protocol error: ", m),
+        CircuitError::Failed(m) => ("", m),
+    };
+    format!("{what}{}", sluice_core::text::guest_message(&m))
 }
 
 /// A store with the instance limits: the memory limiter, and an epoch
@@ -506,12 +551,62 @@ fn classify(
                 call,
                 deadline: limits.deadline,
             },
+            // A trap's text names the guest's functions: bounded too.
             _ => GuestError::Trap {
                 worker,
                 call,
-                trap: format!("{e:#}"),
+                trap: sluice_core::text::guest_message(&format!("{e:#}")),
             },
         }
     };
     guest.into()
+}
+
+#[cfg(test)]
+mod limiter_tests {
+    use super::*;
+
+    /// A core module with `n` memories of `pages` 64 KiB pages each.
+    fn memories(n: u32, pages: u64) -> Vec<u8> {
+        let mut module = wasm_encoder::Module::new();
+        let mut section = wasm_encoder::MemorySection::new();
+        for _ in 0..n {
+            section.memory(wasm_encoder::MemoryType {
+                minimum: pages,
+                maximum: None,
+                memory64: false,
+                shared: false,
+                page_size_log2: None,
+            });
+        }
+        module.section(&section);
+        module.finish()
+    }
+
+    fn instantiate(bytes: &[u8], max: usize) -> std::result::Result<(), String> {
+        let engine = wasmtime::Engine::default();
+        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| e.to_string())?;
+        let mut store = Store::new(&engine, InstanceLimiter::new(max));
+        store.limiter(|l| l);
+        wasmtime::Instance::new(&mut store, &module, &[])
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn the_memory_limit_covers_all_memories_together() {
+        // One memory of 1 MiB under a 2 MiB limit: fine.
+        instantiate(&memories(1, 16), 2 << 20).unwrap();
+        // Two: 2 MiB, still fine.
+        instantiate(&memories(2, 16), 2 << 20).unwrap();
+        // Three memories of 1 MiB each: 3 MiB, over the limit, although
+        // each alone is under it.
+        assert!(instantiate(&memories(3, 16), 2 << 20).is_err());
+    }
+
+    #[test]
+    fn memories_are_counted() {
+        instantiate(&memories(MAX_MEMORIES as u32, 0), 1 << 20).unwrap();
+        assert!(instantiate(&memories(MAX_MEMORIES as u32 + 1, 0), 1 << 20).is_err());
+    }
 }

@@ -13,6 +13,8 @@
 //! - [`routes`]: the HTTP edge, one module per resource, and the one
 //!   mapping of errors to statuses and codes.
 //! - [`page`]: the status page.
+//! - [`limits`]: every bound the server enforces and the range of every
+//!   numeric setting.
 //!
 //! An admin token (never a default) creates tenants; a tenant sees only its
 //! own resources (another tenant's answer 404). Each tenant's files live
@@ -28,11 +30,13 @@
 //!     admin_token: std::env::var("SLUICE_ADMIN_TOKEN")?,
 //!     pool: 0,
 //!     kafka: None,
+//!     limits: Default::default(),
 //! })
 //! .await
 //! # }
 //! ```
 
+pub mod limits;
 pub mod page;
 pub mod registry;
 pub mod routes;
@@ -59,6 +63,8 @@ pub struct ServeOptions {
     pub pool: u32,
     /// Kafka brokers for pipelines created with `"log": "kafka"`.
     pub kafka: Option<runner::KafkaSettings>,
+    /// Timeouts, connection and concurrency bounds, the memory budget.
+    pub limits: limits::ServerLimits,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then checkpoints every running
@@ -91,23 +97,88 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         admin_token,
         engine,
         opts.kafka.clone(),
+        opts.limits,
     )?);
     service.recover().await;
 
-    let app = routes::router(Arc::new(routes::AppState {
-        service: service.clone(),
-        metrics,
-    }));
+    let app = routes::router(Arc::new(routes::AppState::new(service.clone(), metrics)));
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     // Tests and scripts read this line to learn the port.
     println!("sluice: listening on http://{addr}");
     tracing::info!("listening on http://{addr}");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let housekeeping = tokio::spawn({
+        let service = service.clone();
+        async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let service = service.clone();
+                let _ = tokio::task::spawn_blocking(move || service.collect_garbage()).await;
+            }
+        }
+    });
+    accept(listener, app, &opts.limits, shutdown_signal()).await;
+    housekeeping.abort();
     service.shutdown().await;
     Ok(())
+}
+
+/// Serves connections until `shutdown` resolves, then lets the open ones
+/// finish (for up to ten seconds).
+///
+/// Each connection is HTTP/1.1 (hyper) with a header-read timeout — which
+/// also closes a keep-alive connection left idle that long — and at most
+/// `max_connections` are served at once: past it, new clients wait in the
+/// listen backlog, and no file descriptor is spent on them.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: &limits::ServerLimits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => p.expect("never closed"),
+            () = &mut shutdown => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors, or the peer left: pause
+                    // instead of spinning.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(std::time::Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections were still open after ten seconds; closing them");
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

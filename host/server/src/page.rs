@@ -43,7 +43,9 @@ fn doc(body: &str) -> String {
         "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
          <title>Sluice</title><style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}.failed{{color:#b00}}\
-         .running{{color:#070}}</style></head><body><h1>Sluice</h1>{body}</body></html>"
+         .running{{color:#070}}</style></head><body><h1>Sluice</h1>\
+         <form method=\"post\" action=\"/logout\"><button type=\"submit\">Sign out</button></form>\
+         {body}</body></html>"
     )
 }
 
@@ -61,7 +63,17 @@ pub fn render_all(tenants: &[(String, Vec<PipelineStatus>)]) -> String {
     doc(&body)
 }
 
-/// The page without a valid token.
-pub fn login() -> String {
-    doc("<p>Open this page as <code>/?token=YOUR_TOKEN</code>.</p>")
+/// The sign-in form (with what went wrong, if a sign-in failed). The
+/// token goes in a form body, never in the URL.
+pub fn login(error: Option<&str>) -> String {
+    let error = error.map_or(String::new(), |e| {
+        format!("<p class=\"failed\">{}</p>", escape(e))
+    });
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Sluice</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}.failed{{color:#b00}}</style></head>\
+         <body><h1>Sluice</h1>{error}<form method=\"post\" action=\"/login\">\
+         <label>Token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" \
+         required></label> <button type=\"submit\">Sign in</button></form></body></html>"
+    )
 }

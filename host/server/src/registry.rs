@@ -35,6 +35,15 @@ pub struct Tenant {
 pub struct Registry {
     /// Tenants by name.
     pub tenants: BTreeMap<String, Tenant>,
+    /// Bumped by every change (not stored): the newest version is the one
+    /// to write.
+    #[serde(skip)]
+    pub version: u64,
+    /// Pipelines being created, by (tenant, name): the memory (bytes) and
+    /// instances they will hold, counted by quotas until they are in
+    /// `tenants` (not stored).
+    #[serde(skip)]
+    pub creating: BTreeMap<(String, String), (u64, u64)>,
 }
 
 /// The SHA-256 of a token, hex.
@@ -74,12 +83,18 @@ impl Registry {
         }
     }
 
-    /// Writes the registry durably: a temporary file, fsynced, renamed over
-    /// the old one.
-    pub fn save(&self, dir: &Path) -> Result<(), ServiceError> {
+    /// The registry as the bytes [`write`](Self::write) stores.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ServiceError> {
+        serde_json::to_vec_pretty(self)
+            .map_err(|e| ServiceError::Internal(format!("encoding the registry: {e}")))
+    }
+
+    /// Writes registry bytes durably into `dir`: a temporary file, fsynced,
+    /// renamed over the old one.
+    pub fn write(dir: &Path, bytes: &[u8]) -> Result<(), ServiceError> {
         let write = || -> std::io::Result<()> {
             let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-            serde_json::to_writer_pretty(tmp.as_file_mut(), self)?;
+            std::io::Write::write_all(tmp.as_file_mut(), bytes)?;
             tmp.as_file().sync_all()?;
             tmp.persist(Self::path(dir)).map_err(|e| e.error)?;
             std::fs::File::open(dir)?.sync_all()

@@ -88,10 +88,14 @@ impl PipelineHandle {
             None => LogConfig::default(),
             #[cfg(feature = "kafka")]
             Some(k) => {
-                // Topics `<tenant>.<pipeline>.<port>`: a tenant cannot name
-                // another tenant's topics.
-                let mut config =
-                    sluice_kafka::KafkaConfig::new(k.brokers, format!("{tenant}.{}", spec.name));
+                // Topics `<kafka name>.<port>`: a tenant cannot name another
+                // tenant's topics (pipelines created before the server chose
+                // names use `<tenant>.<pipeline>`).
+                let name = spec
+                    .kafka_name
+                    .clone()
+                    .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+                let mut config = sluice_kafka::KafkaConfig::new(k.brokers, name);
                 config.replication = k.replication;
                 config.output_partitions = spec.workers;
                 LogConfig::Kafka {
@@ -306,7 +310,9 @@ impl Runner {
                             Ok(()) => lock(&self.status).last_checkpoint = c.checkpointed_step(),
                             Err(e) => {
                                 lock(&self.status).last_error =
-                                    Some(format!("checkpoint on stop: {e}"));
+                                    Some(sluice_core::text::guest_message(&format!(
+                                        "checkpoint on stop: {e}"
+                                    )));
                             }
                         }
                     }
@@ -333,6 +339,19 @@ impl Runner {
                     };
                     match result {
                         Ok(()) => in_a_row = 0,
+                        Err(e) if is_capacity(&e) => {
+                            // The instance pool is full for now (another
+                            // pipeline's probe or a race with admission):
+                            // wait for room, never fail for it.
+                            phase = Phase::Cold;
+                            self.record_error(&e, false);
+                            self.set_state(PipelineState::Starting);
+                            tokio::select! {
+                                _ = tokio::time::sleep(self.policy.backoff(in_a_row.min(4))) => {}
+                                _ = self.control.changed() => {}
+                            }
+                            in_a_row += 1;
+                        }
                         Err(e) => {
                             phase = Phase::Cold;
                             match self.policy.retry_after(&e, in_a_row) {
@@ -428,15 +447,25 @@ impl Runner {
     fn record_error(&self, e: &sluice_pipeline::Error, fatal: bool) {
         let kind = e.as_runtime().map_or("other", sluice_runtime::Error::kind);
         self.metrics.error(kind);
+        // The message may hold a guest's words: bounded and escaped.
+        let message = sluice_core::text::guest_message(&e.to_string());
         let mut st = lock(&self.status);
-        st.last_error = Some(e.to_string());
         if fatal {
-            tracing::warn!(tenant = %self.tenant, pipeline = %self.name, "pipeline failed: {e}");
+            tracing::warn!(tenant = %self.tenant, pipeline = %self.name, "pipeline failed: {message}");
             st.state = PipelineState::Failed;
         } else {
-            tracing::warn!(tenant = %self.tenant, pipeline = %self.name, "recovering after a transient error: {e}");
+            tracing::warn!(tenant = %self.tenant, pipeline = %self.name, "recovering after a transient error: {message}");
         }
+        st.last_error = Some(message);
     }
+}
+
+/// Whether `e` says the host's instance pool is full.
+fn is_capacity(e: &sluice_pipeline::Error) -> bool {
+    matches!(
+        e.as_runtime(),
+        Some(sluice_runtime::Error::PoolExhausted { .. })
+    )
 }
 
 /// A pipeline's Prometheus series.

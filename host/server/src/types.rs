@@ -5,11 +5,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// What a tenant may use; enforced by the host. Pipelines ask for their own
-/// limits within these.
+/// limits within these. Each has a range ([`crate::limits::tenant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantLimits {
-    /// Maximum linear memory of one instance, in MiB.
+    /// Maximum memory of one instance (all its linear memories and tables
+    /// together), in MiB.
     pub memory_mib: u64,
     /// Fuel per call into the guest (deterministic CPU bound per step).
     pub fuel_per_step: u64,
@@ -23,6 +24,17 @@ pub struct TenantLimits {
     pub max_component_bytes: u64,
     /// Output events one worker may emit in one step.
     pub max_output_per_step: u64,
+    /// Size of one push's body, in bytes.
+    pub max_push_bytes: u64,
+    /// Events in one push.
+    pub max_push_events: u64,
+    /// The tenant's pushes in flight at once.
+    pub max_concurrent_pushes: u32,
+    /// The tenant's long-polls and output streams open at once.
+    pub max_streams: u32,
+    /// Disk the tenant's components, logs and checkpoints may take, in MiB
+    /// (pushes and uploads past it get 507 `quota_exceeded`).
+    pub disk_quota_mib: u64,
 }
 
 impl Default for TenantLimits {
@@ -35,7 +47,32 @@ impl Default for TenantLimits {
             max_workers: 8,
             max_component_bytes: 32 << 20,
             max_output_per_step: 1_000_000,
+            max_push_bytes: 16 << 20,
+            max_push_events: 1_000_000,
+            max_concurrent_pushes: 2,
+            max_streams: 16,
+            disk_quota_mib: 10 << 10,
         }
+    }
+}
+
+impl TenantLimits {
+    /// Checks every limit against its range.
+    pub fn validate(&self) -> Result<(), crate::service::ServiceError> {
+        use crate::limits::tenant::*;
+        MEMORY_MIB.check(self.memory_mib)?;
+        FUEL_PER_STEP.check(self.fuel_per_step)?;
+        DEADLINE_MS.check(self.deadline_ms)?;
+        MAX_PIPELINES.check(self.max_pipelines.into())?;
+        MAX_WORKERS.check(self.max_workers.into())?;
+        MAX_COMPONENT_BYTES.check(self.max_component_bytes)?;
+        MAX_OUTPUT_PER_STEP.check(self.max_output_per_step)?;
+        MAX_PUSH_BYTES.check(self.max_push_bytes)?;
+        MAX_PUSH_EVENTS.check(self.max_push_events)?;
+        MAX_CONCURRENT_PUSHES.check(self.max_concurrent_pushes.into())?;
+        MAX_STREAMS.check(self.max_streams.into())?;
+        DISK_QUOTA_MIB.check(self.disk_quota_mib)?;
+        Ok(())
     }
 }
 
@@ -72,6 +109,33 @@ pub struct PipelineSpec {
     #[serde(default)]
     #[schema(value_type = String)]
     pub log: sluice_pipeline::LogKind,
+    /// The name its Kafka topics and transactional ids derive from, chosen
+    /// by the server (see [`kafka_name`](crate::service::kafka_name));
+    /// absent for pipelines created before it existed
+    /// (`<tenant>.<pipeline>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(read_only)]
+    pub kafka_name: Option<String>,
+    /// Keep this many steps of output (older output that every checkpoint
+    /// covers is deleted); omitted: keep all output.
+    #[serde(default)]
+    pub output_retention_steps: Option<u64>,
+}
+
+impl PipelineSpec {
+    /// Checks every setting against its range (workers against the
+    /// tenant's `max_workers` happens with the tenant's other limits).
+    pub fn validate(&self) -> Result<(), crate::service::ServiceError> {
+        use crate::limits::pipeline::*;
+        WORKERS.check(self.workers.into())?;
+        MAX_BATCH.check(self.max_batch)?;
+        CHECKPOINT_EVERY_STEPS.check(self.checkpoint_every_steps)?;
+        CHECKPOINT_INTERVAL_MS.check(self.checkpoint_interval_ms)?;
+        if let Some(steps) = self.output_retention_steps {
+            OUTPUT_RETENTION_STEPS.check(steps)?;
+        }
+        Ok(())
+    }
 }
 
 fn one() -> u32 {
@@ -267,4 +331,41 @@ pub struct ErrorDetail {
     pub code: String,
     /// For people.
     pub message: String,
+}
+
+/// What a tenant uses against its limits (`GET /usage`; the admin's
+/// `GET /tenants` lists every tenant's).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TenantUsage {
+    /// The tenant.
+    pub name: String,
+    /// Its pipelines.
+    pub pipelines: u32,
+    /// Bytes its components, logs and checkpoints take on the host.
+    pub disk_used_bytes: u64,
+    /// Its disk quota in bytes.
+    pub disk_quota_bytes: u64,
+    /// Instance memory its loaded pipelines may use (workers × memory).
+    pub memory_promised_bytes: u64,
+    /// Its limits.
+    pub limits: TenantLimits,
+}
+
+/// The host's budgets and every tenant's usage (`GET /tenants`, admin).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HostUsage {
+    /// The memory budget instances are admitted against.
+    pub memory_budget_bytes: u64,
+    /// Memory promised to loaded pipelines.
+    pub memory_promised_bytes: u64,
+    /// The instance pool's size, if the host uses one.
+    pub pool_instances: Option<u32>,
+    /// Instances promised to loaded pipelines.
+    pub instances_promised: u64,
+    /// Free bytes on the data directory's file system.
+    pub disk_free_bytes: u64,
+    /// Size of that file system.
+    pub disk_total_bytes: u64,
+    /// Every tenant.
+    pub tenants: Vec<TenantUsage>,
 }

@@ -2,16 +2,17 @@
 
 use super::sluice_cmd;
 use sluice::client::Client;
-use std::io::BufRead;
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::time::Duration;
 
 /// The admin token the test servers run with.
 pub const ADMIN: &str = "test-admin-token-0123456789";
 
 /// A running `sluice serve`.
 pub struct Server {
-    child: Child,
+    child: Option<Child>,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     /// The server's data directory.
@@ -44,9 +45,19 @@ impl Server {
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
         Server {
-            child,
+            child: Some(child),
             url,
             data: data.to_owned(),
+        }
+    }
+
+    /// A handle on a server another handle started (to use its URL from
+    /// another thread); it does not stop the server.
+    pub fn attach(url: &str) -> Server {
+        Server {
+            child: None,
+            url: url.to_owned(),
+            data: PathBuf::new(),
         }
     }
 
@@ -85,17 +96,45 @@ impl Server {
         )
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a started server").id()
+    }
+
+    /// A request sent whole over a fresh connection — for bodies the server
+    /// refuses before reading them (an HTTP client library fails the
+    /// request when the server answers while it still sends).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: &[u8],
+    ) -> (u16, String) {
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        exchange(self, &head, body)
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
+        let child = self.child.as_mut().expect("a started server");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -149,6 +188,55 @@ pub fn raw(
         .read_to_string()
         .unwrap_or_default();
     (status, text)
+}
+
+/// Sends a whole request (a server that answers early and closes makes the
+/// write fail: that is fine) and reads the answer: `(status, body)`.
+pub fn exchange(server: &Server, head: &str, body: &[u8]) -> (u16, String) {
+    let (status, _, body) = exchange_full(server, head, body);
+    (status, body)
+}
+
+/// Like [`exchange`], with the response's header block too:
+/// `(status, headers, body)`.
+pub fn exchange_full(server: &Server, head: &str, body: &[u8]) -> (u16, String, String) {
+    let addr = server.url.strip_prefix("http://").unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s
+        .write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok());
+            if length.is_some_and(|n| body.len() >= n) {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, head.to_owned(), body.to_owned())
 }
 
 /// The error code of an error response.

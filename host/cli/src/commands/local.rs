@@ -198,6 +198,7 @@ pub async fn serve(
     pool: u32,
     kafka_brokers: Option<String>,
     kafka_replication: i32,
+    limits: sluice_server::limits::ServerLimits,
 ) -> anyhow::Result<()> {
     let admin_token = match admin_token_file {
         Some(f) => std::fs::read_to_string(&f)
@@ -218,6 +219,7 @@ pub async fn serve(
             brokers,
             replication: kafka_replication,
         }),
+        limits,
     })
     .await
 }

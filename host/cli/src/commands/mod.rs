@@ -5,7 +5,7 @@ mod progress;
 mod remote;
 mod tools;
 
-use crate::cli::{Cli, Command, GenCommand, TenantCommand};
+use crate::cli::{Cli, Command, GenCommand};
 
 /// Runs a parsed command line.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -26,6 +26,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             pool,
             kafka_brokers,
             kafka_replication,
+            limits,
         } => {
             local::serve(
                 data,
@@ -34,13 +35,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 pool,
                 kafka_brokers,
                 kafka_replication,
+                limits.limits(),
             )
             .await
         }
-        Command::Tenant {
-            what: TenantCommand::Create { name },
-            conn,
-        } => remote::create_tenant(conn, name).await,
+        Command::Tenant { what, conn } => remote::tenant(conn, what).await,
         Command::Deploy {
             component,
             pipeline,

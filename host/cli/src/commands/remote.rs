@@ -1,6 +1,6 @@
 //! Commands against a `sluice serve`: the client side of the HTTP API.
 
-use crate::cli::Connection;
+use crate::cli::{Connection, TenantCommand};
 use std::path::PathBuf;
 
 /// Runs a blocking client call off the async workers.
@@ -10,10 +10,23 @@ async fn call<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await?
 }
 
-/// `sluice tenant create`.
-pub async fn create_tenant(conn: Connection, name: String) -> anyhow::Result<()> {
+/// `sluice tenant …`.
+pub async fn tenant(conn: Connection, what: TenantCommand) -> anyhow::Result<()> {
     let c = conn.client();
-    println!("{}", call(move || c.create_tenant(&name)).await?);
+    match what {
+        TenantCommand::Create { name } => {
+            println!("{}", call(move || c.create_tenant(&name)).await?)
+        }
+        TenantCommand::Rotate { name } => {
+            println!("{}", call(move || c.rotate_token(&name)).await?)
+        }
+        TenantCommand::Delete { name } => {
+            let shown = name.clone();
+            call(move || c.delete_tenant(&name)).await?;
+            println!("deleted tenant {shown} and its data");
+        }
+        TenantCommand::List => println!("{}", call(move || c.tenants()).await?),
+    }
     Ok(())
 }
 

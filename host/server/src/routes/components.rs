@@ -1,28 +1,33 @@
 //! `/components`: a tenant's uploaded components.
 
-use super::{ApiResult, Shared, bearer, body};
+use super::{ApiResult, Shared, bearer, read_body};
 use crate::types::{ComponentInfo, ErrorBody};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 
-/// Uploads (or replaces) a component: validated against the Sluice world,
-/// precompiled and cached by content hash. Running pipelines keep the
-/// version they were created with.
+/// Uploads (or replaces) a component: checked against the Sluice world,
+/// precompiled (on a bounded pool, within the server's compile timeout)
+/// and cached by content hash. Running pipelines keep the version they were
+/// created with. The body is read only after the token is checked, and
+/// only up to the tenant's `max_component_bytes`.
 #[utoipa::path(put, path = "/components/{name}", request_body(content = Vec<u8>, content_type = "application/wasm"),
     params(("name" = String, Path, description = "component name")),
-    responses((status = 201, body = ComponentInfo), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, body = ComponentInfo), (status = 408, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub(super) async fn put(
     State(state): Shared,
     headers: HeaderMap,
     Path(name): Path<String>,
-    b: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<ComponentInfo>)> {
     let tenant = state.service.tenant(bearer(&headers))?;
     sluice_core::validate_name("component", &name).map_err(crate::service::ServiceError::from)?;
-    let bytes = body(b)?;
-    let info = state.service.put_component(&tenant, &name, &bytes).await?;
+    let limit = state.service.limits(&tenant)?.max_component_bytes;
+    let bytes = read_body(&state, &headers, body, limit, "max_component_bytes").await?;
+    let info = state
+        .service
+        .put_component(&tenant, &name, bytes.into())
+        .await?;
     Ok((StatusCode::CREATED, axum::Json(info)))
 }
 

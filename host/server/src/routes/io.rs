@@ -1,18 +1,19 @@
 //! A pipeline's input and output over HTTP: durable pushes, reads after a
 //! position (long-poll) and server-sent events.
 
-use super::{ApiError, ApiResult, Shared, bearer, body};
+use super::{ApiError, ApiResult, Shared, bearer, read_body};
+use crate::limits::Permit;
 use crate::runner::PipelineHandle;
 use crate::service::ServiceError;
 use crate::types::{ErrorBody, ProducerInfo, PushAck};
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use sluice_core::wire::{BodyError, parse_events, write_output_line};
+use sluice_core::wire::{BodyError, parse_events_bounded, write_output_line};
 use sluice_core::{OutputPosition, PositionedEvent};
 use sluice_storage::{ProducerSeq, read_output};
 use std::sync::Arc;
@@ -118,26 +119,49 @@ fn producer(headers: &HeaderMap) -> ApiResult<Option<(ProducerSeq, Option<String
 /// original acknowledgement and appends nothing; an older number answers
 /// 409 `duplicate_sequence`, a gap 409 `out_of_order_sequence`, an older
 /// epoch 409 `producer_fenced`.
+///
+/// A push is admitted before its body is read — within the tenant's
+/// `max_concurrent_pushes` and the server's `max_pushes` (429), and with
+/// disk left in the tenant's quota (507) — and its body may hold at most
+/// `max_push_bytes` (413 `body_too_large`) and `max_push_events` (413
+/// `too_many_events`).
 #[utoipa::path(post, path = "/pipelines/{name}/input/{port}",
     params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port")),
     request_body(content = String, content_type = "application/x-ndjson"),
-    responses((status = 200, body = PushAck), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = PushAck), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 408, body = ErrorBody), (status = 413, body = ErrorBody), (status = 429, body = ErrorBody),
+        (status = 507, body = ErrorBody)))]
 pub(super) async fn push(
     State(state): Shared,
     headers: HeaderMap,
     Path((name, port)): Path<(String, String)>,
-    b: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<axum::Json<PushAck>> {
     let tenant = state.service.tenant(bearer(&headers))?;
     port_of(&state, &tenant, &name, false, &port)?;
-    let bytes = body(b)?;
+    let producer = producer(&headers)?;
+    let (_permit, limits) = state.service.admit_push(&tenant).await?;
+    let bytes = read_body(
+        &state,
+        &headers,
+        body,
+        limits.max_push_bytes,
+        "max_push_bytes",
+    )
+    .await?;
     let text =
         std::str::from_utf8(&bytes).map_err(|_| bad("invalid_body", "the body is not UTF-8"))?;
-    let events = parse_events(text).map_err(|e| match e {
+    let max_events = usize::try_from(limits.max_push_events).unwrap_or(usize::MAX);
+    let events = parse_events_bounded(text, max_events).map_err(|e| match e {
         BodyError::Json(_) => bad("invalid_json", e.to_string()),
         BodyError::Event(_) => bad("invalid_event", e.to_string()),
+        BodyError::TooMany(_) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_events",
+            e.to_string(),
+        ),
     })?;
-    let producer = producer(&headers)?;
+    drop(bytes);
     let ack = state
         .service
         .push(&tenant, &name, &port, events, producer)
@@ -203,7 +227,7 @@ pub(super) struct OutputQuery {
            ("after" = Option<String>, Query, description = "STEP:WORKER:INDEX"),
            ("limit" = Option<usize>, Query, description = "max events"),
            ("wait_ms" = Option<u64>, Query, description = "long-poll wait")),
-    responses((status = 200, content_type = "application/x-ndjson", body = String), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "application/x-ndjson", body = String), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub(super) async fn read(
     State(state): Shared,
     headers: HeaderMap,
@@ -216,6 +240,13 @@ pub(super) async fn read(
     let after = q.after.as_deref().map(position).transpose()?;
     let limit = q.limit.unwrap_or(10_000).clamp(1, 100_000);
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0).min(60_000));
+    // A long-poll holds a stream permit while it waits (429 past the
+    // tenant's or the server's bound).
+    let _permit = if wait.is_zero() {
+        None
+    } else {
+        Some(state.service.admit_stream(&tenant)?)
+    };
     let deadline = tokio::time::Instant::now() + wait;
     let mut committed = h.committed();
     let events = loop {
@@ -262,16 +293,19 @@ struct StreamState {
     after: Option<OutputPosition>,
     committed: tokio::sync::watch::Receiver<u64>,
     ready: std::collections::VecDeque<SseEvent>,
+    /// Held while the stream is open.
+    _permit: Permit,
 }
 
 /// Streams output as server-sent events, from a position on and then as
 /// steps commit: each event's `id` is its position (`STEP:WORKER:INDEX`, so
 /// a reconnecting client resumes with `Last-Event-ID`) and its `data` the
-/// line `{"insert"|"delete": value, "weight"?: n}`.
+/// line `{"insert"|"delete": value, "weight"?: n}`. A stream counts
+/// against the tenant's `max_streams` and the server's (429 past either).
 #[utoipa::path(get, path = "/pipelines/{name}/output/{port}/stream",
     params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "output port"),
            ("after" = Option<String>, Query, description = "STEP:WORKER:INDEX")),
-    responses((status = 200, content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub(super) async fn stream(
     State(state): Shared,
     headers: HeaderMap,
@@ -286,7 +320,9 @@ pub(super) async fn stream(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let after = q.after.or(resume).as_deref().map(position).transpose()?;
+    let permit = state.service.admit_stream(&tenant)?;
     let init = StreamState {
+        _permit: permit,
         committed: h.committed(),
         handle: h,
         port,

@@ -13,20 +13,16 @@ mod tenants;
 use crate::service::{Service, ServiceError};
 use crate::types::{ErrorBody, ErrorDetail};
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use std::sync::Arc;
+use tower_http::set_header::SetResponseHeaderLayer;
 use utoipa::OpenApi;
 
-/// Largest request body outside component uploads.
-pub const MAX_BODY: usize = 16 << 20;
-/// Largest component upload the server reads at all (tenants' own limits
-/// are lower or equal).
-pub const MAX_UPLOAD: usize = 256 << 20;
+/// Largest JSON request body (tenant and pipeline specs).
+pub const MAX_JSON_BODY: u64 = 1 << 20;
 
 /// What every handler shares.
 pub struct AppState {
@@ -34,24 +30,58 @@ pub struct AppState {
     pub service: Arc<Service>,
     /// Renders `/metrics`.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Signed-in browsers of the status page.
+    pub sessions: observe::Sessions,
+}
+
+impl AppState {
+    /// The state over `service`.
+    pub fn new(
+        service: Arc<Service>,
+        metrics: metrics_exporter_prometheus::PrometheusHandle,
+    ) -> Self {
+        AppState {
+            service,
+            metrics,
+            sessions: Default::default(),
+        }
+    }
 }
 
 type Shared = axum::extract::State<Arc<AppState>>;
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The router with every route.
+/// The router with every route. Handlers authenticate from the headers
+/// before they read a body, and read it only up to the caller's limit.
+/// Every response says `Cache-Control: no-store` and
+/// `Referrer-Policy: no-referrer`.
 pub fn router(state: Arc<AppState>) -> Router {
+    let no_store = SetResponseHeaderLayer::overriding(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    let no_referrer = SetResponseHeaderLayer::overriding(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    let nosniff = SetResponseHeaderLayer::overriding(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     Router::new()
         .route("/", get(observe::page))
+        .route("/login", post(observe::login))
+        .route("/logout", post(observe::logout))
         .route("/openapi.json", get(observe::openapi))
         .route("/metrics", get(observe::metrics))
-        .route("/tenants", post(tenants::create))
+        .route("/tenants", get(tenants::list).post(tenants::create))
+        .route("/tenants/{name}", axum::routing::delete(tenants::delete))
+        .route("/tenants/{name}/token", post(tenants::rotate))
+        .route("/usage", get(tenants::usage))
         .route("/components", get(components::list))
         .route(
             "/components/{name}",
-            put(components::put)
-                .delete(components::delete)
-                .layer(DefaultBodyLimit::max(MAX_UPLOAD)),
+            put(components::put).delete(components::delete),
         )
         .route("/pipelines", get(pipelines::list).post(pipelines::create))
         .route(
@@ -67,7 +97,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/pipelines/{name}/output/{port}", get(io::read))
         .route("/pipelines/{name}/output/{port}/stream", get(io::stream))
         .fallback(|| async { ApiError::from(ServiceError::not_found("route", "this path")) })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(no_store)
+        .layer(no_referrer)
+        .layer(nosniff)
         .with_state(state)
 }
 
@@ -77,6 +109,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     info(title = "Sluice", description = "Multi-tenant host for WebAssembly circuit pipelines"),
     paths(
         tenants::create,
+        tenants::list,
+        tenants::delete,
+        tenants::rotate,
+        tenants::usage,
         components::list,
         components::put,
         components::delete,
@@ -95,6 +131,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         crate::types::CreateTenant,
         crate::types::TenantCreated,
         crate::types::TenantLimits,
+        crate::types::TenantUsage,
+        crate::types::HostUsage,
         crate::types::ComponentInfo,
         crate::types::PipelineSpec,
         crate::types::PipelineLimits,
@@ -169,6 +207,17 @@ impl From<ServiceError> for ApiError {
                 ApiError::new(C::UNPROCESSABLE_ENTITY, "invalid_component", message)
             }
             S::NoKafka => ApiError::new(C::UNPROCESSABLE_ENTITY, "no_kafka", message),
+            S::OutOfRange { .. } => ApiError::new(C::BAD_REQUEST, "out_of_range", message),
+            S::Busy { .. } => ApiError::new(C::TOO_MANY_REQUESTS, "too_many_requests", message),
+            S::HostMemory { .. } => {
+                ApiError::new(C::SERVICE_UNAVAILABLE, "host_memory_exhausted", message)
+            }
+            S::HostPool { .. } => {
+                ApiError::new(C::SERVICE_UNAVAILABLE, "host_pool_exhausted", message)
+            }
+            S::QuotaExceeded { .. } => {
+                ApiError::new(C::INSUFFICIENT_STORAGE, "quota_exceeded", message)
+            }
             S::Pipeline(e) => pipeline_error(&e, message),
             S::Internal(_) => ApiError::new(C::INTERNAL_SERVER_ERROR, "internal", message),
         }
@@ -221,16 +270,68 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// A request body, or the error its rejection means.
-fn body(b: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
-    b.map_err(|r| {
-        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            "body_too_large"
-        } else {
-            "bad_body"
-        };
-        ApiError::new(r.status(), code, r.body_text())
-    })
+/// Reads a request body of at most `limit` bytes (`limit_name` names the
+/// limit in the error): 413 `body_too_large` at once when the declared
+/// length is above it, or as soon as the bytes received pass it (nothing is
+/// buffered past the limit); 408 `body_timeout` when the whole body has not
+/// arrived within the server's body timeout. Call it only after the caller
+/// is authenticated.
+async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    limit_name: &'static str,
+) -> ApiResult<Bytes> {
+    let too_large = |attempted: Option<u64>| {
+        let asked = attempted.map_or(String::new(), |n| format!("; the request declared {n}"));
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body may hold at most {limit} bytes (limit `{limit_name}`){asked}"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|n| *n > limit) {
+        return Err(too_large(Some(n)));
+    }
+    let timeout = state.service.server_limits().body_timeout;
+    let read = axum::body::to_bytes(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                Err(too_large(None))
+            } else {
+                Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    format!("reading the body: {e}"),
+                ))
+            }
+        }
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the body did not arrive within {} ms (the server's body timeout)",
+                timeout.as_millis()
+            ),
+        )),
+    }
+}
+
+/// A JSON body of at most [`MAX_JSON_BODY`] bytes, read and decoded.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<T> {
+    json(&read_body(state, headers, body, MAX_JSON_BODY, "json body").await?)
 }
 
 /// A JSON request body, or 400 `invalid_json` / `invalid_request`.

@@ -1,11 +1,78 @@
-//! Observability: Prometheus metrics, the OpenAPI document, the status page.
+//! Observability: Prometheus metrics, the OpenAPI document, the status page
+//! and its sign-in.
+//!
+//! The page never takes a token in its URL. A browser signs in through a
+//! form (`POST /login`) and gets a session cookie (`HttpOnly`,
+//! `SameSite=Strict`); the session holds the token in the server's memory
+//! only, so rotating or deleting a tenant ends its sessions at once. The
+//! API itself takes only the `Authorization` header, never the cookie.
 
-use super::{ApiDoc, ApiResult, Shared, bearer};
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use super::{ApiDoc, ApiResult, AppState, Shared, bearer, read_body};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use utoipa::OpenApi;
+
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "sluice_session";
+/// How long a session lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Sessions kept at most (the oldest go first).
+pub const MAX_SESSIONS: usize = 10_000;
+
+/// Signed-in browsers: session id → (token, expiry).
+#[derive(Default)]
+pub struct Sessions(Mutex<HashMap<String, (String, Instant)>>);
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new session for `token`; its id.
+    fn create(&self, token: &str) -> Option<String> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).ok()?;
+        let id = hex::encode(bytes);
+        let mut map = self.lock();
+        let now = Instant::now();
+        map.retain(|_, (_, expires)| *expires > now);
+        while map.len() >= MAX_SESSIONS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, (_, e))| *e)
+                .map(|(k, _)| k.clone())?;
+            map.remove(&oldest);
+        }
+        map.insert(id.clone(), (token.to_owned(), now + SESSION_TTL));
+        Some(id)
+    }
+
+    /// The token of a live session.
+    fn token(&self, id: &str) -> Option<String> {
+        let map = self.lock();
+        let (token, expires) = map.get(id)?;
+        (*expires > Instant::now()).then(|| token.clone())
+    }
+
+    fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+}
+
+/// The session id a request's cookie names.
+fn session_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(SESSION_COOKIE)?.strip_prefix('='))
+}
 
 /// Prometheus metrics (admin only).
 #[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String)))]
@@ -26,24 +93,33 @@ pub(super) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
     axum::Json(ApiDoc::openapi())
 }
 
-#[derive(Deserialize)]
-pub(super) struct PageQuery {
-    token: Option<String>,
+/// What the page may load and where its forms may go.
+const PAGE_POLICY: &str =
+    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'";
+
+fn page_response(status: StatusCode, html: String) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(PAGE_POLICY),
+        )],
+        Html(html),
+    )
+        .into_response()
 }
 
-/// The status page: the caller's pipelines with live figures (the token in
-/// the `Authorization` header or `?token=`).
-pub(super) async fn page(
-    State(state): Shared,
-    headers: HeaderMap,
-    Query(q): Query<PageQuery>,
-) -> Response {
+/// The status page: the caller's pipelines with live figures, for a
+/// signed-in browser (or a client sending `Authorization`); else the
+/// sign-in form.
+pub(super) async fn page(State(state): Shared, headers: HeaderMap) -> Response {
     use crate::service::Caller;
-    let token = bearer(&headers).map(str::to_owned).or(q.token);
-    match state.service.caller(token.as_deref()) {
-        Ok(Caller::Tenant(t)) => {
-            Html(crate::page::render(&t, &state.service.statuses(&t))).into_response()
-        }
+    let token = match bearer(&headers) {
+        Some(t) => Some(t.to_owned()),
+        None => session_id(&headers).and_then(|id| state.sessions.token(id)),
+    };
+    let html = match state.service.caller(token.as_deref()) {
+        Ok(Caller::Tenant(t)) => crate::page::render(&t, &state.service.statuses(&t)),
         Ok(Caller::Admin) => {
             let all: Vec<_> = state
                 .service
@@ -54,8 +130,70 @@ pub(super) async fn page(
                     (t, s)
                 })
                 .collect();
-            Html(crate::page::render_all(&all)).into_response()
+            crate::page::render_all(&all)
         }
-        Err(_) => Html(crate::page::login()).into_response(),
+        Err(_) => crate::page::login(None),
+    };
+    page_response(StatusCode::OK, html)
+}
+
+/// The sign-in form's target: `token=…` (form-encoded). A valid token gets
+/// a session cookie and a redirect to the page.
+pub(super) async fn login(State(state): Shared, headers: HeaderMap, body: Body) -> Response {
+    match sign_in(&state, &headers, body).await {
+        Ok(id) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/".to_owned()),
+                (
+                    header::SET_COOKIE,
+                    format!(
+                        "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                        SESSION_TTL.as_secs()
+                    ),
+                ),
+            ],
+        )
+            .into_response(),
+        Err(message) => page_response(StatusCode::UNAUTHORIZED, crate::page::login(Some(&message))),
     }
+}
+
+async fn sign_in(state: &AppState, headers: &HeaderMap, body: Body) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    struct Form {
+        token: String,
+    }
+    let bytes = read_body(state, headers, body, 4096, "sign-in form")
+        .await
+        .map_err(|e| e.message)?;
+    let form: Form = serde_urlencoded::from_bytes(&bytes)
+        .map_err(|_| "send the form's token field".to_owned())?;
+    let token = form.token.trim();
+    state
+        .service
+        .caller(Some(token))
+        .map_err(|_| "unknown token".to_owned())?;
+    state
+        .sessions
+        .create(token)
+        .ok_or_else(|| "no randomness for a session".to_owned())
+}
+
+/// Ends the browser's session.
+pub(super) async fn logout(State(state): Shared, headers: HeaderMap) -> Response {
+    if let Some(id) = session_id(&headers) {
+        state.sessions.remove(id);
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, "/".to_owned()),
+            (
+                header::SET_COOKIE,
+                format!("{SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+            ),
+        ],
+    )
+        .into_response()
 }

@@ -1,9 +1,8 @@
 //! `/pipelines`: create, inspect, control and delete a tenant's pipelines.
 
-use super::{ApiResult, Shared, bearer, body, json};
+use super::{ApiResult, Shared, bearer, json_body};
 use crate::types::{ErrorBody, PipelineSpec, PipelineStatus};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 
@@ -19,14 +18,14 @@ pub(super) async fn list(
 
 /// Creates a pipeline from an uploaded component and starts it.
 #[utoipa::path(post, path = "/pipelines", request_body = PipelineSpec,
-    responses((status = 201, body = PipelineStatus), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 201, body = PipelineStatus), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub(super) async fn create(
     State(state): Shared,
     headers: HeaderMap,
-    b: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<PipelineStatus>)> {
     let tenant = state.service.tenant(bearer(&headers))?;
-    let spec: PipelineSpec = json(&body(b)?)?;
+    let spec: PipelineSpec = json_body(&state, &headers, body).await?;
     let status = state.service.create_pipeline(&tenant, spec).await?;
     Ok((StatusCode::CREATED, axum::Json(status)))
 }

@@ -1,0 +1,296 @@
+//! A tenant's pipelines: creation within every quota (checked and taken in
+//! one critical section), loading, control, deletion.
+
+use super::{
+    Reservation, Result, Service, ServiceError, components::sha256, effective_limits, lock,
+    tenant_dir,
+};
+use crate::registry::PipelineEntry;
+use crate::runner::PipelineHandle;
+use crate::types::{Desired, PipelineSpec, PipelineStatus};
+use sluice_core::validate_name;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Kafka name of a server pipeline: `sl.<tenant>.<pipeline>` with each
+/// name written in `[a-z0-9-]` (`-` as `--`, `_` as `-u`), so no two
+/// (tenant, pipeline) pairs share topics, even under Kafka's rule that
+/// `.` and `_` collide; a hash when that would be too long for topic
+/// names. Topics are `<this>.<port>` and `<this>.sluice-steps`.
+pub fn kafka_name(tenant: &str, pipeline: &str) -> String {
+    let encode = |s: &str| {
+        s.chars()
+            .map(|c| match c {
+                '-' => "--".to_owned(),
+                '_' => "-u".to_owned(),
+                c => c.to_string(),
+            })
+            .collect::<String>()
+    };
+    let readable = format!("sl.{}.{}", encode(tenant), encode(pipeline));
+    // Room for `.` + a 64-character port or `.sluice-steps`.
+    if readable.len() <= 249 - 65 {
+        readable
+    } else {
+        format!(
+            "sl.h{}",
+            &sha256(format!("{tenant}/{pipeline}").as_bytes())[..40]
+        )
+    }
+}
+
+impl Service {
+    /// Creates a pipeline from an uploaded component and starts it, within
+    /// the tenant's quotas and the host's budgets.
+    pub async fn create_pipeline(
+        &self,
+        tenant: &str,
+        mut spec: PipelineSpec,
+    ) -> Result<PipelineStatus> {
+        validate_name("pipeline", &spec.name)?;
+        validate_name("component", &spec.component)?;
+        spec.validate()?;
+        let key = (tenant.to_owned(), spec.name.clone());
+        // Every quota is checked and the pipeline counted in one critical
+        // section: parallel creates cannot all pass one check.
+        let reservation = {
+            let mut reg = lock(&self.registry);
+            let t = reg.tenant(tenant)?;
+            if t.pipelines.contains_key(&spec.name) || reg.creating.contains_key(&key) {
+                return Err(ServiceError::Exists {
+                    kind: "pipeline",
+                    name: spec.name,
+                });
+            }
+            let count =
+                t.pipelines.len() + reg.creating.keys().filter(|(t, _)| t == tenant).count();
+            if count as u64 >= u64::from(t.limits.max_pipelines) {
+                return Err(ServiceError::LimitExceeded {
+                    limit: "max_pipelines",
+                    value: t.limits.max_pipelines.into(),
+                    attempted: count as u64 + 1,
+                });
+            }
+            if spec.workers > t.limits.max_workers {
+                return Err(ServiceError::LimitExceeded {
+                    limit: "max_workers",
+                    value: t.limits.max_workers.into(),
+                    attempted: spec.workers.into(),
+                });
+            }
+            let effective = effective_limits(&spec, &t.limits)?;
+            let memory = effective.instance.memory as u64;
+            self.admit(&reg, None, spec.workers, memory)?;
+            reg.creating.insert(
+                key.clone(),
+                (memory * u64::from(spec.workers), spec.workers.into()),
+            );
+            Reservation { service: self, key }
+        };
+        let bytes = self.component_bytes(tenant, &spec.component)?;
+        spec.component_hash = sha256(&bytes);
+        self.keep_version(tenant, &spec.component_hash, &bytes)?;
+        // The server names the topics, never the client.
+        spec.kafka_name =
+            (spec.log == sluice_pipeline::LogKind::Kafka).then(|| kafka_name(tenant, &spec.name));
+        let handle = self
+            .load_pipeline(tenant, spec.clone(), Desired::Running)
+            .await?;
+        let entry = PipelineEntry {
+            spec: spec.clone(),
+            desired: Desired::Running,
+        };
+        let stored = self
+            .update(|reg| {
+                reg.creating.remove(&reservation.key);
+                reg.tenant_mut(tenant)?
+                    .pipelines
+                    .insert(spec.name.clone(), entry);
+                Ok(())
+            })
+            .await;
+        drop(reservation);
+        if let Err(e) = stored {
+            handle.shutdown(false).await;
+            return Err(e);
+        }
+        let status = handle.status();
+        lock(&self.pipelines).insert((tenant.to_owned(), spec.name), handle);
+        Ok(status)
+    }
+
+    /// Opens a pipeline's storage and starts its task (creation, recovery).
+    pub(crate) async fn load_pipeline(
+        &self,
+        tenant: &str,
+        spec: PipelineSpec,
+        desired: Desired,
+    ) -> Result<Arc<PipelineHandle>> {
+        let effective = effective_limits(&spec, &self.limits(tenant)?)?;
+        let bytes = self.version_bytes(tenant, &spec.component_hash)?;
+        let (component, ports) = self
+            .load_component(tenant, &spec.component, bytes.into())
+            .await?;
+        let dir = format!("{}/pipelines/{}", tenant_dir(tenant), spec.name);
+        self.root.create_dir_all(&dir).map_err(|e| {
+            ServiceError::Internal(format!("creating the pipeline's directory: {e}"))
+        })?;
+        let kafka = match spec.log {
+            sluice_pipeline::LogKind::Embedded => None,
+            sluice_pipeline::LogKind::Kafka => {
+                Some(self.kafka.clone().ok_or(ServiceError::NoKafka)?)
+            }
+        };
+        Ok(PipelineHandle::open(
+            &self.engine,
+            tenant,
+            spec,
+            component,
+            ports,
+            effective,
+            self.data.join(&dir),
+            desired,
+            kafka,
+        )
+        .await?)
+    }
+
+    /// The handle of a tenant's pipeline, or 404.
+    pub fn pipeline(&self, tenant: &str, name: &str) -> Result<Arc<PipelineHandle>> {
+        validate_name("pipeline", name).map_err(|_| ServiceError::not_found("pipeline", name))?;
+        lock(&self.pipelines)
+            .get(&(tenant.to_owned(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| ServiceError::not_found("pipeline", name))
+    }
+
+    /// The status of each of the tenant's pipelines.
+    pub fn statuses(&self, tenant: &str) -> Vec<PipelineStatus> {
+        lock(&self.pipelines)
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .map(|(_, h)| h.status())
+            .collect()
+    }
+
+    /// Starts, pauses or stops a pipeline; remembered across restarts.
+    /// Starting (or pausing) a stopped pipeline takes its memory from the
+    /// host's budget again.
+    pub async fn control(&self, tenant: &str, name: &str, action: &str) -> Result<PipelineStatus> {
+        let h = self.pipeline(tenant, name)?;
+        let desired = match action {
+            "start" => Desired::Running,
+            "pause" => Desired::Paused,
+            "stop" => Desired::Stopped,
+            _ => return Err(ServiceError::not_found("action", action)),
+        };
+        self.update(|reg| {
+            let t = reg.tenant(tenant)?;
+            let entry = t
+                .pipelines
+                .get(name)
+                .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
+            if entry.desired == Desired::Stopped && desired != Desired::Stopped {
+                let memory = effective_limits(&entry.spec, &t.limits)?.instance.memory as u64;
+                self.admit(reg, Some((tenant, name)), entry.spec.workers, memory)?;
+            }
+            if let Some(entry) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
+                entry.desired = desired;
+            }
+            Ok(())
+        })
+        .await?;
+        h.set(desired);
+        // Let the task take the command before answering with its status.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(h.status())
+    }
+
+    /// Deletes a pipeline and its data (and its Kafka topics).
+    pub async fn delete_pipeline(&self, tenant: &str, name: &str) -> Result<()> {
+        let h = self.pipeline(tenant, name)?;
+        h.shutdown(false).await;
+        lock(&self.pipelines).remove(&(tenant.to_owned(), name.to_owned()));
+        let entry = self
+            .update(|reg| Ok(reg.tenant_mut(tenant)?.pipelines.remove(name)))
+            .await?;
+        // The task has ended; its database closes when the last handle goes.
+        drop(h);
+        if let Some(entry) = entry {
+            self.delete_topics(tenant, &entry.spec).await;
+        }
+        self.remove_dir(&format!("{}/pipelines/{name}", tenant_dir(tenant)))
+            .await;
+        self.collect_versions(tenant);
+        Ok(())
+    }
+
+    /// Deletes the Kafka topics of a deleted pipeline (its own: the steps,
+    /// its metadata and one per port). A failure is logged: the pipeline is
+    /// gone either way.
+    pub(crate) async fn delete_topics(&self, tenant: &str, spec: &PipelineSpec) {
+        if spec.log != sluice_pipeline::LogKind::Kafka {
+            return;
+        }
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            let name = spec
+                .kafka_name
+                .clone()
+                .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+            let config = sluice_kafka::KafkaConfig::new(k.brokers.clone(), name);
+            match tokio::task::spawn_blocking(move || sluice_kafka::delete_topics(&config)).await {
+                Ok(Ok(deleted)) => {
+                    tracing::info!(tenant, pipeline = %spec.name, ?deleted, "deleted the pipeline's topics")
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(tenant, pipeline = %spec.name, "could not delete the pipeline's topics: {e}")
+                }
+                Err(e) => tracing::warn!(tenant, pipeline = %spec.name, "deleting topics: {e}"),
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = tenant;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kafka_name;
+
+    #[test]
+    fn kafka_names_do_not_collide_even_when_dots_and_underscores_do() {
+        // Kafka treats `.` and `_` alike in topic names.
+        let kafka_key = |s: &str| s.replace('_', ".");
+        let pairs = [
+            ("a_b", "c"),
+            ("a", "b_c"),
+            ("a-b", "c"),
+            ("a", "b-c"),
+            ("a-u", "c"),
+            ("a_", "uc"),
+            ("a", "_uc"),
+        ];
+        let names: Vec<String> = pairs.iter().map(|(t, p)| kafka_name(t, p)).collect();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                assert_ne!(kafka_key(a), kafka_key(b), "{a} vs {b}");
+            }
+            sluice_kafka_free_topic_check(a);
+        }
+        assert_eq!(kafka_name("alpha", "wc"), "sl.alpha.wc");
+        // Long names fit Kafka's 249 characters with a port after them.
+        let long = "x".repeat(64);
+        let name = kafka_name(&long.replace('x', "_"), &long);
+        assert!(name.len() + 1 + 64 <= 249, "{name}");
+    }
+
+    /// Kafka's topic alphabet.
+    fn sluice_kafka_free_topic_check(name: &str) {
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'),
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,841 @@
+//! `sluice serve` under hostile clients and tenants (issue #13): each test
+//! runs one attack against a real server on 127.0.0.1, bounded in count and
+//! time, and checks three things — the attacker gets the documented answer,
+//! the server's resident memory (or open files) stays under a stated bound,
+//! and another tenant's pipeline keeps committing steps and answering
+//! within a stated latency ([`Victim`]).
+
+use crate::support::server::{ADMIN, Server, code, exchange, exchange_full, raw};
+use sluice::client::Client;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn wordcount() -> PathBuf {
+    crate::support::component("examples/wordcount")
+}
+
+/// How long the victim's requests may take while an attack runs.
+const VICTIM_LATENCY: Duration = Duration::from_millis(1500);
+
+/// A tenant with a running word-count pipeline, pushed to and read from
+/// every 100 ms by a thread that records the slowest answer.
+struct Victim {
+    stop: Arc<AtomicBool>,
+    /// Steps committed since the victim started watching.
+    steps: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<VictimReport>>,
+}
+
+/// What the victim saw.
+#[derive(Debug)]
+struct VictimReport {
+    /// The slowest push or status read.
+    slowest: Duration,
+    /// Steps committed while it watched.
+    steps: u64,
+    /// Requests that failed.
+    errors: Vec<String>,
+}
+
+impl Victim {
+    fn start(server: &Server) -> Victim {
+        let client = server.tenant("victim");
+        client.deploy(&wordcount(), "wc", "wc", 1, false).unwrap();
+        let url = server.url.clone();
+        let token = client.token().to_owned();
+        let stop = Arc::new(AtomicBool::new(false));
+        let steps_seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (flag, seen) = (stop.clone(), steps_seen.clone());
+        let thread = std::thread::spawn(move || {
+            let client = Client::new(&url, &token);
+            let steps = |c: &Client| -> Option<u64> {
+                let s: serde_json::Value =
+                    serde_json::from_str(&c.status(Some("wc")).ok()?).ok()?;
+                s["steps"].as_u64()
+            };
+            let first = steps(&client).unwrap_or(0);
+            let mut report = VictimReport {
+                slowest: Duration::ZERO,
+                steps: 0,
+                errors: Vec::new(),
+            };
+            let mut i = 0;
+            while !flag.load(Ordering::Relaxed) {
+                i += 1;
+                let started = Instant::now();
+                let body = format!("\"victim line {i}\"\n");
+                let (status, text) = raw(
+                    "POST",
+                    &format!("{url}/pipelines/wc/input/lines"),
+                    Some(&token),
+                    "application/x-ndjson",
+                    body.as_bytes(),
+                );
+                if status != 200 {
+                    report.errors.push(format!("push: {status} {text}"));
+                }
+                let now = steps(&client);
+                report.slowest = report.slowest.max(started.elapsed());
+                match now {
+                    Some(n) => {
+                        report.steps = n.saturating_sub(first);
+                        seen.store(report.steps, Ordering::Relaxed);
+                    }
+                    None => report.errors.push("status unreadable".into()),
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            report
+        });
+        Victim {
+            stop,
+            steps: steps_seen,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops watching once the victim's pipeline committed a step (at most
+    /// 20 s on); returns what it saw.
+    fn finish(mut self) -> VictimReport {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.steps.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+
+    /// Stops watching; asserts the victim stayed served within
+    /// [`VICTIM_LATENCY`].
+    fn assert_served(self, what: &str) -> VictimReport {
+        self.assert_served_within(what, VICTIM_LATENCY)
+    }
+
+    /// Stops watching; asserts the victim saw no error, its pipeline
+    /// committed steps, and no request of its took longer than `bound`.
+    fn assert_served_within(self, what: &str, bound: Duration) -> VictimReport {
+        let report = self.finish();
+        assert!(
+            report.errors.is_empty(),
+            "{what}: the victim saw errors: {report:?}"
+        );
+        assert!(
+            report.steps > 0,
+            "{what}: the victim's pipeline committed no step: {report:?}"
+        );
+        assert!(
+            report.slowest <= bound,
+            "{what}: the victim waited {:?} (bound {bound:?})",
+            report.slowest
+        );
+        report
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The server's resident memory, in MiB.
+fn rss_mib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib >> 10
+}
+
+/// The server's open file descriptors.
+fn open_files(server: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+        .unwrap()
+        .count()
+}
+
+/// Creates tenant `name` with `limits` (JSON) and returns its token.
+fn tenant_with(server: &Server, name: &str, limits: serde_json::Value) -> String {
+    let (status, body) = raw(
+        "POST",
+        &format!("{}/tenants", server.url),
+        Some(ADMIN),
+        "application/json",
+        serde_json::json!({"name": name, "limits": limits})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(status, 201, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["token"].as_str().unwrap().to_owned()
+}
+
+/// Connects to the server.
+fn connect(server: &Server) -> TcpStream {
+    let addr = server.url.strip_prefix("http://").unwrap();
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// Reads a response's status line within `within`, or `None`.
+fn status_within(s: &mut TcpStream, within: Duration) -> Option<u16> {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(line) = buf
+                    .split(|b| *b == b'\n')
+                    .next()
+                    .filter(|_| buf.contains(&b'\n'))
+                {
+                    let line = String::from_utf8_lossy(line);
+                    return line.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    None
+}
+
+/// Whether the server closed `s` within `within` (reads end or fail).
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut chunk = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut chunk) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Item 1: a body is read only after the token is checked, and only up to
+/// the tenant's own limit.
+#[test]
+fn bodies_are_read_only_after_the_token_and_only_up_to_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let victim = Victim::start(&server);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = rss_mib(&server);
+
+    // Anonymous 40 MiB uploads: 401 after the headers, the body never read.
+    let big = 40usize << 20;
+    for path in [
+        "/components/junk",
+        "/pipelines",
+        "/pipelines/wc/input/lines",
+    ] {
+        let mut s = connect(&server);
+        write!(
+            s,
+            "{} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/wasm\r\nContent-Length: {big}\r\n\r\n",
+            if path.starts_with("/components") { "PUT" } else { "POST" }
+        )
+        .unwrap();
+        s.write_all(&vec![0u8; 64 << 10]).unwrap();
+        assert_eq!(
+            status_within(&mut s, Duration::from_secs(2)),
+            Some(401),
+            "{path}: an anonymous 40 MiB body must get 401 without being read"
+        );
+    }
+    // Two anonymous 40 MiB uploads sent whole (as fast as the server
+    // takes them): 401, nothing buffered.
+    let junk = vec![7u8; big];
+    for _ in 0..2 {
+        let mut s = connect(&server);
+        write!(
+            s,
+            "PUT /components/junk HTTP/1.1\r\nHost: x\r\nContent-Length: {big}\r\n\r\n"
+        )
+        .unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The server may close before the body is through: a failed write
+        // is fine, the answer is what counts.
+        let _ = s.write_all(&junk);
+        assert_eq!(status_within(&mut s, Duration::from_secs(2)), Some(401));
+    }
+
+    // A tenant whose components may be 1 MiB: a declared 8 MiB upload is
+    // refused from its headers, a chunked one as soon as it passes 1 MiB.
+    let token = tenant_with(
+        &server,
+        "small",
+        serde_json::json!({"max_component_bytes": 1 << 20}),
+    );
+    let mut s = connect(&server);
+    write!(
+        s,
+        "PUT /components/big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Length: {}\r\n\r\n",
+        8 << 20
+    )
+    .unwrap();
+    assert_eq!(status_within(&mut s, Duration::from_secs(2)), Some(413));
+    let mut s = connect(&server);
+    write!(
+        s,
+        "PUT /components/big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Transfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
+    let chunk = vec![1u8; 256 << 10];
+    let mut sent = 0;
+    let answered = loop {
+        if write!(s, "{:x}\r\n", chunk.len()).is_err()
+            || s.write_all(&chunk).is_err()
+            || s.write_all(b"\r\n").is_err()
+        {
+            break status_within(&mut s, Duration::from_secs(2));
+        }
+        sent += chunk.len();
+        if sent >= 2 << 20 {
+            break status_within(&mut s, Duration::from_secs(2));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        answered,
+        Some(413),
+        "a chunked upload past the limit gets 413 (sent {sent})"
+    );
+    assert!(sent <= 2 << 20);
+
+    let grew = rss_mib(&server).saturating_sub(before);
+    assert!(
+        grew < 32,
+        "the server grew by {grew} MiB reading refused bodies"
+    );
+    victim.assert_served("oversized and anonymous bodies");
+}
+
+/// Item 2: slow clients are cut off (headers and bodies), idle
+/// connections end, and the number of connections is capped.
+#[test]
+fn slow_clients_are_cut_off_and_connections_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &[
+            "--header-timeout-ms=1000".into(),
+            "--body-timeout-ms=2000".into(),
+            "--max-connections=48".into(),
+        ],
+    );
+    let victim = Victim::start(&server);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Slowloris: 30 sockets sending a header byte every 200 ms.
+    let mut slow: Vec<TcpStream> = (0..30).map(|_| connect(&server)).collect();
+    let started = Instant::now();
+    let request = b"GET /pipelines HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    for i in 0..request.len() {
+        if started.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        for s in &mut slow {
+            let _ = s.write_all(&request[i..i + 1]);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (i, s) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_within(s, Duration::from_secs(3)),
+            "slow socket {i} still open after {:?}",
+            started.elapsed()
+        );
+    }
+
+    // A 1 byte/s upload from a tenant: cut off by the body deadline.
+    let token = tenant_with(&server, "slowpoke", serde_json::json!({}));
+    let mut s = connect(&server);
+    write!(
+        s,
+        "POST /pipelines HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut answer = None;
+    while started.elapsed() < Duration::from_secs(6) {
+        if s.write_all(b" ").is_err() {
+            break;
+        }
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) if started.elapsed() < Duration::from_millis(400) => {}
+            Ok(n) if n > 0 => {
+                answer = String::from_utf8_lossy(&buf[..n])
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|c| c.parse::<u16>().ok());
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        answer,
+        Some(408),
+        "a 1 byte/s body gets 408 after the body deadline"
+    );
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    // 200 idle connections: the server holds at most 48 at once.
+    let base = open_files(&server);
+    let idle: Vec<TcpStream> = (0..200).map(|_| connect(&server)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let held = open_files(&server).saturating_sub(base);
+    assert!(
+        held <= 48,
+        "the server holds {held} more files with 200 idle clients (cap 48)"
+    );
+    // Idle connections end with the header timeout, 48 at a time: the
+    // victim waits behind them, (200 / 48 + 1) header timeouts at most.
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(idle);
+    victim.assert_served_within(
+        "slow and idle clients",
+        Duration::from_millis(1000) * (200 / 48 + 1) + VICTIM_LATENCY,
+    );
+}
+
+/// A valid component with no Sluice world and one function of about
+/// `size` bytes of code: slow to compile.
+fn huge_function_component(size: usize) -> Vec<u8> {
+    use wasm_encoder::{
+        CodeSection, Component, ExportKind, ExportSection, Function, FunctionSection, Module,
+        ModuleSection, TypeSection, ValType,
+    };
+    let mut types = TypeSection::new();
+    types.ty().function([ValType::I32], [ValType::I32]);
+    let mut funcs = FunctionSection::new();
+    funcs.function(0);
+    let mut f = Function::new([(4, ValType::I32)]);
+    let mut k = 0u32;
+    while f.byte_len() < size {
+        k += 1;
+        let mut ins = f.instructions();
+        ins.local_get(k % 5)
+            .i32_const(k as i32)
+            .i32_add()
+            .local_get((k + 2) % 5)
+            .i32_mul()
+            .local_set((k + 1) % 5);
+    }
+    f.instructions().local_get(0).end();
+    let mut code = CodeSection::new();
+    code.function(&f);
+    let mut exports = ExportSection::new();
+    exports.export("f", ExportKind::Func, 0);
+    let mut module = Module::new();
+    module
+        .section(&types)
+        .section(&funcs)
+        .section(&exports)
+        .section(&code);
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    component.finish()
+}
+
+/// Item 3: compiling uploads does not stall anyone else, and a component
+/// that cannot be a circuit is refused before it is compiled.
+#[test]
+fn compiling_huge_components_does_not_stall_other_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let victim = Victim::start(&server);
+    let token = tenant_with(&server, "compiler", serde_json::json!({}));
+    let uploads: Vec<_> = (0..2)
+        .map(|i| {
+            let (url, token) = (server.url.clone(), token.clone());
+            std::thread::spawn(move || {
+                let wasm = huge_function_component(1 << 20);
+                let started = Instant::now();
+                let (status, body) = raw(
+                    "PUT",
+                    &format!("{url}/components/huge{i}"),
+                    Some(&token),
+                    "application/wasm",
+                    &wasm,
+                );
+                (status, body, started.elapsed())
+            })
+        })
+        .collect();
+    for u in uploads {
+        let (status, body, took) = u.join().unwrap();
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(code(&body), "invalid_component");
+        assert!(took < Duration::from_secs(60), "the upload took {took:?}");
+    }
+    victim.assert_served("two huge uploads");
+}
+
+/// Item 7: the pipeline quota holds under parallel creates.
+#[test]
+fn the_pipeline_quota_holds_under_parallel_creates() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let token = tenant_with(&server, "greedy", serde_json::json!({"max_pipelines": 4}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let creates: Vec<_> = (0..30)
+        .map(|i| {
+            let (url, token) = (server.url.clone(), token.clone());
+            std::thread::spawn(move || {
+                raw(
+                    "POST",
+                    &format!("{url}/pipelines"),
+                    Some(&token),
+                    "application/json",
+                    serde_json::json!({"name": format!("p{i}"), "component": "wc"})
+                        .to_string()
+                        .as_bytes(),
+                )
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for c in creates {
+        let (status, body) = c.join().unwrap();
+        match status {
+            201 => created += 1,
+            422 => assert_eq!(code(&body), "limit_exceeded", "{body}"),
+            _ => panic!("{status} {body}"),
+        }
+    }
+    assert_eq!(created, 4, "30 parallel creates against max_pipelines = 4");
+    let list = Client::new(&server.url, &token).status(None).unwrap();
+    let list: Vec<serde_json::Value> = serde_json::from_str(&list).unwrap();
+    assert_eq!(list.len(), 4);
+}
+
+/// Item 7: every numeric setting has a range; outside it, 400.
+#[test]
+fn numeric_settings_outside_their_range_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let token = tenant_with(&server, "t", serde_json::json!({}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let bad = [
+        serde_json::json!({"max_batch": u64::MAX}),
+        serde_json::json!({"max_batch": 0}),
+        serde_json::json!({"checkpoint_every_steps": 0}),
+        serde_json::json!({"checkpoint_interval_ms": 0}),
+        serde_json::json!({"checkpoint_interval_ms": u64::MAX}),
+        serde_json::json!({"workers": 0}),
+    ];
+    for (i, setting) in bad.iter().enumerate() {
+        let mut spec = serde_json::json!({"name": format!("p{i}"), "component": "wc"});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(setting.as_object().unwrap().clone());
+        let (status, body) = server.create(&token, &spec);
+        assert_eq!(status, 400, "{setting}: {body}");
+        assert_eq!(code(&body), "out_of_range", "{setting}: {body}");
+    }
+    // Tenant limits too (the admin's request).
+    for limits in [
+        serde_json::json!({"memory_mib": 0}),
+        serde_json::json!({"memory_mib": u64::MAX}),
+        serde_json::json!({"max_workers": 100000}),
+        serde_json::json!({"deadline_ms": 0}),
+    ] {
+        let (status, body) = raw(
+            "POST",
+            &format!("{}/tenants", server.url),
+            Some(ADMIN),
+            "application/json",
+            serde_json::json!({"name": "bad", "limits": limits})
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(status, 400, "{limits}: {body}");
+        assert_eq!(code(&body), "out_of_range", "{limits}: {body}");
+    }
+}
+
+/// Item 7: a push of millions of tiny lines is refused as it is parsed,
+/// and concurrent pushes are bounded, so the server's memory stays bounded.
+#[test]
+fn pushes_of_tiny_lines_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let victim = Victim::start(&server);
+    let token = tenant_with(&server, "flood", serde_json::json!({}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.create(
+        &token,
+        &serde_json::json!({"name": "wc", "component": "wc"}),
+    );
+    assert_eq!(status, 201, "{body}");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rss_mib(&server);
+    // 15 MiB of `1\n`: 7.8 M events in one body, four at once.
+    let body = Arc::new("1\n".repeat(15 << 19));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let pushes: Vec<_> = (0..4)
+        .map(|_| {
+            let head = format!(
+                "POST /pipelines/wc/input/lines HTTP/1.1\r\nHost: x\r\n\
+                 Authorization: Bearer {token}\r\nContent-Type: application/x-ndjson\r\n\
+                 Content-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let (url, body, results) = (server.url.clone(), body.clone(), results.clone());
+            std::thread::spawn(move || {
+                let server = Server::attach(&url);
+                let r = exchange(&server, &head, body.as_bytes());
+                results.lock().unwrap().push(r);
+            })
+        })
+        .collect();
+    for p in pushes {
+        p.join().unwrap();
+    }
+    for (status, body) in results.lock().unwrap().iter() {
+        assert!(matches!(*status, 413 | 429), "{status} {body}");
+        assert!(
+            matches!(code(body).as_str(), "too_many_events" | "too_many_requests"),
+            "{body}"
+        );
+    }
+    let grew = rss_mib(&server).saturating_sub(before);
+    assert!(
+        grew < 160,
+        "four 15 MiB pushes of tiny lines grew the server by {grew} MiB"
+    );
+    victim.assert_served("pushes of tiny lines");
+}
+
+/// Item 10: the status page never takes a token in its URL; a browser
+/// signs in through a form and gets an HttpOnly, SameSite=Strict cookie;
+/// responses say `no-store` and `no-referrer`; the admin rotates a
+/// tenant's token (the old one and its sessions stop working) and deletes
+/// a tenant with its data.
+#[test]
+fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    let tenant = server.tenant("alpha");
+    tenant.deploy(&wordcount(), "wc", "wc", 1, false).unwrap();
+    let get = |path: &str, extra: &str| {
+        exchange_full(
+            &server,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
+            b"",
+        )
+    };
+    // A token in the URL shows nothing, not even the admin's.
+    for token in [ADMIN, tenant.token()] {
+        let (status, headers, page) = get(&format!("/?token={token}"), "");
+        assert_eq!(status, 200);
+        assert!(
+            !page.contains("<td>wc</td>") && !page.contains("<h2>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("action=\"/login\""),
+            "the sign-in form: {page}"
+        );
+        let headers = headers.to_ascii_lowercase();
+        assert!(headers.contains("cache-control: no-store"), "{headers}");
+        assert!(
+            headers.contains("referrer-policy: no-referrer"),
+            "{headers}"
+        );
+    }
+    // Sign in through the form.
+    let login = |token: &str| {
+        let form = format!("token={token}");
+        exchange_full(
+            &server,
+            &format!(
+                "POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n",
+                form.len()
+            ),
+            form.as_bytes(),
+        )
+    };
+    let (status, _, _) = login("sl_not-a-token");
+    assert_eq!(status, 401);
+    let (status, headers, _) = login(tenant.token());
+    assert_eq!(status, 303, "{headers}");
+    let cookie = headers
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l["set-cookie:".len()..].trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no cookie: {headers}"));
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let (_, _, page) = get("/", &format!("Cookie: {session}\r\n"));
+    assert!(
+        page.contains("<td>wc</td>"),
+        "signed in, the page lists the pipeline: {page}"
+    );
+    // The API does not take the cookie.
+    let (status, _, _) = get("/pipelines", &format!("Cookie: {session}\r\n"));
+    assert_eq!(status, 401);
+
+    // Rotation: the old token and its session stop working, the new works.
+    let (status, body) = raw(
+        "POST",
+        &format!("{}/tenants/alpha/token", server.url),
+        Some(ADMIN),
+        "",
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let new_token = serde_json::from_str::<serde_json::Value>(&body).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _) = raw(
+        "GET",
+        &format!("{}/pipelines", server.url),
+        Some(tenant.token()),
+        "",
+        b"",
+    );
+    assert_eq!(status, 401, "the old token after rotation");
+    let (_, _, page) = get("/", &format!("Cookie: {session}\r\n"));
+    assert!(
+        !page.contains("<td>wc</td>"),
+        "the old session after rotation"
+    );
+    let (status, _) = raw(
+        "GET",
+        &format!("{}/pipelines", server.url),
+        Some(&new_token),
+        "",
+        b"",
+    );
+    assert_eq!(status, 200);
+
+    // Deletion: the token dies, the data goes.
+    assert!(data.join("tenants/alpha/pipelines/wc").exists());
+    let (status, body) = raw(
+        "DELETE",
+        &format!("{}/tenants/alpha", server.url),
+        Some(ADMIN),
+        "",
+        b"",
+    );
+    assert_eq!(status, 204, "{body}");
+    let (status, _) = raw(
+        "GET",
+        &format!("{}/pipelines", server.url),
+        Some(&new_token),
+        "",
+        b"",
+    );
+    assert_eq!(status, 401);
+    assert!(
+        !data.join("tenants/alpha").exists(),
+        "the tenant's data is deleted"
+    );
+    let (status, body) = raw(
+        "GET",
+        &format!("{}/tenants", server.url),
+        Some(ADMIN),
+        "",
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert!(!body.contains("\"alpha\""), "{body}");
+    // The name can be used again, from scratch.
+    let again = server.tenant("alpha");
+    assert_eq!(again.status(None).unwrap().trim(), "[]");
+}
+
+/// Item 11: a component named like a version's hash cannot replace the
+/// version a pipeline runs.
+#[test]
+fn a_component_name_cannot_overwrite_a_pinned_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(&data);
+    let tenant = server.tenant("alpha");
+    let wc = std::fs::read(wordcount()).unwrap();
+    let (status, body) = server.upload(tenant.token(), "wc", &wc);
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.create(
+        tenant.token(),
+        &serde_json::json!({"name": "p", "component": "wc"}),
+    );
+    assert_eq!(status, 201, "{body}");
+    let hash = serde_json::from_str::<serde_json::Value>(&body).unwrap()["component_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Another circuit uploaded under the pinned version's hash.
+    let other = std::fs::read(crate::support::component("tests/guests/misbehave")).unwrap();
+    let (status, body) = server.upload(tenant.token(), &hash, &other);
+    assert_eq!(status, 201, "{body}");
+    // After a restart the pipeline still runs word count.
+    server.kill();
+    let server = Server::start(&data);
+    let client = Client::new(&server.url, tenant.token());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s: serde_json::Value =
+            serde_json::from_str(&client.status(Some("p")).unwrap()).unwrap();
+        assert_eq!(s["component_hash"], hash.as_str());
+        assert!(s["last_error"].is_null(), "{s}");
+        if s["inputs"] == serde_json::json!(["lines"]) && s["state"] != "starting" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Both names are listed, each with its own bytes.
+    let list = raw(
+        "GET",
+        &format!("{}/components", server.url),
+        Some(tenant.token()),
+        "",
+        b"",
+    )
+    .1;
+    assert!(
+        list.contains("\"wc\"") && list.contains(&format!("\"{hash}\"")),
+        "{list}"
+    );
+}
