@@ -21,7 +21,7 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let mut entries: BTreeMap<(u64, u32), usize> = BTreeMap::new();
     log.scan_output("counts", 0, &mut |e| {
         *entries.entry((e.step, e.worker)).or_default() += 1;
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(entries.len() as u64, (last + 1) * WORKERS as u64);

@@ -117,7 +117,7 @@ async fn faults_never_lose_or_duplicate(data: &std::path::Path, log: LogConfig) 
                 for ev in e.events {
                     *z.entry(String::from_utf8(ev.value).unwrap()).or_default() += ev.weight;
                 }
-                Ok(())
+                Ok(std::ops::ControlFlow::Continue(()))
             })
             .unwrap();
         z.retain(|_, w| *w != 0);

@@ -119,6 +119,10 @@ impl Victim {
     /// committed steps, and no request of its took longer than `bound`.
     fn assert_served_within(self, what: &str, bound: Duration) -> VictimReport {
         let report = self.finish();
+        eprintln!(
+            "{what}: the victim's slowest request took {:?} (bound {bound:?}), {} steps",
+            report.slowest, report.steps
+        );
         assert!(
             report.errors.is_empty(),
             "{what}: the victim saw errors: {report:?}"
@@ -325,6 +329,7 @@ fn bodies_are_read_only_after_the_token_and_only_up_to_the_limit() {
     assert!(sent <= 2 << 20);
 
     let grew = rss_mib(&server).saturating_sub(before);
+    eprintln!("refused bodies: the server grew by {grew} MiB");
     assert!(
         grew < 32,
         "the server grew by {grew} MiB reading refused bodies"
@@ -411,6 +416,7 @@ fn slow_clients_are_cut_off_and_connections_are_capped() {
     let idle: Vec<TcpStream> = (0..200).map(|_| connect(&server)).collect();
     std::thread::sleep(Duration::from_millis(500));
     let held = open_files(&server).saturating_sub(base);
+    eprintln!("200 idle clients: the server holds {held} more files (cap 48)");
     assert!(
         held <= 48,
         "the server holds {held} more files with 200 idle clients (cap 48)"
@@ -630,6 +636,7 @@ fn pushes_of_tiny_lines_are_bounded() {
         );
     }
     let grew = rss_mib(&server).saturating_sub(before);
+    eprintln!("tiny-line pushes: the server grew by {grew} MiB");
     assert!(
         grew < 160,
         "four 15 MiB pushes of tiny lines grew the server by {grew} MiB"
@@ -838,4 +845,353 @@ fn a_component_name_cannot_overwrite_a_pinned_version() {
         list.contains("\"wc\"") && list.contains(&format!("\"{hash}\"")),
         "{list}"
     );
+}
+
+/// Item 4: pipelines are admitted against the host's memory budget (the
+/// sum of workers × memory limit of every pipeline holding instances).
+#[test]
+fn pipelines_are_admitted_against_the_host_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &["--memory-budget-mib=600".into()],
+    );
+    let token = tenant_with(&server, "big", serde_json::json!({"memory_mib": 256}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let create = |name: &str, workers: u32| {
+        server.create(
+            &token,
+            &serde_json::json!({"name": name, "component": "wc", "workers": workers}),
+        )
+    };
+    // 2 × 256 MiB fits 600 MiB; one more worker does not.
+    let (status, body) = create("first", 2);
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = create("second", 1);
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (503, "host_memory_exhausted"),
+        "{body}"
+    );
+    // A pipeline asking for less memory fits.
+    let (status, body) = server.create(
+        &token,
+        &serde_json::json!({"name": "small", "component": "wc", "limits": {"memory_mib": 64}}),
+    );
+    assert_eq!(status, 201, "{body}");
+    // Stopping frees the promise; starting takes it again, if it fits.
+    let client = Client::new(&server.url, &token);
+    client.control("first", "stop").unwrap();
+    let (status, body) = create("second", 1);
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = raw(
+        "POST",
+        &format!("{}/pipelines/first/start", server.url),
+        Some(&token),
+        "",
+        b"",
+    );
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (503, "host_memory_exhausted"),
+        "{body}"
+    );
+    // The admin sees the budget and what is promised.
+    let (_, usage) = raw(
+        "GET",
+        &format!("{}/tenants", server.url),
+        Some(ADMIN),
+        "",
+        b"",
+    );
+    let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
+    assert_eq!(usage["memory_budget_bytes"], 600u64 << 20);
+    assert_eq!(usage["memory_promised_bytes"], (256u64 + 64) << 20);
+    assert!(usage["disk_free_bytes"].as_u64().unwrap() > 0);
+}
+
+/// Item 6: long-polls and output streams are capped per tenant (and in
+/// total); a closed stream frees its place.
+#[test]
+fn output_streams_and_long_polls_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let token = tenant_with(&server, "reader", serde_json::json!({"max_streams": 2}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.create(
+        &token,
+        &serde_json::json!({"name": "wc", "component": "wc"}),
+    );
+    assert_eq!(status, 201, "{body}");
+    let open_stream = || {
+        let mut s = connect(&server);
+        write!(
+            s,
+            "GET /pipelines/wc/output/counts/stream HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {token}\r\n\r\n"
+        )
+        .unwrap();
+        let status = status_within(&mut s, Duration::from_secs(5));
+        (s, status)
+    };
+    let (first, status) = open_stream();
+    assert_eq!(status, Some(200));
+    let (_second, status) = open_stream();
+    assert_eq!(status, Some(200));
+    let (_, status) = open_stream();
+    assert_eq!(status, Some(429), "a third stream");
+    let (status, body) = raw(
+        "GET",
+        &format!("{}/pipelines/wc/output/counts?wait_ms=5000", server.url),
+        Some(&token),
+        "",
+        b"",
+    );
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (429, "too_many_requests"),
+        "a long-poll"
+    );
+    // A read that does not wait is not a stream.
+    let (status, _) = raw(
+        "GET",
+        &format!("{}/pipelines/wc/output/counts", server.url),
+        Some(&token),
+        "",
+        b"",
+    );
+    assert_eq!(status, 200);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_s, status) = open_stream();
+        if status == Some(200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream never freed its place"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Item 5: a tenant's disk quota refuses pushes (507) once used up; output
+/// older than the retention (and every checkpoint) is deleted; a component
+/// version no pipeline runs is deleted.
+#[test]
+fn disk_quota_output_retention_and_unused_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    let token = tenant_with(&server, "hoarder", serde_json::json!({"disk_quota_mib": 8}));
+    let client = Client::new(&server.url, &token);
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.create(
+        &token,
+        &serde_json::json!({"name": "wc", "component": "wc", "output_retention_steps": 3,
+                            "checkpoint_every_steps": 1}),
+    );
+    assert_eq!(status, 201, "{body}");
+
+    // Retention: ten steps of distinct words, then the output starts late.
+    for i in 0..10 {
+        let before = serde_json::from_str::<serde_json::Value>(&client.status(Some("wc")).unwrap())
+            .unwrap()["steps"]
+            .as_u64()
+            .unwrap();
+        let body = format!("\"batch{i} word{i}\"\n");
+        let (status, text) = raw(
+            "POST",
+            &format!("{}/pipelines/wc/input/lines", server.url),
+            Some(&token),
+            "application/x-ndjson",
+            body.as_bytes(),
+        );
+        assert_eq!(status, 200, "{text}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while serde_json::from_str::<serde_json::Value>(&client.status(Some("wc")).unwrap())
+            .unwrap()["steps"]
+            .as_u64()
+            .unwrap()
+            == before
+        {
+            assert!(Instant::now() < deadline, "no step for push {i}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lines = client.read("wc", "counts", None, 1).unwrap();
+        let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let step: u64 = first["position"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if step >= 6 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "output of step {step} is still kept"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Quota: 512 KiB pushes until the quota refuses them.
+    let chunk: String = (0..16_384)
+        .map(|i| format!("\"filler line {i:>10}\"\n"))
+        .collect();
+    let mut refused = None;
+    for n in 0..200 {
+        let (status, body) = raw(
+            "POST",
+            &format!("{}/pipelines/wc/input/lines", server.url),
+            Some(&token),
+            "application/x-ndjson",
+            chunk.as_bytes(),
+        );
+        if status != 200 {
+            refused = Some((n, status, body));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (n, status, body) = refused.expect("the quota never refused a push");
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (507, "quota_exceeded"),
+        "{body}"
+    );
+    let usage: serde_json::Value = serde_json::from_str(
+        &raw(
+            "GET",
+            &format!("{}/usage", server.url),
+            Some(&token),
+            "",
+            b"",
+        )
+        .1,
+    )
+    .unwrap();
+    let used = usage["disk_used_bytes"].as_u64().unwrap();
+    eprintln!(
+        "disk quota: push {n} refused at {used} bytes used (quota {})",
+        8 << 20
+    );
+    assert!(used >= 8 << 20, "refused at {used} bytes, under the quota");
+    assert!(
+        used < 24 << 20,
+        "{used} bytes used after {n} pushes: the quota let far too much in"
+    );
+
+    // Versions: deleting the only pipeline running a version deletes it.
+    let versions = data.join("tenants/hoarder/components/versions");
+    assert_eq!(std::fs::read_dir(&versions).unwrap().count(), 1);
+    client.delete("wc").unwrap();
+    assert_eq!(std::fs::read_dir(&versions).unwrap().count(), 0);
+    // Deleting data frees the quota.
+    let usage: serde_json::Value = serde_json::from_str(
+        &raw(
+            "GET",
+            &format!("{}/usage", server.url),
+            Some(&token),
+            "",
+            b"",
+        )
+        .1,
+    )
+    .unwrap();
+    assert!(
+        usage["disk_used_bytes"].as_u64().unwrap() < 4 << 20,
+        "{usage}"
+    );
+}
+
+/// Item 8: a tenant spamming pipeline control (each a durable registry
+/// write) does not slow another tenant's requests past the bound.
+#[test]
+fn control_spam_does_not_hold_up_other_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let victim = Victim::start(&server);
+    let token = tenant_with(&server, "spammer", serde_json::json!({}));
+    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.create(
+        &token,
+        &serde_json::json!({"name": "wc", "component": "wc"}),
+    );
+    assert_eq!(status, 201, "{body}");
+    let until = Instant::now() + Duration::from_secs(3);
+    let spam: Vec<_> = (0..4)
+        .map(|i| {
+            let (url, token) = (server.url.clone(), token.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while Instant::now() < until {
+                    let action = ["pause", "start", "stop", "start"][(n + i) % 4];
+                    let (status, body) = raw(
+                        "POST",
+                        &format!("{url}/pipelines/wc/{action}"),
+                        Some(&token),
+                        "",
+                        b"",
+                    );
+                    assert_eq!(status, 200, "{action}: {body}");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let sent: usize = spam.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(sent > 20, "only {sent} control requests went through");
+    victim.assert_served("control spam");
+}
+
+/// Item 3: a compile that outlasts the server's compile timeout answers
+/// 422; it still finishes on the pool (holding its place, so the tenant's
+/// next upload waits for it) and is cached once it passed the world check.
+#[test]
+fn a_compile_past_the_timeout_is_refused_and_its_work_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with_cache(
+        &dir.path().join("data"),
+        &["--compile-timeout-ms=100".into()],
+        &dir.path().join("cache"),
+    );
+    let token = tenant_with(&server, "slow", serde_json::json!({}));
+    let wasm = std::fs::read(wordcount()).unwrap();
+    let (status, body) = server.upload(&token, "wc", &wasm);
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (422, "invalid_component"),
+        "{body}"
+    );
+    assert!(body.contains("compile timeout"), "{body}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = server.upload(&token, "wc", &wasm);
+        if status == 201 {
+            break;
+        }
+        assert!(body.contains("compile timeout"), "{body}");
+        assert!(
+            Instant::now() < deadline,
+            "the compile never landed in the cache"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cached = std::fs::read_dir(dir.path().join("cache/components"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 1, "one compiled component, cached after its check");
 }

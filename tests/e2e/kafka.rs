@@ -72,6 +72,7 @@ fn kafka_log_passes_the_log_conformance_suite() {
         LogFlags {
             supports_trim: true,
             dense_offsets: false,
+            output_retention: false,
         },
     );
 }
@@ -152,7 +153,7 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
     let mut entries: BTreeMap<(u64, u32), usize> = BTreeMap::new();
     log.scan_output("counts", 0, &mut |e| {
         *entries.entry((e.step, e.worker)).or_default() += e.events.len();
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(
@@ -475,7 +476,7 @@ fn output_reads_while_steps_commit() {
         let mut steps = Vec::new();
         log.scan_output("out", from, &mut |e| {
             steps.push((e.step, e.events.len()));
-            Ok(())
+            Ok(std::ops::ControlFlow::Continue(()))
         })
         .map(|()| steps)
     };
@@ -498,7 +499,7 @@ fn output_reads_while_steps_commit() {
     let mut events = Vec::new();
     late.scan_output("out", 35, &mut |e| {
         events.extend(e.events);
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(

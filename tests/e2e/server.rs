@@ -489,6 +489,12 @@ fn hostile_guests_fail_only_their_own_pipeline() {
             (0..100).map(|i| format!("\"x{i}\"\n")).collect::<String>(),
             "output limit",
         ),
+        (
+            "shout",
+            serde_json::json!({}),
+            "\"shout\"\n".to_owned(),
+            "the circuit failed",
+        ),
     ] {
         upload(name, limits);
         feed_victim(&mut round);
@@ -522,6 +528,28 @@ fn hostile_guests_fail_only_their_own_pipeline() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    // What a guest says is kept bounded and escaped (issue #13, item 9):
+    // its 1 MiB message with newlines, markup and terminal escapes.
+    let error = await_failure(&hostile, "shout");
+    assert!(error.len() <= 4200, "{} bytes kept", error.len());
+    assert!(
+        error.ends_with("more bytes)"),
+        "{:.200}",
+        &error[error.len() - 100..]
+    );
+    assert!(error.contains("<script>"), "the message is kept (as text)");
+    assert!(
+        !error.contains('\n') && !error.contains('\u{1b}'),
+        "control characters escaped"
+    );
+    let (_, page) = raw(
+        "GET",
+        &format!("{}/", server.url),
+        Some(hostile.token()),
+        "",
+        b"",
+    );
+    assert!(!page.contains("<script>"), "markup escaped on the page");
     let all: Vec<String> = (1..=round).flat_map(|_| text(200, "v")).collect();
     await_counts(
         &victim,

@@ -46,7 +46,7 @@ fn misplaced_entry(log: &EmbeddedLog, shape: &PipelineShape) -> Result<Option<St
                     entry.step, entry.worker
                 ));
             }
-            Ok(())
+            Ok(std::ops::ControlFlow::Continue(()))
         })?;
         if found.is_some() {
             return Ok(found);

@@ -72,6 +72,13 @@ fn low_key(name: &str, partition: u32) -> Vec<u8> {
     k
 }
 
+/// Where output log `name` starts after retention.
+fn output_low_key(name: &str) -> Vec<u8> {
+    let mut k = b"log.output-low.".to_vec();
+    db::push_name(&mut k, name);
+    k
+}
+
 fn be_u64(bytes: &[u8], what: &str) -> Result<u64> {
     let arr: [u8; 8] = bytes.try_into().map_err(|_| Error::Corrupt {
         what: what.into(),
@@ -141,7 +148,7 @@ impl EmbeddedLog {
         &self,
         output: &str,
         from_step: u64,
-        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<()>,
+        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
         let cf = db::cf(&self.db, CF_OUTPUT)?;
         let mut prefix = Vec::new();
@@ -170,7 +177,9 @@ impl EmbeddedLog {
             };
             let entry = postcard::from_bytes(&v)
                 .map_err(Error::corrupt(format!("entry of output log `{output}`")))?;
-            f(step, worker, entry)?;
+            if f(step, worker, entry)?.is_break() {
+                break;
+            }
         }
         Ok(())
     }
@@ -483,9 +492,41 @@ impl LogBackend for EmbeddedLog {
         &self,
         output: &str,
         from_step: u64,
-        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+        f: &mut dyn FnMut(OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
         self.scan_output_keyed(output, from_step, &mut |_, _, e| f(e))
+    }
+
+    fn trim_output(&self, output: &str, below_step: u64) -> Result<()> {
+        let low = self.output_low(output)?;
+        if below_step <= low {
+            return Ok(());
+        }
+        let mut wb = WriteBatch::default();
+        wb.delete_range_cf(
+            db::cf(&self.db, CF_OUTPUT)?,
+            output_key(output, low, 0),
+            output_key(output, below_step, 0),
+        );
+        wb.put_cf(
+            db::cf(&self.db, CF_META)?,
+            output_low_key(output),
+            below_step.to_be_bytes(),
+        );
+        self.db
+            .write_opt(wb, &db::synced())
+            .map_err(rocks("trimming output"))
+    }
+
+    fn output_low(&self, output: &str) -> Result<u64> {
+        match self
+            .db
+            .get_cf(db::cf(&self.db, CF_META)?, output_low_key(output))
+            .map_err(rocks("reading where output starts"))?
+        {
+            Some(v) => be_u64(&v, "output low"),
+            None => Ok(0),
+        }
     }
 
     fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {
@@ -533,6 +574,7 @@ mod tests {
             LogFlags {
                 supports_trim: true,
                 dense_offsets: true,
+                output_retention: true,
             },
         );
     }

@@ -1270,7 +1270,7 @@ impl LogBackend for KafkaLog {
         &self,
         output: &str,
         from_step: u64,
-        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+        f: &mut dyn FnMut(OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
         // The step records as they stand now: output of steps committed
         // while this read goes on is left for the next read.
@@ -1278,52 +1278,78 @@ impl LogBackend for KafkaLog {
         let Some(last) = records.keys().next_back().copied() else {
             return Ok(());
         };
-        if from_step > last {
-            return Ok(());
-        }
         let topic = self.config.topic(output);
         let Some(n) = self.topic_partitions(&topic)? else {
             return Ok(());
         };
-        // (step, worker) → events, from every partition of the topic.
-        let mut events: BTreeMap<(u64, u32), Vec<Event>> = BTreeMap::new();
+        let mut bounds = Vec::with_capacity(n as usize);
         for p in 0..n {
-            let (low, high) = self.topic_watermarks(&topic, p)?;
-            let start = match from_step {
-                0 => low,
-                _ => self.first_offset_of_step(&topic, p, low..high, from_step)?,
-            };
-            self.read_records(&topic, p, start..high, &mut |msg| {
-                let (step, worker, weight) = output_headers(&topic, p, msg)?;
-                if (from_step..=last).contains(&step) {
-                    events.entry((step, worker)).or_default().push(Event {
-                        value: msg.payload().unwrap_or_default().to_vec(),
-                        weight,
-                    });
-                }
-                Ok(())
-            })?;
+            bounds.push(self.topic_watermarks(&topic, p)?);
         }
-        // One entry per step per worker, the empty ones included.
-        for (step, record) in records.range(from_step..) {
-            for (w, frontier) in record.frontiers.iter().enumerate() {
-                f(OutputEntry {
-                    step: *step,
-                    worker: w as u32,
-                    frontier: frontier.clone(),
-                    events: events.remove(&(*step, w as u32)).unwrap_or_default(),
+        // Windows of steps, doubling: a reader that stops early read about
+        // what it got, found by bisection, not the topic's history.
+        let (mut from, mut window) = (from_step, 16u64);
+        while from <= last {
+            let to = from.saturating_add(window).min(last + 1);
+            // (step, worker) → events of the window, from every partition.
+            let mut events: BTreeMap<(u64, u32), Vec<Event>> = BTreeMap::new();
+            for (p, &(low, high)) in bounds.iter().enumerate() {
+                let p = p as u32;
+                let start = match from {
+                    0 => low,
+                    _ => self.first_offset_of_step(&topic, p, low..high, from)?,
+                };
+                let end = match to > last {
+                    true => high,
+                    false => self.first_offset_of_step(&topic, p, start..high, to)?,
+                };
+                self.read_records(&topic, p, start..end, &mut |msg| {
+                    let (step, worker, weight) = output_headers(&topic, p, msg)?;
+                    if (from..to).contains(&step) {
+                        events.entry((step, worker)).or_default().push(Event {
+                            value: msg.payload().unwrap_or_default().to_vec(),
+                            weight,
+                        });
+                    }
+                    Ok(())
                 })?;
             }
-        }
-        if let Some(((step, worker), _)) = events.into_iter().next() {
-            return Err(Error::Corrupt {
-                what: format!("output topic `{topic}`"),
-                message: format!(
-                    "records of step {step} worker {worker} have no committed step record"
-                ),
-            });
+            // One entry per step per worker, the empty ones included.
+            for (step, record) in records.range(from..to) {
+                for (w, frontier) in record.frontiers.iter().enumerate() {
+                    let flow = f(OutputEntry {
+                        step: *step,
+                        worker: w as u32,
+                        frontier: frontier.clone(),
+                        events: events.remove(&(*step, w as u32)).unwrap_or_default(),
+                    })?;
+                    if flow.is_break() {
+                        return Ok(());
+                    }
+                }
+            }
+            if let Some(((step, worker), _)) = events.into_iter().next() {
+                return Err(Error::Corrupt {
+                    what: format!("output topic `{topic}`"),
+                    message: format!(
+                        "records of step {step} worker {worker} have no committed step record"
+                    ),
+                });
+            }
+            from = to;
+            window = window.saturating_mul(2);
         }
         Ok(())
+    }
+
+    fn trim_output(&self, _output: &str, _below_step: u64) -> Result<()> {
+        // Output topics keep their records as long as the topic's own
+        // retention says: Sluice deletes none (others may read them).
+        Ok(())
+    }
+
+    fn output_low(&self, _output: &str) -> Result<u64> {
+        Ok(0)
     }
 
     fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()> {

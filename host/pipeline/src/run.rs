@@ -180,7 +180,7 @@ pub fn export_output(log: &dyn LogBackend, output: &str, file: &Path) -> Result<
             }
             n += 1;
         }
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })?;
     if let Some(e) = failed {
         return Err(io(e));

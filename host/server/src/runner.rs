@@ -182,6 +182,8 @@ impl PipelineHandle {
             policy: RecoveryPolicy::default(),
             tenant: tenant.to_owned(),
             name: spec.name.clone(),
+            retention: spec.output_retention_steps,
+            retained_below: 0,
         };
         let task = tokio::spawn(runner.run());
         Ok(Arc::new(PipelineHandle {
@@ -277,6 +279,10 @@ struct Runner {
     policy: RecoveryPolicy,
     tenant: String,
     name: String,
+    /// Steps of output to keep (`None`: all).
+    retention: Option<u64>,
+    /// Output below this step is already deleted.
+    retained_below: u64,
 }
 
 impl Runner {
@@ -388,6 +394,7 @@ impl Runner {
         };
         self.metrics
             .record(c, &before, progressed, started.elapsed());
+        self.retain(c.next_step(), c.checkpointed_step()).await?;
         let lag = self.pipeline.storage().lag(c.frontiers());
         self.report(c, progressed, lag);
         if progressed {
@@ -399,6 +406,38 @@ impl Runner {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
+        Ok(())
+    }
+
+    /// Output retention: deletes output older than the last `retention`
+    /// steps, never a step a recovery may replay (above the newest
+    /// checkpoint).
+    async fn retain(
+        &mut self,
+        next_step: u64,
+        checkpointed: Option<u64>,
+    ) -> sluice_pipeline::Result<()> {
+        let (Some(keep), Some(checkpointed)) = (self.retention, checkpointed) else {
+            return Ok(());
+        };
+        let below = next_step.saturating_sub(keep).min(checkpointed + 1);
+        if below <= self.retained_below {
+            return Ok(());
+        }
+        let log = self.pipeline.storage().log.clone();
+        let outputs = self.pipeline.shape().outputs.clone();
+        tokio::task::spawn_blocking(move || {
+            outputs.iter().try_for_each(|o| log.trim_output(o, below))
+        })
+        .await
+        .map_err(|source| {
+            sluice_pipeline::Error::Runtime(sluice_runtime::Error::Task {
+                what: "deleting old output".into(),
+                source,
+            })
+        })?
+        .map_err(|e| sluice_pipeline::Error::Runtime(e.into()))?;
+        self.retained_below = below;
         Ok(())
     }
 

@@ -25,6 +25,9 @@ pub struct LogFlags {
     /// covers its events (consecutive for a single writer), reads return
     /// exactly the events of their range.
     pub dense_offsets: bool,
+    /// Whether `trim_output` deletes output (Kafka's topics keep their own
+    /// retention).
+    pub output_retention: bool,
 }
 
 fn ev(i: u64) -> Event {
@@ -74,6 +77,8 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     commit_step_once_and_in_order(&*make());
     fencing_refuses_an_older_epoch(&*make());
     step_records_and_outputs_round_trip(&*make());
+    output_scans_stop_where_the_reader_stops(&*make());
+    output_retention_trims_old_steps(&*make(), flags);
     trim_moves_low_watermark(&*make(), flags);
     unknown_input_is_an_error(&*make());
 }
@@ -328,7 +333,7 @@ pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
     let mut seen = Vec::new();
     log.scan_output("out", 0, &mut |e| {
         seen.push((e.step, e.worker));
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(
@@ -352,7 +357,7 @@ pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
     let mut entries = Vec::new();
     log.scan_output("out", 2, &mut |e| {
         entries.push(e);
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(
@@ -365,10 +370,70 @@ pub fn step_records_and_outputs_round_trip(log: &dyn LogBackend) {
     let mut none = 0;
     log.scan_output("other", 0, &mut |_| {
         none += 1;
-        Ok(())
+        Ok(std::ops::ControlFlow::Continue(()))
     })
     .unwrap();
     assert_eq!(none, 0, "output logs are separate");
+}
+
+/// A scan stops where its reader stops, and `read_output` reads no more
+/// entries than it returns events from (a read with `limit = 1` of a long
+/// history touches one entry).
+pub fn output_scans_stop_where_the_reader_stops(log: &dyn LogBackend) {
+    log.fence().unwrap();
+    for s in 0..40 {
+        log.commit_step(&sample_commit(s, s)).unwrap();
+    }
+    let mut seen = Vec::new();
+    log.scan_output("out", 5, &mut |e| {
+        seen.push(e.step);
+        Ok(if seen.len() == 3 {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        vec![5, 6, 7],
+        "the scan went on after its reader stopped"
+    );
+    // `read_output` stops there too: one entry for `limit = 1`.
+    let read = crate::read_output(log, "out", None, 1).unwrap();
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].position.step, 0);
+    let after = crate::read_output(log, "out", Some(read[0].position), 2).unwrap();
+    assert_eq!(
+        after.iter().map(|e| e.position.step).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+/// Output retention deletes the entries below a step, durably says where
+/// output starts, never moves that down; backends whose output keeps its
+/// own retention (`flags.output_retention == false`) keep everything.
+pub fn output_retention_trims_old_steps(log: &dyn LogBackend, flags: LogFlags) {
+    log.fence().unwrap();
+    for s in 0..10 {
+        log.commit_step(&sample_commit(s, s)).unwrap();
+    }
+    assert_eq!(log.output_low("out").unwrap(), 0);
+    log.trim_output("out", 6).unwrap();
+    log.trim_output("out", 3).unwrap();
+    let mut steps = Vec::new();
+    log.scan_output("out", 0, &mut |e| {
+        steps.push(e.step);
+        Ok(std::ops::ControlFlow::Continue(()))
+    })
+    .unwrap();
+    if flags.output_retention {
+        assert_eq!(log.output_low("out").unwrap(), 6, "never moves down");
+        assert_eq!(steps, (6..10).collect::<Vec<_>>());
+    } else {
+        assert_eq!(log.output_low("out").unwrap(), 0);
+        assert_eq!(steps, (0..10).collect::<Vec<_>>());
+    }
 }
 
 /// Trim raises the low watermark (never lowers it) and reads below it fail.

@@ -177,11 +177,21 @@ impl LogBackend for FaultyLog {
         self.faults
             .read("step_record", || self.inner.step_record(step))
     }
+    fn trim_output(&self, output: &str, below_step: u64) -> Result<()> {
+        self.faults
+            .write("trim_output", || self.inner.trim_output(output, below_step))
+    }
+
+    fn output_low(&self, output: &str) -> Result<u64> {
+        self.faults
+            .read("output_low", || self.inner.output_low(output))
+    }
+
     fn scan_output(
         &self,
         output: &str,
         from_step: u64,
-        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+        f: &mut dyn FnMut(OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
         self.faults.read("scan_output", || {
             self.inner.scan_output(output, from_step, f)

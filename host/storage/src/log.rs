@@ -9,7 +9,7 @@
 
 use crate::error::{Result, StorageError};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord};
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 /// Events to append to input logs, made durable together.
 #[derive(Debug, Clone, Default)]
@@ -203,16 +203,31 @@ pub trait LogBackend: Send + Sync {
     fn step_record(&self, step: u64) -> Result<Option<StepRecord>>;
 
     /// Calls `f` with every entry of output log `output`, in (step, worker)
-    /// order, from step `from_step` on.
+    /// order, from step `from_step` on, until `f` breaks. Output is indexed
+    /// by step: a scan costs what it reads from `from_step` to where `f`
+    /// stops, not the log's history.
     fn scan_output(
         &self,
         output: &str,
         from_step: u64,
-        f: &mut dyn FnMut(OutputEntry) -> Result<()>,
+        f: &mut dyn FnMut(OutputEntry) -> Result<ControlFlow<()>>,
     ) -> Result<()>;
 
     /// Discards offsets below `below` of one partition. Idempotent; never
     /// moves the low watermark down. Callers must go through
     /// [`Guarded::trim`](crate::Guarded::trim), which checks I2.
     fn trim(&self, input: &str, partition: u32, below: u64) -> Result<()>;
+
+    /// Discards the entries of output log `output` below step `below_step`
+    /// (output retention), durably; [`output_low`](Self::output_low) says
+    /// where the output now starts. Idempotent; never moves it down.
+    /// Callers must keep every step a recovery may replay (above the newest
+    /// checkpoint). A backend whose output has its own retention (Kafka:
+    /// the topic's `retention.ms`/`retention.bytes`) keeps the entries and
+    /// leaves `output_low` at 0.
+    fn trim_output(&self, output: &str, below_step: u64) -> Result<()>;
+
+    /// The first step whose entries output log `output` still holds (0 if
+    /// it was never trimmed).
+    fn output_low(&self, output: &str) -> Result<u64>;
 }

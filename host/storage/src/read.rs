@@ -21,7 +21,10 @@ pub fn read_output(
                 worker: entry.worker,
                 index: i as u32,
             };
-            if out.len() < limit && after.is_none_or(|a| position > a) {
+            if out.len() == limit {
+                return Ok(std::ops::ControlFlow::Break(()));
+            }
+            if after.is_none_or(|a| position > a) {
                 out.push(PositionedEvent {
                     position,
                     frontier: entry.frontier.clone(),
@@ -29,7 +32,12 @@ pub fn read_output(
                 });
             }
         }
-        Ok(())
+        // The entry is done: stop once the read is full.
+        Ok(if out.len() == limit {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        })
     })?;
     Ok(out)
 }

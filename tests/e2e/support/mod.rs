@@ -124,7 +124,7 @@ impl Harness {
                 for ev in e.events {
                     *z.entry(String::from_utf8(ev.value).unwrap()).or_insert(0) += ev.weight;
                 }
-                Ok(())
+                Ok(std::ops::ControlFlow::Continue(()))
             })
             .unwrap();
         z.retain(|_, w| *w != 0);

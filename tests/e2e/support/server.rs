@@ -22,7 +22,14 @@ pub struct Server {
 impl Server {
     /// Starts `sluice serve` on `data` with `extra` arguments.
     pub fn start_with(data: &Path, extra: &[String]) -> Server {
+        Self::start_with_cache(data, extra, &super::cache_dir())
+    }
+
+    /// Like [`start_with`](Self::start_with), with its own cache of
+    /// compiled components (so uploads compile from scratch).
+    pub fn start_with_cache(data: &Path, extra: &[String], cache: &Path) -> Server {
         let mut child = sluice_cmd()
+            .env("SLUICE_CACHE_DIR", cache)
             .args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .args(extra)

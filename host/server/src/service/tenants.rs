@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How old a disk measurement may be before a quota check measures again.
-pub const DISK_MEASURE_AGE: Duration = Duration::from_secs(2);
+pub const DISK_MEASURE_AGE: Duration = Duration::from_millis(250);
 
 impl Service {
     /// Creates a tenant and issues its token (shown once, stored hashed).

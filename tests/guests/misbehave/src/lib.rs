@@ -10,6 +10,10 @@
 //! - values starting with `"sleepy"` sleep 1 ms at a time until 5 ms have
 //!   passed on the monotonic clock, and get `#` and how often they slept.
 //!
+//! - a step whose input holds `"shout"` fails with a 1 MiB message full of
+//!   newlines, markup and terminal escapes (the host must bound and escape
+//!   what a guest says).
+//!
 //! Then it counts the echoed values per first letter (so W > 1 exercises the
 //! exchange) on output `letters`.
 
@@ -68,4 +72,39 @@ pub fn build(c: &mut Circuit) {
         .output("letters");
 }
 
-sluice_guest::circuit!(build);
+#[cfg(target_arch = "wasm32")]
+mod component {
+    use sluice_guest::sys::{self, Batch, CircuitError, CircuitInfo, Guest, WorkerInfo};
+
+    struct Misbehave;
+
+    impl Guest for Misbehave {
+        fn describe() -> CircuitInfo {
+            sys::describe(super::build)
+        }
+        fn init(info: WorkerInfo) -> Result<(), CircuitError> {
+            sys::init(super::build, info)
+        }
+        fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
+            let shout = inputs
+                .iter()
+                .flat_map(|b| &b.events)
+                .any(|e| e.value == b"\"shout\"");
+            if shout {
+                return Err(CircuitError::Failed(format!(
+                    "<script>alert(1)</script>\n\u{1b}[31m{}",
+                    "shout ".repeat(180_000)
+                )));
+            }
+            sys::step(inputs)
+        }
+        fn snapshot() -> Result<Vec<u8>, CircuitError> {
+            sys::snapshot()
+        }
+        fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
+            sys::restore(state)
+        }
+    }
+
+    sys::bindings::__sluice_export!(Misbehave);
+}
