@@ -426,3 +426,49 @@ fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.persist(file).map_err(|e| e.error)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn pruning_keeps_used_and_recent_entries_and_drops_other_engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = SluiceEngine::new(Limits::default(), Some(dir.path().to_owned())).unwrap();
+        let ours = format!("{:016x}", engine.compatibility());
+        let cache = dir.path().join("components");
+        std::fs::create_dir_all(&cache).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+        let file = |name: &str, at: std::time::SystemTime| {
+            let path = cache.join(name);
+            std::fs::write(&path, b"compiled").unwrap();
+            std::fs::File::options()
+                .append(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+        };
+        file(&format!("kept-{ours}.cwasm"), old);
+        file(&format!("unused-{ours}.cwasm"), old);
+        file(
+            &format!("recent-{ours}.cwasm"),
+            std::time::SystemTime::now(),
+        );
+        file("kept-0123456789abcdef.cwasm", old);
+        let keep: std::collections::BTreeSet<String> = ["kept".to_owned()].into();
+        let (files, bytes) = engine
+            .prune_cache(&keep, Duration::from_secs(24 * 3600))
+            .unwrap();
+        assert_eq!((files, bytes), (2, 16));
+        let mut left: Vec<String> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![format!("kept-{ours}.cwasm"), format!("recent-{ours}.cwasm")]
+        );
+    }
+}
