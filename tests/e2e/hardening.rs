@@ -180,6 +180,42 @@ fn tenant_with(server: &Server, name: &str, limits: serde_json::Value) -> String
     v["token"].as_str().unwrap().to_owned()
 }
 
+/// Uploads word count as component `wc` for `token`.
+fn upload_wordcount(server: &Server, token: &str) {
+    let (status, body) = server.upload(token, "wc", &std::fs::read(wordcount()).unwrap());
+    assert_eq!(status, 201, "{body}");
+}
+
+/// Creates tenant `name` with `limits`, running word count as pipeline
+/// `wc` (`settings` added to its spec); returns its token.
+fn tenant_running_wordcount(
+    server: &Server,
+    name: &str,
+    limits: serde_json::Value,
+    settings: serde_json::Value,
+) -> String {
+    let token = tenant_with(server, name, limits);
+    upload_wordcount(server, &token);
+    let mut spec = serde_json::json!({"name": "wc", "component": "wc"});
+    spec.as_object_mut()
+        .unwrap()
+        .extend(settings.as_object().unwrap().clone());
+    let (status, body) = server.create(&token, &spec);
+    assert_eq!(status, 201, "{body}");
+    token
+}
+
+/// `GET path` with `token`: `(status, body)`.
+fn get(server: &Server, path: &str, token: &str) -> (u16, String) {
+    raw(
+        "GET",
+        &format!("{}{path}", server.url),
+        Some(token),
+        "",
+        b"",
+    )
+}
+
 /// Connects to the server.
 fn connect(server: &Server) -> TcpStream {
     let addr = server.url.strip_prefix("http://").unwrap();
@@ -510,8 +546,7 @@ fn the_pipeline_quota_holds_under_parallel_creates() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let token = tenant_with(&server, "greedy", serde_json::json!({"max_pipelines": 4}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
+    upload_wordcount(&server, &token);
     let creates: Vec<_> = (0..30)
         .map(|i| {
             let (url, token) = (server.url.clone(), token.clone());
@@ -549,8 +584,7 @@ fn numeric_settings_outside_their_range_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let token = tenant_with(&server, "t", serde_json::json!({}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
+    upload_wordcount(&server, &token);
     let bad = [
         serde_json::json!({"max_batch": u64::MAX}),
         serde_json::json!({"max_batch": 0}),
@@ -596,14 +630,12 @@ fn pushes_of_tiny_lines_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let victim = Victim::start(&server);
-    let token = tenant_with(&server, "flood", serde_json::json!({}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
-    let (status, body) = server.create(
-        &token,
-        &serde_json::json!({"name": "wc", "component": "wc"}),
+    let token = tenant_running_wordcount(
+        &server,
+        "flood",
+        serde_json::json!({}),
+        serde_json::json!({}),
     );
-    assert_eq!(status, 201, "{body}");
     std::thread::sleep(Duration::from_millis(300));
     let before = rss_mib(&server);
     // 15 MiB of `1\n`: 7.8 M events in one body, four at once.
@@ -656,7 +688,7 @@ fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
     let server = Server::start(&data);
     let tenant = server.tenant("alpha");
     tenant.deploy(&wordcount(), "wc", "wc", 1, false).unwrap();
-    let get = |path: &str, extra: &str| {
+    let fetch = |path: &str, extra: &str| {
         exchange_full(
             &server,
             &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
@@ -665,7 +697,7 @@ fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
     };
     // A token in the URL shows nothing, not even the admin's.
     for token in [ADMIN, tenant.token()] {
-        let (status, headers, page) = get(&format!("/?token={token}"), "");
+        let (status, headers, page) = fetch(&format!("/?token={token}"), "");
         assert_eq!(status, 200);
         assert!(
             !page.contains("<td>wc</td>") && !page.contains("<h2>"),
@@ -712,13 +744,13 @@ fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
         "{cookie}"
     );
     let session = cookie.split(';').next().unwrap().to_owned();
-    let (_, _, page) = get("/", &format!("Cookie: {session}\r\n"));
+    let (_, _, page) = fetch("/", &format!("Cookie: {session}\r\n"));
     assert!(
         page.contains("<td>wc</td>"),
         "signed in, the page lists the pipeline: {page}"
     );
     // The API does not take the cookie.
-    let (status, _, _) = get("/pipelines", &format!("Cookie: {session}\r\n"));
+    let (status, _, _) = fetch("/pipelines", &format!("Cookie: {session}\r\n"));
     assert_eq!(status, 401);
 
     // Rotation: the old token and its session stop working, the new works.
@@ -742,18 +774,12 @@ fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
         b"",
     );
     assert_eq!(status, 401, "the old token after rotation");
-    let (_, _, page) = get("/", &format!("Cookie: {session}\r\n"));
+    let (_, _, page) = fetch("/", &format!("Cookie: {session}\r\n"));
     assert!(
         !page.contains("<td>wc</td>"),
         "the old session after rotation"
     );
-    let (status, _) = raw(
-        "GET",
-        &format!("{}/pipelines", server.url),
-        Some(&new_token),
-        "",
-        b"",
-    );
+    let (status, _) = get(&server, "/pipelines", &new_token);
     assert_eq!(status, 200);
 
     // Deletion: the token dies, the data goes.
@@ -766,25 +792,13 @@ fn tokens_stay_out_of_urls_rotate_and_die_with_their_tenant() {
         b"",
     );
     assert_eq!(status, 204, "{body}");
-    let (status, _) = raw(
-        "GET",
-        &format!("{}/pipelines", server.url),
-        Some(&new_token),
-        "",
-        b"",
-    );
+    let (status, _) = get(&server, "/pipelines", &new_token);
     assert_eq!(status, 401);
     assert!(
         !data.join("tenants/alpha").exists(),
         "the tenant's data is deleted"
     );
-    let (status, body) = raw(
-        "GET",
-        &format!("{}/tenants", server.url),
-        Some(ADMIN),
-        "",
-        b"",
-    );
+    let (status, body) = get(&server, "/tenants", ADMIN);
     assert_eq!(status, 200);
     assert!(!body.contains("\"alpha\""), "{body}");
     // The name can be used again, from scratch.
@@ -857,8 +871,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
         &["--memory-budget-mib=600".into()],
     );
     let token = tenant_with(&server, "big", serde_json::json!({"memory_mib": 256}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
+    upload_wordcount(&server, &token);
     let create = |name: &str, workers: u32| {
         server.create(
             &token,
@@ -898,13 +911,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
         "{body}"
     );
     // The admin sees the budget and what is promised.
-    let (_, usage) = raw(
-        "GET",
-        &format!("{}/tenants", server.url),
-        Some(ADMIN),
-        "",
-        b"",
-    );
+    let (_, usage) = get(&server, "/tenants", ADMIN);
     let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
     assert_eq!(usage["memory_budget_bytes"], 600u64 << 20);
     assert_eq!(usage["memory_promised_bytes"], (256u64 + 64) << 20);
@@ -917,14 +924,12 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
 fn output_streams_and_long_polls_are_capped() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    let token = tenant_with(&server, "reader", serde_json::json!({"max_streams": 2}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
-    let (status, body) = server.create(
-        &token,
-        &serde_json::json!({"name": "wc", "component": "wc"}),
+    let token = tenant_running_wordcount(
+        &server,
+        "reader",
+        serde_json::json!({"max_streams": 2}),
+        serde_json::json!({}),
     );
-    assert_eq!(status, 201, "{body}");
     let open_stream = || {
         let mut s = connect(&server);
         write!(
@@ -942,26 +947,14 @@ fn output_streams_and_long_polls_are_capped() {
     assert_eq!(status, Some(200));
     let (_, status) = open_stream();
     assert_eq!(status, Some(429), "a third stream");
-    let (status, body) = raw(
-        "GET",
-        &format!("{}/pipelines/wc/output/counts?wait_ms=5000", server.url),
-        Some(&token),
-        "",
-        b"",
-    );
+    let (status, body) = get(&server, "/pipelines/wc/output/counts?wait_ms=5000", &token);
     assert_eq!(
         (status, code(&body).as_str()),
         (429, "too_many_requests"),
         "a long-poll"
     );
     // A read that does not wait is not a stream.
-    let (status, _) = raw(
-        "GET",
-        &format!("{}/pipelines/wc/output/counts", server.url),
-        Some(&token),
-        "",
-        b"",
-    );
+    let (status, _) = get(&server, "/pipelines/wc/output/counts", &token);
     assert_eq!(status, 200);
     drop(first);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -988,8 +981,7 @@ fn disk_quota_output_retention_and_unused_versions() {
     let server = Server::start(&data);
     let token = tenant_with(&server, "hoarder", serde_json::json!({"disk_quota_mib": 8}));
     let client = Client::new(&server.url, &token);
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
+    upload_wordcount(&server, &token);
     let (status, body) = server.create(
         &token,
         &serde_json::json!({"name": "wc", "component": "wc", "output_retention_steps": 3,
@@ -1070,17 +1062,7 @@ fn disk_quota_output_retention_and_unused_versions() {
         (507, "quota_exceeded"),
         "{body}"
     );
-    let usage: serde_json::Value = serde_json::from_str(
-        &raw(
-            "GET",
-            &format!("{}/usage", server.url),
-            Some(&token),
-            "",
-            b"",
-        )
-        .1,
-    )
-    .unwrap();
+    let usage: serde_json::Value = serde_json::from_str(&get(&server, "/usage", &token).1).unwrap();
     let used = usage["disk_used_bytes"].as_u64().unwrap();
     eprintln!(
         "disk quota: push {n} refused at {used} bytes used (quota {})",
@@ -1098,17 +1080,7 @@ fn disk_quota_output_retention_and_unused_versions() {
     client.delete("wc").unwrap();
     assert_eq!(std::fs::read_dir(&versions).unwrap().count(), 0);
     // Deleting data frees the quota.
-    let usage: serde_json::Value = serde_json::from_str(
-        &raw(
-            "GET",
-            &format!("{}/usage", server.url),
-            Some(&token),
-            "",
-            b"",
-        )
-        .1,
-    )
-    .unwrap();
+    let usage: serde_json::Value = serde_json::from_str(&get(&server, "/usage", &token).1).unwrap();
     assert!(
         usage["disk_used_bytes"].as_u64().unwrap() < 4 << 20,
         "{usage}"
@@ -1122,14 +1094,12 @@ fn control_spam_does_not_hold_up_other_tenants() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let victim = Victim::start(&server);
-    let token = tenant_with(&server, "spammer", serde_json::json!({}));
-    let (status, body) = server.upload(&token, "wc", &std::fs::read(wordcount()).unwrap());
-    assert_eq!(status, 201, "{body}");
-    let (status, body) = server.create(
-        &token,
-        &serde_json::json!({"name": "wc", "component": "wc"}),
+    let token = tenant_running_wordcount(
+        &server,
+        "spammer",
+        serde_json::json!({}),
+        serde_json::json!({}),
     );
-    assert_eq!(status, 201, "{body}");
     let until = Instant::now() + Duration::from_secs(3);
     let spam: Vec<_> = (0..4)
         .map(|i| {
