@@ -17,6 +17,8 @@ pub mod config;
 pub mod crash;
 /// Events and frontiers.
 pub mod event;
+/// Layouts: which worker owns each shard and reads each partition.
+pub mod layout;
 /// The one rule for names users give (tenants, components, pipelines, ports).
 pub mod name;
 /// A circuit's ports and a pipeline's shape.
@@ -30,6 +32,7 @@ pub mod wire;
 
 pub use config::ConfigError;
 pub use event::{Event, Frontier, PartitionId};
+pub use layout::{Layout, SHARDS, shard_of};
 pub use name::{InvalidName, validate_name};
 pub use shape::{CircuitPorts, InputLog, PipelineShape};
 pub use step::{
