@@ -4,9 +4,11 @@
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, RawEvent};
+use crate::state::{Shards, WHOLE};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use std::any::Any;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -45,14 +47,19 @@ pub(crate) trait Operator {
     fn stateful(&self) -> bool {
         false
     }
-    /// Serializes the operator's state.
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        Ok(Vec::new())
+    /// The operator's state split by shard (see [`crate::state`]): per
+    /// shard holding any (of `only`, or all), the encoding of its entries.
+    fn snapshot(&self, _only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        Ok(BTreeMap::new())
     }
-    /// Replaces the operator's state with a snapshot.
-    fn restore(&mut self, _state: &[u8]) -> Result<()> {
+    /// Adds a piece written by [`snapshot`](Self::snapshot) — or a whole
+    /// state of the format before shards, which is encoded alike — to the
+    /// operator's state.
+    fn restore(&mut self, _piece: &[u8]) -> Result<()> {
         Ok(())
     }
+    /// Forgets the state of `shards` (handed off to another worker).
+    fn forget(&mut self, _shards: &Shards) {}
 }
 
 struct Node {
@@ -207,12 +214,18 @@ impl<T: Data> Stream<T> {
     }
 }
 
-/// The format of the envelope around operator states in a snapshot.
-const ENVELOPE_FORMAT: u32 = 1;
+/// The format of the envelope around operator states in a snapshot piece:
+/// 2 since states are split by shard (one envelope per shard); 1 was one
+/// envelope per worker, holding every operator's whole state.
+const ENVELOPE_FORMAT: u32 = 2;
 
-/// A snapshot: each stateful operator's state as a byte string. The byte
-/// strings are written and read as one copy each (`serde_bytes`), not byte
-/// by byte; postcard's wire format is the same either way.
+/// The envelope of the format before shards, which still restores.
+const WHOLE_FORMAT: u32 = 1;
+
+/// A snapshot piece: the state of one shard, per stateful operator that
+/// holds any there (format 1: every stateful operator's whole state). The
+/// byte strings are written and read as one copy each (`serde_bytes`), not
+/// byte by byte; postcard's wire format is the same either way.
 #[derive(Serialize, Deserialize)]
 struct Envelope<'a> {
     format: u32,
@@ -220,6 +233,11 @@ struct Envelope<'a> {
     #[serde(borrow)]
     operators: Vec<(u32, &'a str, &'a serde_bytes::Bytes)>,
 }
+
+/// An instance's state as pieces: `(shard, bytes)`, one per shard holding
+/// state, ordered by shard. Pieces of one shard from several instances add
+/// up when restored into one.
+pub type Pieces = Vec<(u32, Vec<u8>)>;
 
 /// A built circuit, ready to run steps: what one worker instance holds.
 pub struct CircuitInstance {
@@ -296,33 +314,81 @@ impl CircuitInstance {
         Ok(outputs)
     }
 
-    /// Serializes every stateful operator's state, with the circuit's shape
-    /// and snapshot version so that `restore` can refuse a mismatch.
-    pub fn snapshot(&self) -> Result<Vec<u8>> {
-        let mut states = Vec::new();
-        for (i, node) in self.graph.nodes.iter().enumerate() {
-            if node.op.stateful() {
-                states.push((i as u32, node.op.name(), node.op.snapshot()?));
-            }
-        }
-        codec::to_bytes(&Envelope {
-            format: ENVELOPE_FORMAT,
-            snapshot_version: self.graph.snapshot_version,
-            operators: states
-                .iter()
-                .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
-                .collect(),
-        })
+    /// The instance's state as pieces, one per shard holding any, each
+    /// with the circuit's shape and snapshot version so that `restore` can
+    /// refuse a mismatch.
+    pub fn snapshot(&self) -> Result<Pieces> {
+        self.pieces(None)
     }
 
-    /// Restores state written by [`snapshot`](Self::snapshot) of a circuit
-    /// with the same shape and snapshot version.
-    pub fn restore(&mut self, state: &[u8]) -> Result<()> {
+    /// The pieces of `only` (all shards when `None`).
+    fn pieces(&self, only: Option<&Shards>) -> Result<Pieces> {
+        let mut by_shard: BTreeMap<u32, Vec<(u32, &'static str, Vec<u8>)>> = BTreeMap::new();
+        for (i, node) in self.graph.nodes.iter().enumerate() {
+            if node.op.stateful() {
+                for (shard, state) in node.op.snapshot(only)? {
+                    by_shard
+                        .entry(shard)
+                        .or_default()
+                        .push((i as u32, node.op.name(), state));
+                }
+            }
+        }
+        by_shard
+            .into_iter()
+            .map(|(shard, states)| {
+                let piece = codec::to_bytes(&Envelope {
+                    format: ENVELOPE_FORMAT,
+                    snapshot_version: self.graph.snapshot_version,
+                    operators: states
+                        .iter()
+                        .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
+                        .collect(),
+                })?;
+                Ok((shard, piece))
+            })
+            .collect()
+    }
+
+    /// Hands shards off: returns the pieces of `shards` (those holding
+    /// state) and forgets them.
+    pub fn export_shards(&mut self, shards: &[u32]) -> Result<Pieces> {
+        let set: Shards = shards.iter().copied().collect();
+        let pieces = self.pieces(Some(&set))?;
+        for node in &mut self.graph.nodes {
+            if node.op.stateful() {
+                node.op.forget(&set);
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// Adds pieces written by [`snapshot`](Self::snapshot) or
+    /// [`export_shards`](Self::export_shards) of a circuit with the same
+    /// shape and snapshot version — or a whole state of the format before
+    /// shards (shard [`WHOLE`]) — to this instance's state.
+    pub fn restore(&mut self, pieces: &[(u32, Vec<u8>)]) -> Result<()> {
+        for (shard, piece) in pieces {
+            self.restore_piece(*shard, piece)?;
+        }
+        Ok(())
+    }
+
+    fn restore_piece(&mut self, shard: u32, state: &[u8]) -> Result<()> {
         let env: Envelope = postcard::from_bytes(state)
             .map_err(|e| Error::IncompatibleSnapshot(format!("unreadable envelope: {e}")))?;
-        if env.format != ENVELOPE_FORMAT {
+        let whole = match env.format {
+            ENVELOPE_FORMAT => false,
+            WHOLE_FORMAT => true,
+            f => {
+                return Err(Error::IncompatibleSnapshot(format!(
+                    "envelope format {f} (this SDK reads {WHOLE_FORMAT} and {ENVELOPE_FORMAT})"
+                )));
+            }
+        };
+        if whole != (shard == WHOLE) {
             return Err(Error::IncompatibleSnapshot(format!(
-                "envelope format {} (this SDK reads {ENVELOPE_FORMAT})",
+                "a piece of shard {shard} holds an envelope of format {}",
                 env.format
             )));
         }
@@ -332,24 +398,28 @@ impl CircuitInstance {
                 env.snapshot_version, self.graph.snapshot_version
             )));
         }
-        let stateful: Vec<usize> = (0..self.graph.nodes.len())
-            .filter(|&i| self.graph.nodes[i].op.stateful())
-            .collect();
-        if stateful.len() != env.operators.len() {
-            return Err(Error::IncompatibleSnapshot(format!(
-                "snapshot holds {} stateful operators, the circuit has {}",
-                env.operators.len(),
-                stateful.len()
-            )));
-        }
-        for (&i, (index, name, bytes)) in stateful.iter().zip(&env.operators) {
-            let op = &mut self.graph.nodes[i].op;
-            if *index as usize != i || op.name() != *name {
+        if whole {
+            let stateful = self.graph.nodes.iter().filter(|n| n.op.stateful()).count();
+            if stateful != env.operators.len() {
                 return Err(Error::IncompatibleSnapshot(format!(
-                    "operator {index} `{name}` in the snapshot, `{}` at {i} in the circuit",
-                    op.name()
+                    "snapshot holds {} stateful operators, the circuit has {stateful}",
+                    env.operators.len(),
                 )));
             }
+        }
+        for (index, name, bytes) in &env.operators {
+            let op = self
+                .graph
+                .nodes
+                .get_mut(*index as usize)
+                .map(|n| &mut n.op)
+                .filter(|op| op.stateful() && op.name() == *name)
+                .ok_or_else(|| {
+                    Error::IncompatibleSnapshot(format!(
+                        "operator {index} `{name}` in the snapshot is not a stateful operator \
+                         of that name in the circuit"
+                    ))
+                })?;
             op.restore(bytes)?;
         }
         Ok(())

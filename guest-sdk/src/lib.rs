@@ -35,13 +35,14 @@ pub mod codec;
 mod error;
 pub mod exchange;
 pub mod operator;
+pub mod state;
 #[doc(hidden)]
 pub mod sys;
 pub mod testing;
 mod types;
 pub mod zset;
 
-pub use circuit::{Circuit, CircuitInstance, Data, Stream};
+pub use circuit::{Circuit, CircuitInstance, Data, Pieces, Stream};
 pub use error::{Error, Result};
 pub use operator::Sum;
 pub use types::{OrdF64, Window};
@@ -90,14 +91,27 @@ macro_rules! circuit {
                 > {
                     $crate::sys::step(inputs)
                 }
-                fn snapshot()
-                -> ::core::result::Result<::std::vec::Vec<u8>, $crate::sys::CircuitError> {
+                fn snapshot() -> ::core::result::Result<
+                    ::std::vec::Vec<$crate::sys::ShardState>,
+                    $crate::sys::CircuitError,
+                > {
                     $crate::sys::snapshot()
                 }
                 fn restore(
-                    state: ::std::vec::Vec<u8>,
+                    pieces: ::std::vec::Vec<$crate::sys::ShardState>,
                 ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
-                    $crate::sys::restore(state)
+                    $crate::sys::restore(pieces)
+                }
+                fn export_shards(
+                    shards: ::std::vec::Vec<u32>,
+                ) -> ::core::result::Result<
+                    ::std::vec::Vec<$crate::sys::ShardState>,
+                    $crate::sys::CircuitError,
+                > {
+                    $crate::sys::export_shards(shards)
+                }
+                fn set_workers(workers: u32) {
+                    $crate::sys::set_workers(workers)
                 }
             }
 

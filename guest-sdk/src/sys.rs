@@ -40,7 +40,7 @@ const _: [&str; 4] = [
 #[doc(hidden)]
 pub use bindings::exports::sluice::circuit::circuit::Guest;
 #[doc(hidden)]
-pub use wit::{Batch, CircuitError, CircuitInfo, WorkerInfo};
+pub use wit::{Batch, CircuitError, CircuitInfo, ShardState, WorkerInfo};
 
 thread_local! {
     /// The instance's circuit: built by `init`, used by every later call.
@@ -125,16 +125,36 @@ pub fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
     })
 }
 
+fn to_wit_pieces(pieces: crate::Pieces) -> Vec<ShardState> {
+    pieces
+        .into_iter()
+        .map(|(shard, state)| ShardState { shard, state })
+        .collect()
+}
+
 /// `snapshot` export.
 #[doc(hidden)]
-pub fn snapshot() -> Result<Vec<u8>, CircuitError> {
-    with_instance(|c| c.snapshot())
+pub fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
+    with_instance(|c| c.snapshot().map(to_wit_pieces))
 }
 
 /// `restore` export.
 #[doc(hidden)]
-pub fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
-    with_instance(|c| c.restore(&state))
+pub fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
+    let pieces: crate::Pieces = pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+    with_instance(|c| c.restore(&pieces))
+}
+
+/// `export-shards` export.
+#[doc(hidden)]
+pub fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
+    with_instance(|c| c.export_shards(&shards).map(to_wit_pieces))
+}
+
+/// `set-workers` export.
+#[doc(hidden)]
+pub fn set_workers(workers: u32) {
+    WORKERS.set(workers.max(1));
 }
 
 fn from_wit(e: wit::Event) -> RawEvent {

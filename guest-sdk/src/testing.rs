@@ -17,7 +17,8 @@
 //! ```
 
 use crate::exchange::{Exchange, RawEvent};
-use crate::{Circuit, CircuitInstance, Error, Result, Weight};
+use crate::state::{SHARDS, shard_of};
+use crate::{Circuit, CircuitInstance, Error, Pieces, Result, Weight};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -99,23 +100,18 @@ impl Rendezvous {
 
 struct Shared {
     workers: usize,
+    /// The owner of each shard.
+    owners: Vec<u32>,
     /// `inbox[dest][src]`.
     inbox: Mutex<Vec<Vec<Vec<RawEvent>>>>,
     rendezvous: Rendezvous,
 }
 
-/// The exchange of one worker thread.
+/// The exchange of one worker thread: routes like the host's, by the
+/// owner of the key's shard.
 struct ThreadExchange {
     shared: Arc<Shared>,
     me: usize,
-}
-
-fn route(key: &[u8], workers: usize) -> usize {
-    // FNV-1a: any deterministic hash routes correctly.
-    let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    (h % workers as u64) as usize
 }
 
 impl Exchange for ThreadExchange {
@@ -124,7 +120,7 @@ impl Exchange for ThreadExchange {
         {
             let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
             for e in events {
-                let dest = route(&e.key, w);
+                let dest = self.shared.owners[shard_of(&e.key) as usize] as usize;
                 inbox[dest][self.me].push(e);
             }
         }
@@ -145,6 +141,25 @@ impl Exchange for ThreadExchange {
     }
 }
 
+/// The owners of a `mod W` layout: shard `s` to worker `s mod W`.
+pub fn modulo_owners(workers: usize) -> Vec<u32> {
+    (0..SHARDS).map(|s| s % workers.max(1) as u32).collect()
+}
+
+/// A layout change in [`run_rescaled`]: before step `at`, every worker's
+/// state (its snapshot pieces) goes to the owners of the pieces' shards
+/// among `workers` freshly built workers, and from then on the exchange
+/// routes by `owners` (shard → worker, `SHARDS` entries below `workers`).
+#[derive(Debug, Clone)]
+pub struct Rescale {
+    /// The step before which the layout changes.
+    pub at: usize,
+    /// The number of workers from then on.
+    pub workers: usize,
+    /// The owner of each shard from then on.
+    pub owners: Vec<u32>,
+}
+
 /// Runs `build` with `workers` workers over `steps` (each step: one event
 /// list per input port; event `i` of a port goes to worker `i mod W`).
 /// With `restore_at = Some(n)`, every worker snapshots before step `n` and
@@ -157,9 +172,77 @@ pub fn run(
     steps: &[Vec<Vec<RawEvent>>],
     restore_at: Option<usize>,
 ) -> Result<Vec<Vec<Vec<RawEvent>>>> {
-    let workers = workers.max(1);
+    let plan: Vec<Rescale> = restore_at
+        .map(|at| Rescale {
+            at,
+            workers,
+            owners: modulo_owners(workers),
+        })
+        .into_iter()
+        .collect();
+    run_rescaled(build, workers, steps, &plan)
+}
+
+/// Like [`run`], changing the layout as `plan` says (its entries in step
+/// order): state moves as pieces, by shard, to the new owners — what the
+/// host does when it restores a checkpoint into another layout.
+pub fn run_rescaled(
+    build: fn(&mut Circuit),
+    workers: usize,
+    steps: &[Vec<Vec<RawEvent>>],
+    plan: &[Rescale],
+) -> Result<Vec<Vec<Vec<RawEvent>>>> {
+    let mut merged: Vec<Vec<Vec<RawEvent>>> = Vec::with_capacity(steps.len());
+    let mut phase = Rescale {
+        at: 0,
+        workers: workers.max(1),
+        owners: modulo_owners(workers.max(1)),
+    };
+    // Per worker of the phase, the pieces it starts from.
+    let mut state: Vec<Pieces> = vec![Vec::new(); phase.workers];
+    for (n, next) in plan.iter().map(Some).chain([None]).enumerate() {
+        let end = next.map_or(steps.len(), |r| r.at.min(steps.len()));
+        let (out, pieces) = run_phase(build, &phase, &steps[phase.at.min(end)..end], state)?;
+        for (i, step) in out.into_iter().enumerate() {
+            merged.push(step);
+            debug_assert_eq!(merged.len(), phase.at.min(end) + i + 1);
+        }
+        let Some(next) = next else { break };
+        if next.owners.len() != SHARDS as usize
+            || next
+                .owners
+                .iter()
+                .any(|&o| o as usize >= next.workers.max(1))
+        {
+            return Err(Error::Failed(format!("rescale {n}: a malformed layout")));
+        }
+        state = vec![Vec::new(); next.workers.max(1)];
+        for (shard, piece) in pieces.into_iter().flatten() {
+            state[next.owners[shard as usize] as usize].push((shard, piece));
+        }
+        phase = Rescale {
+            at: end,
+            workers: next.workers.max(1),
+            owners: next.owners.clone(),
+        };
+    }
+    Ok(merged)
+}
+
+/// Runs `steps` with the phase's workers and layout, each worker restored
+/// from its pieces first; returns the outputs per step and each worker's
+/// pieces at the end.
+#[allow(clippy::type_complexity)]
+fn run_phase(
+    build: fn(&mut Circuit),
+    phase: &Rescale,
+    steps: &[Vec<Vec<RawEvent>>],
+    state: Vec<Pieces>,
+) -> Result<(Vec<Vec<Vec<RawEvent>>>, Vec<Pieces>)> {
+    let workers = phase.workers;
     let shared = Arc::new(Shared {
         workers,
+        owners: phase.owners.clone(),
         inbox: Mutex::new(vec![vec![Vec::new(); workers]; workers]),
         rendezvous: Rendezvous {
             state: Mutex::new((0, 0)),
@@ -167,27 +250,26 @@ pub fn run(
             parties: workers,
         },
     });
-    let per_worker: Vec<Result<Vec<Vec<Vec<RawEvent>>>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|me| {
+    type WorkerRun = Result<(Vec<Vec<Vec<RawEvent>>>, Pieces)>;
+    let per_worker: Vec<WorkerRun> = std::thread::scope(|scope| {
+        let handles: Vec<_> = state
+            .into_iter()
+            .enumerate()
+            .map(|(me, pieces)| {
                 let shared = shared.clone();
-                scope.spawn(move || -> Result<Vec<Vec<Vec<RawEvent>>>> {
+                scope.spawn(move || -> WorkerRun {
                     let mut exchange = ThreadExchange { shared, me };
                     let mut circuit = CircuitInstance::build(build)?;
+                    circuit.restore(&pieces)?;
                     let mut outputs = Vec::with_capacity(steps.len());
-                    for (i, step) in steps.iter().enumerate() {
-                        if restore_at == Some(i) {
-                            let state = circuit.snapshot()?;
-                            circuit = CircuitInstance::build(build)?;
-                            circuit.restore(&state)?;
-                        }
+                    for step in steps {
                         let mine: Vec<Vec<RawEvent>> = step
                             .iter()
                             .map(|port| port.iter().skip(me).step_by(workers).cloned().collect())
                             .collect();
                         outputs.push(circuit.step(mine, &mut exchange)?);
                     }
-                    Ok(outputs)
+                    Ok((outputs, circuit.snapshot()?))
                 })
             })
             .collect();
@@ -200,8 +282,11 @@ pub fn run(
             .collect()
     });
     let mut merged: Vec<Vec<Vec<RawEvent>>> = Vec::with_capacity(steps.len());
+    let mut pieces = Vec::with_capacity(workers);
     for worker in per_worker {
-        for (i, step) in worker?.into_iter().enumerate() {
+        let (outputs, end) = worker?;
+        pieces.push(end);
+        for (i, step) in outputs.into_iter().enumerate() {
             if merged.len() <= i {
                 merged.push(vec![Vec::new(); step.len()]);
             }
@@ -210,5 +295,5 @@ pub fn run(
             }
         }
     }
-    Ok(merged)
+    Ok((merged, pieces))
 }

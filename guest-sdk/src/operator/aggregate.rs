@@ -12,6 +12,7 @@ use crate::circuit::{Data, Operator, StepContext, input};
 use crate::codec;
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
+use crate::state::{self, Shards};
 use crate::types::OrdF64;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
@@ -130,13 +131,28 @@ where
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        codec::to_bytes(&self.state)
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        state::split(&self.state, only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.state = codec::from_state_map(self.name(), state)?;
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        if self.state.is_empty() {
+            self.state = codec::from_state_map(self.name(), piece)?;
+            return Ok(());
+        }
+        let entries: Vec<(K, Acc<S>)> = codec::from_state(self.name(), piece)?;
+        for (key, acc) in entries {
+            let mine = self.state.entry(key.clone()).or_default();
+            mine.merge(&acc);
+            if mine.is_empty() {
+                self.state.remove(&key);
+            }
+        }
         Ok(())
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        state::forget(&mut self.state, shards);
     }
 }
 
@@ -361,6 +377,64 @@ mod tests {
     }
 
     #[test]
+    fn exported_shards_leave_with_their_state_and_come_back_whole() {
+        let mut a = CircuitInstance::build(counts).unwrap();
+        let input: Vec<(u8, i64)> = (0..200u8).map(|i| (i, 1)).collect();
+        a.step(vec![events(&input)], &mut LocalExchange).unwrap();
+        let before = a.snapshot().unwrap();
+        assert!(before.len() > 1, "keys spread over several shards");
+        let moving: Vec<u32> = before.iter().map(|(s, _)| *s).step_by(2).collect();
+        let exported = a.export_shards(&moving).unwrap();
+        assert_eq!(
+            exported,
+            before
+                .iter()
+                .filter(|(s, _)| moving.contains(s))
+                .cloned()
+                .collect::<Vec<_>>()
+        );
+        let after = a.snapshot().unwrap();
+        assert!(after.iter().all(|(s, _)| !moving.contains(s)));
+        // Another instance takes them; putting them back gives the original.
+        let mut b = CircuitInstance::build(counts).unwrap();
+        b.restore(&exported).unwrap();
+        assert_eq!(b.snapshot().unwrap(), exported);
+        a.restore(&exported).unwrap();
+        assert_eq!(a.snapshot().unwrap(), before);
+    }
+
+    #[test]
+    fn a_snapshot_of_the_format_before_shards_still_restores() {
+        use crate::codec;
+        // What the SDK wrote before states were split by shard: one
+        // envelope (format 1) per worker, each operator's whole state.
+        let mut state: BTreeMap<u8, super::Acc<i64>> = BTreeMap::new();
+        state.insert(1, super::Acc { count: 2, sum: 0 });
+        state.insert(3, super::Acc { count: 1, sum: 0 });
+        let op = codec::to_bytes(&state).unwrap();
+        let old = codec::to_bytes(&(
+            1u32,
+            1u32,
+            vec![(1u32, "group_sum", serde_bytes::Bytes::new(&op))],
+        ))
+        .unwrap();
+        let mut c = CircuitInstance::build(counts).unwrap();
+        c.restore(&[(crate::state::WHOLE, old.clone())]).unwrap();
+        let out = c
+            .step(vec![events(&[(1u8, 1)])], &mut LocalExchange)
+            .unwrap();
+        assert_eq!(
+            decode::<(u8, i64)>(&out[0]),
+            vec![((1, 2), -1), ((1, 3), 1)],
+            "the count of key 1 went on from the old snapshot"
+        );
+        // Its pieces now follow the new format.
+        assert!(c.snapshot().unwrap().iter().all(|(s, _)| *s < 1024));
+        // An old envelope is only ever a whole state.
+        assert!(c.restore(&[(7, old)]).is_err());
+    }
+
+    #[test]
     fn restore_refuses_other_shapes_and_versions() {
         let mut a = CircuitInstance::build(counts).unwrap();
         a.step(vec![events(&[(1u8, 1)])], &mut LocalExchange)
@@ -376,7 +450,7 @@ mod tests {
                 .restore(&snap)
                 .unwrap_err()
                 .to_string()
-                .contains("stateful operators")
+                .contains("not a stateful operator")
         );
 
         let mut v2 = CircuitInstance::build(|c: &mut Circuit| {
@@ -390,6 +464,6 @@ mod tests {
                 .to_string()
                 .contains("snapshot version 1")
         );
-        assert!(a.restore(b"garbage").is_err());
+        assert!(a.restore(&[(0, b"garbage".to_vec())]).is_err());
     }
 }

@@ -3,6 +3,7 @@
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
+use crate::state::{self, Shards};
 use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
@@ -47,13 +48,22 @@ impl<T: Data> Operator for Distinct<T> {
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        codec::to_bytes(&self.weights)
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        state::split(&self.weights, only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.weights = codec::from_state_map("distinct", state)?;
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        if self.weights.is_empty() {
+            self.weights = codec::from_state_map("distinct", piece)?;
+            return Ok(());
+        }
+        let entries: Vec<(T, Weight)> = codec::from_state("distinct", piece)?;
+        crate::zset::integrate(&mut self.weights, &entries);
         Ok(())
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        state::forget(&mut self.weights, shards);
     }
 }
 

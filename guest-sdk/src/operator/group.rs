@@ -8,6 +8,7 @@
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
+use crate::state::{self, Shards};
 use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
@@ -35,16 +36,27 @@ pub(crate) fn apply<K: Data, V: Data>(
     }
 }
 
-pub(crate) fn snapshot_groups<K: Data, V: Data>(groups: &Groups<K, V>) -> Result<Vec<u8>> {
-    codec::to_bytes(groups)
-}
-
-pub(crate) fn restore_groups<K: Data, V: Data>(name: &str, state: &[u8]) -> Result<Groups<K, V>> {
-    let groups: Vec<(K, Vec<(V, Weight)>)> = codec::from_state(name, state)?;
-    Ok(groups
-        .into_iter()
-        .map(|(k, g)| (k, g.into_iter().collect()))
-        .collect())
+/// Adds a piece of groups (the encoding of some of their entries, as
+/// [`state::split`] writes it) to `groups`.
+pub(crate) fn restore_groups<K: Data, V: Data>(
+    groups: &mut Groups<K, V>,
+    name: &str,
+    piece: &[u8],
+) -> Result<()> {
+    let entries: Vec<(K, Vec<(V, Weight)>)> = codec::from_state(name, piece)?;
+    if groups.is_empty() {
+        *groups = entries
+            .into_iter()
+            .map(|(k, g)| (k, g.into_iter().collect()))
+            .collect();
+        return Ok(());
+    }
+    for (k, g) in entries {
+        for (v, w) in g {
+            apply(groups, &k, v, w);
+        }
+    }
+    Ok(())
 }
 
 struct Group<T, K, V, O, KF, VF, F> {
@@ -110,13 +122,16 @@ where
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        snapshot_groups(&self.groups)
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        state::split(&self.groups, only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.groups = restore_groups(self.name, state)?;
-        Ok(())
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        restore_groups(&mut self.groups, self.name, piece)
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        state::forget(&mut self.groups, shards);
     }
 }
 

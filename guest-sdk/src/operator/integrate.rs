@@ -3,6 +3,7 @@
 
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::error::Result;
+use crate::state::{self, Shards};
 use crate::zset::{Weight, consolidate, integrate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
@@ -27,13 +28,22 @@ impl<T: Data> Operator for Integrate<T> {
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        codec::to_bytes(&self.sum)
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        state::split(&self.sum, only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.sum = codec::from_state_map("integrate", state)?;
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        if self.sum.is_empty() {
+            self.sum = codec::from_state_map("integrate", piece)?;
+            return Ok(());
+        }
+        let entries: Vec<(T, Weight)> = codec::from_state("integrate", piece)?;
+        integrate(&mut self.sum, &entries);
         Ok(())
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        state::forget(&mut self.sum, shards);
     }
 }
 
@@ -60,13 +70,20 @@ impl<T: Data> Operator for Differentiate<T> {
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        codec::to_bytes(&self.previous)
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        state::split(self.previous.iter().map(|(t, w)| (t, w)), only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.previous = codec::from_state("differentiate", state)?;
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        let entries: ZSet<T> = codec::from_state("differentiate", piece)?;
+        self.previous.extend(entries);
+        consolidate(&mut self.previous);
         Ok(())
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        self.previous
+            .retain(|(t, _)| state::shard_of_key(t).is_ok_and(|s| !shards.contains(s)));
     }
 }
 

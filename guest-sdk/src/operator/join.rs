@@ -11,6 +11,7 @@ use super::group::{Groups, apply, restore_groups};
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
+use crate::state::{self, Shards};
 use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
@@ -41,19 +42,35 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
         }
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        let (left, right) = (codec::to_bytes(&self.left)?, codec::to_bytes(&self.right)?);
-        // As byte strings: one copy each, not byte by byte.
-        codec::to_bytes(&(
-            serde_bytes::Bytes::new(&left),
-            serde_bytes::Bytes::new(&right),
-        ))
+    /// Per shard, both sides' entries there (a side without any: an empty
+    /// list), as byte strings: one copy each, not byte by byte.
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let mut left = state::split(&self.left, only)?;
+        let mut right = state::split(&self.right, only)?;
+        let shards: std::collections::BTreeSet<u32> =
+            left.keys().chain(right.keys()).copied().collect();
+        let empty = codec::to_bytes(&Vec::<()>::new())?;
+        shards
+            .into_iter()
+            .map(|s| {
+                let l = left.remove(&s).unwrap_or_else(|| empty.clone());
+                let r = right.remove(&s).unwrap_or_else(|| empty.clone());
+                let piece =
+                    codec::to_bytes(&(serde_bytes::Bytes::new(&l), serde_bytes::Bytes::new(&r)))?;
+                Ok((s, piece))
+            })
+            .collect()
     }
 
-    fn restore(&mut self, name: &str, state: &[u8]) -> Result<()> {
-        let (l, r): (&[u8], &[u8]) = codec::from_state_borrowed(name, state)?;
-        (self.left, self.right) = (restore_groups(name, l)?, restore_groups(name, r)?);
-        Ok(())
+    fn restore(&mut self, name: &str, piece: &[u8]) -> Result<()> {
+        let (l, r): (&[u8], &[u8]) = codec::from_state_borrowed(name, piece)?;
+        restore_groups(&mut self.left, name, l)?;
+        restore_groups(&mut self.right, name, r)
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        state::forget(&mut self.left, shards);
+        state::forget(&mut self.right, shards);
     }
 }
 
@@ -101,12 +118,16 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        self.sides.snapshot()
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        self.sides.snapshot(only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.sides.restore("join", state)
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        self.sides.restore("join", piece)
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        self.sides.forget(shards);
     }
 }
 
@@ -181,12 +202,16 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
         true
     }
 
-    fn snapshot(&self) -> Result<Vec<u8>> {
-        self.sides.snapshot()
+    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+        self.sides.snapshot(only)
     }
 
-    fn restore(&mut self, state: &[u8]) -> Result<()> {
-        self.sides.restore("left_join", state)
+    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+        self.sides.restore("left_join", piece)
+    }
+
+    fn forget(&mut self, shards: &Shards) {
+        self.sides.forget(shards);
     }
 }
 

@@ -29,7 +29,7 @@ pub use aggregate::Sum;
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::exchange::{LocalExchange, RawEvent};
-    use crate::testing::run;
+    use crate::testing::{Rescale, run_rescaled};
     use crate::{Circuit, CircuitInstance, Data, Weight};
     use proptest::prelude::*;
     use serde::Serialize;
@@ -73,9 +73,26 @@ pub(crate) mod testing {
         crate::zset::integrate(into, delta)
     }
 
+    /// A layout for `workers` workers drawn from `seed`: every shard to a
+    /// random worker (any table routes correctly; balance does not count
+    /// here).
+    fn random_owners(seed: &mut u64, workers: usize) -> Vec<u32> {
+        (0..crate::state::SHARDS)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 33) % workers as u64) as u32
+            })
+            .collect()
+    }
+
     /// Checks an operator against recomputation: after every step, the
     /// integrated output equals `expect` of the integrated inputs, with 1 and
-    /// with 3 workers, and with 3 workers restored from a snapshot midway.
+    /// with 3 workers, with 3 workers restored from a snapshot midway, and
+    /// across layout changes — W workers whose snapshot pieces go, by
+    /// shard, to W′ workers of a random layout midway and again near the
+    /// end (W, W′ in 1..5, drawn from the steps).
     /// `steps[i][p]` is step `i`'s delta on input port `p`, encoded.
     pub fn check_ports<O: Data>(
         build: fn(&mut Circuit),
@@ -83,8 +100,62 @@ pub(crate) mod testing {
         expect_after: impl Fn(usize) -> BTreeMap<O, Weight>,
     ) -> Result<(), TestCaseError> {
         let cut = steps.len() / 2;
-        for (workers, restore) in [(1, None), (3, None), (3, Some(cut)), (2, Some(0))] {
-            let out = run(build, workers, steps, restore)
+        let mut seed = steps
+            .iter()
+            .flatten()
+            .flatten()
+            .fold(0x9e37_79b9u64, |h, e| {
+                e.value
+                    .iter()
+                    .fold(h.rotate_left(5) ^ e.weight as u64, |h, b| {
+                        h.rotate_left(7) ^ *b as u64
+                    })
+            });
+        let mut pick = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let (w0, w1, w2) = (
+            1 + pick(4) as usize,
+            1 + pick(4) as usize,
+            1 + pick(4) as usize,
+        );
+        let mut owners_seed = seed;
+        let rescaled = vec![
+            Rescale {
+                at: cut,
+                workers: w1,
+                owners: random_owners(&mut owners_seed, w1),
+            },
+            Rescale {
+                at: steps.len().saturating_sub(1).max(cut),
+                workers: w2,
+                owners: random_owners(&mut owners_seed, w2),
+            },
+        ];
+        let plans: Vec<(usize, Vec<Rescale>)> = vec![
+            (1, vec![]),
+            (3, vec![]),
+            (
+                3,
+                vec![Rescale {
+                    at: cut,
+                    workers: 3,
+                    owners: crate::testing::modulo_owners(3),
+                }],
+            ),
+            (
+                2,
+                vec![Rescale {
+                    at: 0,
+                    workers: 2,
+                    owners: crate::testing::modulo_owners(2),
+                }],
+            ),
+            (w0, rescaled),
+        ];
+        for (workers, plan) in plans {
+            let out = run_rescaled(build, workers, steps, &plan)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let mut got = BTreeMap::new();
             for (i, step) in out.iter().enumerate() {
@@ -92,9 +163,9 @@ pub(crate) mod testing {
                 prop_assert_eq!(
                     &got,
                     &expect_after(i),
-                    "workers={}, restore={:?}, after step {}",
+                    "workers={}, layout changes={:?}, after step {}",
                     workers,
-                    restore,
+                    plan.iter().map(|r| (r.at, r.workers)).collect::<Vec<_>>(),
                     i
                 );
             }

@@ -16,7 +16,9 @@ pub fn build(c: &mut Circuit) {
 
 #[cfg(target_arch = "wasm32")]
 mod component {
-    use sluice_guest::sys::{self, Batch, CircuitError, CircuitInfo, Guest, WorkerInfo};
+    use sluice_guest::sys::{
+        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, WorkerInfo,
+    };
 
     struct BadSnapshot;
 
@@ -30,13 +32,19 @@ mod component {
         fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
             sys::step(inputs)
         }
-        fn snapshot() -> Result<Vec<u8>, CircuitError> {
+        fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
             sys::snapshot()
         }
-        fn restore(_state: Vec<u8>) -> Result<(), CircuitError> {
+        fn restore(_pieces: Vec<ShardState>) -> Result<(), CircuitError> {
             Err(CircuitError::IncompatibleSnapshot(
                 "this guest refuses every snapshot".into(),
             ))
+        }
+        fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
+            sys::export_shards(shards)
+        }
+        fn set_workers(workers: u32) {
+            sys::set_workers(workers)
         }
     }
 

@@ -30,7 +30,9 @@ const _: [&str; 4] = [
 ];
 
 use bindings::exports::sluice::circuit::circuit::Guest;
-use bindings::sluice::circuit::types::{Batch, CircuitError, CircuitInfo, Event, WorkerInfo};
+use bindings::sluice::circuit::types::{
+    Batch, CircuitError, CircuitInfo, Event, ShardState, WorkerInfo,
+};
 
 struct HashOrder;
 
@@ -66,13 +68,19 @@ impl Guest for HashOrder {
         Ok(vec![Batch { port: 0, events }])
     }
 
-    fn snapshot() -> Result<Vec<u8>, CircuitError> {
+    fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
         Ok(Vec::new())
     }
 
-    fn restore(_state: Vec<u8>) -> Result<(), CircuitError> {
+    fn restore(_pieces: Vec<ShardState>) -> Result<(), CircuitError> {
         Ok(())
     }
+
+    fn export_shards(_shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
+        Ok(Vec::new())
+    }
+
+    fn set_workers(_workers: u32) {}
 }
 
 bindings::export!(HashOrder with_types_in bindings);

@@ -74,7 +74,9 @@ pub fn build(c: &mut Circuit) {
 
 #[cfg(target_arch = "wasm32")]
 mod component {
-    use sluice_guest::sys::{self, Batch, CircuitError, CircuitInfo, Guest, WorkerInfo};
+    use sluice_guest::sys::{
+        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, WorkerInfo,
+    };
 
     struct Misbehave;
 
@@ -98,11 +100,17 @@ mod component {
             }
             sys::step(inputs)
         }
-        fn snapshot() -> Result<Vec<u8>, CircuitError> {
+        fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
             sys::snapshot()
         }
-        fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
-            sys::restore(state)
+        fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
+            sys::restore(pieces)
+        }
+        fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
+            sys::export_shards(shards)
+        }
+        fn set_workers(workers: u32) {
+            sys::set_workers(workers)
         }
     }
 

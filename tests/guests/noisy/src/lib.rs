@@ -33,7 +33,9 @@ const _: [&str; 4] = [
 ];
 
 use bindings::exports::sluice::circuit::circuit::Guest;
-use bindings::sluice::circuit::types::{Batch, CircuitError, CircuitInfo, Event, WorkerInfo};
+use bindings::sluice::circuit::types::{
+    Batch, CircuitError, CircuitInfo, Event, ShardState, WorkerInfo,
+};
 
 thread_local! {
     /// Steps this instance has run (restored from snapshots).
@@ -41,6 +43,9 @@ thread_local! {
 }
 
 struct Noisy;
+
+/// The shard the step count lies in.
+const STATE_SHARD: u32 = 0;
 
 /// A WASI random number (the host seeds it per step).
 fn random_u64() -> u64 {
@@ -91,17 +96,36 @@ impl Guest for Noisy {
         Ok(vec![Batch { port: 0, events }])
     }
 
-    fn snapshot() -> Result<Vec<u8>, CircuitError> {
-        Ok(STEPS.get().to_le_bytes().to_vec())
+    /// The step count lies in shard 0 (it is the instance's, not a key's:
+    /// pieces of it add up wherever they land).
+    fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
+        Ok(vec![ShardState {
+            shard: STATE_SHARD,
+            state: STEPS.get().to_le_bytes().to_vec(),
+        }])
     }
 
-    fn restore(state: Vec<u8>) -> Result<(), CircuitError> {
-        let bytes: [u8; 8] = state
-            .try_into()
-            .map_err(|_| CircuitError::IncompatibleSnapshot("expected 8 bytes".into()))?;
-        STEPS.set(u64::from_le_bytes(bytes));
+    fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
+        for piece in pieces {
+            let bytes: [u8; 8] = piece
+                .state
+                .try_into()
+                .map_err(|_| CircuitError::IncompatibleSnapshot("expected 8 bytes".into()))?;
+            STEPS.set(STEPS.get() + u64::from_le_bytes(bytes));
+        }
         Ok(())
     }
+
+    fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
+        if !shards.contains(&STATE_SHARD) {
+            return Ok(Vec::new());
+        }
+        let pieces = Self::snapshot()?;
+        STEPS.set(0);
+        Ok(pieces)
+    }
+
+    fn set_workers(_workers: u32) {}
 }
 
 bindings::export!(Noisy with_types_in bindings);

@@ -1,0 +1,122 @@
+//! State split by shard: how stateful operators take part in checkpoints
+//! and layout changes.
+//!
+//! Keyed state lies in the shard of its key — the shard the host's exchange
+//! routes the key to ([`sluice_shard::shard_of`] of the key's encoding) — so
+//! that the worker owning a shard holds every key of it. State that never
+//! crosses the exchange (`integrate`, `differentiate`) lies in the shard of
+//! its element's encoding; it is linear, so pieces of one shard from several
+//! workers simply add up wherever they land.
+//!
+//! A piece of one operator is the encoding of its entries in that shard,
+//! the same encoding the whole state had before states were split (a map is
+//! written as its sorted pairs), so a snapshot of the earlier format
+//! restores as one piece holding everything.
+
+use crate::codec;
+use crate::error::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+pub use sluice_shard::{SHARDS, shard_of};
+
+/// The shard id of a whole instance's state written before states were
+/// split by shard (format 1), restored as is.
+pub const WHOLE: u32 = u32::MAX;
+
+/// A set of shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shards([u64; (SHARDS / 64) as usize]);
+
+impl Shards {
+    /// No shard.
+    pub fn none() -> Self {
+        Shards([0; (SHARDS / 64) as usize])
+    }
+
+    /// Every shard.
+    pub fn all() -> Self {
+        Shards([u64::MAX; (SHARDS / 64) as usize])
+    }
+
+    /// Adds `shard` (ignored if it is not below [`SHARDS`]).
+    pub fn insert(&mut self, shard: u32) {
+        if shard < SHARDS {
+            self.0[(shard / 64) as usize] |= 1 << (shard % 64);
+        }
+    }
+
+    /// Whether `shard` is in the set.
+    pub fn contains(&self, shard: u32) -> bool {
+        shard < SHARDS && self.0[(shard / 64) as usize] & (1 << (shard % 64)) != 0
+    }
+}
+
+impl FromIterator<u32> for Shards {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut s = Shards::none();
+        for shard in iter {
+            s.insert(shard);
+        }
+        s
+    }
+}
+
+/// The shard of a key (or element): [`shard_of`] its encoding.
+pub fn shard_of_key<K: Serialize>(key: &K) -> Result<u32> {
+    Ok(shard_of(&codec::to_bytes(key)?))
+}
+
+/// Splits entries by the shard of their key, keeping the shards in `only`
+/// (all when `None`): per shard, the encoding of its entries in order.
+pub fn split<'a, K: Serialize + 'a, V: Serialize + 'a>(
+    entries: impl IntoIterator<Item = (&'a K, &'a V)>,
+    only: Option<&Shards>,
+) -> Result<BTreeMap<u32, Vec<u8>>> {
+    let mut by_shard: BTreeMap<u32, Vec<(&K, &V)>> = BTreeMap::new();
+    for (k, v) in entries {
+        let shard = shard_of_key(k)?;
+        if only.is_none_or(|o| o.contains(shard)) {
+            by_shard.entry(shard).or_default().push((k, v));
+        }
+    }
+    by_shard
+        .into_iter()
+        .map(|(shard, entries)| Ok((shard, codec::to_bytes(&entries)?)))
+        .collect()
+}
+
+/// Removes the entries of a map whose key lies in `shards`.
+pub fn forget<K: Serialize + Ord, V>(map: &mut BTreeMap<K, V>, shards: &Shards) {
+    // A key that does not encode cannot have been stored by a step.
+    map.retain(|k, _| shard_of_key(k).is_ok_and(|s| !shards.contains(s)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_is_by_the_key_encoding_s_shard() {
+        let map: BTreeMap<String, i64> = (0..100).map(|i| (format!("k{i}"), i)).collect();
+        let pieces = split(&map, None).unwrap();
+        let mut back: BTreeMap<String, i64> = BTreeMap::new();
+        for (shard, bytes) in &pieces {
+            let entries: Vec<(String, i64)> = codec::from_bytes(bytes).unwrap();
+            for (k, v) in entries {
+                assert_eq!(shard_of(&codec::to_bytes(&k).unwrap()), *shard);
+                back.insert(k, v);
+            }
+        }
+        assert_eq!(back, map);
+        let one = *pieces.keys().next().unwrap();
+        let only: Shards = [one].into_iter().collect();
+        assert_eq!(split(&map, Some(&only)).unwrap().len(), 1);
+        let in_one = codec::from_bytes::<Vec<(String, i64)>>(&pieces[&one])
+            .unwrap()
+            .len();
+        let mut rest = map.clone();
+        forget(&mut rest, &only);
+        assert_eq!(rest.len(), map.len() - in_one);
+    }
+}
