@@ -184,7 +184,7 @@ fn a_partition_dropped_from_a_frontier_is_reported() {
     let (ok, text) = verify(&data);
     assert!(!ok, "{text}");
     assert!(
-        text.contains("violation: step 7: worker 0's frontier lost `lines` partition 0"),
+        text.contains("violation: step 7: the frontiers lost `lines` partition 0"),
         "{text}"
     );
 }

@@ -31,6 +31,12 @@ pub enum CrashPoint {
     AfterCheckpoint,
     /// After the first input partition was trimmed, before the others.
     MidTrim,
+    /// A layout change: the moving shards were handed off by their old
+    /// owners, not yet taken by the new ones, nothing committed.
+    MidHandoff,
+    /// A layout change: the first step under the new layout is committed,
+    /// its checkpoint not yet taken.
+    AfterRelayout,
     /// Kafka only: the step's records are in an open transaction, not yet
     /// committed (a crash here leaves records a `read_committed` consumer
     /// must never see).
@@ -54,6 +60,9 @@ impl CrashPoint {
     /// Points only some log backends reach.
     pub const BACKEND: [CrashPoint; 1] = [CrashPoint::InsideTransaction];
 
+    /// Points only a layout change reaches.
+    pub const RESCALE: [CrashPoint; 2] = [CrashPoint::MidHandoff, CrashPoint::AfterRelayout];
+
     /// The point's name in `SLUICE_CRASH_AT`.
     pub fn name(self) -> &'static str {
         match self {
@@ -67,6 +76,8 @@ impl CrashPoint {
             CrashPoint::AfterCheckpoint => "after-checkpoint",
             CrashPoint::MidTrim => "mid-trim",
             CrashPoint::InsideTransaction => "inside-transaction",
+            CrashPoint::MidHandoff => "mid-handoff",
+            CrashPoint::AfterRelayout => "after-relayout",
         }
     }
 
@@ -75,6 +86,7 @@ impl CrashPoint {
         CrashPoint::ALL
             .into_iter()
             .chain(CrashPoint::BACKEND)
+            .chain(CrashPoint::RESCALE)
             .find(|p| p.name() == name)
     }
 }

@@ -80,7 +80,8 @@ pub struct PipelineShape {
     pub inputs: Vec<InputLog>,
     /// Output log names, in port order.
     pub outputs: Vec<String>,
-    /// The number of workers W.
+    /// The number of workers W the pipeline was created with (its first
+    /// layout's); the current W is its newest layout's.
     pub workers: u32,
     /// The circuit's snapshot version, recorded with checkpoints.
     pub snapshot_version: u32,
@@ -123,29 +124,6 @@ impl PipelineShape {
         self.inputs.get(index as usize).map(|i| i.name.as_str())
     }
 
-    /// The worker that reads an input partition: partition `p` of every
-    /// input goes to worker `p mod W`.
-    pub fn reader_of(&self, partition: u32) -> u32 {
-        partition % self.workers
-    }
-
-    /// Per worker, the input partitions it reads, with their log names.
-    pub fn assignment(&self) -> Vec<Vec<(PartitionId, String)>> {
-        let mut owned = vec![Vec::new(); self.workers as usize];
-        for (i, input) in self.inputs.iter().enumerate() {
-            for p in 0..input.partitions {
-                owned[self.reader_of(p) as usize].push((
-                    PartitionId {
-                        input: i as u32,
-                        partition: p,
-                    },
-                    input.name.clone(),
-                ));
-            }
-        }
-        owned
-    }
-
     /// Every input partition with its log name.
     pub fn partitions(&self) -> impl Iterator<Item = (PartitionId, &str)> {
         self.inputs.iter().enumerate().flat_map(|(i, input)| {
@@ -177,7 +155,7 @@ mod tests {
     #[test]
     fn every_partition_has_one_reader() {
         let shape = PipelineShape::new(&ports(), 2, |n| if n == "a" { 3 } else { 1 }).unwrap();
-        let owned = shape.assignment();
+        let owned = crate::Layout::initial(&shape).assignment(&shape);
         assert_eq!(owned.len(), 2);
         let all: Vec<PartitionId> = owned.iter().flatten().map(|(id, _)| *id).collect();
         assert_eq!(all.len(), 4);

@@ -2,6 +2,7 @@
 //! the positions consumers resume from.
 
 use crate::event::{Event, Frontier};
+use crate::layout::Layout;
 use serde::{Deserialize, Serialize};
 
 /// The durable record of a step: its number, every worker's frontier after
@@ -31,6 +32,11 @@ pub struct StepRecord {
     /// (0 for step 0): the records form a chain, so a step rewritten in
     /// place breaks the link of the next one.
     pub prev: u128,
+    /// The layout this step runs under, when it differs from the previous
+    /// step's (a layout change commits with the first step under it); for
+    /// the others `None`: the previous step's layout (step 0's without one:
+    /// [`Layout::initial`]).
+    pub layout: Option<Layout>,
 }
 
 impl StepRecord {
@@ -57,6 +63,10 @@ impl StepRecord {
         h.update(&self.limits.fuel_per_call.to_le_bytes());
         h.update(&self.limits.memory.to_le_bytes());
         h.update(&self.prev.to_le_bytes());
+        match &self.layout {
+            Some(layout) => h.update(&layout.digest().to_le_bytes()),
+            None => h.update(&[0]),
+        }
         h.digest128()
     }
 }

@@ -4,14 +4,17 @@
 use crate::db::{self, CF_CHECKPOINTS, rocks};
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 use sluice_storage::checkpoint::KEPT;
-use sluice_storage::{Checkpoint, CheckpointMeta, CheckpointStore, Result, StorageError};
+use sluice_storage::{
+    Checkpoint, CheckpointMeta, CheckpointStore, Result, StatePiece, StorageError,
+};
 use std::sync::Arc;
 
 /// Checkpoints in the pipeline's RocksDB database.
 ///
 /// Keys: `m[step u64]` → postcard [`CheckpointMeta`] (its presence is the
-/// commit mark: it is written in the same batch as the states) and
-/// `s[step u64][worker u32]` → state.
+/// commit mark: it is written in the same batch as the pieces) and
+/// `s[step u64][shard u32][worker u32]` → a piece: the pieces of a shard lie
+/// together, so reading some shards reads only those.
 pub struct RocksCheckpointStore {
     db: Arc<db::PipelineDb>,
     lock: std::sync::Mutex<()>,
@@ -21,8 +24,20 @@ fn meta_key(step: u64) -> Vec<u8> {
     [b"m".as_slice(), &step.to_be_bytes()].concat()
 }
 
-fn state_key(step: u64, worker: u32) -> Vec<u8> {
-    [b"s".as_slice(), &step.to_be_bytes(), &worker.to_be_bytes()].concat()
+fn piece_key(step: u64, shard: u32, worker: u32) -> Vec<u8> {
+    [
+        b"s".as_slice(),
+        &step.to_be_bytes(),
+        &shard.to_be_bytes(),
+        &worker.to_be_bytes(),
+    ]
+    .concat()
+}
+
+/// The first key of step `step`'s pieces (and one past the last of the
+/// step before).
+fn step_start(step: u64) -> Vec<u8> {
+    [b"s".as_slice(), &step.to_be_bytes()].concat()
 }
 
 impl RocksCheckpointStore {
@@ -51,20 +66,63 @@ impl RocksCheckpointStore {
         }
         Ok(out)
     }
+
+    /// The pieces of `step` with shards in `from..to`.
+    fn range(&self, step: u64, from: u32, to: u64, out: &mut Vec<StatePiece>) -> Result<()> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        let start = piece_key(step, from, 0);
+        let end = match u32::try_from(to) {
+            Ok(to) => piece_key(step, to, 0),
+            Err(_) => step_start(step + 1),
+        };
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("reading a checkpoint"))?;
+            if k.as_ref() >= end.as_slice() {
+                break;
+            }
+            let (shard, worker) = match k.get(9..17) {
+                Some(rest) if k.len() == 17 => (
+                    u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")),
+                    u32::from_be_bytes(rest[4..].try_into().expect("4 bytes")),
+                ),
+                _ => {
+                    return Err(StorageError::Corrupt {
+                        what: format!("checkpoint of step {step}"),
+                        message: "malformed piece key".into(),
+                    });
+                }
+            };
+            out.push(StatePiece {
+                shard,
+                worker,
+                state: v.to_vec(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl CheckpointStore for RocksCheckpointStore {
     fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let step = checkpoint.meta.step;
-        if checkpoint.states.len() != checkpoint.meta.frontiers.len() {
+        let workers = checkpoint.meta.layout.workers;
+        if checkpoint.meta.frontiers.len() != workers as usize {
             return Err(StorageError::InvalidCheckpoint {
                 step,
                 message: format!(
-                    "{} states for {} workers",
-                    checkpoint.states.len(),
+                    "{} frontiers for {workers} workers",
                     checkpoint.meta.frontiers.len()
                 ),
+            });
+        }
+        if let Some(p) = checkpoint.pieces.iter().find(|p| p.worker >= workers) {
+            return Err(StorageError::InvalidCheckpoint {
+                step,
+                message: format!("a piece of worker {} of {workers}", p.worker),
             });
         }
         let metas = self.metas()?;
@@ -82,9 +140,9 @@ impl CheckpointStore for RocksCheckpointStore {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut wb = WriteBatch::default();
         // Replace any earlier write of this step, then drop the oldest.
-        wb.delete_range_cf(cf, state_key(step, 0), state_key(step + 1, 0));
-        for (w, state) in checkpoint.states.iter().enumerate() {
-            wb.put_cf(cf, state_key(step, w as u32), state);
+        wb.delete_range_cf(cf, step_start(step), step_start(step + 1));
+        for p in &checkpoint.pieces {
+            wb.put_cf(cf, piece_key(step, p.shard, p.worker), &p.state);
         }
         let meta = postcard::to_allocvec(&checkpoint.meta)
             .map_err(StorageError::corrupt("checkpoint metadata"))?;
@@ -98,7 +156,7 @@ impl CheckpointStore for RocksCheckpointStore {
         if kept.len() > KEPT {
             let oldest_kept = kept[kept.len() - KEPT];
             wb.delete_range_cf(cf, meta_key(0), meta_key(oldest_kept));
-            wb.delete_range_cf(cf, state_key(0, 0), state_key(oldest_kept, 0));
+            wb.delete_range_cf(cf, step_start(0), step_start(oldest_kept));
         }
         self.db
             .write_opt(wb, &db::synced())
@@ -109,29 +167,37 @@ impl CheckpointStore for RocksCheckpointStore {
         Ok(self.metas()?.pop())
     }
 
-    fn get(&self, step: u64) -> Result<Option<Checkpoint>> {
+    fn meta(&self, step: u64) -> Result<Option<CheckpointMeta>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
-        let Some(meta) = self
+        match self
             .db
             .get_cf(cf, meta_key(step))
             .map_err(rocks("reading a checkpoint"))?
-        else {
-            return Ok(None);
-        };
-        let meta: CheckpointMeta =
-            postcard::from_bytes(&meta).map_err(StorageError::corrupt("checkpoint metadata"))?;
-        let mut states = Vec::with_capacity(meta.frontiers.len());
-        for w in 0..meta.frontiers.len() as u32 {
-            let state = self
-                .db
-                .get_cf(cf, state_key(step, w))
-                .map_err(rocks("reading a checkpoint"))?;
-            states.push(state.ok_or_else(|| StorageError::Corrupt {
-                what: format!("checkpoint of step {step}"),
-                message: format!("state of worker {w} is missing"),
-            })?);
+        {
+            Some(meta) => Ok(Some(
+                postcard::from_bytes(&meta).map_err(StorageError::corrupt("checkpoint metadata"))?,
+            )),
+            None => Ok(None),
         }
-        Ok(Some(Checkpoint { meta, states }))
+    }
+
+    fn pieces(&self, step: u64, shards: Option<&[u32]>) -> Result<Option<Vec<StatePiece>>> {
+        if self.meta(step)?.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        match shards {
+            None => self.range(step, 0, u64::from(u32::MAX) + 1, &mut out)?,
+            Some(shards) => {
+                let mut sorted = shards.to_vec();
+                sorted.sort_unstable();
+                sorted.dedup();
+                for s in sorted {
+                    self.range(step, s, u64::from(s) + 1, &mut out)?;
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     fn list(&self) -> Result<Vec<u64>> {

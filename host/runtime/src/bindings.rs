@@ -26,7 +26,7 @@ const _: [&str; 4] = [
     include_str!("../../../wit/worlds.wit"),
 ];
 
-pub(crate) use self::exports::sluice::circuit::circuit::{CircuitError, WorkerInfo};
+pub(crate) use self::exports::sluice::circuit::circuit::{CircuitError, ShardState, WorkerInfo};
 pub(crate) use self::sluice::circuit::exchange::ExchangeError as WitExchangeError;
 pub(crate) use self::sluice::circuit::types::{Batch, Event};
 

@@ -9,9 +9,20 @@
 //! 4. **checkpoint** every N steps or T seconds (and on [`finish`](Coordinator::finish));
 //! 5. **trim** input below the newest checkpoint's frontier.
 //!
-//! [`Coordinator::open`] is also recovery: restore the newest checkpoint,
-//! replay the steps committed after it with their recorded divisions,
-//! comparing output hashes (I4), then continue live.
+//! [`Coordinator::open`] is also recovery: restore the newest checkpoint
+//! (each piece of state back to the worker that held it), replay the steps
+//! committed after it with their recorded divisions and layouts, comparing
+//! output hashes (I4), then continue live.
+//!
+//! **Layouts.** Which worker owns each shard of the key space and reads
+//! each input partition is the pipeline's [`Layout`]. [`rescale`]
+//! (Coordinator::rescale) changes it between steps: the old owners hand the
+//! moving shards off (`export-shards`), instances start or stop, the new
+//! owners take the pieces (`restore`), and the next step commits the new
+//! layout in its record — the change's commit point — followed by a
+//! checkpoint. A replay meets the change at that record and makes the same
+//! hand-off, so a crash anywhere recovers to the old layout (nothing
+//! committed) or the new one, never a mix.
 
 use crate::bindings::{Batch, Event as WitEvent};
 use crate::engine::{LoadedComponent, SluiceEngine};
@@ -20,10 +31,10 @@ use crate::exchange::Exchange;
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{
-    ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepLimits, StepRecord,
-    hash_outputs,
+    ConfigError, Event, Frontier, Layout, OutputEntry, PartitionId, PipelineShape, SHARDS,
+    StepCommit, StepLimits, StepRecord, hash_outputs,
 };
-use sluice_storage::{Checkpoint, CheckpointMeta, Guarded};
+use sluice_storage::{Checkpoint, CheckpointMeta, Guarded, StatePiece};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +74,22 @@ impl Default for PipelineOptions {
     }
 }
 
+/// What a layout change moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Relayout {
+    /// W before.
+    pub from: u32,
+    /// W after.
+    pub to: u32,
+    /// Shards that changed owner.
+    pub shards_moved: u32,
+    /// Bytes of state handed from one worker to another.
+    pub bytes_moved: u64,
+    /// From the last step under the old layout to the first under the new
+    /// one committed (the hand-off and that step).
+    pub pause: Duration,
+}
+
 /// What a coordinator has done since it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -80,6 +107,8 @@ pub struct Stats {
     pub events_out: u64,
     /// Fuel the guests burned in steps (committed or not).
     pub fuel_used: u64,
+    /// Layout changes made live (not replayed).
+    pub relayouts: u64,
 }
 
 /// One worker's output of one step.
@@ -100,6 +129,16 @@ struct PendingCheckpoint {
 /// The runtime of one pipeline.
 pub struct Coordinator {
     storage: Arc<Guarded>,
+    shape: PipelineShape,
+    /// The layout the instances are in.
+    layout: Layout,
+    /// The layout changed since the last committed step: the next step
+    /// commits it.
+    relayout_pending: bool,
+    /// The component, to start instances for added workers.
+    component: LoadedComponent,
+    /// The engine (limits, pool) instances start in.
+    engine: SluiceEngine,
     outputs: Vec<String>,
     /// Per worker, the partitions it reads, with the input log name.
     owned: Vec<Vec<(PartitionId, String)>>,
@@ -161,52 +200,54 @@ impl Coordinator {
         options: PipelineOptions,
     ) -> Result<Self> {
         let shape = storage.shape().clone();
-        let workers = shape.workers;
-        if workers == 0 {
+        if shape.workers == 0 {
             return Err(ConfigError::NoWorkers.into());
-        }
-        let owned = shape.assignment();
-        let outputs = shape.outputs.clone();
-        let snapshot_version = shape.snapshot_version;
-        let exchange = Exchange::new(workers);
-        let mut instances = Vec::with_capacity(workers as usize);
-        for w in 0..workers {
-            let info = WorkerInfo {
-                worker: w,
-                workers,
-                pipeline: options.name.clone(),
-                config: options.config.clone(),
-            };
-            let worker = Worker::start(
-                engine,
-                component,
-                info,
-                Some(exchange.clone()),
-                options.inherit_guest_stderr,
-            )
-            .await?;
-            instances.push(Some(worker));
         }
         let (checkpoint, epoch) = {
             let s = storage.clone();
             // Take over the pipeline: a new epoch fences any older host.
-            blocking(move || Ok::<_, Error>((s.checkpoints().latest()?, s.fence()?))).await?
+            blocking(move || {
+                let epoch = s.fence()?;
+                Ok::<_, Error>((s.checkpoints().latest_meta()?, epoch))
+            })
+            .await?
         };
+        let layout = match &checkpoint {
+            Some(meta) => meta.layout.clone(),
+            None => Layout::initial(&shape),
+        };
+        layout
+            .validate(&shape)
+            .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
+        let exchange = Exchange::new(&layout);
+        let mut instances = Vec::with_capacity(layout.workers as usize);
+        for w in 0..layout.workers {
+            let worker =
+                Self::start_worker(engine, component, &options, w, layout.workers, &exchange)
+                    .await?;
+            instances.push(Some(worker));
+        }
+        let owned = layout.assignment(&shape);
         let mut c = Coordinator {
             storage,
-            outputs,
+            outputs: shape.outputs.clone(),
             frontiers: owned
                 .iter()
                 .map(|ps| ps.iter().map(|(id, _)| (*id, 0)).collect())
                 .collect(),
             owned,
+            snapshot_version: shape.snapshot_version,
+            shape,
+            layout,
+            relayout_pending: false,
+            component: component.clone(),
+            engine: engine.with_limits(engine.limits()),
             options,
             exchange,
             instances,
             next_step: 0,
             checkpointed_step: None,
             last_checkpoint_at: Instant::now(),
-            snapshot_version,
             epoch,
             last_time_ms: 0,
             limits: StepLimits {
@@ -220,23 +261,47 @@ impl Coordinator {
             pending: None,
             stats: Stats::default(),
         };
-        if let Some(cp) = checkpoint {
-            if cp.states.len() != workers as usize {
+        if let Some(meta) = checkpoint {
+            if meta.frontiers.len() != c.layout.workers as usize {
                 return Err(ConfigError::WorkersChanged {
-                    stored: cp.states.len() as u32,
-                    wanted: workers,
+                    stored: meta.frontiers.len() as u32,
+                    wanted: c.layout.workers,
                 }
                 .into());
             }
-            for (slot, state) in c.instances.iter_mut().zip(&cp.states) {
-                if let Some(worker) = slot {
-                    worker.restore(state).await?;
+            // Every piece goes back to the worker that held it, so the
+            // replay runs on exactly the state the steps ran on.
+            let pieces = {
+                let (s, step) = (c.storage.clone(), meta.step);
+                blocking(move || s.checkpoints().pieces(step, None))
+                    .await?
+                    .ok_or_else(|| sluice_storage::StorageError::Corrupt {
+                        what: format!("checkpoint of step {}", meta.step),
+                        message: "its pieces are missing".into(),
+                    })?
+            };
+            let mut per_worker: Vec<Vec<(u32, Vec<u8>)>> =
+                vec![Vec::new(); c.layout.workers as usize];
+            for p in pieces {
+                let slot = per_worker.get_mut(p.worker as usize).ok_or_else(|| {
+                    sluice_storage::StorageError::Corrupt {
+                        what: format!("checkpoint of step {}", meta.step),
+                        message: format!("a piece of worker {} of {}", p.worker, c.layout.workers),
+                    }
+                })?;
+                slot.push((p.shard, p.state));
+            }
+            for (slot, pieces) in c.instances.iter_mut().zip(per_worker) {
+                if let Some(worker) = slot
+                    && !pieces.is_empty()
+                {
+                    worker.restore(pieces).await?;
                 }
             }
-            c.frontiers = cp.meta.frontiers.clone();
-            c.next_step = cp.meta.step + 1;
-            c.checkpointed_step = Some(cp.meta.step);
-            c.stats.restored_checkpoint = Some(cp.meta.step);
+            c.frontiers = meta.frontiers.clone();
+            c.next_step = meta.step + 1;
+            c.checkpointed_step = Some(meta.step);
+            c.stats.restored_checkpoint = Some(meta.step);
         }
         c.check_input_reachable().await?;
         c.replay().await?;
@@ -244,9 +309,176 @@ impl Coordinator {
             pipeline = %c.options.name,
             restored = ?c.stats.restored_checkpoint,
             replayed = c.stats.replayed_steps,
+            workers = c.layout.workers,
             "recovered"
         );
         Ok(c)
+    }
+
+    /// Starts the instance of worker `w` of `workers`.
+    async fn start_worker(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        options: &PipelineOptions,
+        w: u32,
+        workers: u32,
+        exchange: &Arc<Exchange>,
+    ) -> Result<Worker> {
+        let info = WorkerInfo {
+            worker: w,
+            workers,
+            pipeline: options.name.clone(),
+            config: options.config.clone(),
+        };
+        Worker::start(
+            engine,
+            component,
+            info,
+            Some(exchange.clone()),
+            options.inherit_guest_stderr,
+        )
+        .await
+    }
+
+    /// Changes the layout to one of `workers` workers (a sticky rebalance:
+    /// only the shards the new balance needs move): hands the moving shards
+    /// off between the instances, starts or stops instances, commits the
+    /// next step (with whatever input there is, maybe none) with the new
+    /// layout in its record, and checkpoints. Returns what moved, or `None`
+    /// when the pipeline already has `workers` workers.
+    pub async fn rescale(&mut self, workers: u32) -> Result<Option<Relayout>> {
+        if workers == 0 {
+            return Err(ConfigError::NoWorkers.into());
+        }
+        if workers == self.layout.workers {
+            return Ok(None);
+        }
+        self.await_checkpoint().await?;
+        let started = Instant::now();
+        let next = self.layout.rebalance(workers);
+        let from = self.layout.workers;
+        let shards_moved = self.layout.moves(&next).len() as u32;
+        let bytes_moved = self.relayout(next).await?;
+        self.relayout_pending = true;
+        self.step_with(true).await?;
+        let pause = started.elapsed();
+        crash_point(CrashPoint::AfterRelayout);
+        self.checkpoint().await?;
+        self.stats.relayouts += 1;
+        tracing::info!(
+            pipeline = %self.options.name,
+            from,
+            to = workers,
+            shards_moved,
+            bytes_moved,
+            ?pause,
+            "layout changed"
+        );
+        Ok(Some(Relayout {
+            from,
+            to: workers,
+            shards_moved,
+            bytes_moved,
+            pause,
+        }))
+    }
+
+    /// Moves the instances to layout `next`: every old owner of a moving
+    /// shard exports it (a removed worker exports everything it holds),
+    /// removed instances stop, added ones start, every instance learns the
+    /// new layout, and the new owners take the pieces. The frontiers follow
+    /// the partitions to their new readers. Returns the bytes handed off.
+    ///
+    /// The same procedure runs live and when a replay meets the change, so
+    /// both end in the same state. On failure the instances are dropped
+    /// (recovery restores a state that matches the log).
+    async fn relayout(&mut self, next: Layout) -> Result<u64> {
+        let r = self.relayout_inner(next).await;
+        if r.is_err() {
+            self.instances.iter_mut().for_each(|i| *i = None);
+        }
+        r
+    }
+
+    async fn relayout_inner(&mut self, next: Layout) -> Result<u64> {
+        next.validate(&self.shape)
+            .map_err(|m| ConfigError::Invalid(format!("layout {}: {m}", next.epoch)))?;
+        let old = std::mem::replace(&mut self.layout, next.clone());
+        let mut moving: Vec<Vec<u32>> = vec![Vec::new(); old.workers as usize];
+        for (shard, from, _) in old.moves(&next) {
+            moving[from as usize].push(shard);
+        }
+        let all: Vec<u32> = (0..SHARDS).collect();
+        let mut handed: Vec<(u32, u32, Vec<u8>)> = Vec::new();
+        for w in 0..old.workers {
+            let shards = if w >= next.workers {
+                &all
+            } else {
+                &moving[w as usize]
+            };
+            if shards.is_empty() {
+                continue;
+            }
+            let worker = self.instances[w as usize]
+                .as_mut()
+                .ok_or(Error::WorkersLost)?;
+            for (shard, state) in worker.export_shards(shards).await? {
+                handed.push((w, shard, state));
+            }
+        }
+        crash_point(CrashPoint::MidHandoff);
+        self.instances.truncate(next.workers as usize);
+        self.exchange = Exchange::new(&next);
+        for slot in self.instances.iter_mut() {
+            let worker = slot.as_mut().ok_or(Error::WorkersLost)?;
+            worker.relayout(next.workers, self.exchange.clone()).await?;
+        }
+        for w in old.workers..next.workers {
+            let worker = Self::start_worker(
+                &self.engine,
+                &self.component,
+                &self.options,
+                w,
+                next.workers,
+                &self.exchange,
+            )
+            .await?;
+            self.instances.push(Some(worker));
+        }
+        // The live instances' deterministic limits hold for added ones too.
+        self.set_limits(self.limits);
+        let bytes_moved = handed.iter().map(|(_, _, s)| s.len() as u64).sum();
+        let mut per_worker: Vec<Vec<(u32, Vec<u8>)>> = vec![Vec::new(); next.workers as usize];
+        // In (source worker, shard) order: the same on every run.
+        for (_, shard, state) in handed {
+            per_worker[next.owner(shard) as usize].push((shard, state));
+        }
+        for (w, pieces) in per_worker.into_iter().enumerate() {
+            if !pieces.is_empty() {
+                let worker = self.instances[w].as_mut().ok_or(Error::WorkersLost)?;
+                worker.restore(pieces).await?;
+            }
+        }
+        let offsets: Vec<(PartitionId, u64)> = self
+            .frontiers
+            .iter()
+            .flatten()
+            .map(|(id, o)| (*id, *o))
+            .collect();
+        self.owned = next.assignment(&self.shape);
+        self.frontiers = vec![Frontier::new(); next.workers as usize];
+        for (id, offset) in offsets {
+            let reader = next.reader(id.input, id.partition).ok_or_else(|| {
+                ConfigError::Invalid(format!("layout {} has no reader of {id:?}", next.epoch))
+            })?;
+            self.frontiers[reader as usize].insert(id, offset);
+        }
+        for (w, parts) in self.owned.iter().enumerate() {
+            for (id, _) in parts {
+                self.frontiers[w].entry(*id).or_insert(0);
+            }
+        }
+        Ok(bytes_moved)
     }
 
     /// Reads the record of committed step `step` (a future that holds no
@@ -281,6 +513,11 @@ impl Coordinator {
         while self.next_step <= last {
             let step = self.next_step;
             let record = self.record(step).await?;
+            if let Some(next) = record.layout.clone() {
+                // The step runs under a new layout: make the same hand-off
+                // the live run made before it.
+                self.relayout(next).await?;
+            }
             self.set_limits(record.limits);
             let outputs = self
                 .execute(&record.frontiers, step, record.time_ms)
@@ -493,10 +730,16 @@ impl Coordinator {
     /// worker has new input. A checkpoint that falls due is started: its
     /// snapshots pause the pipeline, its write overlaps the next steps.
     pub async fn step(&mut self) -> Result<bool> {
+        self.step_with(false).await
+    }
+
+    /// [`step`](Self::step); with `force`, commits a step even when no
+    /// worker has new input (to commit a layout change).
+    async fn step_with(&mut self, force: bool) -> Result<bool> {
         if self.pending.as_ref().is_some_and(|p| p.write.is_finished()) {
             self.await_checkpoint().await?;
         }
-        let r = self.step_inner().await;
+        let r = self.step_inner(force).await;
         if r.is_err() {
             // Leave no write behind a failure: recovery must see the
             // checkpoint store and the input as they will stay.
@@ -505,9 +748,9 @@ impl Coordinator {
         r
     }
 
-    async fn step_inner(&mut self) -> Result<bool> {
+    async fn step_inner(&mut self, force: bool) -> Result<bool> {
         let target = self.divide().await?;
-        if target == self.frontiers {
+        if target == self.frontiers && !force {
             return Ok(false);
         }
         crash_point(CrashPoint::AfterDivide);
@@ -545,6 +788,7 @@ impl Coordinator {
                 output_hashes: outputs.iter().map(|o| o.hash).collect(),
                 limits: self.limits,
                 prev: self.prev,
+                layout: self.relayout_pending.then(|| self.layout.clone()),
             },
             outputs: logs,
         };
@@ -565,6 +809,7 @@ impl Coordinator {
         }
         tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         self.prev = link;
+        self.relayout_pending = false;
         self.frontiers = target;
         self.last_time_ms = time_ms;
         self.next_step += 1;
@@ -616,14 +861,20 @@ impl Coordinator {
                 (worker, r)
             }));
         }
-        let mut states = Vec::with_capacity(tasks.len());
+        let mut pieces = Vec::new();
         let mut failure = None;
         for (w, task) in tasks.into_iter().enumerate() {
             match task.await {
                 Ok((worker, r)) => {
                     self.instances[w] = Some(worker);
                     match r {
-                        Ok(state) => states.push(state),
+                        Ok(state) => pieces.extend(state.into_iter().map(|(shard, state)| {
+                            StatePiece {
+                                shard,
+                                worker: w as u32,
+                                state,
+                            }
+                        })),
                         Err(e) => failure = failure.or(Some(e)),
                     }
                 }
@@ -634,13 +885,15 @@ impl Coordinator {
             return Err(e);
         }
         let snapshots = started.elapsed();
+        pieces.sort_by_key(|p| (p.shard, p.worker));
         let checkpoint = Checkpoint {
             meta: CheckpointMeta {
                 step,
                 frontiers: self.frontiers.clone(),
                 snapshot_version: self.snapshot_version,
+                layout: self.layout.clone(),
             },
-            states,
+            pieces,
         };
         let storage = self.storage.clone();
         let write = tokio::task::spawn_blocking(move || -> Result<()> {
@@ -727,6 +980,16 @@ impl Coordinator {
     /// The storage the coordinator commits to.
     pub fn storage(&self) -> &Arc<Guarded> {
         &self.storage
+    }
+
+    /// The layout the pipeline runs under.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The number of workers W.
+    pub fn workers(&self) -> u32 {
+        self.layout.workers
     }
 }
 

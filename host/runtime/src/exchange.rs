@@ -1,12 +1,14 @@
 //! The exchange: routes keyed events between the W workers of a pipeline
 //! within one step.
 //!
-//! A key is hashed (xxh3, fixed seed: stable across hosts and versions) into
-//! one of [`SHARDS`] shards; shard `s` belongs to worker `s mod W`. Every
-//! worker contributes once per channel per step; when all have, each gets
-//! the events it owns, in worker order, so the result is deterministic.
+//! A key is hashed into one of [`SHARDS`] shards ([`shard_of`], the hash the
+//! guest SDK splits its state by); the pipeline's [`Layout`] says which
+//! worker owns each shard. Every worker contributes once per channel per
+//! step; when all have, each gets the events it owns, in worker order, so
+//! the result is deterministic.
 
 use crate::bindings::Event;
+pub use sluice_core::{Layout, SHARDS, shard_of};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
@@ -21,19 +23,6 @@ pub enum ExchangeError {
     /// The step was abandoned before every worker contributed.
     #[error("{0}")]
     Aborted(String),
-}
-
-/// Number of shards of the key-hash space.
-pub const SHARDS: u64 = 1024;
-
-/// The shard of a key.
-pub fn shard(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key) % SHARDS
-}
-
-/// The worker that owns a shard, for `workers` workers.
-pub fn owner(shard: u64, workers: u32) -> u32 {
-    (shard % workers as u64) as u32
 }
 
 type Reply = Result<Vec<Event>, ExchangeError>;
@@ -51,17 +40,29 @@ struct State {
     failure: Option<ExchangeError>,
 }
 
-/// The exchange of one pipeline.
+/// The exchange of one pipeline, for one layout.
 pub struct Exchange {
     workers: u32,
+    /// The owner of each shard.
+    owners: Vec<u32>,
     state: Mutex<State>,
 }
 
 impl Exchange {
-    /// An exchange for `workers` workers.
-    pub fn new(workers: u32) -> Arc<Self> {
+    /// An exchange routing by `layout`.
+    pub fn new(layout: &Layout) -> Arc<Self> {
+        Self::with_owners(layout.workers, layout.shards.clone())
+    }
+
+    /// An exchange for one worker: everything stays with it.
+    pub fn single() -> Arc<Self> {
+        Self::with_owners(1, vec![0; SHARDS as usize])
+    }
+
+    fn with_owners(workers: u32, owners: Vec<u32>) -> Arc<Self> {
         Arc::new(Exchange {
             workers,
+            owners,
             state: Mutex::new(State {
                 rounds: BTreeMap::new(),
                 finished: vec![false; workers as usize],
@@ -105,7 +106,7 @@ impl Exchange {
             }
             round.contributed[me] = true;
             for e in events {
-                let dest = owner(shard(&e.key), self.workers) as usize;
+                let dest = self.owners[shard_of(&e.key) as usize] as usize;
                 round.inbox[dest][me].push(e);
             }
             if round.contributed.iter().all(|c| *c) {
@@ -189,15 +190,29 @@ mod tests {
         }
     }
 
+    fn owner(key: &[u8], layout: &Layout) -> u32 {
+        layout.owner(shard_of(key))
+    }
+
+    fn two_workers() -> Layout {
+        Layout {
+            epoch: 0,
+            workers: 2,
+            shards: (0..SHARDS).map(|s| (s * 7 / 3) % 2).collect(),
+            partitions: vec![],
+        }
+    }
+
     #[tokio::test]
     async fn routes_by_key_owner_in_worker_order() {
-        let x = Exchange::new(2);
+        let layout = two_workers();
+        let x = Exchange::new(&layout);
         x.begin_step();
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
         let send = |w: u8| keys.iter().map(|k| ev(k, w)).collect::<Vec<_>>();
         let (a, b) = tokio::join!(x.shuffle(0, 7, send(0)), x.shuffle(1, 7, send(1)));
         for (w, got) in [a.unwrap(), b.unwrap()].into_iter().enumerate() {
-            assert!(got.iter().all(|e| owner(shard(&e.key), 2) == w as u32));
+            assert!(got.iter().all(|e| owner(&e.key, &layout) == w as u32));
             // Worker 0's contributions come first.
             let sources: Vec<u8> = got.iter().map(|e| e.value[0]).collect();
             assert!(sources.windows(2).all(|p| p[0] <= p[1]));
@@ -205,7 +220,7 @@ mod tests {
                 got.len(),
                 2 * keys
                     .iter()
-                    .filter(|k| owner(shard(k.as_bytes()), 2) == w as u32)
+                    .filter(|k| owner(k.as_bytes(), &layout) == w as u32)
                     .count()
             );
         }
@@ -213,7 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_worker_that_skips_a_channel_fails_the_waiters() {
-        let x = Exchange::new(2);
+        let x = Exchange::new(&two_workers());
         x.begin_step();
         let waiting = x.shuffle(0, 1, vec![ev("a", 0)]);
         let finishing = async {

@@ -38,7 +38,7 @@ pub mod error;
 pub mod exchange;
 pub mod worker;
 
-pub use coordinator::{Coordinator, PipelineOptions, Stats};
+pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, GuestError, Result};
 pub use worker::{Worker, WorkerInfo};

@@ -2,7 +2,9 @@
 //! its limits and its end of the exchange. Every call into the guest goes
 //! through here, and every way it can fail becomes a typed [`Error`].
 
-use crate::bindings::{self, Batch, CircuitError, Event, PipelineWorker, WitExchangeError, sluice};
+use crate::bindings::{
+    self, Batch, CircuitError, Event, PipelineWorker, ShardState, WitExchangeError, sluice,
+};
 use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
@@ -345,26 +347,63 @@ impl Worker {
         std::mem::take(&mut self.fuel_used)
     }
 
-    /// Takes a snapshot of the circuit's state.
-    pub async fn snapshot(&mut self) -> Result<Vec<u8>> {
+    /// Takes a snapshot of the circuit's state: `(shard, bytes)` pieces.
+    pub async fn snapshot(&mut self) -> Result<Vec<(u32, Vec<u8>)>> {
         self.arm();
         let r = self
             .bindings
             .sluice_circuit_circuit()
             .call_snapshot(&mut self.store)
             .await;
-        self.check("snapshot", r)
+        Ok(self
+            .check("snapshot", r)?
+            .into_iter()
+            .map(|p| (p.shard, p.state))
+            .collect())
     }
 
-    /// Restores the circuit's state from a snapshot.
-    pub async fn restore(&mut self, state: &[u8]) -> Result<()> {
+    /// Adds pieces of state (from a checkpoint, or handed off by other
+    /// workers) to the circuit's state.
+    pub async fn restore(&mut self, pieces: Vec<(u32, Vec<u8>)>) -> Result<()> {
+        self.arm();
+        let pieces: Vec<ShardState> = pieces
+            .into_iter()
+            .map(|(shard, state)| ShardState { shard, state })
+            .collect();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_restore(&mut self.store, &pieces)
+            .await;
+        self.check("restore", r)
+    }
+
+    /// Hands shards off: the circuit returns their pieces and forgets them.
+    pub async fn export_shards(&mut self, shards: &[u32]) -> Result<Vec<(u32, Vec<u8>)>> {
         self.arm();
         let r = self
             .bindings
             .sluice_circuit_circuit()
-            .call_restore(&mut self.store, state)
+            .call_export_shards(&mut self.store, shards)
             .await;
-        self.check("restore", r)
+        Ok(self
+            .check("export-shards", r)?
+            .into_iter()
+            .map(|p| (p.shard, p.state))
+            .collect())
+    }
+
+    /// Moves the worker to a new layout of `workers` workers: its exchange
+    /// from now on is `exchange`, and the circuit is told W.
+    pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
+        self.store.data_mut().exchange = Some(exchange);
+        self.arm();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_set_workers(&mut self.store, workers)
+            .await;
+        r.map_err(|e| self.classify("set-workers", e))
     }
 
     /// Instantiates `component` without calling anything in it: the bare
@@ -407,7 +446,7 @@ impl Worker {
             pipeline: pipeline.to_owned(),
             config: vec![],
         };
-        Worker::start(engine, component, info, Some(Exchange::new(1)), false).await
+        Worker::start(engine, component, info, Some(Exchange::single()), false).await
     }
 
     /// Runs step `step` with host-typed events: `inputs[p]` are input port

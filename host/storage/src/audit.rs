@@ -3,17 +3,20 @@
 //! audits an embedded pipeline and a Kafka one alike.
 //!
 //! - step records are contiguous from 0, one frontier and one hash per
-//!   worker, and chained (each holds the hash of the one before, so a step
-//!   rewritten in place breaks the next link); frontiers never move
-//!   backwards, never past the input, never drop a partition, and name only
-//!   partitions their worker reads;
-//! - every output log holds exactly one entry per step per worker (I1),
-//!   tagged with that step's frontier;
+//!   worker of the step's layout, and chained (each holds the hash of the
+//!   one before, so a step rewritten in place breaks the next link);
+//!   frontiers never move backwards, never past the input, never drop a
+//!   partition, and each partition is in the frontier of the worker its
+//!   step's layout gives it to;
+//! - every layout change is a valid layout (every shard and partition owned
+//!   once, by a worker below W) with the next epoch;
+//! - every output log holds exactly one entry per step per worker of the
+//!   step's layout (I1), tagged with that step's frontier;
 //! - no output exists for a step without a record (I3: the division is
 //!   durable no later than the outputs);
 //! - each worker's outputs of a step hash to the hash in the step record;
 //! - committed checkpoints cover committed steps, with those steps'
-//!   frontiers and one state per worker;
+//!   frontiers and layouts, and pieces only of that layout's workers;
 //! - no input partition is trimmed above the newest committed checkpoint's
 //!   frontier (I2).
 //!
@@ -23,7 +26,7 @@
 
 use crate::error::{Result, StorageError};
 use crate::{CheckpointStore, LogBackend};
-use sluice_core::{Event, Frontier, PartitionId, PipelineShape, StepRecord, hash_outputs};
+use sluice_core::{Event, Frontier, Layout, PartitionId, PipelineShape, StepRecord, hash_outputs};
 use std::collections::BTreeMap;
 
 /// What an audit found.
@@ -80,11 +83,11 @@ pub fn audit(
 ) -> Result<Verdict> {
     let run = || -> Check<Summary> {
         let highs = high_watermarks(log, shape)?;
-        let records = step_records(log, shape, &highs)?;
-        let entries = output_logs(log, shape, &records)?;
-        let checkpoints = checkpoints_and_trims(log, checkpoints, shape, &records, &highs)?;
+        let steps = step_records(log, shape, &highs)?;
+        let entries = output_logs(log, shape, &steps)?;
+        let checkpoints = checkpoints_and_trims(log, checkpoints, &steps, &highs)?;
         Ok(Summary {
-            steps: records.len() as u64,
+            steps: steps.records.len() as u64,
             entries,
             checkpoints,
         })
@@ -109,18 +112,38 @@ fn high_watermarks(
     Ok(highs)
 }
 
-/// The step records, checked: contiguous, well-formed, frontiers moving
-/// forward and within the input.
+/// The step records with the layout each ran under.
+struct Steps {
+    records: Vec<StepRecord>,
+    /// Every layout, in epoch order.
+    layouts: Vec<Layout>,
+    /// Per step, its layout's index in `layouts`.
+    layout_of: Vec<usize>,
+}
+
+impl Steps {
+    fn layout(&self, step: u64) -> &Layout {
+        &self.layouts[self.layout_of[step as usize]]
+    }
+}
+
+/// The step records, checked: contiguous, well-formed, chained, layouts
+/// valid, frontiers moving forward, within the input and following the
+/// layout.
 fn step_records(
     log: &dyn LogBackend,
     shape: &PipelineShape,
     highs: &BTreeMap<PartitionId, (String, u64)>,
-) -> Check<Vec<StepRecord>> {
-    let w = shape.workers as usize;
-    let Some(last) = log.last_step()? else {
-        return Ok(Vec::new());
+) -> Check<Steps> {
+    let mut steps = Steps {
+        records: Vec::new(),
+        layouts: vec![Layout::initial(shape)],
+        layout_of: Vec::new(),
     };
-    let mut records: Vec<StepRecord> = Vec::new();
+    let Some(last) = log.last_step()? else {
+        return Ok(steps);
+    };
+    let mut previous: BTreeMap<PartitionId, u64> = BTreeMap::new();
     for step in 0..=last {
         let Some(record) = log.step_record(step)? else {
             violation!("step records: step {step} is missing below the last committed step {last}");
@@ -128,14 +151,31 @@ fn step_records(
         if record.step != step {
             violation!("step {step}: its record says step {}", record.step);
         }
+        if let Some(next) = &record.layout {
+            let current = steps.layouts.last().expect("the initial layout");
+            if let Err(m) = next.validate(shape) {
+                violation!("step {step}: its layout is malformed: {m}");
+            }
+            if next.epoch != current.epoch + 1 {
+                violation!(
+                    "step {step}: its layout has epoch {}, after a layout of epoch {}",
+                    next.epoch,
+                    current.epoch
+                );
+            }
+            steps.layouts.push(next.clone());
+        }
+        steps.layout_of.push(steps.layouts.len() - 1);
+        let layout = steps.layouts.last().expect("the initial layout");
+        let w = layout.workers as usize;
         if record.frontiers.len() != w || record.output_hashes.len() != w {
             violation!(
-                "step {step}: {} frontiers and {} hashes for {w} workers",
+                "step {step}: {} frontiers and {} hashes for the {w} workers of its layout",
                 record.frontiers.len(),
                 record.output_hashes.len()
             );
         }
-        let link = records.last().map_or(0, StepRecord::chain_hash);
+        let link = steps.records.last().map_or(0, StepRecord::chain_hash);
         if record.prev != link {
             violation!(
                 "step {step}'s record does not chain to step {}'s: a step before it was rewritten \
@@ -143,31 +183,27 @@ fn step_records(
                 step.saturating_sub(1)
             );
         }
-        let previous = records
-            .last()
-            .map(|r| r.frontiers.clone())
-            .unwrap_or_else(|| vec![Frontier::new(); w]);
-        for (worker, (before, after)) in previous.iter().zip(&record.frontiers).enumerate() {
-            if let Some((id, _)) = before.iter().find(|(id, _)| !after.contains_key(id)) {
-                let name = highs.get(id).map_or("?", |(n, _)| n.as_str());
-                violation!(
-                    "step {step}: worker {worker}'s frontier lost `{name}` partition {}, which it \
-                     carried at the step before",
-                    id.partition
-                );
-            }
-            for (id, offset) in after {
+        let mut now: BTreeMap<PartitionId, u64> = BTreeMap::new();
+        for (worker, frontier) in record.frontiers.iter().enumerate() {
+            for (id, offset) in frontier {
                 let Some((name, high)) = highs.get(id) else {
                     violation!(
                         "step {step}: worker {worker} consumed an unknown input partition {id:?}"
                     );
                 };
-                let owner = shape.reader_of(id.partition);
-                if owner != worker as u32 {
+                if now.insert(*id, *offset).is_some() {
+                    violation!(
+                        "step {step}: `{name}` partition {} is in two workers' frontiers",
+                        id.partition
+                    );
+                }
+                let owner = layout.reader(id.input, id.partition);
+                if owner != Some(worker as u32) {
                     violation!(
                         "step {step}: worker {worker} read `{name}` partition {}, which worker \
-                         {owner} reads",
-                        id.partition
+                         {} reads in the step's layout",
+                        id.partition,
+                        owner.map_or("none".into(), |o| o.to_string())
                     );
                 }
                 if offset > high {
@@ -176,24 +212,33 @@ fn step_records(
                         id.partition
                     );
                 }
-                if before.get(id).is_some_and(|b| b > offset) {
+                if previous.get(id).is_some_and(|b| b > offset) {
                     violation!(
-                        "step {step}: worker {worker}'s frontier on `{name}` partition {} moves backwards",
+                        "step {step}: the frontier on `{name}` partition {} moves backwards",
                         id.partition
                     );
                 }
             }
         }
-        records.push(record);
+        if let Some(id) = previous.keys().find(|id| !now.contains_key(id)) {
+            let name = highs.get(id).map_or("?", |(n, _)| n.as_str());
+            violation!(
+                "step {step}: the frontiers lost `{name}` partition {}, which they carried at the \
+                 step before",
+                id.partition
+            );
+        }
+        previous = now;
+        steps.records.push(record);
     }
-    Ok(records)
+    Ok(steps)
 }
 
 /// The output logs, checked against the step records: one entry per step
 /// per worker, the step's frontier, the recorded hash. Returns the number
 /// of entries.
-fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, records: &[StepRecord]) -> Check<u64> {
-    let w = shape.workers as usize;
+fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Check<u64> {
+    let records = &steps.records;
     let mut entries = 0u64;
     let mut outputs: BTreeMap<(u64, u32), Vec<Vec<Event>>> = BTreeMap::new();
     for (port, name) in shape.outputs.iter().enumerate() {
@@ -214,14 +259,15 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, records: &[StepRecor
                     "output log `{name}` holds a second entry for step {step} worker {worker}: \
                      an output log must never hold two entries for one step (I1)"
                 ))
-            } else if worker as usize >= w {
-                Some(format!(
-                    "output log `{name}`: an entry of worker {worker}, but the pipeline has {w} workers"
-                ))
             } else if step as usize >= records.len() {
                 Some(format!(
                     "output log `{name}` holds output of step {step}, which has no step record: a step's \
                      division must be durable no later than its outputs (I3)"
+                ))
+            } else if worker >= steps.layout(step).workers {
+                Some(format!(
+                    "output log `{name}`: an entry of worker {worker} in step {step}, whose layout has {} workers",
+                    steps.layout(step).workers
                 ))
             } else if entry.frontier != records[step as usize].frontiers[worker as usize] {
                 Some(format!(
@@ -241,7 +287,7 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, records: &[StepRecor
             violation!("{p}");
         }
         for step in low..records.len() as u64 {
-            for worker in 0..w as u32 {
+            for worker in 0..steps.layout(step).workers {
                 if !seen.contains_key(&(step, worker)) {
                     violation!(
                         "output log `{name}` has no entry for step {step} worker {worker}: every step writes one entry per worker"
@@ -266,11 +312,10 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, records: &[StepRecor
 fn checkpoints_and_trims(
     log: &dyn LogBackend,
     checkpoints: &dyn CheckpointStore,
-    shape: &PipelineShape,
-    records: &[StepRecord],
+    all: &Steps,
     highs: &BTreeMap<PartitionId, (String, u64)>,
 ) -> Check<Vec<u64>> {
-    let w = shape.workers as usize;
+    let records = &all.records;
     let steps = checkpoints.list()?;
     for step in &steps {
         let Some(c) = checkpoints.get(*step)? else {
@@ -282,10 +327,19 @@ fn checkpoints_and_trims(
         if c.meta.frontiers != record.frontiers {
             violation!("checkpoint {step}: its frontiers differ from step {step}'s record");
         }
-        if c.states.len() != w {
+        let layout = all.layout(*step);
+        if &c.meta.layout != layout {
             violation!(
-                "checkpoint {step}: {} states for {w} workers",
-                c.states.len()
+                "checkpoint {step}: its layout (epoch {}) is not the one step {step} ran under (epoch {})",
+                c.meta.layout.epoch,
+                layout.epoch
+            );
+        }
+        if let Some(p) = c.pieces.iter().find(|p| p.worker >= layout.workers) {
+            violation!(
+                "checkpoint {step}: a piece of worker {}, but its layout has {} workers",
+                p.worker,
+                layout.workers
             );
         }
     }

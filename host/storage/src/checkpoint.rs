@@ -1,11 +1,12 @@
-//! Checkpoints: all W instances' state at the end of one step, with that
-//! step's frontiers, committed at once. The [`CheckpointStore`] trait; the
-//! RocksDB implementation is `sluice-embedded`'s (checkpoints stay in the
-//! data directory's RocksDB whatever the log backend).
+//! Checkpoints: the state of every instance at the end of one step, as
+//! pieces by shard, with that step's frontiers and layout, committed at
+//! once. The [`CheckpointStore`] trait; the RocksDB implementation is
+//! `sluice-embedded`'s (checkpoints stay in the data directory's RocksDB
+//! whatever the log backend).
 
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
-use sluice_core::Frontier;
+use sluice_core::{Frontier, Layout};
 
 /// How many committed checkpoints a store keeps.
 pub const KEPT: usize = 2;
@@ -19,18 +20,40 @@ pub struct CheckpointMeta {
     pub frontiers: Vec<Frontier>,
     /// The circuit's snapshot version when it was taken.
     pub snapshot_version: u32,
+    /// The layout that step ran under.
+    pub layout: Layout,
 }
 
-/// A committed checkpoint: metadata plus one state per worker.
+/// One shard's part of one instance's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatePiece {
+    /// The shard (below `SHARDS`; the guest's own encoding inside).
+    pub shard: u32,
+    /// The worker whose instance held it: a recovery gives it back to that
+    /// worker, so a replay runs on exactly the state the step ran on.
+    pub worker: u32,
+    /// The bytes.
+    pub state: Vec<u8>,
+}
+
+/// A committed checkpoint: metadata plus every instance's pieces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
-    /// Step, frontiers, version.
+    /// Step, frontiers, version, layout.
     pub meta: CheckpointMeta,
-    /// Worker `w`'s snapshot at index `w`.
-    pub states: Vec<Vec<u8>>,
+    /// The pieces, ordered by (shard, worker).
+    pub pieces: Vec<StatePiece>,
 }
 
-/// Durable storage of checkpoints.
+impl Checkpoint {
+    /// The bytes of all pieces.
+    pub fn state_bytes(&self) -> u64 {
+        self.pieces.iter().map(|p| p.state.len() as u64).sum()
+    }
+}
+
+/// Durable storage of checkpoints: pieces stored by (checkpoint, shard,
+/// worker), so a reader of some shards reads only those.
 pub trait CheckpointStore: Send + Sync {
     /// Stores `checkpoint` and marks it committed, atomically and durably,
     /// then drops all but the [`KEPT`] newest. Refuses a step older than the
@@ -40,13 +63,28 @@ pub trait CheckpointStore: Send + Sync {
     /// The newest committed checkpoint's metadata.
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>>;
 
-    /// A committed checkpoint with its states.
-    fn get(&self, step: u64) -> Result<Option<Checkpoint>>;
+    /// The pieces of committed checkpoint `step` whose shard is in
+    /// `shards` (all when `None`), ordered by (shard, worker); `None` if
+    /// there is no such checkpoint.
+    fn pieces(&self, step: u64, shards: Option<&[u32]>) -> Result<Option<Vec<StatePiece>>>;
 
     /// Steps of the committed checkpoints, oldest first.
     fn list(&self) -> Result<Vec<u64>>;
 
-    /// The newest committed checkpoint with its states.
+    /// The metadata of committed checkpoint `step`.
+    fn meta(&self, step: u64) -> Result<Option<CheckpointMeta>>;
+
+    /// A committed checkpoint with all its pieces.
+    fn get(&self, step: u64) -> Result<Option<Checkpoint>> {
+        let Some(meta) = self.meta(step)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .pieces(step, None)?
+            .map(|pieces| Checkpoint { meta, pieces }))
+    }
+
+    /// The newest committed checkpoint with all its pieces.
     fn latest(&self) -> Result<Option<Checkpoint>> {
         match self.latest_meta()? {
             Some(meta) => self.get(meta.step),

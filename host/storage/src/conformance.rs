@@ -10,6 +10,7 @@ use crate::checkpoint::KEPT;
 use crate::error::StorageError as Error;
 use crate::{
     AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, IngestMark, LogBackend, ProducerSeq,
+    StatePiece,
 };
 use sluice_core::{Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
 use std::sync::Arc;
@@ -55,6 +56,7 @@ pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
             output_hashes: vec![step as u128],
             limits: Default::default(),
             prev: 0,
+            layout: None,
         },
         outputs: vec![(
             "out".into(),
@@ -493,15 +495,47 @@ pub fn unknown_input_is_an_error(log: &dyn LogBackend) {
 }
 
 fn checkpoint(step: u64, workers: usize) -> Checkpoint {
+    let shape = sluice_core::PipelineShape::new(
+        &sluice_core::CircuitPorts {
+            inputs: vec!["in".into()],
+            outputs: vec!["out".into()],
+            snapshot_version: 1,
+        },
+        workers as u32,
+        |_| workers as u32,
+    )
+    .expect("a valid shape");
+    // Two pieces of shard 7 (a linear state on two workers), one of 300.
+    let mut pieces = vec![
+        StatePiece {
+            shard: 7,
+            worker: 0,
+            state: format!("state {step}/7/0").into_bytes(),
+        },
+        StatePiece {
+            shard: 300,
+            worker: (workers - 1) as u32,
+            state: format!("state {step}/300").into_bytes(),
+        },
+    ];
+    if workers > 1 {
+        pieces.insert(
+            1,
+            StatePiece {
+                shard: 7,
+                worker: 1,
+                state: format!("state {step}/7/1").into_bytes(),
+            },
+        );
+    }
     Checkpoint {
         meta: CheckpointMeta {
             step,
             frontiers: (0..workers as u32).map(|w| frontier(0, w, step)).collect(),
             snapshot_version: 1,
+            layout: sluice_core::Layout::initial(&shape),
         },
-        states: (0..workers)
-            .map(|w| format!("state {step}/{w}").into_bytes())
-            .collect(),
+        pieces,
     }
 }
 
@@ -509,6 +543,7 @@ fn checkpoint(step: u64, workers: usize) -> Checkpoint {
 pub fn checkpoint_store(make: &dyn Fn() -> Arc<dyn CheckpointStore>) {
     checkpoints_round_trip_and_keep_the_newest(&*make());
     checkpoints_only_move_forward(&*make());
+    pieces_are_read_by_shard(&*make());
 }
 
 /// A stored checkpoint reads back whole; only the newest [`KEPT`] remain.
@@ -522,6 +557,7 @@ pub fn checkpoints_round_trip_and_keep_the_newest(store: &dyn CheckpointStore) {
     assert_eq!(store.list().unwrap(), vec![12, 20]);
     assert_eq!(store.get(12).unwrap(), Some(checkpoint(12, 3)));
     assert_eq!(store.get(3).unwrap(), None);
+    assert_eq!(store.pieces(3, None).unwrap(), None);
     assert_eq!(store.latest_meta().unwrap().map(|m| m.step), Some(20));
 }
 
@@ -530,10 +566,28 @@ pub fn checkpoints_only_move_forward(store: &dyn CheckpointStore) {
     store.put(&checkpoint(5, 2)).unwrap();
     assert!(store.put(&checkpoint(4, 2)).is_err());
     let mut again = checkpoint(5, 2);
-    again.states[1] = b"new".to_vec();
+    again.pieces[1].state = b"new".to_vec();
+    again.pieces.pop();
     store.put(&again).unwrap();
     assert_eq!(store.latest().unwrap(), Some(again));
     let mut bad = checkpoint(6, 2);
-    bad.states.pop();
-    assert!(store.put(&bad).is_err(), "one state per worker");
+    bad.meta.frontiers.pop();
+    assert!(store.put(&bad).is_err(), "one frontier per worker");
+    let mut bad = checkpoint(6, 2);
+    bad.pieces[0].worker = 2;
+    assert!(store.put(&bad).is_err(), "pieces of workers of the layout");
+}
+
+/// A reader of some shards gets only their pieces, of every worker.
+pub fn pieces_are_read_by_shard(store: &dyn CheckpointStore) {
+    let c = checkpoint(9, 3);
+    store.put(&c).unwrap();
+    let seven = store.pieces(9, Some(&[7, 8])).unwrap().unwrap();
+    assert_eq!(seven, c.pieces[..2].to_vec());
+    assert_eq!(
+        store.pieces(9, Some(&[300, 7])).unwrap().unwrap(),
+        c.pieces,
+        "ordered by shard"
+    );
+    assert!(store.pieces(9, Some(&[1])).unwrap().unwrap().is_empty());
 }

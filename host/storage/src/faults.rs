@@ -8,7 +8,10 @@
 //! failing run can be repeated.
 
 use crate::error::{Result, StorageError};
-use crate::{AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState};
+use crate::{
+    AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState,
+    StatePiece,
+};
 use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -233,8 +236,12 @@ impl CheckpointStore for FaultyCheckpoints {
         self.faults
             .read("checkpoint latest", || self.inner.latest_meta())
     }
-    fn get(&self, step: u64) -> Result<Option<Checkpoint>> {
-        self.faults.read("checkpoint get", || self.inner.get(step))
+    fn pieces(&self, step: u64, shards: Option<&[u32]>) -> Result<Option<Vec<StatePiece>>> {
+        self.faults
+            .read("checkpoint pieces", || self.inner.pieces(step, shards))
+    }
+    fn meta(&self, step: u64) -> Result<Option<CheckpointMeta>> {
+        self.faults.read("checkpoint meta", || self.inner.meta(step))
     }
     fn list(&self) -> Result<Vec<u64>> {
         self.faults.read("checkpoint list", || self.inner.list())

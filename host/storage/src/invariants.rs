@@ -13,18 +13,70 @@
 use crate::error::{Result, StorageError};
 use crate::{Checkpoint, CheckpointStore, LogBackend};
 use sluice_core::crash::{CrashPoint, crash_point};
-use sluice_core::{Frontier, PartitionId, PipelineShape, StepCommit, StepRecord};
+use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+
+/// The last committed step as the guard knows it.
+#[derive(Debug, Clone)]
+struct Tip {
+    /// Its record (`None`: no step committed yet).
+    record: Option<StepRecord>,
+    /// The layout it ran under (the initial one before any step).
+    layout: Layout,
+}
+
+/// The layout the steps after `last` run under unless one changes it: the
+/// layout of step `last` (the initial layout when no step is committed).
+/// Starts from the newest checkpoint at or below `last` (its layout) and
+/// follows the records after it.
+pub fn layout_after(
+    log: &dyn LogBackend,
+    checkpoints: &dyn CheckpointStore,
+    shape: &PipelineShape,
+    last: Option<u64>,
+) -> Result<Layout> {
+    let Some(last) = last else {
+        return Ok(Layout::initial(shape));
+    };
+    let mut from = 0;
+    let mut layout = Layout::initial(shape);
+    if let Some(step) = checkpoints.list()?.into_iter().rev().find(|s| *s <= last)
+        && let Some(meta) = checkpoints.meta(step)?
+    {
+        layout = meta.layout;
+        from = step + 1;
+    }
+    for step in from..=last {
+        let record = log.step_record(step)?.ok_or_else(|| StorageError::Corrupt {
+            what: "step log".into(),
+            message: format!("the record of committed step {step} is missing"),
+        })?;
+        if let Some(l) = record.layout {
+            layout = l;
+        }
+    }
+    Ok(layout)
+}
+
+/// Every input partition's offset in a set of frontiers, with its reader.
+fn offsets(frontiers: &[Frontier]) -> BTreeMap<PartitionId, (u32, u64)> {
+    frontiers
+        .iter()
+        .enumerate()
+        .flat_map(|(w, f)| f.iter().map(move |(id, o)| (*id, (w as u32, *o))))
+        .collect()
+}
 
 /// A log backend and a checkpoint store behind the host's invariant checks.
 pub struct Guarded {
     log: Arc<dyn LogBackend>,
     checkpoints: Arc<dyn CheckpointStore>,
     shape: PipelineShape,
-    /// The last committed record, to check that frontiers move forward;
-    /// the outer `None` until it is read from the log (at the first commit or
-    /// [`fence`](Self::fence)).
-    last: Mutex<Option<Option<StepRecord>>>,
+    /// The last committed step and its layout, to check that frontiers
+    /// move forward and follow the layout; `None` until it is read from the
+    /// log (at the first commit or [`fence`](Self::fence)).
+    last: Mutex<Option<Tip>>,
 }
 
 impl Guarded {
@@ -44,11 +96,24 @@ impl Guarded {
         }
     }
 
-    fn read_last(&self) -> Result<Option<StepRecord>> {
-        match self.log.last_step()? {
-            Some(step) => self.log.step_record(step),
-            None => Ok(None),
+    fn read_last(&self) -> Result<Tip> {
+        let last = self.log.last_step()?;
+        let record = match last {
+            Some(step) => self.log.step_record(step)?,
+            None => None,
+        };
+        let layout = layout_after(&*self.log, &*self.checkpoints, &self.shape, last)?;
+        Ok(Tip { record, layout })
+    }
+
+    /// The layout of the last committed step (the initial layout before
+    /// any): the layout the next step runs under unless it changes it.
+    pub fn layout(&self) -> Result<Layout> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none() {
+            *last = Some(self.read_last()?);
         }
+        Ok(last.as_ref().expect("just read").layout.clone())
     }
 
     /// Takes over the pipeline: starts a new fencing epoch in the log (see
@@ -76,12 +141,30 @@ impl Guarded {
         &self.shape
     }
 
-    /// Checks a step commit's shape and frontiers, then commits it.
+    /// Checks a step commit's shape, layout and frontiers, then commits it.
     pub fn commit_step(&self, commit: &StepCommit) -> Result<()> {
         let step = commit.record.step;
         let invalid = |message: String| StorageError::InvalidCommit { step, message };
         let rec = &commit.record;
-        let workers = self.shape.workers as usize;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none() {
+            *last = Some(self.read_last()?);
+        }
+        let tip = last.as_ref().expect("just read");
+        let layout = match &rec.layout {
+            Some(next) => {
+                next.validate(&self.shape).map_err(|m| invalid(format!("its layout: {m}")))?;
+                if next.epoch <= tip.layout.epoch {
+                    return Err(invalid(format!(
+                        "its layout has epoch {}, not above the current layout's {}",
+                        next.epoch, tip.layout.epoch
+                    )));
+                }
+                next
+            }
+            None => &tip.layout,
+        };
+        let workers = layout.workers as usize;
         if rec.frontiers.len() != workers || rec.output_hashes.len() != workers {
             return Err(invalid(format!(
                 "{} frontiers and {} hashes for {workers} workers",
@@ -111,13 +194,22 @@ impl Guarded {
                 )));
             }
         }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none() {
-            *last = Some(self.read_last()?);
+        // Each partition in the frontier of its reader in the layout.
+        let now = offsets(&rec.frontiers);
+        if now.len() != rec.frontiers.iter().map(|f| f.len()).sum::<usize>() {
+            return Err(invalid("a partition is in two workers' frontiers".into()));
+        }
+        for (id, (w, _)) in &now {
+            if layout.reader(id.input, id.partition) != Some(*w) {
+                return Err(invalid(format!(
+                    "worker {w}'s frontier holds {id:?}, which its layout gives to worker {:?}",
+                    layout.reader(id.input, id.partition)
+                )));
+            }
         }
         // The step that follows the last must link to it (any other step is
         // refused by the log: written already, or out of order).
-        let previous = last.as_ref().and_then(Option::as_ref);
+        let previous = tip.record.as_ref();
         let next = previous.map_or(0, |p| p.step + 1);
         let link = previous.map_or(0, StepRecord::chain_hash);
         if rec.step == next && rec.prev != link {
@@ -125,17 +217,19 @@ impl Guarded {
                 "its record does not chain to the previous step's record".into(),
             ));
         }
-        if let Some(Some(prev)) = &*last {
-            for (w, (old, new)) in prev.frontiers.iter().zip(&rec.frontiers).enumerate() {
-                if let Some((p, _)) = old.iter().find(|(p, o)| new.get(p).is_none_or(|n| n < o)) {
-                    return Err(invalid(format!(
-                        "worker {w}'s frontier moves backwards on {p:?}"
-                    )));
+        if let Some(prev) = previous {
+            for (id, (_, old)) in offsets(&prev.frontiers) {
+                if now.get(&id).is_none_or(|(_, o)| *o < old) {
+                    return Err(invalid(format!("the frontier moves backwards on {id:?}")));
                 }
             }
         }
         self.log.commit_step(commit)?;
-        *last = Some(Some(commit.record.clone()));
+        let layout = layout.clone();
+        *last = Some(Tip {
+            record: Some(commit.record.clone()),
+            layout,
+        });
         Ok(())
     }
 
@@ -154,11 +248,21 @@ impl Guarded {
         if record.frontiers != checkpoint.meta.frontiers {
             return Err(refuse("its frontiers differ from the step record's"));
         }
-        if checkpoint.states.len() != self.shape.workers as usize {
+        let layout = layout_after(&*self.log, &*self.checkpoints, &self.shape, Some(step))?;
+        if checkpoint.meta.layout != layout {
             return Err(refuse(&format!(
-                "{} states for {} workers",
-                checkpoint.states.len(),
-                self.shape.workers
+                "its layout (epoch {}) is not the layout step {step} ran under (epoch {})",
+                checkpoint.meta.layout.epoch, layout.epoch
+            )));
+        }
+        if let Some(p) = checkpoint
+            .pieces
+            .iter()
+            .find(|p| p.worker >= layout.workers || p.shard >= sluice_core::SHARDS)
+        {
+            return Err(refuse(&format!(
+                "a piece of shard {} of worker {} (the layout has {} workers)",
+                p.shard, p.worker, layout.workers
             )));
         }
         self.checkpoints.put(checkpoint)

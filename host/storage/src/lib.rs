@@ -36,9 +36,9 @@ pub mod invariants;
 pub mod log;
 pub mod read;
 
-pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
+pub use checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, StatePiece};
 pub use error::{BoxError, Result, StorageError};
-pub use invariants::Guarded;
+pub use invariants::{Guarded, layout_after};
 pub use log::{
     AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, check_producer,
 };

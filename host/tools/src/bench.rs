@@ -503,6 +503,7 @@ pub fn sample_commit(step: u64, events: usize, epoch: u64, prev: u128) -> StepCo
             output_hashes: vec![step as u128, 0],
             limits: Default::default(),
             prev,
+            layout: None,
         },
         outputs: vec![("counts".into(), entries)],
     }
@@ -605,7 +606,7 @@ fn stored_state_bytes(dir: &Path) -> anyhow::Result<u64> {
     let store = RocksCheckpointStore::open(db::open(dir)?);
     Ok(store
         .latest()?
-        .map_or(0, |cp| cp.states.iter().map(|s| s.len() as u64).sum()))
+        .map_or(0, |cp| cp.state_bytes()))
 }
 
 /// The checkpoint row: the pause (snapshots) against the interval.
