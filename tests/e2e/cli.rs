@@ -246,16 +246,17 @@ fn run_reports_bad_input_clearly() {
     ]);
     assert!(e.contains("not a WebAssembly component"), "{e}");
 
+    // Another W rescales (tests/e2e/rescale.rs); none at all is refused.
     let e = run(&[
         "run",
         "--data",
         data_s,
         wc_s,
         "--workers",
-        "3",
+        "0",
         &format!("--input=lines={}", good.display()),
     ]);
-    assert!(e.contains("runs with 1 workers, not 3"), "{e}");
+    assert!(e.contains("at least one worker"), "{e}");
 }
 
 #[test]

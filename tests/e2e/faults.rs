@@ -151,9 +151,6 @@ async fn injected_faults_on_kafka_never_lose_or_duplicate_an_effect() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = sluice_kafka::KafkaConfig::new(brokers, crate::kafka::fresh_name("faults"));
-    let log = LogConfig::Kafka {
-        config,
-        input_partitions: None,
-    };
+    let log = LogConfig::Kafka { config };
     faults_never_lose_or_duplicate(dir.path(), log).await;
 }

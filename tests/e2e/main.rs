@@ -12,5 +12,6 @@ mod faults;
 mod hardening;
 mod invariants;
 mod kafka;
+mod rescale;
 mod server;
 mod verify;

@@ -203,6 +203,18 @@ pub enum Command {
         /// Server and token.
         conn: Connection,
     },
+    /// Change a pipeline's number of workers on a server: it changes its
+    /// layout between two steps, moving only the shards the new balance
+    /// needs (1/(W+1) of the keyed state for W → W+1), without a stop.
+    Scale {
+        /// The pipeline.
+        pipeline: String,
+        /// The new number of workers W.
+        workers: u32,
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
     /// Start (or restart after a failure) a pipeline on a server.
     Start {
         /// The pipeline.
@@ -280,9 +292,16 @@ pub struct RunArgs {
     /// The pipeline's data directory (created if missing).
     #[arg(long)]
     pub data: PathBuf,
-    /// Number of workers W (fixed for the life of the data directory).
-    #[arg(long, default_value_t = 1)]
-    pub workers: u32,
+    /// Number of workers W (default: 1 for a new pipeline, else what it
+    /// runs with). Another W than an existing pipeline's rescales it after
+    /// recovery: the layout changes, moving only the shards the new balance
+    /// needs.
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// Partitions of each input of a new pipeline (default: W, at least 8);
+    /// fixed for its life. Existing Kafka topics keep theirs.
+    #[arg(long, alias = "input-partitions")]
+    pub partitions: Option<u32>,
     /// PORT=FILE: append FILE's JSON lines to input PORT (repeatable).
     #[arg(long = "input", value_parser = port_file)]
     pub inputs: Vec<(String, PathBuf)>,
@@ -426,9 +445,6 @@ pub struct KafkaArgs {
     /// default `<pipeline>.<port>`).
     #[arg(long = "topic", value_parser = port_topic)]
     pub topics: Vec<(String, String)>,
-    /// Partitions of input topics Sluice creates (default: W).
-    #[arg(long)]
-    pub input_partitions: Option<u32>,
     /// Partitions of output topics Sluice creates.
     #[arg(long, default_value_t = 1)]
     pub output_partitions: u32,
@@ -479,10 +495,7 @@ impl KafkaArgs {
                 config.client = self.client.clone();
                 config.trim_named_topics = self.trim_named_topics;
                 config.allow_compacted_inputs = self.allow_compacted_inputs;
-                Ok(LogConfig::Kafka {
-                    config,
-                    input_partitions: self.input_partitions,
-                })
+                Ok(LogConfig::Kafka { config })
             }
             #[cfg(not(feature = "kafka"))]
             LogKind::Kafka => {

@@ -161,10 +161,10 @@ impl Client {
                 .call(),
             (m, b) => {
                 let (content_type, bytes) = b.unwrap_or(("application/json", b""));
-                let mut r = if m == "PUT" {
-                    self.agent.put(&url)
-                } else {
-                    self.agent.post(&url)
+                let mut r = match m {
+                    "PUT" => self.agent.put(&url),
+                    "PATCH" => self.agent.patch(&url),
+                    _ => self.agent.post(&url),
                 }
                 .header("Authorization", &auth)
                 .header("Content-Type", content_type);
@@ -458,6 +458,19 @@ impl Client {
             "POST",
             &format!("/pipelines/{pipeline}/{action}"),
             None,
+            &[],
+        )
+    }
+
+    /// `PATCH /pipelines/{name}`: changes a pipeline's number of workers (a
+    /// layout change that moves only the shards the new balance needs);
+    /// returns its status.
+    pub fn scale(&self, pipeline: &str, workers: u32) -> anyhow::Result<String> {
+        let body = serde_json::json!({ "workers": workers }).to_string();
+        self.call(
+            "PATCH",
+            &format!("/pipelines/{pipeline}"),
+            Some(("application/json", body.as_bytes())),
             &[],
         )
     }

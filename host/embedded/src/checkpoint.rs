@@ -175,7 +175,8 @@ impl CheckpointStore for RocksCheckpointStore {
             .map_err(rocks("reading a checkpoint"))?
         {
             Some(meta) => Ok(Some(
-                postcard::from_bytes(&meta).map_err(StorageError::corrupt("checkpoint metadata"))?,
+                postcard::from_bytes(&meta)
+                    .map_err(StorageError::corrupt("checkpoint metadata"))?,
             )),
             None => Ok(None),
         }

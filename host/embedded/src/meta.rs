@@ -112,12 +112,8 @@ impl PipelineMeta {
                 wanted: wanted.log.to_string(),
             });
         }
-        if self.shape.workers != wanted.shape.workers {
-            return Err(ConfigError::WorkersChanged {
-                stored: self.shape.workers,
-                wanted: wanted.shape.workers,
-            });
-        }
+        // W is not compared: changing it is a layout change (the stored
+        // shape keeps the W the pipeline was created with).
         Ok(())
     }
 }

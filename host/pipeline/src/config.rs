@@ -10,8 +10,18 @@ pub struct PipelineConfig {
     /// The data directory: the pipeline's RocksDB (checkpoints, metadata,
     /// and the logs when they are embedded) and its lock.
     pub data: PathBuf,
-    /// The number of workers W (fixed for the life of the data directory).
+    /// The number of workers W a new pipeline starts with.
     pub workers: u32,
+    /// Run with this many workers: a pipeline stored with another W changes
+    /// its layout to this many right after recovery (a live rescale that
+    /// moves only the shards the new balance needs). `None`: keep the
+    /// stored W.
+    pub rescale_to: Option<u32>,
+    /// Partitions of each input log of a new pipeline (default: W, at least
+    /// [`DEFAULT_PARTITIONS`]), fixed for its life: a worker reads several
+    /// or none, so W can change without re-partitioning. Existing Kafka
+    /// topics keep theirs.
+    pub partitions: Option<u32>,
     /// Where the input, output and step logs live.
     pub log: LogConfig,
     /// Steps, checkpoints, output limits. `options.name` is replaced by the
@@ -30,10 +40,25 @@ impl PipelineConfig {
         PipelineConfig {
             data: data.into(),
             workers,
+            rescale_to: None,
+            partitions: None,
             log: LogConfig::default(),
             options: PipelineOptions::default(),
             id_prefix: String::new(),
         }
+    }
+}
+
+/// The fewest input partitions a new pipeline gets when none are asked
+/// for: room to grow to this many workers, each reading its own.
+pub const DEFAULT_PARTITIONS: u32 = 8;
+
+impl PipelineConfig {
+    /// The partitions a new input log gets.
+    pub fn input_partitions(&self) -> u32 {
+        self.partitions
+            .unwrap_or(self.workers.max(DEFAULT_PARTITIONS))
+            .max(1)
     }
 }
 
@@ -53,9 +78,6 @@ pub enum LogConfig {
     Kafka {
         /// Brokers, pipeline name (the identity every host shares) and topics.
         config: sluice_kafka::KafkaConfig,
-        /// Partitions of input topics Sluice creates (default: W); existing
-        /// topics keep theirs.
-        input_partitions: Option<u32>,
     },
 }
 

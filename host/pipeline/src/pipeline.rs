@@ -17,6 +17,8 @@ pub struct Pipeline {
     ports: CircuitPorts,
     storage: Storage,
     options: PipelineOptions,
+    /// The W to run with (see [`PipelineConfig::rescale_to`]).
+    rescale_to: Option<u32>,
 }
 
 impl Pipeline {
@@ -51,12 +53,14 @@ impl Pipeline {
             ports,
             storage,
             options,
+            rescale_to: config.rescale_to,
         })
     }
 
     /// Opens a coordinator: starts the workers, takes over the pipeline (a
     /// new fencing epoch) and recovers (restore the newest checkpoint, replay
-    /// the steps after it).
+    /// the steps after it); then, if the pipeline runs with another W than
+    /// it has (see [`set_workers`](Self::set_workers)), changes its layout.
     pub async fn coordinator(&self) -> Result<Coordinator> {
         self.coordinator_with(self.options.clone()).await
     }
@@ -68,13 +72,24 @@ impl Pipeline {
             name: self.options.name.clone(),
             ..options
         };
-        Ok(Coordinator::open(
+        let mut c = Coordinator::open(
             &self.engine,
             &self.component,
             self.storage.guarded(),
             options,
         )
-        .await?)
+        .await?;
+        if let Some(w) = self.rescale_to {
+            c.rescale(w).await?;
+        }
+        Ok(c)
+    }
+
+    /// Runs the pipeline with `workers` workers from the next coordinator
+    /// on (a running coordinator changes with
+    /// [`Coordinator::rescale`]).
+    pub fn set_workers(&mut self, workers: u32) {
+        self.rescale_to = Some(workers);
     }
 
     /// Appends the JSON lines of `file` to input `port`, exactly once across

@@ -29,7 +29,8 @@ impl Storage {
     /// `config.workers` workers running a circuit with `ports`, whose
     /// component has SHA-256 `component`. Blocks: call it off the async
     /// workers. Fails if the data directory holds a pipeline of another
-    /// component, W or log, or another process holds it.
+    /// component or log, or another process holds it. (Another W is a
+    /// layout change, which the coordinator makes.)
     pub fn open(config: &PipelineConfig, ports: &CircuitPorts, component: &str) -> Result<Storage> {
         let database = db::open(&config.data)?;
         let (log, id, log_meta): (Arc<dyn LogBackend>, String, LogMeta) = match &config.log {
@@ -65,7 +66,7 @@ impl Storage {
             }
         };
         let shape = PipelineShape::new(ports, config.workers, |name| {
-            input_partitions(&*log, &config.log, name, config.workers)
+            input_partitions(&*log, config, name)
         })?;
         let wanted = PipelineMeta {
             id,
@@ -138,18 +139,15 @@ impl Storage {
     }
 }
 
-/// The partitions input `name` gets: W for embedded logs; for Kafka, an
-/// existing topic's, else `--input-partitions`, else W. (A broker that
-/// cannot answer shows its error when the input is created.)
+/// The partitions input `name` of a new pipeline gets: what the
+/// configuration asks (see [`PipelineConfig::input_partitions`]); for Kafka
+/// an existing topic keeps its own. (A broker that cannot answer shows its
+/// error when the input is created.)
 #[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
-fn input_partitions(log: &dyn LogBackend, config: &LogConfig, name: &str, workers: u32) -> u32 {
-    match config {
-        LogConfig::Embedded { .. } => workers,
+fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -> u32 {
+    match &config.log {
+        LogConfig::Embedded { .. } => config.input_partitions(),
         #[cfg(feature = "kafka")]
-        LogConfig::Kafka {
-            input_partitions, ..
-        } => log
-            .partitions(name)
-            .unwrap_or(input_partitions.unwrap_or(workers)),
+        LogConfig::Kafka { .. } => log.partitions(name).unwrap_or(config.input_partitions()),
     }
 }

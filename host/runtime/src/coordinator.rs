@@ -868,13 +868,13 @@ impl Coordinator {
                 Ok((worker, r)) => {
                     self.instances[w] = Some(worker);
                     match r {
-                        Ok(state) => pieces.extend(state.into_iter().map(|(shard, state)| {
-                            StatePiece {
+                        Ok(state) => {
+                            pieces.extend(state.into_iter().map(|(shard, state)| StatePiece {
                                 shard,
                                 worker: w as u32,
                                 state,
-                            }
-                        })),
+                            }))
+                        }
                         Err(e) => failure = failure.or(Some(e)),
                     }
                 }

@@ -136,6 +136,8 @@ pub mod pipeline {
     use super::{Range, range};
     /// Workers W (and at most the tenant's `max_workers`).
     pub const WORKERS: Range = range("workers", 1, 256);
+    /// Partitions of each input.
+    pub const PARTITIONS: Range = range("partitions", 1, 1024);
     /// Events per input partition per step.
     pub const MAX_BATCH: Range = range("max_batch", 1, 1_000_000);
     /// Steps between checkpoints.

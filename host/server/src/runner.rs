@@ -36,6 +36,8 @@ pub struct KafkaSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Control {
     desired: Desired,
+    /// The W the tenant wants.
+    workers: u32,
     generation: u64,
     /// The host is shutting down (checkpoint and end) or the pipeline is
     /// being deleted (end).
@@ -98,10 +100,7 @@ impl PipelineHandle {
                 let mut config = sluice_kafka::KafkaConfig::new(k.brokers, name);
                 config.replication = k.replication;
                 config.output_partitions = spec.workers;
-                LogConfig::Kafka {
-                    config,
-                    input_partitions: None,
-                }
+                LogConfig::Kafka { config }
             }
             #[cfg(not(feature = "kafka"))]
             Some(_) => {
@@ -115,6 +114,10 @@ impl PipelineHandle {
         let config = PipelineConfig {
             data: dir,
             workers: spec.workers,
+            // The spec's W is what the tenant wants: a pipeline stored with
+            // another (a scale that did not finish) changes layout.
+            rescale_to: Some(spec.workers),
+            partitions: spec.partitions,
             log,
             options: PipelineOptions {
                 name: String::new(),
@@ -167,6 +170,7 @@ impl PipelineHandle {
         }));
         let (control, control_rx) = watch::channel(Control {
             desired,
+            workers: spec.workers,
             generation: 0,
             shutdown: None,
         });
@@ -230,6 +234,12 @@ impl PipelineHandle {
     /// Wakes the task: input was appended.
     pub fn input_appended(&self) {
         self.input.notify_one();
+    }
+
+    /// Asks the task for `workers` workers: a running pipeline changes its
+    /// layout between two steps.
+    pub fn set_workers(&self, workers: u32) {
+        self.control.send_modify(|c| c.workers = workers);
     }
 
     /// Asks the task for `desired`.
@@ -331,6 +341,9 @@ impl Runner {
                 }
                 Desired::Running => {
                     let result = match &mut phase {
+                        Phase::Live(c) if c.workers() != ctl.workers => {
+                            self.rescale(c, ctl.workers).await
+                        }
                         Phase::Live(c) => self.step(c).await,
                         _ => {
                             self.set_state(PipelineState::Starting);
@@ -441,6 +454,31 @@ impl Runner {
         Ok(())
     }
 
+    /// Changes a live pipeline's layout to `workers` workers, reporting it.
+    async fn rescale(&mut self, c: &mut Coordinator, workers: u32) -> sluice_pipeline::Result<()> {
+        let before = c.stats().clone();
+        if let Some(moved) = c.rescale(workers).await? {
+            tracing::info!(
+                tenant = %self.tenant,
+                pipeline = %self.name,
+                from = moved.from,
+                to = moved.to,
+                shards = moved.shards_moved,
+                bytes = moved.bytes_moved,
+                pause = ?moved.pause,
+                "rescaled"
+            );
+            metrics::counter!("sluice_rescales_total", &self.metrics.labels).increment(1);
+            metrics::histogram!("sluice_rescale_pause_seconds", &self.metrics.labels)
+                .record(moved.pause.as_secs_f64());
+        }
+        self.metrics.record(c, &before, true, Duration::ZERO);
+        let lag = self.pipeline.storage().lag(c.frontiers());
+        self.report(c, true, lag);
+        self.committed.send_replace(c.next_step());
+        Ok(())
+    }
+
     async fn wait_for_command(&mut self) {
         if self.control.changed().await.is_err() {
             // The handle is gone: nothing will ever command this task.
@@ -462,6 +500,7 @@ impl Runner {
             PipelineState::Idle
         };
         st.steps = c.next_step();
+        st.workers = c.workers();
         st.events_in = s.events_in;
         st.events_out = s.events_out;
         st.fuel_used = s.fuel_used;

@@ -88,9 +88,13 @@ pub struct PipelineSpec {
     /// keeps running that version even if the name is uploaded again.
     #[serde(default)]
     pub component_hash: String,
-    /// Number of workers W.
+    /// Number of workers W (changed with `PATCH /pipelines/{name}`).
     #[serde(default = "one")]
     pub workers: u32,
+    /// Partitions of each input (default: W, at least 8), fixed at
+    /// creation: W can grow up to it with every worker reading input.
+    #[serde(default)]
+    pub partitions: Option<u32>,
     /// At most this many events per input partition per step.
     #[serde(default = "max_batch")]
     pub max_batch: u64,
@@ -128,6 +132,9 @@ impl PipelineSpec {
     pub fn validate(&self) -> Result<(), crate::service::ServiceError> {
         use crate::limits::pipeline::*;
         WORKERS.check(self.workers.into())?;
+        if let Some(p) = self.partitions {
+            PARTITIONS.check(p.into())?;
+        }
         MAX_BATCH.check(self.max_batch)?;
         CHECKPOINT_EVERY_STEPS.check(self.checkpoint_every_steps)?;
         CHECKPOINT_INTERVAL_MS.check(self.checkpoint_interval_ms)?;
@@ -163,6 +170,15 @@ pub struct PipelineLimits {
     pub deadline_ms: Option<u64>,
     /// Output events one worker may emit in one step.
     pub max_output_per_step: Option<u64>,
+}
+
+/// `PATCH /pipelines/{name}`: what to change.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelinePatch {
+    /// The number of workers W: the pipeline changes its layout, moving
+    /// only the shards the new balance needs.
+    pub workers: Option<u32>,
 }
 
 /// Whether a pipeline should be running after a restart.

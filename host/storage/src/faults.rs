@@ -9,8 +9,7 @@
 
 use crate::error::{Result, StorageError};
 use crate::{
-    AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState,
-    StatePiece,
+    AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState, StatePiece,
 };
 use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
@@ -241,7 +240,8 @@ impl CheckpointStore for FaultyCheckpoints {
             .read("checkpoint pieces", || self.inner.pieces(step, shards))
     }
     fn meta(&self, step: u64) -> Result<Option<CheckpointMeta>> {
-        self.faults.read("checkpoint meta", || self.inner.meta(step))
+        self.faults
+            .read("checkpoint meta", || self.inner.meta(step))
     }
     fn list(&self) -> Result<Vec<u64>> {
         self.faults.read("checkpoint list", || self.inner.list())

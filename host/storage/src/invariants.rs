@@ -48,10 +48,12 @@ pub fn layout_after(
         from = step + 1;
     }
     for step in from..=last {
-        let record = log.step_record(step)?.ok_or_else(|| StorageError::Corrupt {
-            what: "step log".into(),
-            message: format!("the record of committed step {step} is missing"),
-        })?;
+        let record = log
+            .step_record(step)?
+            .ok_or_else(|| StorageError::Corrupt {
+                what: "step log".into(),
+                message: format!("the record of committed step {step} is missing"),
+            })?;
         if let Some(l) = record.layout {
             layout = l;
         }
@@ -153,7 +155,8 @@ impl Guarded {
         let tip = last.as_ref().expect("just read");
         let layout = match &rec.layout {
             Some(next) => {
-                next.validate(&self.shape).map_err(|m| invalid(format!("its layout: {m}")))?;
+                next.validate(&self.shape)
+                    .map_err(|m| invalid(format!("its layout: {m}")))?;
                 if next.epoch <= tip.layout.epoch {
                     return Err(invalid(format!(
                         "its layout has epoch {}, not above the current layout's {}",

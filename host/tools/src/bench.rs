@@ -341,6 +341,8 @@ async fn wordcount_pipeline(
             sync_commits: synced,
         },
         options: manual_checkpoints(max_batch),
+        // One partition per worker: `append_halves` fills both.
+        partitions: Some(2),
         ..PipelineConfig::new(dir, 2)
     };
     Ok(Pipeline::open(engine.clone(), component.clone(), config).await?)
@@ -604,9 +606,7 @@ async fn stateful_pipeline(
 /// The bytes of the newest checkpoint's worker states in `dir`.
 fn stored_state_bytes(dir: &Path) -> anyhow::Result<u64> {
     let store = RocksCheckpointStore::open(db::open(dir)?);
-    Ok(store
-        .latest()?
-        .map_or(0, |cp| cp.state_bytes()))
+    Ok(store.latest()?.map_or(0, |cp| cp.state_bytes()))
 }
 
 /// The checkpoint row: the pause (snapshots) against the interval.
@@ -749,6 +749,7 @@ async fn large_state(
     let open = |dir: &Path| {
         let config = PipelineConfig {
             options: manual_checkpoints(128),
+            partitions: Some(W),
             ..PipelineConfig::new(dir, W)
         };
         Pipeline::open(big.clone(), component.clone(), config)

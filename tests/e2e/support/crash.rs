@@ -104,6 +104,10 @@ pub fn campaign(
             .args([
                 "--workers",
                 &WORKERS.to_string(),
+                // One partition per worker: the step sizes this test's
+                // timing is tuned for.
+                "--partitions",
+                &WORKERS.to_string(),
                 "--max-batch",
                 "300",
                 "--checkpoint-every",

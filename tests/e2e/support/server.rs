@@ -28,7 +28,22 @@ impl Server {
     /// Like [`start_with`](Self::start_with), with its own cache of
     /// compiled components (so uploads compile from scratch).
     pub fn start_with_cache(data: &Path, extra: &[String], cache: &Path) -> Server {
-        let mut child = sluice_cmd()
+        Self::spawn(data, extra, cache, &[])
+    }
+
+    /// Like [`start_with`](Self::start_with), with extra environment
+    /// variables (e.g. `SLUICE_CRASH_AT`).
+    pub fn start_with_env(data: &Path, extra: &[String], env: &[(&str, &str)]) -> Server {
+        Self::spawn(data, extra, &super::cache_dir(), env)
+    }
+
+    fn spawn(data: &Path, extra: &[String], cache: &Path, env: &[(&str, &str)]) -> Server {
+        let mut cmd = sluice_cmd();
+        cmd.env_remove("SLUICE_CRASH_AT");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .env("SLUICE_CACHE_DIR", cache)
             .args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
@@ -128,6 +143,20 @@ impl Server {
         exchange(self, &head, body)
     }
 
+    /// Waits up to `timeout` for the server to exit by itself (a crash
+    /// point); whether it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let child = self.child.as_mut().expect("a started server");
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         let child = self.child.as_mut().expect("a started server");
@@ -174,10 +203,10 @@ pub fn raw(
             r.call()
         }
         m => {
-            let mut r = if m == "PUT" {
-                agent.put(url)
-            } else {
-                agent.post(url)
+            let mut r = match m {
+                "PUT" => agent.put(url),
+                "PATCH" => agent.patch(url),
+                _ => agent.post(url),
             }
             .header("Content-Type", content_type);
             if let Some(a) = &auth {

@@ -36,7 +36,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                     config: vec![],
                     max_output_per_step: None,
                 },
-                ..PipelineConfig::new(a.data, a.workers)
+                rescale_to: a.workers,
+                partitions: a.partitions,
+                ..PipelineConfig::new(a.data, a.workers.unwrap_or(1))
             },
             inputs: a.inputs,
             outputs: a.outputs,

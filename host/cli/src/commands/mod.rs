@@ -70,6 +70,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             conn,
         } => remote::tail(conn, pipeline, port, after, follow).await,
         Command::Status { pipeline, conn } => remote::status(conn, pipeline).await,
+        Command::Scale {
+            pipeline,
+            workers,
+            conn,
+        } => remote::scale(conn, pipeline, workers).await,
         Command::Start { pipeline, conn } => remote::control(conn, pipeline, "start").await,
         Command::Pause { pipeline, conn } => remote::control(conn, pipeline, "pause").await,
         Command::Stop { pipeline, conn } => remote::control(conn, pipeline, "stop").await,

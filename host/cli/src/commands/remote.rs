@@ -87,6 +87,13 @@ pub async fn status(conn: Connection, pipeline: Option<String>) -> anyhow::Resul
     Ok(())
 }
 
+/// `sluice scale`.
+pub async fn scale(conn: Connection, pipeline: String, workers: u32) -> anyhow::Result<()> {
+    let c = conn.client();
+    println!("{}", call(move || c.scale(&pipeline, workers)).await?);
+    Ok(())
+}
+
 /// `sluice start`, `pause`, `stop`.
 pub async fn control(
     conn: Connection,

@@ -86,7 +86,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/pipelines", get(pipelines::list).post(pipelines::create))
         .route(
             "/pipelines/{name}",
-            get(pipelines::get).delete(pipelines::delete),
+            get(pipelines::get)
+                .patch(pipelines::patch)
+                .delete(pipelines::delete),
         )
         .route("/pipelines/{name}/{action}", post(pipelines::control))
         .route("/pipelines/{name}/input/{port}", post(io::push))
@@ -119,6 +121,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         pipelines::list,
         pipelines::create,
         pipelines::get,
+        pipelines::patch,
         pipelines::delete,
         pipelines::control,
         io::push,
@@ -136,6 +139,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         crate::types::ComponentInfo,
         crate::types::PipelineSpec,
         crate::types::PipelineLimits,
+        crate::types::PipelinePatch,
         crate::types::PipelineState,
         crate::types::PipelineStatus,
         crate::types::PushAck,

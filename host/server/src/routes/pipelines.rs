@@ -42,6 +42,31 @@ pub(super) async fn get(
     Ok(axum::Json(state.service.pipeline(&tenant, &name)?.status()))
 }
 
+/// Changes a pipeline: `{"workers": W}` rescales it (a layout change
+/// between two steps that moves only the shards the new balance needs;
+/// the status shows the new W once it is done).
+#[utoipa::path(patch, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
+    request_body = crate::types::PipelinePatch,
+    responses((status = 200, body = PipelineStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub(super) async fn patch(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> ApiResult<axum::Json<PipelineStatus>> {
+    let tenant = state.service.tenant(bearer(&headers))?;
+    let patch: crate::types::PipelinePatch = json_body(&state, &headers, body).await?;
+    let mut status = state.service.pipeline(&tenant, &name)?.status();
+    if let Some(workers) = patch.workers {
+        status = state
+            .service
+            .scale_pipeline(&tenant, &name, workers)
+            .await?;
+    }
+    Ok(axum::Json(status))
+}
+
 /// Starts, pauses or stops a pipeline (`stop` checkpoints and unloads).
 #[utoipa::path(post, path = "/pipelines/{name}/{action}",
     params(("name" = String, Path, description = "pipeline name"), ("action" = String, Path, description = "start, pause or stop")),

@@ -206,6 +206,45 @@ impl Service {
         Ok(h.status())
     }
 
+    /// Changes a pipeline's number of workers: within the tenant's
+    /// `max_workers` and the host's budgets; the running pipeline changes
+    /// its layout between two steps (moving only the shards the new balance
+    /// needs), a stopped or paused one when it next runs.
+    pub async fn scale_pipeline(
+        &self,
+        tenant: &str,
+        name: &str,
+        workers: u32,
+    ) -> Result<PipelineStatus> {
+        let h = self.pipeline(tenant, name)?;
+        crate::limits::pipeline::WORKERS.check(workers.into())?;
+        self.update(|reg| {
+            let t = reg.tenant(tenant)?;
+            if workers > t.limits.max_workers {
+                return Err(ServiceError::LimitExceeded {
+                    limit: "max_workers",
+                    value: t.limits.max_workers.into(),
+                    attempted: workers.into(),
+                });
+            }
+            let entry = t
+                .pipelines
+                .get(name)
+                .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
+            if entry.desired != Desired::Stopped {
+                let memory = effective_limits(&entry.spec, &t.limits)?.instance.memory as u64;
+                self.admit(reg, Some((tenant, name)), workers, memory)?;
+            }
+            if let Some(entry) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
+                entry.spec.workers = workers;
+            }
+            Ok(())
+        })
+        .await?;
+        h.set_workers(workers);
+        Ok(h.status())
+    }
+
     /// Deletes a pipeline and its data (and its Kafka topics).
     pub async fn delete_pipeline(&self, tenant: &str, name: &str) -> Result<()> {
         let h = self.pipeline(tenant, name)?;
