@@ -69,3 +69,35 @@ fn three_workers_survive_a_crash_campaign_too() {
         "{stdout}"
     );
 }
+
+/// Layout changes in the campaign (issue #12): every run picks its W
+/// between 1 and 4, so restarts rescale (after recovery, before the steps
+/// go on), and crashes land in the middle of the hand-off and right after
+/// the new layout's first step too.
+#[test]
+fn rescales_between_and_during_runs_survive_a_crash_campaign() {
+    let out = sluice_cmd()
+        .args(["chaos", "--trials", "24", "--seed", "12012", "--rescale", "--component"])
+        .arg(component("examples/orders-join"))
+        .arg("--noisy-component")
+        .arg(component("tests/guests/noisy"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
+        "{stdout}"
+    );
+    let rescales: u32 = stdout
+        .split("rescales: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(rescales >= 10, "{stdout}");
+}

@@ -81,6 +81,10 @@ pub enum Command {
         /// Workers W.
         #[arg(long, default_value_t = 2)]
         workers: u32,
+        /// Change W at random (1 to 4) on every run of a trial: layout
+        /// changes between runs and, with crashes, during them.
+        #[arg(long)]
+        rescale: bool,
         /// Orders per trial.
         #[arg(long, default_value_t = 1500)]
         orders: u32,

@@ -15,6 +15,12 @@
 //!   that saw another time, other random numbers or another state would
 //!   stop the pipeline (I4), and its values are checked once each.
 //!
+//! With [`ChaosOptions::rescale`], every run of a trial picks its W at
+//! random between 1 and 4, so most restarts change the layout (a live
+//! rescale right after recovery, before the steps go on), and the crash
+//! points of a layout change (`mid-handoff`, `after-relayout`) join the
+//! others.
+//!
 //! Violations are counted as lost (an expected result missing), duplicated
 //! (present too often), wrong (never expected) and audit failures. Random
 //! kills are told apart by when they landed: during start-up (ingest,
@@ -48,6 +54,9 @@ pub struct ChaosOptions {
     pub noisy: Option<PathBuf>,
     /// Workers W.
     pub workers: u32,
+    /// Change W at random (1 to 4) on every run of a trial: layout changes
+    /// between and, with crashes, during runs.
+    pub rescale: bool,
     /// Orders per trial.
     pub orders: u32,
     /// Show a progress bar.
@@ -72,6 +81,9 @@ pub struct ChaosReport {
     pub kills_in_steps: u32,
     /// Trials of the noisy circuit.
     pub noisy_trials: u32,
+    /// Runs asked to run with another W than the run before (layout
+    /// changes asked for; a crash may undo one before it commits).
+    pub rescales: u32,
     /// Expected results missing from the output.
     pub lost: u64,
     /// Results present more often than expected.
@@ -95,16 +107,17 @@ impl std::fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "trials: {} ({} of the noisy circuit)  runs: {}  restarts: {}  random kills: {} ({} while steps ran)",
+            "trials: {} ({} of the noisy circuit)  runs: {}  restarts: {}  rescales: {}  random kills: {} ({} while steps ran)",
             self.trials,
             self.noisy_trials,
             self.runs,
             self.restarts,
+            self.rescales,
             self.kills,
             self.kills_in_steps
         )?;
         write!(f, "crash points hit:")?;
-        for p in CrashPoint::ALL {
+        for p in CrashPoint::ALL.into_iter().chain(CrashPoint::RESCALE) {
             write!(
                 f,
                 " {}={}",
@@ -272,7 +285,7 @@ enum Outcome {
 
 fn run_child(
     exe: &Path,
-    opts: &ChaosOptions,
+    workers: u32,
     dir: &Path,
     work: &Workload,
     crash: Option<&Crash>,
@@ -285,7 +298,7 @@ fn run_child(
         .arg(dir.join("data"))
         .args([
             "--workers",
-            &opts.workers.to_string(),
+            &workers.to_string(),
             "--max-batch",
             "40",
             "--checkpoint-every",
@@ -385,7 +398,21 @@ fn trial(
     let expected = &work.expected;
     let crashes = 1 + rng.below(3);
     let mut crashed = false;
+    // The W of each run: fixed, or drawn anew for every run.
+    let mut last_workers = opts.workers;
+    let mut workers_for = |rng: &mut Rng, report: &mut ChaosReport, attempt: u64| {
+        if !opts.rescale {
+            return opts.workers;
+        }
+        let w = 1 + rng.below(4) as u32;
+        if attempt > 0 && w != last_workers {
+            report.rescales += 1;
+        }
+        last_workers = w;
+        w
+    };
     for attempt in 0..crashes {
+        let workers = workers_for(&mut rng, report, attempt);
         let crash = if rng.below(4) == 0 {
             if rng.below(2) == 0 {
                 Crash::KillAfter(Duration::from_millis(5 + rng.below(80)))
@@ -395,8 +422,11 @@ fn trial(
         } else {
             // Only the first run ingests, and only a restart replays: pick
             // among the points this run can reach.
+            // A layout change only happens on a restart with another W.
+            let rescaling = opts.rescale && attempt > 0;
             let reachable: Vec<CrashPoint> = CrashPoint::ALL
                 .into_iter()
+                .chain(CrashPoint::RESCALE.into_iter().filter(|_| rescaling))
                 .filter(|p| match p {
                     CrashPoint::MidIngest => attempt == 0,
                     CrashPoint::DuringReplay => attempt > 0,
@@ -405,14 +435,17 @@ fn trial(
                 .collect();
             let point = reachable[rng.below(reachable.len() as u64) as usize];
             let n = match point {
-                CrashPoint::MidIngest | CrashPoint::DuringReplay => 1,
+                CrashPoint::MidIngest
+                | CrashPoint::DuringReplay
+                | CrashPoint::MidHandoff
+                | CrashPoint::AfterRelayout => 1,
                 _ => 1 + rng.below(8),
             };
             Crash::At(point, n)
         };
         report.restarts += u32::from(crashed);
         crashed = matches!(
-            run_child(exe, opts, dir, &work, Some(&crash), report)?,
+            run_child(exe, workers, dir, &work, Some(&crash), report)?,
             Outcome::Crashed
         );
         if !crashed {
@@ -420,7 +453,8 @@ fn trial(
         }
     }
     report.restarts += u32::from(crashed);
-    if let Outcome::Crashed = run_child(exe, opts, dir, &work, None, report)? {
+    let workers = workers_for(&mut rng, report, crashes);
+    if let Outcome::Crashed = run_child(exe, workers, dir, &work, None, report)? {
         bail!("a run without a crash point crashed");
     }
 

@@ -86,8 +86,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             component,
             noisy_component,
             workers,
+            rescale,
             orders,
-        } => tools::chaos(trials, seed, component, noisy_component, workers, orders).await,
+        } => {
+            let workers = tools::Workers { workers, rescale };
+            tools::chaos(trials, seed, component, noisy_component, workers, orders).await
+        }
         Command::Bench {
             quick,
             markdown,

@@ -24,13 +24,21 @@ async fn build_guest(path: &str) -> anyhow::Result<PathBuf> {
     tokio::task::spawn_blocking(move || compile::build_component(&src, Some(&target))).await?
 }
 
+/// The W of a campaign's runs.
+pub struct Workers {
+    /// W (of every run, or of the first).
+    pub workers: u32,
+    /// Draw W anew for every run.
+    pub rescale: bool,
+}
+
 /// `sluice chaos`.
 pub async fn chaos(
     trials: u32,
     seed: u64,
     component: Option<PathBuf>,
     noisy: Option<PathBuf>,
-    workers: u32,
+    workers: Workers,
     orders: u32,
 ) -> anyhow::Result<()> {
     let (component, noisy) = match (component, noisy) {
@@ -49,7 +57,8 @@ pub async fn chaos(
         seed,
         component,
         noisy,
-        workers,
+        workers: workers.workers,
+        rescale: workers.rescale,
         orders,
         progress: true,
     };
