@@ -77,7 +77,15 @@ fn three_workers_survive_a_crash_campaign_too() {
 #[test]
 fn rescales_between_and_during_runs_survive_a_crash_campaign() {
     let out = sluice_cmd()
-        .args(["chaos", "--trials", "24", "--seed", "12012", "--rescale", "--component"])
+        .args([
+            "chaos",
+            "--trials",
+            "24",
+            "--seed",
+            "12012",
+            "--rescale",
+            "--component",
+        ])
         .arg(component("examples/orders-join"))
         .arg("--noisy-component")
         .arg(component("tests/guests/noisy"))

@@ -253,3 +253,70 @@ fn a_server_pipeline_rescales_while_input_flows_and_survives_a_kill() {
         recount(all.iter().map(|l| (l.as_str(), 1)))
     );
 }
+
+/// The same on Kafka logs: W = 2 → 3 → 1 with the step records, outputs
+/// and input in topics; a crash mid-handoff on the way.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_kafka_pipeline_rescales_exactly_once() {
+    let Some(brokers) = crate::kafka::brokers() else {
+        return;
+    };
+    let pipeline = crate::kafka::fresh_name("rescale");
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input, output) = (
+        dir.path().join("data"),
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
+    let run = |workers: u32, crash_at: Option<&str>| {
+        let mut cmd = sluice_cmd();
+        cmd.arg("run")
+            .arg(component("examples/wordcount"))
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--workers",
+                &workers.to_string(),
+                "--max-batch",
+                "50",
+                "--quiet",
+            ])
+            .args(["--checkpoint-every", "3"])
+            .args([
+                "--log",
+                "kafka",
+                "--brokers",
+                &brokers,
+                "--pipeline",
+                &pipeline,
+            ])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()));
+        match crash_at {
+            Some(point) => cmd.env("SLUICE_CRASH_AT", point),
+            None => cmd.env_remove("SLUICE_CRASH_AT"),
+        };
+        cmd.output().unwrap()
+    };
+    let mut all = Vec::new();
+    for (round, (workers, crash)) in [(2, None), (3, Some("mid-handoff:1")), (1, None)]
+        .into_iter()
+        .enumerate()
+    {
+        let more = lines(300, &format!("k{round}x"));
+        append(&input, &more);
+        all.extend(more);
+        if let Some(point) = crash {
+            let out = run(workers, Some(point));
+            assert!(!out.status.success(), "{point} was never reached");
+        }
+        let out = run(workers, None);
+        assert!(out.status.success(), "W={workers}: {}", stderr(&out));
+        assert_eq!(
+            counts(&output),
+            recount(all.iter().map(|l| (l.as_str(), 1))),
+            "after the change to W={workers}"
+        );
+    }
+}
