@@ -323,7 +323,9 @@ impl CircuitInstance {
 
     /// The pieces of `only` (all shards when `None`).
     fn pieces(&self, only: Option<&Shards>) -> Result<Pieces> {
-        let mut by_shard: BTreeMap<u32, Vec<(u32, &'static str, Vec<u8>)>> = BTreeMap::new();
+        // Per shard: (operator node, operator name, its state there).
+        type OperatorStates = Vec<(u32, &'static str, Vec<u8>)>;
+        let mut by_shard: BTreeMap<u32, OperatorStates> = BTreeMap::new();
         for (i, node) in self.graph.nodes.iter().enumerate() {
             if node.op.stateful() {
                 for (shard, state) in node.op.snapshot(only)? {
