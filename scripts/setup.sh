@@ -5,7 +5,10 @@
 # librdkafka's C/C++), kcat (the Kafka tests' independent consumer) and the
 # wasm32-wasip2 target (rust-toolchain.toml also asks rustup for it).
 #
-#   scripts/setup.sh            install what is missing
+#   scripts/setup.sh            install what building and the demo need
+#   scripts/setup.sh --tests    also what the tests need: Debian's chromium
+#                               (the console's browser test) and, in
+#                               tests/browser, playwright-core from npm
 #   scripts/setup.sh --dry-run  print what would be installed, install nothing
 #
 # Packages are checked with dpkg, never by looking for a file that might
@@ -21,7 +24,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dry_run=0
-[ "${1:-}" = "--dry-run" ] && dry_run=1
+tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry_run=1 ;;
+    --tests) tests=1 ;;
+    *) echo "setup: unknown argument $arg (use --tests, --dry-run)" >&2; exit 2 ;;
+  esac
+done
 
 dpkg_args=()
 [ -n "${SLUICE_DPKG_ADMINDIR:-}" ] && dpkg_args+=(--admindir="$SLUICE_DPKG_ADMINDIR")
@@ -47,6 +57,12 @@ have_command g++ || need_apt+=(g++)
 # kcat: the independent Kafka consumer the Kafka tests check output with.
 have_command kcat || need_apt+=(kcat)
 
+if [ "$tests" -eq 1 ]; then
+  # The console test drives Debian's Chromium (a test tool's own browser
+  # download cannot reach its servers from here).
+  installed chromium || need_apt+=(chromium)
+fi
+
 if [ "$dry_run" -eq 1 ]; then
   echo "setup: would install: ${need_apt[*]:-nothing}"
   exit 0
@@ -65,5 +81,18 @@ if command -v rustup >/dev/null; then
   if ! rustup target list --installed --toolchain "$toolchain" 2>/dev/null | grep -qx wasm32-wasip2; then
     echo "setup: adding the wasm32-wasip2 target" >&2
     rustup target add --toolchain "$toolchain" wasm32-wasip2
+  fi
+fi
+
+if [ "$tests" -eq 1 ]; then
+  # playwright-core, pinned by tests/browser/package-lock.json, for Node.js
+  # 20 or newer (the machine's; Debian's own nodejs is older).
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "setup: the console test needs Node.js 20+ and npm on the PATH" >&2
+    exit 1
+  fi
+  if [ ! -d tests/browser/node_modules/playwright-core ]; then
+    echo "setup: installing playwright-core in tests/browser" >&2
+    (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
   fi
 fi

@@ -3,7 +3,7 @@
 # faults, chaos, Kafka) tests, then prints the totals on one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 log=$(mktemp)
 kb_dir=""
 stop_broker() { if [ -n "$kb_dir" ]; then "$kb" stop "$kb_dir"; rm -rf "$(dirname "$kb_dir")"; fi; }

@@ -6,6 +6,7 @@ mod support;
 
 mod chaos;
 mod cli;
+mod console;
 mod crash;
 mod examples;
 mod faults;

@@ -12,7 +12,8 @@
 //!   coordinator, recovering as the pipeline's recovery policy says.
 //! - [`routes`]: the HTTP edge, one module per resource, and the one
 //!   mapping of errors to statuses and codes.
-//! - [`page`]: the status page.
+//! - [`page`]: the console.
+//! - [`history`]: each pipeline's recent figures (for the console).
 //! - [`limits`]: every bound the server enforces and the range of every
 //!   numeric setting.
 //!
@@ -36,6 +37,7 @@
 //! # }
 //! ```
 
+pub mod history;
 pub mod limits;
 pub mod page;
 pub mod registry;

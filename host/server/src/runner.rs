@@ -9,6 +9,7 @@
 //! [`RecoveryPolicy`] says; any other error fails only this pipeline, kept
 //! in its status until the tenant starts it again.
 
+use crate::history::{History, PipelineMetrics, WorkerFigures, now_ms};
 use crate::service::EffectiveLimits;
 use crate::types::{Desired, PipelineSpec, PipelineState, PipelineStatus};
 use sluice_core::{CircuitPorts, PipelineShape};
@@ -56,6 +57,8 @@ enum Shutdown {
 pub struct PipelineHandle {
     pipeline: Arc<Pipeline>,
     status: Arc<Mutex<PipelineStatus>>,
+    /// Recent figures for the console.
+    history: Arc<Mutex<History>>,
     control: watch::Sender<Control>,
     /// Woken when input is appended.
     input: Arc<Notify>,
@@ -164,6 +167,10 @@ impl PipelineHandle {
             events_out: 0,
             frontiers: Vec::new(),
             input_lag: 0,
+            events_in_per_sec: 0.0,
+            events_out_per_sec: 0.0,
+            steps_per_sec: 0.0,
+            last_checkpoint_age_ms: None,
             last_checkpoint,
             fuel_used: 0,
             last_error: None,
@@ -176,9 +183,11 @@ impl PipelineHandle {
         });
         let (committed_tx, committed) = watch::channel(steps);
         let input = Arc::new(Notify::new());
+        let history = Arc::new(Mutex::new(History::default()));
         let runner = Runner {
             pipeline: pipeline.clone(),
             status: status.clone(),
+            history: history.clone(),
             control: control_rx,
             input: input.clone(),
             committed: committed_tx,
@@ -193,6 +202,7 @@ impl PipelineHandle {
         Ok(Arc::new(PipelineHandle {
             pipeline,
             status,
+            history,
             control,
             input,
             committed,
@@ -204,6 +214,11 @@ impl PipelineHandle {
     /// The pipeline's current status.
     pub fn status(&self) -> PipelineStatus {
         lock(&self.status).clone()
+    }
+
+    /// The pipeline's recent figures.
+    pub fn metrics(&self) -> PipelineMetrics {
+        lock(&self.history).metrics()
     }
 
     /// The circuit's ports.
@@ -282,6 +297,7 @@ enum Phase {
 struct Runner {
     pipeline: Arc<Pipeline>,
     status: Arc<Mutex<PipelineStatus>>,
+    history: Arc<Mutex<History>>,
     control: watch::Receiver<Control>,
     input: Arc<Notify>,
     committed: watch::Sender<u64>,
@@ -405,8 +421,9 @@ impl Runner {
             }
             p => p,
         };
-        self.metrics
-            .record(c, &before, progressed, started.elapsed());
+        let took = started.elapsed();
+        self.metrics.record(c, &before, progressed, took);
+        self.remember(c, &before, progressed.then_some(took));
         self.retain(c.next_step(), c.checkpointed_step()).await?;
         let lag = self.pipeline.storage().lag(c.frontiers());
         self.report(c, progressed, lag);
@@ -473,6 +490,7 @@ impl Runner {
                 .record(moved.pause.as_secs_f64());
         }
         self.metrics.record(c, &before, true, Duration::ZERO);
+        self.remember(c, &before, None);
         let lag = self.pipeline.storage().lag(c.frontiers());
         self.report(c, true, lag);
         self.committed.send_replace(c.next_step());
@@ -490,9 +508,49 @@ impl Runner {
         lock(&self.status).state = state;
     }
 
+    /// Adds a step's time and a checkpoint it took to the history.
+    fn remember(&self, c: &Coordinator, before: &sluice_runtime::Stats, step: Option<Duration>) {
+        let mut h = lock(&self.history);
+        if let Some(took) = step {
+            h.on_step(took);
+        }
+        if c.stats().checkpoints > before.checkpoints
+            && let Some(step) = c.checkpointed_step()
+        {
+            h.on_checkpoint(
+                step,
+                c.last_checkpoint_snapshots(),
+                c.last_checkpoint_time(),
+            );
+        }
+    }
+
     fn report(&self, c: &Coordinator, progressed: bool, lag: u64) {
         let shape = self.pipeline.shape();
         let s = c.stats();
+        let (rates, checkpoint_at) = {
+            let mut h = lock(&self.history);
+            h.sample(s.events_in, s.events_out, s.steps, lag);
+            let storage = self.pipeline.storage();
+            let layout = c.layout();
+            let workers = c
+                .frontiers()
+                .iter()
+                .enumerate()
+                .map(|(w, f)| WorkerFigures {
+                    worker: w as u32,
+                    shards: layout.shards.iter().filter(|o| **o == w as u32).count() as u32,
+                    partitions: f.len() as u32,
+                    lag: storage.lag(std::slice::from_ref(f)),
+                })
+                .collect();
+            h.set_workers(workers, layout.epoch);
+            (
+                h.latest()
+                    .map(|x| (x.events_in_per_sec, x.events_out_per_sec, x.steps_per_sec)),
+                h.last_checkpoint().map(|x| x.at_ms),
+            )
+        };
         let mut st = lock(&self.status);
         st.state = if progressed {
             PipelineState::Running
@@ -501,6 +559,12 @@ impl Runner {
         };
         st.steps = c.next_step();
         st.workers = c.workers();
+        if let Some((events_in, events_out, steps)) = rates {
+            st.events_in_per_sec = events_in;
+            st.events_out_per_sec = events_out;
+            st.steps_per_sec = steps;
+        }
+        st.last_checkpoint_age_ms = checkpoint_at.map(|at| now_ms().saturating_sub(at));
         st.events_in = s.events_in;
         st.events_out = s.events_out;
         st.fuel_used = s.fuel_used;

@@ -252,6 +252,14 @@ pub struct PipelineStatus {
     pub frontiers: Vec<BTreeMap<String, u64>>,
     /// Input events appended but not yet consumed.
     pub input_lag: u64,
+    /// Input events consumed per second (over the last second sampled).
+    pub events_in_per_sec: f64,
+    /// Output events committed per second.
+    pub events_out_per_sec: f64,
+    /// Steps committed per second.
+    pub steps_per_sec: f64,
+    /// How long ago the newest checkpoint this host took committed, ms.
+    pub last_checkpoint_age_ms: Option<u64>,
     /// The step of the newest checkpoint.
     pub last_checkpoint: Option<u64>,
     /// Fuel the guests burned since the host started the pipeline.

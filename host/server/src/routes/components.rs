@@ -1,6 +1,6 @@
 //! `/components`: a tenant's uploaded components.
 
-use super::{ApiResult, Shared, bearer, read_body};
+use super::{ApiResult, Shared, read_body, token};
 use crate::types::{ComponentInfo, ErrorBody};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -20,7 +20,7 @@ pub(super) async fn put(
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<ComponentInfo>)> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     sluice_core::validate_name("component", &name).map_err(crate::service::ServiceError::from)?;
     let limit = state.service.limits(&tenant)?.max_component_bytes;
     let bytes = read_body(&state, &headers, body, limit, "max_component_bytes").await?;
@@ -37,7 +37,7 @@ pub(super) async fn list(
     State(state): Shared,
     headers: HeaderMap,
 ) -> ApiResult<axum::Json<Vec<ComponentInfo>>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     Ok(axum::Json(state.service.list_components(&tenant)?))
 }
 
@@ -49,7 +49,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     state.service.delete_component(&tenant, &name)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,7 +1,7 @@
 //! A pipeline's input and output over HTTP: durable pushes, reads after a
 //! position (long-poll) and server-sent events.
 
-use super::{ApiError, ApiResult, Shared, bearer, read_body};
+use super::{ApiError, ApiResult, Shared, read_body, token};
 use crate::limits::Permit;
 use crate::runner::PipelineHandle;
 use crate::service::ServiceError;
@@ -137,7 +137,7 @@ pub(super) async fn push(
     Path((name, port)): Path<(String, String)>,
     body: Body,
 ) -> ApiResult<axum::Json<PushAck>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     port_of(&state, &tenant, &name, false, &port)?;
     let producer = producer(&headers)?;
     let (_permit, limits) = state.service.admit_push(&tenant).await?;
@@ -181,7 +181,7 @@ pub(super) async fn producer_state(
     headers: HeaderMap,
     Path((name, port, id)): Path<(String, String, String)>,
 ) -> ApiResult<axum::Json<ProducerInfo>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     port_of(&state, &tenant, &name, false, &port)?;
     let id = producer_id(&id)?;
     Ok(axum::Json(
@@ -234,7 +234,7 @@ pub(super) async fn read(
     Path((name, port)): Path<(String, String)>,
     query: Result<Query<OutputQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     let h = port_of(&state, &tenant, &name, true, &port)?;
     let Query(q) = query.map_err(|e| bad("invalid_query", e.body_text()))?;
     let after = q.after.as_deref().map(position).transpose()?;
@@ -312,7 +312,7 @@ pub(super) async fn stream(
     Path((name, port)): Path<(String, String)>,
     query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> ApiResult<Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     let h = port_of(&state, &tenant, &name, true, &port)?;
     let Query(q) = query.map_err(|e| bad("invalid_query", e.body_text()))?;
     let resume = headers

@@ -70,6 +70,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     );
     Router::new()
         .route("/", get(observe::page))
+        .route("/assets/{file}", get(observe::asset))
         .route("/login", post(observe::login))
         .route("/logout", post(observe::logout))
         .route("/openapi.json", get(observe::openapi))
@@ -90,6 +91,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .patch(pipelines::patch)
                 .delete(pipelines::delete),
         )
+        .route("/pipelines/{name}/metrics", get(pipelines::metrics))
         .route("/pipelines/{name}/{action}", post(pipelines::control))
         .route("/pipelines/{name}/input/{port}", post(io::push))
         .route(
@@ -122,6 +124,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         pipelines::create,
         pipelines::get,
         pipelines::patch,
+        pipelines::metrics,
         pipelines::delete,
         pipelines::control,
         io::push,
@@ -140,6 +143,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         crate::types::PipelineSpec,
         crate::types::PipelineLimits,
         crate::types::PipelinePatch,
+        crate::history::PipelineMetrics,
+        crate::history::Sample,
+        crate::history::CheckpointEntry,
+        crate::history::WorkerFigures,
         crate::types::PipelineState,
         crate::types::PipelineStatus,
         crate::types::PushAck,
@@ -262,6 +269,24 @@ impl IntoResponse for ApiError {
         };
         (self.status, axum::Json(body)).into_response()
     }
+}
+
+/// The header the console sends with every call: with it (and only with
+/// it) the API accepts the console's session cookie. A cross-site page
+/// cannot send a custom header without a preflight the server never
+/// grants, and the cookie is `SameSite=Strict` besides.
+pub const CONSOLE_HEADER: &str = "x-sluice-console";
+
+/// The caller's token: the `Authorization` bearer token, or, for the
+/// console (its header present), the token of its session cookie.
+fn token(state: &AppState, headers: &HeaderMap) -> Option<String> {
+    if let Some(t) = bearer(headers) {
+        return Some(t.to_owned());
+    }
+    if headers.contains_key(CONSOLE_HEADER) {
+        return observe::session_token(&state.sessions, headers);
+    }
+    None
 }
 
 /// The bearer token of a request, if any.

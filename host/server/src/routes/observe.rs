@@ -7,7 +7,7 @@
 //! only, so rotating or deleting a tenant ends its sessions at once. The
 //! API itself takes only the `Authorization` header, never the cookie.
 
-use super::{ApiDoc, ApiResult, AppState, Shared, bearer, read_body};
+use super::{ApiDoc, ApiResult, AppState, Shared, bearer, read_body, token};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -64,6 +64,11 @@ impl Sessions {
     }
 }
 
+/// The token of the session a request's cookie names, if it is live.
+pub(super) fn session_token(sessions: &Sessions, headers: &HeaderMap) -> Option<String> {
+    session_id(headers).and_then(|id| sessions.token(id))
+}
+
 /// The session id a request's cookie names.
 fn session_id(headers: &HeaderMap) -> Option<&str> {
     headers
@@ -77,7 +82,7 @@ fn session_id(headers: &HeaderMap) -> Option<&str> {
 /// Prometheus metrics (admin only).
 #[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String)))]
 pub(super) async fn metrics(State(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
-    state.service.admin(bearer(&headers))?;
+    state.service.admin(token(&state, &headers).as_deref())?;
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -93,9 +98,29 @@ pub(super) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
     axum::Json(ApiDoc::openapi())
 }
 
-/// What the page may load and where its forms may go.
-const PAGE_POLICY: &str =
-    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'";
+/// What the console may load, where it may connect and post forms.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     connect-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; \
+     base-uri 'none'";
+
+/// The console's scripts and stylesheets (compiled in).
+pub(super) async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> Response {
+    let (body, kind) = match file.as_str() {
+        "console.js" => (crate::page::CONSOLE_JS, "text/javascript; charset=utf-8"),
+        "console.css" => (crate::page::CONSOLE_CSS, "text/css; charset=utf-8"),
+        "uplot.js" => (crate::page::UPLOT_JS, "text/javascript; charset=utf-8"),
+        "uplot.css" => (crate::page::UPLOT_CSS, "text/css; charset=utf-8"),
+        _ => {
+            return super::ApiError::from(crate::service::ServiceError::not_found("asset", &file))
+                .into_response();
+        }
+    };
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(kind))],
+        body,
+    )
+        .into_response()
+}
 
 fn page_response(status: StatusCode, html: String) -> Response {
     (

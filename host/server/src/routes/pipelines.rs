@@ -1,6 +1,6 @@
 //! `/pipelines`: create, inspect, control and delete a tenant's pipelines.
 
-use super::{ApiResult, Shared, bearer, json_body};
+use super::{ApiResult, Shared, json_body, token};
 use crate::types::{ErrorBody, PipelineSpec, PipelineStatus};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -12,7 +12,7 @@ pub(super) async fn list(
     State(state): Shared,
     headers: HeaderMap,
 ) -> ApiResult<axum::Json<Vec<PipelineStatus>>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     Ok(axum::Json(state.service.statuses(&tenant)))
 }
 
@@ -24,7 +24,7 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<PipelineStatus>)> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     let spec: PipelineSpec = json_body(&state, &headers, body).await?;
     let status = state.service.create_pipeline(&tenant, spec).await?;
     Ok((StatusCode::CREATED, axum::Json(status)))
@@ -38,8 +38,24 @@ pub(super) async fn get(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<PipelineStatus>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     Ok(axum::Json(state.service.pipeline(&tenant, &name)?.status()))
+}
+
+/// A pipeline's recent figures: one sample a second over the last ten
+/// minutes it ran (rates, input lag, step latency percentiles), its last
+/// checkpoints, and per worker its shards, partitions and lag.
+#[utoipa::path(get, path = "/pipelines/{name}/metrics", params(("name" = String, Path, description = "pipeline name")),
+    responses((status = 200, body = crate::history::PipelineMetrics), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(super) async fn metrics(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<crate::history::PipelineMetrics>> {
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
+    Ok(axum::Json(
+        state.service.pipeline(&tenant, &name)?.metrics(),
+    ))
 }
 
 /// Changes a pipeline: `{"workers": W}` rescales it (a layout change
@@ -55,7 +71,7 @@ pub(super) async fn patch(
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<axum::Json<PipelineStatus>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     let patch: crate::types::PipelinePatch = json_body(&state, &headers, body).await?;
     let mut status = state.service.pipeline(&tenant, &name)?.status();
     if let Some(workers) = patch.workers {
@@ -76,7 +92,7 @@ pub(super) async fn control(
     headers: HeaderMap,
     Path((name, action)): Path<(String, String)>,
 ) -> ApiResult<axum::Json<PipelineStatus>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     Ok(axum::Json(
         state.service.control(&tenant, &name, &action).await?,
     ))
@@ -90,7 +106,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     state.service.delete_pipeline(&tenant, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

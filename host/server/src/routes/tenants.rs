@@ -1,7 +1,7 @@
 //! `/tenants` (admin): create, list with usage, rotate a token, delete a
 //! tenant with its data; `/usage`: a tenant's own usage.
 
-use super::{ApiResult, Shared, bearer, json_body};
+use super::{ApiResult, Shared, json_body, token};
 use crate::types::{CreateTenant, ErrorBody, HostUsage, TenantCreated, TenantUsage};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -15,7 +15,7 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<TenantCreated>)> {
-    state.service.admin(bearer(&headers))?;
+    state.service.admin(token(&state, &headers).as_deref())?;
     let req: CreateTenant = json_body(&state, &headers, body).await?;
     let created = state.service.create_tenant(req).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
@@ -28,7 +28,7 @@ pub(super) async fn list(
     State(state): Shared,
     headers: HeaderMap,
 ) -> ApiResult<axum::Json<HostUsage>> {
-    state.service.admin(bearer(&headers))?;
+    state.service.admin(token(&state, &headers).as_deref())?;
     Ok(axum::Json(state.service.host_usage().await?))
 }
 
@@ -41,7 +41,7 @@ pub(super) async fn rotate(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<TenantCreated>> {
-    state.service.admin(bearer(&headers))?;
+    state.service.admin(token(&state, &headers).as_deref())?;
     let rotated = state.service.rotate_token(&name).await?;
     Ok(axum::Json(rotated))
 }
@@ -55,7 +55,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    state.service.admin(bearer(&headers))?;
+    state.service.admin(token(&state, &headers).as_deref())?;
     state.service.delete_tenant(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -66,6 +66,6 @@ pub(super) async fn usage(
     State(state): Shared,
     headers: HeaderMap,
 ) -> ApiResult<axum::Json<TenantUsage>> {
-    let tenant = state.service.tenant(bearer(&headers))?;
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     Ok(axum::Json(state.service.usage(&tenant).await?))
 }

@@ -1,0 +1,109 @@
+// Drives the Sluice console in Debian's headless Chromium, as a person
+// would: sign in, deploy word count, start it, push lines, watch the charts
+// and the output tail, pause it; another tenant's pipelines stay hidden.
+//
+//   node console.mjs URL TOKEN WASM OTHER_PIPELINE OUT_DIR [ADMIN_TOKEN]
+//
+// Exits 0 when every check passed; screenshots go to OUT_DIR.
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+
+const [url, token, wasm, other, out, adminToken] = process.argv.slice(2);
+if (!out) {
+  console.error("usage: node console.mjs URL TOKEN WASM OTHER_PIPELINE OUT_DIR [ADMIN_TOKEN]");
+  process.exit(2);
+}
+mkdirSync(out, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const failures = [];
+let page = null;
+try {
+  page = await browser.newPage({ viewport: { width: 1360, height: 900 } });
+  page.on("pageerror", (e) => failures.push(`page error: ${e.message}`));
+  page.on("console", (m) => { if (m.type() === "error") failures.push(`console: ${m.text()}`); });
+  page.setDefaultTimeout(30_000);
+  const step = (what) => console.log(`console test: ${what}`);
+
+  step("sign in");
+  await page.goto(url + "/");
+  await page.fill("input[name=token]", token);
+  await page.click("button[type=submit]");
+  await page.waitForSelector("#pipelines");
+  await page.screenshot({ path: `${out}/1-pipelines.png`, fullPage: true });
+
+  step("the other tenant's pipelines are not shown");
+  const html = await page.content();
+  if (html.includes(other)) failures.push(`another tenant's pipeline "${other}" is on the page`);
+
+  step("deploy word count");
+  await page.setInputFiles("input[name=component]", wasm);
+  await page.fill("#deploy input[name=name]", "wc");
+  await page.fill("#deploy input[name=workers]", "2");
+  await page.click("#deploy button[type=submit]");
+  await page.waitForSelector("tr[data-pipeline=wc]");
+  await page.waitForSelector("tr[data-pipeline=wc] td[data-state=running], tr[data-pipeline=wc] td[data-state=idle]");
+  await page.screenshot({ path: `${out}/2-deployed.png`, fullPage: true });
+
+  step("open it and start it");
+  await page.click("tr[data-pipeline=wc] a");
+  await page.waitForSelector("#state");
+  await page.click("h2 [data-action=start]");
+
+  step("push lines");
+  const lines = [];
+  for (let i = 0; i < 40; i++) lines.push(JSON.stringify(`hello world ${i % 5} sluice console`));
+  await page.waitForSelector("#push-port option", { state: "attached" });
+  await page.fill("#push-text", lines.join("\n") + "\n");
+  await page.click("#push button[type=submit]");
+  await page.waitForSelector(".message.info");
+
+  step("the figures, the charts and the output tail follow");
+  await page.waitForFunction(() => Number(document.getElementById("fig-in")?.textContent) >= 40);
+  await page.waitForFunction(() => document.getElementById("tail")?.textContent.includes('"hello"'));
+  // A second push, so the rate chart has a point with input after a point without.
+  await page.fill("#push-text", lines.join("\n") + "\n");
+  await page.click("#push button[type=submit]");
+  await page.waitForFunction(() => Number(document.getElementById("fig-in")?.textContent) >= 80);
+  await page.waitForFunction(() => Number(document.querySelector(".chart")?.dataset.samples) >= 3);
+  await page.waitForFunction(() => document.getElementById("tail").textContent.includes('"word":"hello","count":80'));
+  const workers = await page.$$eval("#workers tbody tr", (rows) => rows.length);
+  if (workers !== 2) failures.push(`the workers table has ${workers} rows, not 2`);
+  await page.screenshot({ path: `${out}/3-pipeline.png`, fullPage: true });
+
+  step("pause it");
+  await page.click("h2 [data-action=pause]");
+  await page.waitForSelector("#state[data-state=paused]");
+  await page.screenshot({ path: `${out}/4-paused.png`, fullPage: true });
+
+  step("back to the list");
+  await page.click("text=← Pipelines");
+  await page.waitForSelector("tr[data-pipeline=wc] td[data-state=paused]");
+  if ((await page.content()).includes(other)) failures.push(`another tenant's pipeline "${other}" is on the list`);
+
+  if (adminToken) {
+    step("the admin's view");
+    const admin = await browser.newPage({ viewport: { width: 1360, height: 700 } });
+    admin.on("pageerror", (e) => failures.push(`admin page error: ${e.message}`));
+    await admin.goto(url + "/");
+    await admin.fill("input[name=token]", adminToken);
+    await admin.click("button[type=submit]");
+    await admin.waitForSelector("#tenants tr[data-tenant]");
+    await admin.screenshot({ path: `${out}/5-admin.png`, fullPage: true });
+  }
+} catch (e) {
+  failures.push(String(e && e.stack || e));
+  if (page) await page.screenshot({ path: `${out}/failed.png`, fullPage: true }).catch(() => {});
+} finally {
+  await browser.close();
+}
+if (failures.length) {
+  console.error("console test failed:\n" + failures.join("\n"));
+  process.exit(1);
+}
+console.log("console test: passed");
