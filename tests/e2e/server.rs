@@ -1008,3 +1008,126 @@ fn sluice_push_resumes_after_a_sigkill() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("appended 0 events in 0 pushes"), "{stderr}");
 }
+
+/// The server commands print for people by default (aligned tables, short
+/// sentences) and JSON with `--json`; a push refused on a bad line says
+/// which line of the file, how much is already pushed, and how to resume.
+#[test]
+fn the_cli_talks_to_people_and_to_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let admin = |args: &[&str]| {
+        crate::support::sluice_cmd()
+            .args(args)
+            .env("SLUICE_SERVER", &server.url)
+            .env("SLUICE_TOKEN", ADMIN)
+            .output()
+            .unwrap()
+    };
+    let out = admin(&["tenant", "create", "acme"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.starts_with("created tenant acme\ntoken: sl_"),
+        "{text}"
+    );
+    let token = text
+        .lines()
+        .find_map(|l| l.strip_prefix("token: "))
+        .unwrap()
+        .to_owned();
+    let run = |args: &[&str]| {
+        let out = crate::support::sluice_cmd()
+            .args(args)
+            .env("SLUICE_SERVER", &server.url)
+            .env("SLUICE_TOKEN", &token)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let wc = wordcount();
+    let (ok, text, err) = run(&[
+        "deploy",
+        wc.to_str().unwrap(),
+        "--pipeline",
+        "wc",
+        "--workers",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(text.starts_with("deployed wc: component wc ("), "{text}");
+    assert!(
+        text.contains("2 workers, inputs [lines], outputs [counts]"),
+        "{text}"
+    );
+
+    let (ok, text, _) = run(&["pipelines"]);
+    assert!(ok);
+    let header = text.lines().next().unwrap();
+    for column in [
+        "PIPELINE",
+        "STATE",
+        "W",
+        "STEPS/S",
+        "IN/S",
+        "LAG",
+        "CHECKPOINT",
+        "LAST ERROR",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    assert!(
+        text.lines().nth(1).unwrap().trim_start().starts_with("wc"),
+        "{text}"
+    );
+    let (ok, text, _) = run(&["status", "wc"]);
+    assert!(ok);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("workers") && l.trim_end().ends_with('2')),
+        "{text}"
+    );
+    let (ok, text, _) = run(&["components"]);
+    assert!(
+        ok && text.contains("COMPONENT") && text.contains("wc"),
+        "{text}"
+    );
+
+    // Scripts get the JSON.
+    let (ok, text, _) = run(&["status", "wc", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["workers"], 2);
+    let (_, text, _) = run(&["pipelines", "-o", "json"]);
+    assert!(
+        serde_json::from_str::<Vec<serde_json::Value>>(&text).is_ok(),
+        "{text}"
+    );
+
+    // A bad line: which line, what is pushed, how to resume.
+    let file = dir.path().join("in.jsonl");
+    let mut body: String = (0..10).map(|i| format!("\"line {i}\"\n")).collect();
+    body.push_str("{oops\n\"after\"\n");
+    std::fs::write(&file, body).unwrap();
+    let (ok, _, err) = run(&[
+        "push",
+        "wc",
+        "lines",
+        file.to_str().unwrap(),
+        "--chunk-lines",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("line 11 of the file"), "{err}");
+    assert!(err.contains("8 lines of"), "{err}");
+    assert!(err.contains("resumes after line 8"), "{err}");
+    assert_eq!(
+        err.trim().lines().count(),
+        2,
+        "one line for the error, one for what to do: {err}"
+    );
+}

@@ -199,6 +199,19 @@ pub enum Command {
         /// Server and token.
         conn: Connection,
     },
+    /// List the caller's pipelines (state, W, rates, lag, checkpoint,
+    /// last error).
+    Pipelines {
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
+    /// List the caller's components.
+    Components {
+        #[command(flatten)]
+        /// Server and token.
+        conn: Connection,
+    },
     /// Show one pipeline's status, or all of the caller's.
     Status {
         /// The pipeline (all when omitted).
@@ -425,9 +438,20 @@ pub struct Connection {
     /// The API token (a tenant's, or the admin's for `tenant`).
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: String,
+    /// Print the server's JSON (for scripts) instead of a view for people.
+    #[arg(long)]
+    pub json: bool,
+    /// `json` is `--json`; `human` (the default) the view for people.
+    #[arg(short = 'o', long = "output-format", value_parser = ["human", "json"], default_value = "human")]
+    pub format: String,
 }
 
 impl Connection {
+    /// Whether to print JSON for scripts.
+    pub fn wants_json(&self) -> bool {
+        self.json || self.format == "json"
+    }
+
     /// A client of the server as this caller.
     pub fn client(&self) -> crate::client::Client {
         crate::client::Client::new(&self.server, &self.token)

@@ -380,7 +380,20 @@ impl Client {
                         attempt += 1;
                         std::thread::sleep(Duration::from_millis(200 << attempt));
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        bar.finish_and_clear();
+                        let before = mark.lines - lines as u64;
+                        bail!(
+                            "{}\n{before} lines of {} are pushed and acknowledged ({} events \
+                             appended by this run); the server refused lines {}-{}. Fix the file \
+                             and run the same command again: it resumes after line {before}.",
+                            in_file_lines(&format!("{e:#}"), before),
+                            file.display(),
+                            report.appended,
+                            before + 1,
+                            mark.lines,
+                        );
+                    }
                 }
             };
             let v: serde_json::Value = serde_json::from_str(&ack)?;
@@ -452,6 +465,11 @@ impl Client {
         }
     }
 
+    /// `GET /components`: the caller's components, as JSON.
+    pub fn components(&self) -> anyhow::Result<String> {
+        self.call("GET", "/components", None, &[])
+    }
+
     /// `POST /pipelines/{name}/{action}` (start, pause, stop).
     pub fn control(&self, pipeline: &str, action: &str) -> anyhow::Result<String> {
         self.call(
@@ -480,4 +498,23 @@ impl Client {
         self.call("DELETE", &format!("/pipelines/{pipeline}"), None, &[])
             .map(|_| ())
     }
+}
+
+/// The server's error about a chunk, its `line N` made the file's line (the
+/// chunk starts after line `before` of the file).
+pub(crate) fn in_file_lines(message: &str, before: u64) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    while let Some(i) = rest.find("line ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 5..];
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        match digits.parse::<u64>() {
+            Ok(n) => out.push_str(&format!("line {} of the file", before + n)),
+            Err(_) => out.push_str("line "),
+        }
+        rest = &after[digits.len()..];
+    }
+    out.push_str(rest);
+    out
 }

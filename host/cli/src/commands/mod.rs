@@ -70,6 +70,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             conn,
         } => remote::tail(conn, pipeline, port, after, follow).await,
         Command::Status { pipeline, conn } => remote::status(conn, pipeline).await,
+        Command::Pipelines { conn } => remote::status(conn, None).await,
+        Command::Components { conn } => remote::components(conn).await,
         Command::Scale {
             pipeline,
             workers,

@@ -10,23 +10,51 @@ async fn call<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await?
 }
 
+/// Prints the server's answer: as JSON with `--json`, else as `human`
+/// makes it.
+fn show(conn: &Connection, answer: &str, human: impl FnOnce(&serde_json::Value) -> String) {
+    if conn.wants_json() {
+        println!("{answer}");
+        return;
+    }
+    match serde_json::from_str::<serde_json::Value>(answer) {
+        Ok(v) => println!("{}", human(&v)),
+        Err(_) => println!("{answer}"),
+    }
+}
+
 /// `sluice tenant …`.
 pub async fn tenant(conn: Connection, what: TenantCommand) -> anyhow::Result<()> {
     let c = conn.client();
     match what {
         TenantCommand::Create { name } => {
-            println!("{}", call(move || c.create_tenant(&name)).await?)
+            let out = call(move || c.create_tenant(&name)).await?;
+            show(&conn, &out, |v| crate::human::tenant_token(v, "created"));
         }
         TenantCommand::Rotate { name } => {
-            println!("{}", call(move || c.rotate_token(&name)).await?)
+            let out = call(move || c.rotate_token(&name)).await?;
+            show(&conn, &out, |v| {
+                crate::human::tenant_token(v, "new token for")
+            });
         }
         TenantCommand::Delete { name } => {
             let shown = name.clone();
             call(move || c.delete_tenant(&name)).await?;
             println!("deleted tenant {shown} and its data");
         }
-        TenantCommand::List => println!("{}", call(move || c.tenants()).await?),
+        TenantCommand::List => {
+            let out = call(move || c.tenants()).await?;
+            show(&conn, &out, crate::human::host);
+        }
     }
+    Ok(())
+}
+
+/// `sluice components`.
+pub async fn components(conn: Connection) -> anyhow::Result<()> {
+    let c = conn.client();
+    let out = call(move || c.components()).await?;
+    show(&conn, &out, crate::human::components);
     Ok(())
 }
 
@@ -41,7 +69,33 @@ pub async fn deploy(
     let c = conn.client();
     let name = name.unwrap_or_else(|| pipeline.clone());
     let out = call(move || c.deploy(&component, &name, &pipeline, workers, true)).await?;
-    println!("{out}");
+    show(&conn, &out, |p| {
+        format!(
+            "deployed {}: component {} ({}…), {} workers, inputs [{}], outputs [{}]; it is {}",
+            p["name"].as_str().unwrap_or("?"),
+            p["component"].as_str().unwrap_or("?"),
+            &p["component_hash"].as_str().unwrap_or("?")
+                [..12.min(p["component_hash"].as_str().map_or(0, str::len))],
+            p["workers"],
+            p["inputs"]
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default(),
+            p["outputs"]
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default(),
+            p["state"].as_str().unwrap_or("?"),
+        )
+    });
     Ok(())
 }
 
@@ -83,14 +137,30 @@ pub async fn tail(
 /// `sluice status`.
 pub async fn status(conn: Connection, pipeline: Option<String>) -> anyhow::Result<()> {
     let c = conn.client();
-    println!("{}", call(move || c.status(pipeline.as_deref())).await?);
+    let one = pipeline.is_some();
+    let out = call(move || c.status(pipeline.as_deref())).await?;
+    show(&conn, &out, |v| {
+        if one {
+            crate::human::pipeline(v)
+        } else {
+            crate::human::pipelines(v)
+        }
+    });
     Ok(())
 }
 
 /// `sluice scale`.
 pub async fn scale(conn: Connection, pipeline: String, workers: u32) -> anyhow::Result<()> {
     let c = conn.client();
-    println!("{}", call(move || c.scale(&pipeline, workers)).await?);
+    let out = call(move || c.scale(&pipeline, workers)).await?;
+    show(&conn, &out, |p| {
+        format!(
+            "{}: changing to {workers} workers (now {}); `sluice status {}` shows when it is done",
+            p["name"].as_str().unwrap_or("?"),
+            p["workers"],
+            p["name"].as_str().unwrap_or("?"),
+        )
+    });
     Ok(())
 }
 
@@ -101,12 +171,24 @@ pub async fn control(
     action: &'static str,
 ) -> anyhow::Result<()> {
     let c = conn.client();
-    println!("{}", call(move || c.control(&pipeline, action)).await?);
+    let out = call(move || c.control(&pipeline, action)).await?;
+    show(&conn, &out, |p| {
+        format!(
+            "{}: {action} asked; it is {}",
+            p["name"].as_str().unwrap_or("?"),
+            p["state"].as_str().unwrap_or("?")
+        )
+    });
     Ok(())
 }
 
 /// `sluice delete`.
 pub async fn delete(conn: Connection, pipeline: String) -> anyhow::Result<()> {
     let c = conn.client();
-    call(move || c.delete(&pipeline)).await
+    let shown = pipeline.clone();
+    call(move || c.delete(&pipeline)).await?;
+    if !conn.wants_json() {
+        println!("deleted {shown} and its data");
+    }
+    Ok(())
 }
