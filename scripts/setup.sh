@@ -8,7 +8,9 @@
 #   scripts/setup.sh            install what building and the demo need
 #   scripts/setup.sh --tests    also what the tests need: Debian's chromium
 #                               (the console's browser test) and, in
-#                               tests/browser, playwright-core from npm
+#                               tests/browser, playwright-core from npm;
+#                               schemathesis from PyPI in a virtualenv under
+#                               ~/.cache/sluice (the API document's test)
 #   scripts/setup.sh --dry-run  print what would be installed, install nothing
 #
 # Packages are checked with dpkg, never by looking for a file that might
@@ -94,5 +96,16 @@ if [ "$tests" -eq 1 ]; then
   if [ ! -d tests/browser/node_modules/playwright-core ]; then
     echo "setup: installing playwright-core in tests/browser" >&2
     (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+fi
+
+if [ "$tests" -eq 1 ]; then
+  # schemathesis, pinned, in its own virtualenv (tests/e2e/api.rs finds it
+  # there, or through SLUICE_SCHEMATHESIS).
+  venv="${SLUICE_VENV:-$HOME/.cache/sluice/venv}"
+  if [ ! -x "$venv/bin/schemathesis" ]; then
+    echo "setup: installing schemathesis into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check schemathesis==4.32.5
   fi
 fi

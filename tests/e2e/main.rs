@@ -4,6 +4,7 @@
 
 mod support;
 
+mod api;
 mod chaos;
 mod cli;
 mod console;

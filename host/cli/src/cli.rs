@@ -439,10 +439,10 @@ pub struct Connection {
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: String,
     /// Print the server's JSON (for scripts) instead of a view for people.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
     /// `json` is `--json`; `human` (the default) the view for people.
-    #[arg(short = 'o', long = "output-format", value_parser = ["human", "json"], default_value = "human")]
+    #[arg(short = 'o', long = "output-format", global = true, value_parser = ["human", "json"], default_value = "human")]
     pub format: String,
 }
 

@@ -7,7 +7,7 @@
 //! only, so rotating or deleting a tenant ends its sessions at once. The
 //! API itself takes only the `Authorization` header, never the cookie.
 
-use super::{ApiDoc, ApiResult, AppState, Shared, bearer, read_body, token};
+use super::{ApiResult, AppState, Shared, bearer, read_body, token};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -15,7 +15,6 @@ use axum::response::{Html, IntoResponse, Response};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use utoipa::OpenApi;
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "sluice_session";
@@ -94,8 +93,17 @@ pub(super) async fn metrics(State(state): Shared, headers: HeaderMap) -> ApiResu
 }
 
 /// The OpenAPI document.
-pub(super) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(ApiDoc::openapi())
+pub(super) async fn openapi() -> Response {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| super::document().to_string());
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body.as_str(),
+    )
+        .into_response()
 }
 
 /// What the console may load, where it may connect and post forms.
