@@ -5,16 +5,19 @@
 
 use crate::support::{component, sluice_cmd};
 
-#[test]
-fn a_short_crash_campaign_finds_no_violation() {
+/// Runs `sluice chaos` with `args` (plus the two circuits); asserts it
+/// found no violation and returns its report.
+fn campaign(args: &[&str]) -> String {
     let out = sluice_cmd()
-        .args(["chaos", "--trials", "30", "--seed", "7", "--component"])
+        .arg("chaos")
+        .args(args)
+        .arg("--component")
         .arg(component("examples/orders-join"))
         .arg("--noisy-component")
         .arg(component("tests/guests/noisy"))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{stdout}");
     assert!(
         out.status.success(),
@@ -22,11 +25,17 @@ fn a_short_crash_campaign_finds_no_violation() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("trials: 30 (15 of the noisy circuit)"),
+        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
         "{stdout}"
     );
+    stdout
+}
+
+#[test]
+fn a_short_crash_campaign_finds_no_violation() {
+    let stdout = campaign(&["--trials", "30", "--seed", "7"]);
     assert!(
-        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
+        stdout.contains("trials: 30 (15 of the noisy circuit)"),
         "{stdout}"
     );
     // The campaign really crashed the pipeline at named points.
@@ -42,32 +51,7 @@ fn a_short_crash_campaign_finds_no_violation() {
 
 #[test]
 fn three_workers_survive_a_crash_campaign_too() {
-    let out = sluice_cmd()
-        .args([
-            "chaos",
-            "--trials",
-            "10",
-            "--seed",
-            "31",
-            "--workers",
-            "3",
-            "--component",
-        ])
-        .arg(component("examples/orders-join"))
-        .arg("--noisy-component")
-        .arg(component("tests/guests/noisy"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
-        "{stdout}"
-    );
+    campaign(&["--trials", "10", "--seed", "31", "--workers", "3"]);
 }
 
 /// Layout changes in the campaign (issue #12): every run picks its W
@@ -76,32 +60,7 @@ fn three_workers_survive_a_crash_campaign_too() {
 /// the new layout's first step too.
 #[test]
 fn rescales_between_and_during_runs_survive_a_crash_campaign() {
-    let out = sluice_cmd()
-        .args([
-            "chaos",
-            "--trials",
-            "24",
-            "--seed",
-            "12012",
-            "--rescale",
-            "--component",
-        ])
-        .arg(component("examples/orders-join"))
-        .arg("--noisy-component")
-        .arg(component("tests/guests/noisy"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
-        "{stdout}"
-    );
+    let stdout = campaign(&["--trials", "24", "--seed", "12012", "--rescale"]);
     let rescales: u32 = stdout
         .split("rescales: ")
         .nth(1)

@@ -34,8 +34,16 @@ fn append(path: &Path, lines: &[String]) {
     }
 }
 
-/// `sluice run` with `workers` (and `crash_at` armed, if any).
-fn run(data: &Path, input: &Path, output: &Path, workers: u32, crash_at: Option<&str>) -> Output {
+/// `sluice run` with `workers` (and `crash_at` armed, if any), plus
+/// `extra` arguments.
+fn run_with(
+    data: &Path,
+    input: &Path,
+    output: &Path,
+    workers: u32,
+    crash_at: Option<&str>,
+    extra: &[&str],
+) -> Output {
     let mut cmd = sluice_cmd();
     cmd.arg("run")
         .arg(component("examples/wordcount"))
@@ -49,6 +57,7 @@ fn run(data: &Path, input: &Path, output: &Path, workers: u32, crash_at: Option<
             "--quiet",
         ])
         .args(["--checkpoint-every", "3"])
+        .args(extra)
         .arg(format!("--input=lines={}", input.display()))
         .arg(format!("--output=counts={}", output.display()));
     match crash_at {
@@ -56,6 +65,11 @@ fn run(data: &Path, input: &Path, output: &Path, workers: u32, crash_at: Option<
         None => cmd.env_remove("SLUICE_CRASH_AT"),
     };
     cmd.output().unwrap()
+}
+
+/// `sluice run` with `workers` (and `crash_at` armed, if any).
+fn run(data: &Path, input: &Path, output: &Path, workers: u32, crash_at: Option<&str>) -> Output {
+    run_with(data, input, output, workers, crash_at, &[])
 }
 
 fn counts(output: &Path) -> BTreeMap<String, i64> {
@@ -133,27 +147,6 @@ fn await_settled(client: &Client, pipeline: &str, workers: u32) -> serde_json::V
     }
 }
 
-/// The integrated output of a server pipeline's `counts` port.
-fn server_counts(client: &Client, pipeline: &str) -> BTreeMap<String, i64> {
-    let mut text = String::new();
-    let mut after: Option<String> = None;
-    loop {
-        let got = client
-            .read(pipeline, "counts", after.as_deref(), 0)
-            .unwrap();
-        let Some(last) = got.last() else { break };
-        let v: serde_json::Value = serde_json::from_str(last).unwrap();
-        after = v["position"].as_str().map(str::to_owned);
-        for l in &got {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("position");
-            text.push_str(&v.to_string());
-            text.push('\n');
-        }
-    }
-    sluice_tools::demo::integrate_counts(&text).unwrap()
-}
-
 /// A running server pipeline goes 2 → 3 → 1 → 4 while input flows in, is
 /// SIGKILLed in the middle of a change, comes back at the W its tenant
 /// asked for, and its output equals a recount.
@@ -204,7 +197,7 @@ fn a_server_pipeline_rescales_while_input_flows_and_survives_a_kill() {
         all.extend(batches.into_iter().flatten());
         await_settled(&tenant, "wc", workers);
         assert_eq!(
-            server_counts(&tenant, "wc"),
+            crate::support::server::integrated_counts(&tenant, "wc"),
             recount(all.iter().map(|l| (l.as_str(), 1)))
         );
     }
@@ -249,7 +242,7 @@ fn a_server_pipeline_rescales_while_input_flows_and_survives_a_kill() {
     all.extend(last);
     await_settled(&client, "wc", 4);
     assert_eq!(
-        server_counts(&client, "wc"),
+        crate::support::server::integrated_counts(&client, "wc"),
         recount(all.iter().map(|l| (l.as_str(), 1)))
     );
 }
@@ -269,35 +262,16 @@ fn a_kafka_pipeline_rescales_exactly_once() {
         dir.path().join("in.jsonl"),
         dir.path().join("out.jsonl"),
     );
+    let kafka = [
+        "--log",
+        "kafka",
+        "--brokers",
+        &brokers,
+        "--pipeline",
+        &pipeline,
+    ];
     let run = |workers: u32, crash_at: Option<&str>| {
-        let mut cmd = sluice_cmd();
-        cmd.arg("run")
-            .arg(component("examples/wordcount"))
-            .arg("--data")
-            .arg(&data)
-            .args([
-                "--workers",
-                &workers.to_string(),
-                "--max-batch",
-                "50",
-                "--quiet",
-            ])
-            .args(["--checkpoint-every", "3"])
-            .args([
-                "--log",
-                "kafka",
-                "--brokers",
-                &brokers,
-                "--pipeline",
-                &pipeline,
-            ])
-            .arg(format!("--input=lines={}", input.display()))
-            .arg(format!("--output=counts={}", output.display()));
-        match crash_at {
-            Some(point) => cmd.env("SLUICE_CRASH_AT", point),
-            None => cmd.env_remove("SLUICE_CRASH_AT"),
-        };
-        cmd.output().unwrap()
+        run_with(&data, &input, &output, workers, crash_at, &kafka)
     };
     let mut all = Vec::new();
     for (round, (workers, crash)) in [(2, None), (3, Some("mid-handoff:1")), (1, None)]

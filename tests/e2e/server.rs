@@ -24,23 +24,7 @@ fn lines_file(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
 
 /// Integrates a pipeline's whole output into word counts.
 fn counts(client: &Client, pipeline: &str) -> BTreeMap<String, i64> {
-    let mut text = String::new();
-    let mut after: Option<String> = None;
-    loop {
-        let lines = client
-            .read(pipeline, "counts", after.as_deref(), 0)
-            .unwrap();
-        let Some(last) = lines.last() else { break };
-        let v: serde_json::Value = serde_json::from_str(last).unwrap();
-        after = v["position"].as_str().map(str::to_owned);
-        for l in &lines {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("position");
-            text.push_str(&v.to_string());
-            text.push('\n');
-        }
-    }
-    sluice_tools::demo::integrate_counts(&text).unwrap()
+    crate::support::server::integrated_counts(client, pipeline)
 }
 
 /// Waits until the pipeline's integrated output equals `expected`.

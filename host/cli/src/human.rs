@@ -116,18 +116,40 @@ pub fn pipelines(list: &Value) -> String {
     t.to_string()
 }
 
+/// A JSON array of strings, joined with commas.
+fn list(v: &Value) -> String {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+/// The first 12 hex digits of a hash.
+fn short_hash(v: &Value) -> &str {
+    let hash = v.as_str().unwrap_or("?");
+    &hash[..12.min(hash.len())]
+}
+
+/// A pipeline just created (`POST /pipelines`).
+pub fn deployed(p: &Value) -> String {
+    format!(
+        "deployed {}: component {} ({}…), {} workers, inputs [{}], outputs [{}]; it is {}",
+        p["name"].as_str().unwrap_or("?"),
+        p["component"].as_str().unwrap_or("?"),
+        short_hash(&p["component_hash"]),
+        p["workers"],
+        list(&p["inputs"]),
+        list(&p["outputs"]),
+        p["state"].as_str().unwrap_or("?"),
+    )
+}
+
 /// One pipeline (`GET /pipelines/{name}`).
 pub fn pipeline(p: &Value) -> String {
-    let list = |v: &Value| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    };
     let rows = [
         ("pipeline", p["name"].as_str().unwrap_or("?").to_owned()),
         ("state", p["state"].as_str().unwrap_or("?").to_owned()),
@@ -136,8 +158,7 @@ pub fn pipeline(p: &Value) -> String {
             format!(
                 "{} ({})",
                 p["component"].as_str().unwrap_or("?"),
-                &p["component_hash"].as_str().unwrap_or("?")
-                    [..12.min(p["component_hash"].as_str().map_or(0, str::len))]
+                short_hash(&p["component_hash"])
             ),
         ),
         ("workers", p["workers"].to_string()),

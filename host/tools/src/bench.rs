@@ -576,6 +576,22 @@ pub fn wordcount_ports() -> CircuitPorts {
     }
 }
 
+/// Lines of 20 words each, `words` distinct words in all.
+fn distinct_words(words: usize) -> Vec<Event> {
+    let per_line = 20;
+    (0..words.div_ceil(per_line))
+        .map(|l| {
+            let line: Vec<String> = (0..per_line)
+                .map(|i| format!("word{}", l * per_line + i))
+                .collect();
+            Event {
+                value: serde_json::to_vec(&line.join(" ")).expect("string"),
+                weight: 1,
+            }
+        })
+        .collect()
+}
+
 /// A word-count pipeline holding about `words` distinct words (W=2), run
 /// to the end without checkpoints; returns the average step time and the
 /// still-open coordinator.
@@ -586,19 +602,7 @@ async fn stateful_pipeline(
     dir: &Path,
 ) -> anyhow::Result<(Duration, Coordinator)> {
     let pipeline = wordcount_pipeline(engine, component, dir, true, 2_000).await?;
-    let per_line = 20;
-    let lines: Vec<Event> = (0..words.div_ceil(per_line))
-        .map(|l| {
-            let line: Vec<String> = (0..per_line)
-                .map(|i| format!("word{}", l * per_line + i))
-                .collect();
-            Event {
-                value: serde_json::to_vec(&line.join(" ")).expect("string"),
-                weight: 1,
-            }
-        })
-        .collect();
-    let (c, took) = fill_and_run(&pipeline, lines).await?;
+    let (c, took) = fill_and_run(&pipeline, distinct_words(words)).await?;
     let per_step = took / c.next_step().max(1) as u32;
     Ok((per_step, c))
 }
@@ -707,18 +711,7 @@ async fn rescale_cost(
             ..PipelineConfig::new(dir.path(), from)
         };
         let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
-        let per_line = 20;
-        let lines: Vec<Event> = (0..words.div_ceil(per_line))
-            .map(|l| {
-                let line: Vec<String> = (0..per_line)
-                    .map(|i| format!("word{}", l * per_line + i))
-                    .collect();
-                Event {
-                    value: serde_json::to_vec(&line.join(" ")).expect("string"),
-                    weight: 1,
-                }
-            })
-            .collect();
+        let lines = distinct_words(words);
         let log = pipeline.storage().log.clone();
         for (p, chunk) in lines.chunks(lines.len().div_ceil(16).max(1)).enumerate() {
             log.append(AppendBatch {

@@ -284,3 +284,28 @@ pub fn code(body: &str) -> String {
         .unwrap_or_else(|| panic!("no error.code in {body}"))
         .to_owned()
 }
+
+/// The integrated output of a server pipeline's `counts` port (word count):
+/// word → count, read through the API from the start.
+pub fn integrated_counts(
+    client: &Client,
+    pipeline: &str,
+) -> std::collections::BTreeMap<String, i64> {
+    let mut text = String::new();
+    let mut after: Option<String> = None;
+    loop {
+        let lines = client
+            .read(pipeline, "counts", after.as_deref(), 0)
+            .unwrap();
+        let Some(last) = lines.last() else { break };
+        let v: serde_json::Value = serde_json::from_str(last).unwrap();
+        after = v["position"].as_str().map(str::to_owned);
+        for l in &lines {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("position");
+            text.push_str(&v.to_string());
+            text.push('\n');
+        }
+    }
+    sluice_tools::demo::integrate_counts(&text).unwrap()
+}

@@ -69,33 +69,7 @@ pub async fn deploy(
     let c = conn.client();
     let name = name.unwrap_or_else(|| pipeline.clone());
     let out = call(move || c.deploy(&component, &name, &pipeline, workers, true)).await?;
-    show(&conn, &out, |p| {
-        format!(
-            "deployed {}: component {} ({}…), {} workers, inputs [{}], outputs [{}]; it is {}",
-            p["name"].as_str().unwrap_or("?"),
-            p["component"].as_str().unwrap_or("?"),
-            &p["component_hash"].as_str().unwrap_or("?")
-                [..12.min(p["component_hash"].as_str().map_or(0, str::len))],
-            p["workers"],
-            p["inputs"]
-                .as_array()
-                .map(|a| a
-                    .iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_default(),
-            p["outputs"]
-                .as_array()
-                .map(|a| a
-                    .iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_default(),
-            p["state"].as_str().unwrap_or("?"),
-        )
-    });
+    show(&conn, &out, crate::human::deployed);
     Ok(())
 }
 
