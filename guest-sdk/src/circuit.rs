@@ -52,14 +52,29 @@ pub(crate) trait Operator {
     fn snapshot(&self, _only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
         Ok(BTreeMap::new())
     }
-    /// Adds a piece written by [`snapshot`](Self::snapshot) — or a whole
+    /// Whether the operator reads state recorded under `name` in a
+    /// snapshot (its own name, or an earlier one whose format it still
+    /// reads).
+    fn reads(&self, name: &str) -> bool {
+        name == self.name()
+    }
+    /// Adds a piece of `shard`, recorded under `name`, written by
+    /// [`snapshot`](Self::snapshot) — or, for shard [`WHOLE`], a whole
     /// state of the format before shards, which is encoded alike — to the
     /// operator's state.
-    fn restore(&mut self, _piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, _piece: &[u8]) -> Result<()> {
         Ok(())
     }
     /// Forgets the state of `shards` (handed off to another worker).
     fn forget(&mut self, _shards: &Shards) {}
+    /// The shards whose state changed since the last [`clean`](Self::clean)
+    /// (or since the operator was built or restored). An operator that
+    /// does not track changes says every shard: it is always written whole.
+    fn dirty(&self) -> Shards {
+        Shards::all()
+    }
+    /// Marks the state unchanged (a snapshot of it was taken).
+    fn clean(&mut self) {}
 }
 
 struct Node {
@@ -316,9 +331,48 @@ impl CircuitInstance {
 
     /// The instance's state as pieces, one per shard holding any, each
     /// with the circuit's shape and snapshot version so that `restore` can
-    /// refuse a mismatch.
-    pub fn snapshot(&self) -> Result<Pieces> {
-        self.pieces(None)
+    /// refuse a mismatch. Every shard is unchanged afterwards.
+    pub fn snapshot(&mut self) -> Result<Pieces> {
+        let pieces = self.pieces(None)?;
+        self.clean();
+        Ok(pieces)
+    }
+
+    /// The shards that changed since the last snapshot (or restore) and
+    /// their pieces — a changed shard without a piece holds nothing now —
+    /// for an incremental checkpoint: with the pieces of the previous
+    /// checkpoint for the other shards, they make the whole state.
+    pub fn snapshot_changed(&mut self) -> Result<(Vec<u32>, Pieces)> {
+        let mut changed = Shards::none();
+        for node in &self.graph.nodes {
+            if node.op.stateful() {
+                changed.union(&node.op.dirty());
+            }
+        }
+        let pieces = self.pieces(Some(&changed))?;
+        self.clean();
+        Ok((changed.iter().collect(), pieces))
+    }
+
+    /// Marks every operator's state unchanged.
+    fn clean(&mut self) {
+        for node in &mut self.graph.nodes {
+            if node.op.stateful() {
+                node.op.clean();
+            }
+        }
+    }
+
+    /// An envelope holding `states` (operator node, name, state).
+    fn envelope(&self, states: Vec<(u32, &'static str, Vec<u8>)>) -> Result<Vec<u8>> {
+        codec::to_bytes(&Envelope {
+            format: ENVELOPE_FORMAT,
+            snapshot_version: self.graph.snapshot_version,
+            operators: states
+                .iter()
+                .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
+                .collect(),
+        })
     }
 
     /// The pieces of `only` (all shards when `None`).
@@ -338,17 +392,7 @@ impl CircuitInstance {
         }
         by_shard
             .into_iter()
-            .map(|(shard, states)| {
-                let piece = codec::to_bytes(&Envelope {
-                    format: ENVELOPE_FORMAT,
-                    snapshot_version: self.graph.snapshot_version,
-                    operators: states
-                        .iter()
-                        .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
-                        .collect(),
-                })?;
-                Ok((shard, piece))
-            })
+            .map(|(shard, states)| Ok((shard, self.envelope(states)?)))
             .collect()
     }
 
@@ -415,14 +459,14 @@ impl CircuitInstance {
                 .nodes
                 .get_mut(*index as usize)
                 .map(|n| &mut n.op)
-                .filter(|op| op.stateful() && op.name() == *name)
+                .filter(|op| op.stateful() && op.reads(name))
                 .ok_or_else(|| {
                     Error::IncompatibleSnapshot(format!(
                         "operator {index} `{name}` in the snapshot is not a stateful operator \
                          of that name in the circuit"
                     ))
                 })?;
-            op.restore(bytes)?;
+            op.restore(name, shard, bytes)?;
         }
         Ok(())
     }

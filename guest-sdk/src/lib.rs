@@ -36,6 +36,7 @@ mod error;
 pub mod exchange;
 pub mod operator;
 pub mod state;
+mod table;
 #[doc(hidden)]
 pub mod sys;
 pub mod testing;
@@ -91,11 +92,11 @@ macro_rules! circuit {
                 > {
                     $crate::sys::step(inputs)
                 }
-                fn snapshot() -> ::core::result::Result<
-                    ::std::vec::Vec<$crate::sys::ShardState>,
-                    $crate::sys::CircuitError,
-                > {
-                    $crate::sys::snapshot()
+                fn snapshot(
+                    changed_only: bool,
+                ) -> ::core::result::Result<$crate::sys::StateSnapshot, $crate::sys::CircuitError>
+                {
+                    $crate::sys::snapshot(changed_only)
                 }
                 fn restore(
                     pieces: ::std::vec::Vec<$crate::sys::ShardState>,

@@ -50,6 +50,18 @@ impl Shards {
     pub fn contains(&self, shard: u32) -> bool {
         shard < SHARDS && self.0[(shard / 64) as usize] & (1 << (shard % 64)) != 0
     }
+
+    /// Adds every shard of `other`.
+    pub fn union(&mut self, other: &Shards) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a |= b;
+        }
+    }
+
+    /// The shards in the set, in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..SHARDS).filter(|s| self.contains(*s))
+    }
 }
 
 impl FromIterator<u32> for Shards {
@@ -62,9 +74,57 @@ impl FromIterator<u32> for Shards {
     }
 }
 
-/// The shard of a key (or element): [`shard_of`] its encoding.
-pub fn shard_of_key<K: Serialize>(key: &K) -> Result<u32> {
-    Ok(shard_of(&codec::to_bytes(key)?))
+/// Collects a value's postcard encoding on the stack when it is short (a
+/// typical key), on the heap past 64 bytes: computing a shard does not
+/// allocate for most keys.
+struct KeyBytes {
+    inline: [u8; 64],
+    len: usize,
+    spill: Vec<u8>,
+}
+
+impl postcard::ser_flavors::Flavor for KeyBytes {
+    type Output = KeyBytes;
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if self.spill.is_empty() && self.len + data.len() <= self.inline.len() {
+            self.inline[self.len..self.len + data.len()].copy_from_slice(data);
+            self.len += data.len();
+        } else {
+            if self.spill.is_empty() {
+                self.spill.extend_from_slice(&self.inline[..self.len]);
+            }
+            self.spill.extend_from_slice(data);
+        }
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.try_extend(&[data])
+    }
+
+    fn finalize(self) -> postcard::Result<KeyBytes> {
+        Ok(self)
+    }
+}
+
+/// The shard of a key (or element): [`shard_of`] its encoding, the bytes
+/// the exchange routes it by.
+pub fn shard_of_key<K: Serialize + ?Sized>(key: &K) -> Result<u32> {
+    let bytes = postcard::serialize_with_flavor(
+        key,
+        KeyBytes {
+            inline: [0; 64],
+            len: 0,
+            spill: Vec::new(),
+        },
+    )
+    .map_err(|e| crate::Error::Failed(format!("encoding a key: {e}")))?;
+    Ok(if bytes.spill.is_empty() {
+        shard_of(&bytes.inline[..bytes.len])
+    } else {
+        shard_of(&bytes.spill)
+    })
 }
 
 /// Splits entries by the shard of their key, keeping the shards in `only`

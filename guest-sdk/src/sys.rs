@@ -40,7 +40,7 @@ const _: [&str; 4] = [
 #[doc(hidden)]
 pub use bindings::exports::sluice::circuit::circuit::Guest;
 #[doc(hidden)]
-pub use wit::{Batch, CircuitError, CircuitInfo, ShardState, WorkerInfo};
+pub use wit::{Batch, CircuitError, CircuitInfo, ShardState, StateSnapshot, WorkerInfo};
 
 thread_local! {
     /// The instance's circuit: built by `init`, used by every later call.
@@ -132,10 +132,24 @@ fn to_wit_pieces(pieces: crate::Pieces) -> Vec<ShardState> {
         .collect()
 }
 
-/// `snapshot` export.
+/// `snapshot` export: incremental when asked (the SDK's keyed operators
+/// track their changed shards; the others count as changed everywhere).
 #[doc(hidden)]
-pub fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
-    with_instance(|c| c.snapshot().map(to_wit_pieces))
+pub fn snapshot(changed_only: bool) -> Result<StateSnapshot, CircuitError> {
+    with_instance(|c| {
+        if changed_only {
+            let (changed, pieces) = c.snapshot_changed()?;
+            Ok(StateSnapshot {
+                pieces: to_wit_pieces(pieces),
+                changed: Some(changed),
+            })
+        } else {
+            Ok(StateSnapshot {
+                pieces: to_wit_pieces(c.snapshot()?),
+                changed: None,
+            })
+        }
+    })
 }
 
 /// `restore` export.

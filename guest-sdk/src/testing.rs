@@ -229,6 +229,41 @@ pub fn run_rescaled(
     Ok(merged)
 }
 
+/// One worker's checkpoint as pieces by shard, updated by incremental
+/// snapshots: what the host composes from a base checkpoint and the
+/// changed shards.
+struct Checkpoint(BTreeMap<u32, Vec<Vec<u8>>>);
+
+impl Checkpoint {
+    fn from(pieces: Pieces) -> Self {
+        let mut by_shard: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
+        for (shard, piece) in pieces {
+            by_shard.entry(shard).or_default().push(piece);
+        }
+        Checkpoint(by_shard)
+    }
+
+    /// Replaces the pieces of the shards that changed since the last
+    /// snapshot.
+    fn update(&mut self, circuit: &mut CircuitInstance) -> Result<()> {
+        let (changed, pieces) = circuit.snapshot_changed()?;
+        for shard in changed {
+            self.0.remove(&shard);
+        }
+        for (shard, piece) in pieces {
+            self.0.entry(shard).or_default().push(piece);
+        }
+        Ok(())
+    }
+
+    fn pieces(self) -> Pieces {
+        self.0
+            .into_iter()
+            .flat_map(|(shard, pieces)| pieces.into_iter().map(move |p| (shard, p)))
+            .collect()
+    }
+}
+
 /// Runs `steps` with the phase's workers and layout, each worker restored
 /// from its pieces first; returns the outputs per step and each worker's
 /// pieces at the end.
@@ -261,15 +296,23 @@ fn run_phase(
                     let mut exchange = ThreadExchange { shared, me };
                     let mut circuit = CircuitInstance::build(build)?;
                     circuit.restore(&pieces)?;
+                    // The worker's checkpoint, kept up to date by
+                    // incremental snapshots (as the host keeps it): the
+                    // pieces it handed over are what it started from.
+                    let mut checkpoint = Checkpoint::from(pieces);
                     let mut outputs = Vec::with_capacity(steps.len());
-                    for step in steps {
+                    for (i, step) in steps.iter().enumerate() {
                         let mine: Vec<Vec<RawEvent>> = step
                             .iter()
                             .map(|port| port.iter().skip(me).step_by(workers).cloned().collect())
                             .collect();
                         outputs.push(circuit.step(mine, &mut exchange)?);
+                        if i % 2 == 1 {
+                            checkpoint.update(&mut circuit)?;
+                        }
                     }
-                    Ok((outputs, circuit.snapshot()?))
+                    checkpoint.update(&mut circuit)?;
+                    Ok((outputs, checkpoint.pieces()))
                 })
             })
             .collect();

@@ -10,9 +10,10 @@
 
 use crate::circuit::{Data, Operator, StepContext, input};
 use crate::codec;
-use crate::error::Result;
-use crate::exchange::shuffle_keyed;
-use crate::state::{self, Shards};
+use crate::error::{Error, Result};
+use crate::exchange::RawEvent;
+use crate::state::Shards;
+use crate::table::{KeyedTable, Slot, encode_key};
 use crate::types::OrdF64;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
@@ -67,8 +68,45 @@ struct GroupSum<T, K, S, O, KF, VF, EF> {
     key: KF,
     value: VF,
     emit: EF,
-    state: BTreeMap<K, Acc<S>>,
-    _type: PhantomData<fn(T) -> O>,
+    /// Accumulators by key encoding (see [`crate::table`]).
+    state: KeyedTable<Acc<S>>,
+    /// The step's combined changes before they cross the exchange (with
+    /// more than one worker), kept to reuse its memory.
+    local: KeyedTable<Acc<S>>,
+    /// A key's encoding, reused.
+    buf: Vec<u8>,
+    _type: PhantomData<fn(T) -> (K, O)>,
+}
+
+/// The operator's name in snapshots written before keyed tables: a piece
+/// holding the sorted `(key, accumulator)` pairs of a shard.
+const LEGACY_NAME: &str = "group_sum";
+
+impl<T, K, S, O, KF, VF, EF> GroupSum<T, K, S, O, KF, VF, EF>
+where
+    T: Data,
+    K: Data,
+    S: Sum,
+    O: Data,
+    KF: Fn(&T) -> K + 'static,
+    VF: Fn(&T) -> S + 'static,
+    EF: Fn(&Acc<S>) -> O + 'static,
+{
+    /// Adds `delta` to the state of `key`, remembering the key's first
+    /// touch in this step and its accumulator before it.
+    fn apply(
+        state: &mut KeyedTable<Acc<S>>,
+        touched: &mut Vec<(Slot, Acc<S>)>,
+        key: &[u8],
+        delta: &Acc<S>,
+    ) -> Result<()> {
+        let (slot, first, acc) = state.touch(key)?;
+        if first {
+            touched.push((slot, acc.clone()));
+        }
+        acc.merge(delta);
+        Ok(())
+    }
 }
 
 impl<T, K, S, O, KF, VF, EF> Operator for GroupSum<T, K, S, O, KF, VF, EF>
@@ -82,48 +120,82 @@ where
     EF: Fn(&Acc<S>) -> O + 'static,
 {
     fn name(&self) -> &'static str {
-        "group_sum"
+        "keyed_sum"
+    }
+
+    fn reads(&self, name: &str) -> bool {
+        name == self.name() || name == LEGACY_NAME
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        // Combine this worker's share per key before it crosses the exchange.
-        let mut local: BTreeMap<K, Acc<S>> = BTreeMap::new();
-        for (record, weight) in input::<T>(inputs, 0) {
-            let acc = local.entry((self.key)(record)).or_default();
-            acc.count += weight;
-            acc.sum.add_weighted(&(self.value)(record), *weight);
+        self.state.begin_step();
+        let mut touched: Vec<(Slot, Acc<S>)> = Vec::new();
+        let records = input::<T>(inputs, 0);
+        if cx.exchange.workers() == 1 {
+            // Nothing moves: apply each record where it is.
+            for (record, weight) in records {
+                encode_key(&(self.key)(record), &mut self.buf)?;
+                let mut delta = Acc {
+                    count: *weight,
+                    sum: S::default(),
+                };
+                delta.sum.add_weighted(&(self.value)(record), *weight);
+                Self::apply(&mut self.state, &mut touched, &self.buf, &delta)?;
+            }
+        } else {
+            // Combine this worker's share per key before it crosses the
+            // exchange; the key's encoding is what the exchange routes by.
+            self.local.clear();
+            for (record, weight) in records {
+                encode_key(&(self.key)(record), &mut self.buf)?;
+                let acc = self.local.touch(&self.buf)?.2;
+                acc.count += weight;
+                acc.sum.add_weighted(&(self.value)(record), *weight);
+            }
+            let mut send = Vec::new();
+            for (key, acc) in self.local.iter() {
+                if !acc.is_empty() {
+                    send.push(RawEvent {
+                        key: key.to_vec(),
+                        value: codec::to_bytes(acc)?,
+                        weight: 1,
+                    });
+                }
+            }
+            for e in cx.exchange.shuffle(self.channel, send)? {
+                let delta: Acc<S> = codec::from_bytes(&e.value).map_err(|m| {
+                    Error::Failed(format!("exchange: undecodable accumulator: {m}"))
+                })?;
+                Self::apply(&mut self.state, &mut touched, &e.key, &delta)?;
+            }
         }
-        let live = local
-            .into_iter()
-            .filter(|(_, a)| !a.is_empty())
-            .map(|kv| (kv, 1));
-        let received = shuffle_keyed(cx.exchange, self.channel, live)?;
 
-        // Apply the changes this worker owns, remembering each key's old result.
-        let mut touched: BTreeMap<K, Option<O>> = BTreeMap::new();
-        for ((key, delta), _) in received {
-            let acc = self.state.entry(key.clone()).or_default();
-            touched
-                .entry(key)
-                .or_insert_with(|| acc.live().then(|| (self.emit)(acc)));
-            acc.merge(&delta);
-        }
+        // Emit, for every key whose result changed, the old and new result.
         let mut out: ZSet<(K, O)> = Vec::new();
-        for (key, old) in touched {
-            let acc = self.state.get(&key).cloned().unwrap_or_default();
-            let new = acc.live().then(|| (self.emit)(&acc));
+        let mut emptied = Vec::new();
+        for (slot, old) in touched {
+            let (key, acc) = self.state.get(slot);
+            let old = old.live().then(|| (self.emit)(&old));
+            let new = acc.live().then(|| (self.emit)(acc));
             if acc.is_empty() {
-                self.state.remove(&key);
+                emptied.push(slot);
             }
             if old != new {
-                if let Some(old) = old {
-                    out.push(((key.clone(), old), -1));
-                }
-                if let Some(new) = new {
-                    out.push(((key, new), 1));
+                let key: K = codec::from_bytes(key)
+                    .map_err(|m| Error::Failed(format!("{}: undecodable key: {m}", self.name())))?;
+                match (old, new) {
+                    (Some(old), Some(new)) => {
+                        out.push(((key.clone(), old), -1));
+                        out.push(((key, new), 1));
+                    }
+                    (Some(old), None) => out.push(((key, old), -1)),
+                    (None, Some(new)) => out.push(((key, new), 1)),
+                    (None, None) => {}
                 }
             }
         }
+        emptied.sort_unstable();
+        self.state.remove_sorted(&emptied);
         Ok(Box::new(out))
     }
 
@@ -132,27 +204,34 @@ where
     }
 
     fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
-        state::split(&self.state, only)
+        Ok(self.state.snapshot(only)?.into_iter().collect())
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
-        if self.state.is_empty() {
-            self.state = codec::from_state_map(self.name(), piece)?;
+    fn restore(&mut self, name: &str, shard: u32, piece: &[u8]) -> Result<()> {
+        let merge = |mine: &mut Acc<S>, other: &Acc<S>| mine.merge(other);
+        if name == LEGACY_NAME {
+            let entries: Vec<(K, Acc<S>)> = codec::from_state(name, piece)?;
+            for (key, acc) in entries {
+                encode_key(&key, &mut self.buf)?;
+                self.state
+                    .restore_entry(&self.buf, &acc, merge, Acc::is_empty)?;
+            }
             return Ok(());
         }
-        let entries: Vec<(K, Acc<S>)> = codec::from_state(self.name(), piece)?;
-        for (key, acc) in entries {
-            let mine = self.state.entry(key.clone()).or_default();
-            mine.merge(&acc);
-            if mine.is_empty() {
-                self.state.remove(&key);
-            }
-        }
-        Ok(())
+        self.state
+            .restore(self.name(), shard, piece, merge, Acc::is_empty)
     }
 
     fn forget(&mut self, shards: &Shards) {
-        state::forget(&mut self.state, shards);
+        self.state.forget(shards);
+    }
+
+    fn dirty(&self) -> Shards {
+        self.state.dirty().clone()
+    }
+
+    fn clean(&mut self) {
+        self.state.clean();
     }
 }
 
@@ -226,7 +305,9 @@ impl<T: Data> Stream<T> {
             key,
             value,
             emit,
-            state: BTreeMap::new(),
+            state: KeyedTable::new(),
+            local: KeyedTable::new(),
+            buf: Vec::new(),
             _type: PhantomData,
         })
     }

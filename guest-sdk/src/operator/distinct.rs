@@ -52,7 +52,7 @@ impl<T: Data> Operator for Distinct<T> {
         state::split(&self.weights, only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         if self.weights.is_empty() {
             self.weights = codec::from_state_map("distinct", piece)?;
             return Ok(());

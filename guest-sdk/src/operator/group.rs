@@ -126,7 +126,7 @@ where
         state::split(&self.groups, only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         restore_groups(&mut self.groups, self.name, piece)
     }
 

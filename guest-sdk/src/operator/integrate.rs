@@ -32,7 +32,7 @@ impl<T: Data> Operator for Integrate<T> {
         state::split(&self.sum, only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         if self.sum.is_empty() {
             self.sum = codec::from_state_map("integrate", piece)?;
             return Ok(());
@@ -74,7 +74,7 @@ impl<T: Data> Operator for Differentiate<T> {
         state::split(self.previous.iter().map(|(t, w)| (t, w)), only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         let entries: ZSet<T> = codec::from_state("differentiate", piece)?;
         self.previous.extend(entries);
         consolidate(&mut self.previous);

@@ -122,7 +122,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         self.sides.snapshot(only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         self.sides.restore("join", piece)
     }
 
@@ -206,7 +206,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
         self.sides.snapshot(only)
     }
 
-    fn restore(&mut self, piece: &[u8]) -> Result<()> {
+    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
         self.sides.restore("left_join", piece)
     }
 

@@ -334,6 +334,10 @@ pub struct RunArgs {
     /// …or every this many milliseconds, whichever comes first.
     #[arg(long, default_value_t = 10_000)]
     pub checkpoint_interval_ms: u64,
+    /// Write every checkpoint whole, instead of only the shards changed
+    /// since the previous one.
+    #[arg(long)]
+    pub full_checkpoints: bool,
     /// Memory limit per instance, in MiB.
     #[arg(long, default_value_t = 1024)]
     pub memory_mib: usize,

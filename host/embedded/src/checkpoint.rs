@@ -5,16 +5,23 @@ use crate::db::{self, CF_CHECKPOINTS, rocks};
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 use sluice_storage::checkpoint::KEPT;
 use sluice_storage::{
-    Checkpoint, CheckpointMeta, CheckpointStore, Result, StatePiece, StorageError,
+    Carried, Checkpoint, CheckpointMeta, CheckpointStore, Result, StatePiece, StorageError,
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Checkpoints in the pipeline's RocksDB database.
 ///
 /// Keys: `m[step u64]` → postcard [`CheckpointMeta`] (its presence is the
-/// commit mark: it is written in the same batch as the pieces) and
-/// `s[step u64][shard u32][worker u32]` → a piece: the pieces of a shard lie
-/// together, so reading some shards reads only those.
+/// commit mark: it is written in the same batch as the pieces);
+/// `s[step u64][shard u32][worker u32]` → a piece written by checkpoint
+/// `step` (the pieces of a shard lie together, so reading some shards reads
+/// only those); for an incremental checkpoint, `r[step][shard][worker]` →
+/// the step (u64) whose `s` key holds a piece it carries; and `w[step]` →
+/// the `(shard, worker)` pairs of the `s` keys of `step` still stored (a
+/// list per step, so that collecting needs no scan of the pieces). A
+/// checkpoint of the format before incremental ones has `s` keys and no
+/// `w` key.
 pub struct RocksCheckpointStore {
     db: Arc<db::PipelineDb>,
     lock: std::sync::Mutex<()>,
@@ -25,8 +32,16 @@ fn meta_key(step: u64) -> Vec<u8> {
 }
 
 fn piece_key(step: u64, shard: u32, worker: u32) -> Vec<u8> {
+    keyed(b's', step, shard, worker)
+}
+
+fn ref_key(step: u64, shard: u32, worker: u32) -> Vec<u8> {
+    keyed(b'r', step, shard, worker)
+}
+
+fn keyed(prefix: u8, step: u64, shard: u32, worker: u32) -> Vec<u8> {
     [
-        b"s".as_slice(),
+        [prefix].as_slice(),
         &step.to_be_bytes(),
         &shard.to_be_bytes(),
         &worker.to_be_bytes(),
@@ -34,10 +49,19 @@ fn piece_key(step: u64, shard: u32, worker: u32) -> Vec<u8> {
     .concat()
 }
 
+fn written_key(step: u64) -> Vec<u8> {
+    [b"w".as_slice(), &step.to_be_bytes()].concat()
+}
+
 /// The first key of step `step`'s pieces (and one past the last of the
 /// step before).
 fn step_start(step: u64) -> Vec<u8> {
     [b"s".as_slice(), &step.to_be_bytes()].concat()
+}
+
+/// Like [`step_start`], for the references of incremental checkpoints.
+fn ref_start(step: u64) -> Vec<u8> {
+    [b"r".as_slice(), &step.to_be_bytes()].concat()
 }
 
 impl RocksCheckpointStore {
@@ -67,14 +91,75 @@ impl RocksCheckpointStore {
         Ok(out)
     }
 
-    /// The pieces of `step` with shards in `from..to`.
+    /// The pieces of `step` with shards in `from..to`: those it wrote and
+    /// those it carries from earlier checkpoints.
     fn range(&self, step: u64, from: u32, to: u64, out: &mut Vec<StatePiece>) -> Result<()> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
-        let start = piece_key(step, from, 0);
-        let end = match u32::try_from(to) {
-            Ok(to) => piece_key(step, to, 0),
-            Err(_) => step_start(step + 1),
-        };
+        let first = out.len();
+        for prefix in [b's', b'r'] {
+            let start = keyed(prefix, step, from, 0);
+            let end = match u32::try_from(to) {
+                Ok(to) => keyed(prefix, step, to, 0),
+                Err(_) => [[prefix].as_slice(), &(step + 1).to_be_bytes()].concat(),
+            };
+            for item in self
+                .db
+                .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+            {
+                let (k, v) = item.map_err(rocks("reading a checkpoint"))?;
+                if k.as_ref() >= end.as_slice() {
+                    break;
+                }
+                let corrupt = |message: &str| StorageError::Corrupt {
+                    what: format!("checkpoint of step {step}"),
+                    message: message.into(),
+                };
+                let (shard, worker) = match k.get(9..17) {
+                    Some(rest) if k.len() == 17 => (
+                        u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")),
+                        u32::from_be_bytes(rest[4..].try_into().expect("4 bytes")),
+                    ),
+                    _ => return Err(corrupt("malformed piece key")),
+                };
+                let state = if prefix == b's' {
+                    v.to_vec()
+                } else {
+                    let origin = u64::from_be_bytes(
+                        v.as_ref()
+                            .try_into()
+                            .map_err(|_| corrupt("malformed piece reference"))?,
+                    );
+                    self.db
+                        .get_cf(cf, piece_key(origin, shard, worker))
+                        .map_err(rocks("reading a checkpoint"))?
+                        .ok_or_else(|| {
+                            corrupt(&format!(
+                                "the piece of shard {shard} of worker {worker} it carries from \
+                                 checkpoint {origin} is missing"
+                            ))
+                        })?
+                };
+                out.push(StatePiece {
+                    shard,
+                    worker,
+                    state,
+                });
+            }
+        }
+        out[first..].sort_by_key(|p| (p.shard, p.worker));
+        Ok(())
+    }
+
+    /// Where each piece of checkpoint `step` lies: `(shard, worker)` →
+    /// the step whose `s` key holds it.
+    fn origins(&self, step: u64) -> Result<BTreeMap<(u32, u32), u64>> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        let mut out = BTreeMap::new();
+        if let Some(written) = self.written(step)? {
+            out.extend(written.into_iter().map(|k| (k, step)));
+        }
+        let start = ref_start(step);
+        let end = ref_start(step + 1);
         for item in self
             .db
             .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
@@ -83,30 +168,40 @@ impl RocksCheckpointStore {
             if k.as_ref() >= end.as_slice() {
                 break;
             }
-            let (shard, worker) = match k.get(9..17) {
-                Some(rest) if k.len() == 17 => (
+            let malformed = || StorageError::Corrupt {
+                what: format!("checkpoint of step {step}"),
+                message: "malformed piece reference".into(),
+            };
+            let rest = k.get(9..17).filter(|_| k.len() == 17).ok_or_else(malformed)?;
+            let origin = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| malformed())?);
+            out.insert(
+                (
                     u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")),
                     u32::from_be_bytes(rest[4..].try_into().expect("4 bytes")),
                 ),
-                _ => {
-                    return Err(StorageError::Corrupt {
-                        what: format!("checkpoint of step {step}"),
-                        message: "malformed piece key".into(),
-                    });
-                }
-            };
-            out.push(StatePiece {
-                shard,
-                worker,
-                state: v.to_vec(),
-            });
+                origin,
+            );
         }
-        Ok(())
+        Ok(out)
     }
-}
 
-impl CheckpointStore for RocksCheckpointStore {
-    fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
+    /// The `(shard, worker)` pairs of the `s` keys of `step` still stored;
+    /// `None` for a checkpoint of the format before incremental ones.
+    fn written(&self, step: u64) -> Result<Option<Vec<(u32, u32)>>> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        self.db
+            .get_cf(cf, written_key(step))
+            .map_err(rocks("reading a checkpoint"))?
+            .map(|v| {
+                postcard::from_bytes(&v).map_err(StorageError::corrupt("checkpoint piece list"))
+            })
+            .transpose()
+    }
+
+    /// Writes checkpoint `checkpoint` — its own pieces, and references to
+    /// the pieces `carried` names — then drops all but the [`KEPT`] newest
+    /// checkpoints and every stored piece none of those refers to.
+    fn write(&self, checkpoint: &Checkpoint, carried: Option<&Carried>) -> Result<()> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let step = checkpoint.meta.step;
         let workers = checkpoint.meta.layout.workers;
@@ -137,13 +232,49 @@ impl CheckpointStore for RocksCheckpointStore {
                 ),
             });
         }
+        // Where the carried pieces lie (resolved now: a reference always
+        // names the step that wrote the bytes, never another reference).
+        let mut refs: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+        if let Some(carried) = carried {
+            if carried.from == step || !metas.iter().any(|m| m.step == carried.from) {
+                return Err(StorageError::InvalidCheckpoint {
+                    step,
+                    message: format!(
+                        "it carries pieces of checkpoint {}, which is not an earlier committed \
+                         checkpoint",
+                        carried.from
+                    ),
+                });
+            }
+            let base = self.origins(carried.from)?;
+            for key in &carried.pieces {
+                let origin = base.get(key).ok_or_else(|| StorageError::InvalidCheckpoint {
+                    step,
+                    message: format!(
+                        "it carries the piece of shard {} of worker {} of checkpoint {}, \
+                         which has none",
+                        key.0, key.1, carried.from
+                    ),
+                })?;
+                refs.insert(*key, *origin);
+            }
+        }
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut wb = WriteBatch::default();
-        // Replace any earlier write of this step, then drop the oldest.
+        // Replace any earlier write of this step.
         wb.delete_range_cf(cf, step_start(step), step_start(step + 1));
+        wb.delete_range_cf(cf, ref_start(step), ref_start(step + 1));
+        let mut written = Vec::with_capacity(checkpoint.pieces.len());
         for p in &checkpoint.pieces {
             wb.put_cf(cf, piece_key(step, p.shard, p.worker), &p.state);
+            written.push((p.shard, p.worker));
         }
+        for ((shard, worker), origin) in &refs {
+            wb.put_cf(cf, ref_key(step, *shard, *worker), origin.to_be_bytes());
+        }
+        let list = postcard::to_allocvec(&written)
+            .map_err(StorageError::corrupt("checkpoint piece list"))?;
+        wb.put_cf(cf, written_key(step), list);
         let meta = postcard::to_allocvec(&checkpoint.meta)
             .map_err(StorageError::corrupt("checkpoint metadata"))?;
         wb.put_cf(cf, meta_key(step), meta);
@@ -155,12 +286,100 @@ impl CheckpointStore for RocksCheckpointStore {
         kept.push(step);
         if kept.len() > KEPT {
             let oldest_kept = kept[kept.len() - KEPT];
+            // Pieces the kept checkpoints still refer to, by the step that
+            // wrote them.
+            let mut referenced: BTreeMap<u64, std::collections::BTreeSet<(u32, u32)>> =
+                BTreeMap::new();
+            for s in &kept[kept.len() - KEPT..] {
+                let origins = if *s == step {
+                    refs.clone()
+                } else {
+                    self.origins(*s)?
+                };
+                for (key, origin) in origins {
+                    if origin < oldest_kept {
+                        referenced.entry(origin).or_default().insert(key);
+                    }
+                }
+            }
+            self.collect(&mut wb, oldest_kept, &referenced)?;
             wb.delete_range_cf(cf, meta_key(0), meta_key(oldest_kept));
-            wb.delete_range_cf(cf, step_start(0), step_start(oldest_kept));
+            wb.delete_range_cf(cf, ref_start(0), ref_start(oldest_kept));
         }
         self.db
             .write_opt(wb, &db::synced())
             .map_err(rocks(format!("committing checkpoint {step}")))
+    }
+
+    /// Adds to `wb` the deletion of every piece written before
+    /// `oldest_kept` that is not `referenced`.
+    fn collect(
+        &self,
+        wb: &mut WriteBatch,
+        oldest_kept: u64,
+        referenced: &BTreeMap<u64, std::collections::BTreeSet<(u32, u32)>>,
+    ) -> Result<()> {
+        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
+        // Steps below `oldest_kept` that still list stored pieces.
+        let mut lists = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(b"w", Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("listing checkpoint pieces"))?;
+            let Some(step) = k
+                .strip_prefix(b"w")
+                .and_then(|s| <[u8; 8]>::try_from(s).ok())
+                .map(u64::from_be_bytes)
+            else {
+                break;
+            };
+            if step >= oldest_kept {
+                break;
+            }
+            let list: Vec<(u32, u32)> = postcard::from_bytes(&v)
+                .map_err(StorageError::corrupt("checkpoint piece list"))?;
+            lists.push((step, list));
+        }
+        let listed: std::collections::BTreeSet<u64> = lists.iter().map(|(s, _)| *s).collect();
+        for (step, list) in lists {
+            let keep = referenced.get(&step);
+            let mut still = Vec::new();
+            for key in list {
+                if keep.is_some_and(|k| k.contains(&key)) {
+                    still.push(key);
+                } else {
+                    wb.delete_cf(cf, piece_key(step, key.0, key.1));
+                }
+            }
+            if still.is_empty() {
+                wb.delete_cf(cf, written_key(step));
+            } else {
+                let v = postcard::to_allocvec(&still)
+                    .map_err(StorageError::corrupt("checkpoint piece list"))?;
+                wb.put_cf(cf, written_key(step), v);
+            }
+        }
+        // Checkpoints of the format before incremental ones list nothing:
+        // drop their pieces by range, as before (nothing refers to them).
+        let mut from = 0;
+        for step in listed.iter().copied().chain([oldest_kept]) {
+            if from < step {
+                wb.delete_range_cf(cf, step_start(from), step_start(step));
+            }
+            from = step + 1;
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointStore for RocksCheckpointStore {
+    fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.write(checkpoint, None)
+    }
+
+    fn put_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
+        self.write(checkpoint, Some(carried))
     }
 
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
@@ -221,5 +440,113 @@ mod tests {
             dirs.borrow_mut().push(dir);
             Arc::new(store)
         });
+    }
+
+    /// Stored pieces (`s` keys) per step.
+    fn stored(store: &RocksCheckpointStore) -> BTreeMap<u64, usize> {
+        let cf = db::cf(&store.db, CF_CHECKPOINTS).unwrap();
+        let mut out = BTreeMap::new();
+        for item in store
+            .db
+            .iterator_cf(cf, IteratorMode::From(b"s", Direction::Forward))
+        {
+            let (k, _) = item.unwrap();
+            if !k.starts_with(b"s") {
+                break;
+            }
+            *out.entry(u64::from_be_bytes(k[1..9].try_into().unwrap()))
+                .or_default() += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn carried_pieces_are_stored_once_and_collected_when_unreferenced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksCheckpointStore::open(db::open(dir.path()).unwrap());
+        let meta = |step| {
+            let mut m = store_meta();
+            m.step = step;
+            m
+        };
+        let piece = |shard, state: &str| StatePiece {
+            shard,
+            worker: 0,
+            state: state.as_bytes().to_vec(),
+        };
+        store
+            .put(&Checkpoint {
+                meta: meta(1),
+                pieces: (0..10).map(|s| piece(s, "base")).collect(),
+            })
+            .unwrap();
+        // Each later checkpoint rewrites one shard and carries the rest.
+        for step in 2..6u64 {
+            let changed = step as u32;
+            let base = store.get(step - 1).unwrap().unwrap();
+            store
+                .put_carrying(
+                    &Checkpoint {
+                        meta: meta(step),
+                        pieces: vec![piece(changed, "new")],
+                    },
+                    &Carried {
+                        from: step - 1,
+                        pieces: base
+                            .pieces
+                            .iter()
+                            .filter(|p| p.shard != changed)
+                            .map(|p| (p.shard, p.worker))
+                            .collect(),
+                    },
+                )
+                .unwrap();
+            let now = store.get(step).unwrap().unwrap();
+            assert_eq!(now.pieces.len(), 10);
+            assert_eq!(
+                now.pieces.iter().filter(|p| p.state == b"new").count(),
+                step as usize - 1
+            );
+        }
+        // Kept: 4 and 5. Of step 1's pieces, shards 2..=4 were rewritten
+        // before checkpoint 4 (collected); shard 5 is still carried by 4;
+        // steps 2..=5 each wrote one shard, never rewritten since.
+        let now = stored(&store);
+        assert_eq!(now.get(&1), Some(&7), "shards 0, 1, 5..=9 of step 1");
+        assert_eq!(now.get(&2), Some(&1));
+        assert_eq!(now.get(&3), Some(&1));
+        assert_eq!(now.get(&4), Some(&1));
+        assert_eq!(now.get(&5), Some(&1));
+        // A whole checkpoint, twice: nothing refers to the old pieces.
+        let whole = store.get(5).unwrap().unwrap();
+        for step in [6, 7] {
+            store
+                .put(&Checkpoint {
+                    meta: meta(step),
+                    pieces: whole.pieces.clone(),
+                })
+                .unwrap();
+        }
+        let now = stored(&store);
+        assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![6, 7]);
+    }
+
+    fn store_meta() -> CheckpointMeta {
+        let shape = sluice_core::PipelineShape::new(
+            &sluice_core::CircuitPorts {
+                inputs: vec!["in".into()],
+                outputs: vec![],
+                snapshot_version: 1,
+            },
+            1,
+            |_| 1,
+        )
+        .unwrap();
+        CheckpointMeta {
+            step: 0,
+            frontiers: vec![sluice_core::Frontier::default()],
+            snapshot_version: 1,
+            layout: sluice_core::Layout::initial(&shape),
+        }
     }
 }

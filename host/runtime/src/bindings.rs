@@ -31,6 +31,6 @@ pub(crate) use self::sluice::circuit::exchange::ExchangeError as WitExchangeErro
 pub(crate) use self::sluice::circuit::types::{Batch, Event};
 
 /// The world's fully qualified name, for error messages.
-pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.2.0";
+pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.3.0";
 /// The export a component must provide.
-pub const CIRCUIT_EXPORT: &str = "sluice:circuit/circuit@0.2.0";
+pub const CIRCUIT_EXPORT: &str = "sluice:circuit/circuit@0.3.0";

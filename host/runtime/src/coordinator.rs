@@ -34,7 +34,8 @@ use sluice_core::{
     ConfigError, Event, Frontier, Layout, OutputEntry, PartitionId, PipelineShape, SHARDS,
     StepCommit, StepLimits, StepRecord, hash_outputs,
 };
-use sluice_storage::{Checkpoint, CheckpointMeta, Guarded, StatePiece};
+use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Guarded, StatePiece};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,10 @@ pub struct PipelineOptions {
     /// At most this many output events per worker per step (all ports);
     /// more fails the step with [`GuestError::OutputLimit`].
     pub max_output_per_step: Option<u64>,
+    /// Write only the shards changed since the previous checkpoint (and
+    /// carry the others' pieces from it) when the instances can say which
+    /// changed; off, every checkpoint is written whole.
+    pub incremental_checkpoints: bool,
 }
 
 impl Default for PipelineOptions {
@@ -70,6 +75,7 @@ impl Default for PipelineOptions {
             inherit_guest_stderr: false,
             config: Vec::new(),
             max_output_per_step: None,
+            incremental_checkpoints: true,
         }
     }
 }
@@ -109,6 +115,9 @@ pub struct Stats {
     pub fuel_used: u64,
     /// Layout changes made live (not replayed).
     pub relayouts: u64,
+    /// Bytes of state pieces checkpoints wrote (carried pieces not
+    /// counted).
+    pub checkpoint_bytes_written: u64,
 }
 
 /// One worker's output of one step.
@@ -123,7 +132,20 @@ struct PendingCheckpoint {
     step: u64,
     started: Instant,
     snapshots: Duration,
+    /// Its pieces, `(shard, worker)`, written or carried: the base of the
+    /// next incremental checkpoint once it is committed.
+    pieces: BTreeSet<(u32, u32)>,
     write: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// The committed checkpoint the instances' state was last snapshotted for
+/// (or restored from): an incremental checkpoint carries its pieces of the
+/// shards that did not change since.
+#[derive(Debug, Clone)]
+struct Base {
+    step: u64,
+    /// Its pieces, `(shard, worker)`.
+    pieces: BTreeSet<(u32, u32)>,
 }
 
 /// The runtime of one pipeline.
@@ -168,6 +190,10 @@ pub struct Coordinator {
     /// A checkpoint whose snapshots are taken and whose write (and trim)
     /// runs in the background while steps go on.
     pending: Option<PendingCheckpoint>,
+    /// What the next checkpoint may be incremental to; `None` forces a
+    /// full one (none yet, a layout change, a failed checkpoint, or
+    /// incremental checkpoints turned off).
+    base: Option<Base>,
     stats: Stats,
 }
 
@@ -259,6 +285,7 @@ impl Coordinator {
             last_checkpoint_took: Duration::ZERO,
             last_checkpoint_snapshots: Duration::ZERO,
             pending: None,
+            base: None,
             stats: Stats::default(),
         };
         if let Some(meta) = checkpoint {
@@ -282,6 +309,15 @@ impl Coordinator {
             };
             let mut per_worker: Vec<Vec<(u32, Vec<u8>)>> =
                 vec![Vec::new(); c.layout.workers as usize];
+            // Restored as they lie, the pieces are what the instances'
+            // next incremental snapshot is relative to (a piece of the
+            // format before shards is not: it is rewritten whole).
+            if pieces.iter().all(|p| p.shard < SHARDS) {
+                c.base = Some(Base {
+                    step: meta.step,
+                    pieces: pieces.iter().map(|p| (p.shard, p.worker)).collect(),
+                });
+            }
             for p in pieces {
                 let slot = per_worker.get_mut(p.worker as usize).ok_or_else(|| {
                     sluice_storage::StorageError::Corrupt {
@@ -401,6 +437,8 @@ impl Coordinator {
     }
 
     async fn relayout_inner(&mut self, next: Layout) -> Result<u64> {
+        // Pieces move between workers: the next checkpoint is whole.
+        self.base = None;
         next.validate(&self.shape)
             .map_err(|m| ConfigError::Invalid(format!("layout {}: {m}", next.epoch)))?;
         let old = std::mem::replace(&mut self.layout, next.clone());
@@ -853,26 +891,42 @@ impl Coordinator {
             return Ok(());
         }
         let started = Instant::now();
+        // Taking snapshots resets what the instances count as changed: from
+        // here until this checkpoint commits, nothing is a base.
+        let base = self
+            .base
+            .take()
+            .filter(|_| self.options.incremental_checkpoints);
+        let incremental = base.is_some();
         let mut tasks = Vec::with_capacity(self.instances.len());
         for slot in self.instances.iter_mut() {
             let mut worker = slot.take().ok_or(Error::WorkersLost)?;
             tasks.push(tokio::spawn(async move {
-                let r = worker.snapshot().await;
+                let r = worker.snapshot(incremental).await;
                 (worker, r)
             }));
         }
         let mut pieces = Vec::new();
+        let mut carried = Vec::new();
         let mut failure = None;
         for (w, task) in tasks.into_iter().enumerate() {
             match task.await {
                 Ok((worker, r)) => {
                     self.instances[w] = Some(worker);
                     match r {
-                        Ok(state) => {
-                            pieces.extend(state.into_iter().map(|(shard, state)| StatePiece {
-                                shard,
-                                worker: w as u32,
-                                state,
+                        Ok(snap) => {
+                            let w = w as u32;
+                            if let (Some(base), Some(changed)) = (&base, &snap.changed) {
+                                carried.extend(base.pieces.iter().copied().filter(|(s, bw)| {
+                                    *bw == w && changed.binary_search(s).is_err()
+                                }));
+                            }
+                            pieces.extend(snap.pieces.into_iter().map(|(shard, state)| {
+                                StatePiece {
+                                    shard,
+                                    worker: w,
+                                    state,
+                                }
                             }))
                         }
                         Err(e) => failure = failure.or(Some(e)),
@@ -886,6 +940,16 @@ impl Coordinator {
         }
         let snapshots = started.elapsed();
         pieces.sort_by_key(|p| (p.shard, p.worker));
+        let all: BTreeSet<(u32, u32)> = pieces
+            .iter()
+            .map(|p| (p.shard, p.worker))
+            .chain(carried.iter().copied())
+            .collect();
+        self.stats.checkpoint_bytes_written += pieces.iter().map(|p| p.state.len() as u64).sum::<u64>();
+        let carried = base.map(|b| Carried {
+            from: b.step,
+            pieces: carried,
+        });
         let checkpoint = Checkpoint {
             meta: CheckpointMeta {
                 step,
@@ -898,7 +962,12 @@ impl Coordinator {
         let storage = self.storage.clone();
         let write = tokio::task::spawn_blocking(move || -> Result<()> {
             crash_point(CrashPoint::MidCheckpoint);
-            storage.checkpoint(&checkpoint)?;
+            match &carried {
+                Some(carried) if !carried.pieces.is_empty() => {
+                    storage.checkpoint_carrying(&checkpoint, carried)?
+                }
+                _ => storage.checkpoint(&checkpoint)?,
+            }
             crash_point(CrashPoint::AfterCheckpoint);
             storage.trim_to_checkpoint()?;
             Ok(())
@@ -907,6 +976,7 @@ impl Coordinator {
             step,
             started,
             snapshots,
+            pieces: all,
             write,
         });
         self.last_checkpoint_at = Instant::now();
@@ -929,6 +999,10 @@ impl Coordinator {
             "checkpoint committed, input trimmed"
         );
         self.checkpointed_step = Some(p.step);
+        self.base = Some(Base {
+            step: p.step,
+            pieces: p.pieces,
+        });
         self.last_checkpoint_took = p.started.elapsed();
         self.last_checkpoint_snapshots = p.snapshots;
         self.stats.checkpoints += 1;
@@ -949,6 +1023,12 @@ impl Coordinator {
     /// The step of the newest checkpoint this coordinator restored or took.
     pub fn checkpointed_step(&self) -> Option<u64> {
         self.checkpointed_step
+    }
+
+    /// Turns incremental checkpoints on or off from the next checkpoint on
+    /// (see [`PipelineOptions::incremental_checkpoints`]).
+    pub fn set_incremental_checkpoints(&mut self, on: bool) {
+        self.options.incremental_checkpoints = on;
     }
 
     /// How long the last checkpoint took (snapshots, write and trim).

@@ -41,4 +41,4 @@ pub mod worker;
 pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, GuestError, Result};
-pub use worker::{Worker, WorkerInfo};
+pub use worker::{Snapshot, Worker, WorkerInfo};

@@ -10,6 +10,7 @@ use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::{Exchange, ExchangeError};
 use sluice_core::CircuitPorts;
+use sluice_core::layout::SHARDS;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
@@ -182,6 +183,17 @@ impl sluice::circuit::exchange::Host for WorkerState {
     }
 }
 
+/// What [`Worker::snapshot`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// `(shard, bytes)`, ordered by shard, at most one per shard.
+    pub pieces: Vec<(u32, Vec<u8>)>,
+    /// For an incremental snapshot, the shards changed since the previous
+    /// one (sorted; each piece's shard is among them); `None` for a full
+    /// snapshot.
+    pub changed: Option<Vec<u32>>,
+}
+
 /// One instance of a circuit.
 pub struct Worker {
     index: u32,
@@ -347,19 +359,64 @@ impl Worker {
         std::mem::take(&mut self.fuel_used)
     }
 
-    /// Takes a snapshot of the circuit's state: `(shard, bytes)` pieces.
-    pub async fn snapshot(&mut self) -> Result<Vec<(u32, Vec<u8>)>> {
+    /// Takes a snapshot of the circuit's state: `(shard, bytes)` pieces,
+    /// at most one per shard. With `changed_only`, the circuit may answer
+    /// with the pieces of the shards changed since its previous snapshot
+    /// (or restore) only, listing them in [`Snapshot::changed`]; the host
+    /// checks that every piece lies in a listed shard, so that a carried
+    /// piece can never be doubled by a new one.
+    pub async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
         self.arm();
         let r = self
             .bindings
             .sluice_circuit_circuit()
-            .call_snapshot(&mut self.store)
+            .call_snapshot(&mut self.store, changed_only)
             .await;
-        Ok(self
-            .check("snapshot", r)?
-            .into_iter()
-            .map(|p| (p.shard, p.state))
-            .collect())
+        let snap = self.check("snapshot", r)?;
+        let refuse = |message: String| -> Error {
+            GuestError::Failed {
+                worker: self.index,
+                call: "snapshot",
+                message,
+            }
+            .into()
+        };
+        let mut pieces: Vec<(u32, Vec<u8>)> =
+            snap.pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+        pieces.sort_by_key(|(shard, _)| *shard);
+        for pair in pieces.windows(2) {
+            if pair[0].0 == pair[1].0 {
+                return Err(refuse(format!("two pieces of shard {}", pair[0].0)));
+            }
+        }
+        if let Some((shard, _)) = pieces.iter().find(|(s, _)| *s >= SHARDS) {
+            return Err(refuse(format!(
+                "a piece of shard {shard}; shards are below {SHARDS}"
+            )));
+        }
+        let changed = match snap.changed {
+            Some(_) if !changed_only => {
+                return Err(refuse("a list of changed shards in a full snapshot".into()));
+            }
+            Some(mut changed) => {
+                changed.sort_unstable();
+                changed.dedup();
+                if let Some(s) = changed.iter().find(|s| **s >= SHARDS) {
+                    return Err(refuse(format!("changed shard {s}; shards are below {SHARDS}")));
+                }
+                if let Some((shard, _)) = pieces
+                    .iter()
+                    .find(|(s, _)| changed.binary_search(s).is_err())
+                {
+                    return Err(refuse(format!(
+                        "a piece of shard {shard}, which it did not list as changed"
+                    )));
+                }
+                Some(changed)
+            }
+            None => None,
+        };
+        Ok(Snapshot { pieces, changed })
     }
 
     /// Adds pieces of state (from a checkpoint, or handed off by other

@@ -130,6 +130,7 @@ impl PipelineHandle {
                 inherit_guest_stderr: false,
                 config: Vec::new(),
                 max_output_per_step: Some(limits.max_output),
+                incremental_checkpoints: true,
             },
             id_prefix: format!("{tenant}/{}/", spec.name),
         };

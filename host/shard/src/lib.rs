@@ -21,7 +21,19 @@ pub const SHARDS: u32 = 1024;
 
 /// The shard of a key (its encoded bytes, as the exchange sees them).
 pub fn shard_of(key: &[u8]) -> u32 {
-    (xxhash_rust::xxh3::xxh3_64(key) % SHARDS as u64) as u32
+    shard_of_hash(hash(key))
+}
+
+/// The fixed 64-bit hash of a key's bytes that [`shard_of`] reduces. Code
+/// that also needs a hash for its own index (the guest's keyed tables)
+/// computes it once and derives the shard with [`shard_of_hash`].
+pub fn hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+/// The shard of a key whose [`hash`] is `hash`.
+pub fn shard_of_hash(hash: u64) -> u32 {
+    (hash % SHARDS as u64) as u32
 }
 
 #[cfg(test)]

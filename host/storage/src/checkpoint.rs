@@ -52,6 +52,16 @@ impl Checkpoint {
     }
 }
 
+/// The pieces an incremental checkpoint takes unchanged from an earlier
+/// committed checkpoint instead of writing them again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Carried {
+    /// The committed checkpoint they come from (same layout).
+    pub from: u64,
+    /// `(shard, worker)` of each piece taken, as keyed there.
+    pub pieces: Vec<(u32, u32)>,
+}
+
 /// Durable storage of checkpoints: pieces stored by (checkpoint, shard,
 /// worker), so a reader of some shards reads only those.
 pub trait CheckpointStore: Send + Sync {
@@ -59,6 +69,21 @@ pub trait CheckpointStore: Send + Sync {
     /// then drops all but the [`KEPT`] newest. Refuses a step older than the
     /// newest committed checkpoint (writing the same step again replaces it).
     fn put(&self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// Stores `checkpoint` like [`put`](Self::put), made whole by the
+    /// pieces `carried` names from committed checkpoint `carried.from` —
+    /// an incremental checkpoint: it reads back exactly as if those pieces
+    /// had been written with it. A store that can reference a piece keeps
+    /// one copy of it (and collects it once no kept checkpoint refers to
+    /// it); the default copies. Fails if `carried.from` is not committed
+    /// or lacks a named piece.
+    fn put_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
+        let base = carried_pieces(self, checkpoint.meta.step, carried)?;
+        let mut whole = checkpoint.clone();
+        whole.pieces.extend(base);
+        whole.pieces.sort_by_key(|p| (p.shard, p.worker));
+        self.put(&whole)
+    }
 
     /// The newest committed checkpoint's metadata.
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>>;
@@ -91,4 +116,37 @@ pub trait CheckpointStore: Send + Sync {
             None => Ok(None),
         }
     }
+}
+
+/// The pieces `carried` names, read from its checkpoint; an error naming
+/// checkpoint `step` if that checkpoint or a piece is missing.
+pub fn carried_pieces<S: CheckpointStore + ?Sized>(
+    store: &S,
+    step: u64,
+    carried: &Carried,
+) -> Result<Vec<StatePiece>> {
+    let missing = |message: String| crate::StorageError::InvalidCheckpoint { step, message };
+    let mut wanted: Vec<(u32, u32)> = carried.pieces.clone();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let shards: Vec<u32> = wanted.iter().map(|(s, _)| *s).collect();
+    let base = store.pieces(carried.from, Some(&shards))?.ok_or_else(|| {
+        missing(format!(
+            "it carries pieces of checkpoint {}, which is not committed",
+            carried.from
+        ))
+    })?;
+    let found: Vec<StatePiece> = base
+        .into_iter()
+        .filter(|p| wanted.binary_search(&(p.shard, p.worker)).is_ok())
+        .collect();
+    if found.len() != wanted.len() {
+        return Err(missing(format!(
+            "it carries {} pieces of checkpoint {}, which holds {} of them",
+            wanted.len(),
+            carried.from,
+            found.len()
+        )));
+    }
+    Ok(found)
 }

@@ -544,6 +544,7 @@ pub fn checkpoint_store(make: &dyn Fn() -> Arc<dyn CheckpointStore>) {
     checkpoints_round_trip_and_keep_the_newest(&*make());
     checkpoints_only_move_forward(&*make());
     pieces_are_read_by_shard(&*make());
+    incremental_checkpoints_carry_pieces(&*make());
 }
 
 /// A stored checkpoint reads back whole; only the newest [`KEPT`] remain.
@@ -590,4 +591,77 @@ pub fn pieces_are_read_by_shard(store: &dyn CheckpointStore) {
         "ordered by shard"
     );
     assert!(store.pieces(9, Some(&[1])).unwrap().unwrap().is_empty());
+}
+
+/// An incremental checkpoint reads back whole — its own pieces and those
+/// it carries, from however far back — while the checkpoints it carries
+/// from are dropped; carrying what is not there is refused.
+pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
+    use crate::Carried;
+    let piece = |shard, worker, state: &str| StatePiece {
+        shard,
+        worker,
+        state: state.as_bytes().to_vec(),
+    };
+    let at = |step: u64, pieces: Vec<StatePiece>| {
+        let mut c = checkpoint(step, 3);
+        c.pieces = pieces;
+        c
+    };
+    let carry = |from, pieces: &[(u32, u32)]| Carried {
+        from,
+        pieces: pieces.to_vec(),
+    };
+    // Step 3: everything written.
+    store.put(&checkpoint(3, 3)).unwrap();
+    let mut expect = checkpoint(3, 3).pieces;
+    // Step 7: shard 300 changed; shard 7 carried from 3.
+    store
+        .put_carrying(
+            &at(7, vec![piece(300, 2, "300 at 7")]),
+            &carry(3, &[(7, 0), (7, 1)]),
+        )
+        .unwrap();
+    expect[2] = piece(300, 2, "300 at 7");
+    assert_eq!(store.get(7).unwrap(), Some(at(7, expect.clone())));
+    // Step 12: (7, 0) changed, (7, 1) still from 3 (carried from 7), 300
+    // from 7; checkpoint 3 is dropped, its carried piece stays readable.
+    store
+        .put_carrying(
+            &at(12, vec![piece(7, 0, "7/0 at 12")]),
+            &carry(7, &[(7, 1), (300, 2)]),
+        )
+        .unwrap();
+    expect[0] = piece(7, 0, "7/0 at 12");
+    assert_eq!(store.list().unwrap(), vec![7, 12]);
+    assert_eq!(store.get(12).unwrap(), Some(at(12, expect.clone())));
+    assert_eq!(
+        store.pieces(12, Some(&[7])).unwrap().unwrap(),
+        expect[..2].to_vec(),
+        "carried pieces are read by shard too"
+    );
+    // Step 20: nothing changed but shard 7 of worker 1 went away.
+    store
+        .put_carrying(&at(20, vec![]), &carry(12, &[(7, 0), (300, 2)]))
+        .unwrap();
+    expect.remove(1);
+    assert_eq!(store.get(20).unwrap(), Some(at(20, expect.clone())));
+    assert_eq!(store.get(7).unwrap(), None);
+    // Refused: carrying from a dropped checkpoint, or a piece not there.
+    assert!(
+        store
+            .put_carrying(&at(25, vec![]), &carry(7, &[(7, 0)]))
+            .is_err()
+    );
+    assert!(
+        store
+            .put_carrying(&at(25, vec![]), &carry(20, &[(7, 1)]))
+            .is_err()
+    );
+    assert_eq!(store.list().unwrap(), vec![12, 20], "nothing was stored");
+    // Whole checkpoints again: the carried pieces go with the rest.
+    store.put(&checkpoint(30, 3)).unwrap();
+    store.put(&checkpoint(31, 3)).unwrap();
+    assert_eq!(store.get(31).unwrap(), Some(checkpoint(31, 3)));
+    assert_eq!(store.get(20).unwrap(), None);
 }

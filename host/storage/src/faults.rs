@@ -9,7 +9,8 @@
 
 use crate::error::{Result, StorageError};
 use crate::{
-    AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState, StatePiece,
+    AppendBatch, Carried, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, ProducerState,
+    StatePiece,
 };
 use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
@@ -230,6 +231,11 @@ impl CheckpointStore for FaultyCheckpoints {
     fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
         self.faults
             .write("checkpoint put", || self.inner.put(checkpoint))
+    }
+    fn put_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
+        self.faults.write("checkpoint put", || {
+            self.inner.put_carrying(checkpoint, carried)
+        })
     }
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
         self.faults

@@ -11,7 +11,7 @@
 //!   holds the hash of the one before it (the chain the audit checks).
 
 use crate::error::{Result, StorageError};
-use crate::{Checkpoint, CheckpointStore, LogBackend};
+use crate::{Carried, Checkpoint, CheckpointStore, LogBackend};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord};
 use std::collections::BTreeMap;
@@ -239,6 +239,46 @@ impl Guarded {
     /// Stores a checkpoint, after checking that it covers a committed step
     /// with that step's frontiers.
     pub fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.check_checkpoint(checkpoint)?;
+        self.checkpoints.put(checkpoint)
+    }
+
+    /// Stores an incremental checkpoint: `checkpoint`'s pieces plus those
+    /// `carried` takes from an earlier committed checkpoint. Checked like
+    /// [`checkpoint`](Self::checkpoint), and also: the earlier checkpoint
+    /// is committed and ran under the same layout, and no piece is both
+    /// written and carried (a shard's state would count twice).
+    pub fn checkpoint_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
+        self.check_checkpoint(checkpoint)?;
+        let step = checkpoint.meta.step;
+        let refuse = |message: String| StorageError::InvalidCheckpoint { step, message };
+        let base = self.checkpoints.meta(carried.from)?.ok_or_else(|| {
+            refuse(format!(
+                "it carries pieces of checkpoint {}, which is not committed",
+                carried.from
+            ))
+        })?;
+        if carried.from >= step || base.layout != checkpoint.meta.layout {
+            return Err(refuse(format!(
+                "it carries pieces of checkpoint {}, which is not an earlier checkpoint of the \
+                 same layout",
+                carried.from
+            )));
+        }
+        let written: std::collections::BTreeSet<(u32, u32)> = checkpoint
+            .pieces
+            .iter()
+            .map(|p| (p.shard, p.worker))
+            .collect();
+        if let Some((shard, worker)) = carried.pieces.iter().find(|k| written.contains(k)) {
+            return Err(refuse(format!(
+                "the piece of shard {shard} of worker {worker} is both written and carried"
+            )));
+        }
+        self.checkpoints.put_carrying(checkpoint, carried)
+    }
+
+    fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let step = checkpoint.meta.step;
         let refuse = |message: &str| StorageError::InvalidCheckpoint {
             step,
@@ -268,7 +308,7 @@ impl Guarded {
                 p.shard, p.worker, layout.workers
             )));
         }
-        self.checkpoints.put(checkpoint)
+        Ok(())
     }
 
     /// The offset of `input`/`partition` that the newest committed checkpoint

@@ -454,6 +454,151 @@ async fn exactly_once_cost(
     Ok(())
 }
 
+/// The native engine figure issue #17 measured on this machine class: the
+/// `dbsp` crate (0.349), in memory, word count over the same 200 000
+/// pre-parsed lines.
+const DBSP_WORDCOUNT: &str = "dbsp 0.349 native, in memory: 290–370 k lines/s (issue #17)";
+
+/// The peer: each workload as a whole exactly-once pipeline (W=1, synced
+/// commits, sandboxed, 10 000 events per partition per step) against the
+/// same circuit linked natively and run in memory without storage, in the
+/// same run.
+async fn native_peer(
+    engine: &Arc<SluiceEngine>,
+    loads: &[Workload],
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    for w in loads.iter().filter(|w| w.name != "nexmark q1") {
+        let (mut pipeline, mut native) = (0f64, 0f64);
+        for _ in 0..reps {
+            native = native.max(rate(w.events, run_native(w.native, &w.steps)?));
+            let dir = tempfile::tempdir()?;
+            let p = Pipeline::open(
+                engine.clone(),
+                w.component.clone(),
+                PipelineConfig {
+                    options: manual_checkpoints(10_000),
+                    partitions: Some(1),
+                    ..PipelineConfig::new(dir.path(), 1)
+                },
+            )
+            .await?;
+            let names = p.shape().input_names();
+            // The steps hold each port's events in order: append them so.
+            let mut appends = vec![Vec::new(); names.len()];
+            for step in &w.steps {
+                for (port, events) in step.iter().enumerate() {
+                    appends[port].extend(events.iter().map(|e| Event {
+                        value: e.value.clone(),
+                        weight: e.weight,
+                    }));
+                }
+            }
+            for (name, events) in names.iter().zip(appends) {
+                p.storage().log.append(AppendBatch {
+                    appends: vec![(name.clone(), 0, events)],
+                    ..AppendBatch::default()
+                })?;
+            }
+            let mut c = p.coordinator().await?;
+            let t = Instant::now();
+            while c.step().await? {}
+            pipeline = pipeline.max(rate(w.events, t.elapsed()));
+        }
+        let ratio = pipeline / native;
+        rows.push(Row {
+            scenario: "native peer",
+            case: format!(
+                "{}: exactly-once pipeline (durable, sandboxed, W=1) vs the circuit native, in memory",
+                w.name
+            ),
+            measured: fmt_rate(pipeline),
+            baseline: if w.name == "wordcount" {
+                format!("{} native; {DBSP_WORDCOUNT}", fmt_rate(native))
+            } else {
+                format!("{} native", fmt_rate(native))
+            },
+            ratio,
+            goal: "≥ 1× the native engine",
+            met: Some(ratio >= 1.0),
+        });
+    }
+    Ok(())
+}
+
+/// An incremental checkpoint against a full one of the same state: a
+/// word-count pipeline holding `words` distinct words runs steps that
+/// change 5 % of them, then checkpoints incrementally; then the same again
+/// with a full checkpoint. The pause (snapshots) and the bytes written.
+async fn incremental_checkpoint(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let words = if quick { 200_000 } else { 8_000_000 };
+    let dir = tempfile::tempdir()?;
+    let (step_time, mut c) = stateful_pipeline(engine, &wc.component, words, dir.path()).await?;
+    c.checkpoint().await?;
+    let whole_bytes = stored_state_bytes(dir.path())?;
+    // 5 % of the words, spread over the key space: every 20th word.
+    let changes = |round: usize| -> Vec<Event> {
+        (0..words / 20)
+            .map(|i| format!("word{}", i * 20 + round))
+            .collect::<Vec<_>>()
+            .chunks(20)
+            .map(|line| Event {
+                value: serde_json::to_vec(&line.join(" ")).expect("string"),
+                weight: 1,
+            })
+            .collect()
+    };
+    let mut pauses = Vec::new();
+    for (round, incremental) in [(1, true), (2, false)] {
+        append_halves(c.storage().log(), changes(round))?;
+        c.set_incremental_checkpoints(incremental);
+        while c.step().await? {}
+        let before = c.stats().checkpoint_bytes_written;
+        c.checkpoint().await?;
+        pauses.push((
+            c.last_checkpoint_snapshots(),
+            c.last_checkpoint_time(),
+            c.stats().checkpoint_bytes_written - before,
+        ));
+    }
+    let [(inc, inc_total, inc_bytes), (full, full_total, full_bytes)] = pauses[..] else {
+        unreachable!("two rounds");
+    };
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let interval = PipelineOptions::default().checkpoint_interval;
+    rows.push(Row {
+        scenario: "incremental checkpoint",
+        case: format!(
+            "wordcount, {words} distinct words ({:.1} MiB of state), 5 % of them changed, W=2",
+            mib(whole_bytes)
+        ),
+        measured: format!(
+            "{} pause, {:.1} MiB written ({} with the write)",
+            fmt_time(inc),
+            mib(inc_bytes),
+            fmt_time(inc_total)
+        ),
+        baseline: format!(
+            "full: {} pause, {:.1} MiB written ({} with the write); a step takes {}",
+            fmt_time(full),
+            mib(full_bytes),
+            fmt_time(full_total),
+            fmt_time(step_time)
+        ),
+        ratio: inc.as_secs_f64() / full.as_secs_f64().max(1e-9),
+        goal: "pause ≤ 10 % of the interval at 1 GiB, 5 % changed",
+        // The goal is stated at 1 GiB; smaller states are reported only.
+        met: (whole_bytes >= 1 << 30).then_some(inc.as_secs_f64() <= 0.1 * interval.as_secs_f64()),
+    });
+    Ok(())
+}
+
 /// Step commits like the runtime's: W=2, one output log `counts`, `events`
 /// events of ~30 bytes per worker, each record chained to the one before.
 pub fn sample_commits(steps: u64, events: usize, epoch: u64) -> Vec<StepCommit> {
@@ -1066,6 +1211,10 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
     eprintln!("bench: checkpoint and recovery …");
     checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: incremental checkpoint …");
+    incremental_checkpoint(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: native peer …");
+    native_peer(&engine, &loads, reps, &mut rows).await?;
     eprintln!("bench: large state …");
     large_state(&engine, opts.quick, &mut rows).await?;
     eprintln!("bench: rescale …");

@@ -35,6 +35,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                     inherit_guest_stderr: true,
                     config: vec![],
                     max_output_per_step: None,
+                    incremental_checkpoints: !a.full_checkpoints,
                 },
                 rescale_to: a.workers,
                 partitions: a.partitions,

@@ -17,7 +17,7 @@ pub fn build(c: &mut Circuit) {
 #[cfg(target_arch = "wasm32")]
 mod component {
     use sluice_guest::sys::{
-        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, WorkerInfo,
+        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, StateSnapshot, WorkerInfo,
     };
 
     struct BadSnapshot;
@@ -32,8 +32,8 @@ mod component {
         fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
             sys::step(inputs)
         }
-        fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
-            sys::snapshot()
+        fn snapshot(changed_only: bool) -> Result<StateSnapshot, CircuitError> {
+            sys::snapshot(changed_only)
         }
         fn restore(_pieces: Vec<ShardState>) -> Result<(), CircuitError> {
             Err(CircuitError::IncompatibleSnapshot(

@@ -31,7 +31,7 @@ const _: [&str; 4] = [
 
 use bindings::exports::sluice::circuit::circuit::Guest;
 use bindings::sluice::circuit::types::{
-    Batch, CircuitError, CircuitInfo, Event, ShardState, WorkerInfo,
+    Batch, CircuitError, CircuitInfo, Event, ShardState, StateSnapshot, WorkerInfo,
 };
 
 struct HashOrder;
@@ -68,8 +68,11 @@ impl Guest for HashOrder {
         Ok(vec![Batch { port: 0, events }])
     }
 
-    fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
-        Ok(Vec::new())
+    fn snapshot(_changed_only: bool) -> Result<StateSnapshot, CircuitError> {
+        Ok(StateSnapshot {
+            pieces: Vec::new(),
+            changed: None,
+        })
     }
 
     fn restore(_pieces: Vec<ShardState>) -> Result<(), CircuitError> {

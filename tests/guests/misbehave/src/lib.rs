@@ -75,7 +75,7 @@ pub fn build(c: &mut Circuit) {
 #[cfg(target_arch = "wasm32")]
 mod component {
     use sluice_guest::sys::{
-        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, WorkerInfo,
+        self, Batch, CircuitError, CircuitInfo, Guest, ShardState, StateSnapshot, WorkerInfo,
     };
 
     struct Misbehave;
@@ -100,8 +100,8 @@ mod component {
             }
             sys::step(inputs)
         }
-        fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
-            sys::snapshot()
+        fn snapshot(changed_only: bool) -> Result<StateSnapshot, CircuitError> {
+            sys::snapshot(changed_only)
         }
         fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
             sys::restore(pieces)

@@ -34,7 +34,7 @@ const _: [&str; 4] = [
 
 use bindings::exports::sluice::circuit::circuit::Guest;
 use bindings::sluice::circuit::types::{
-    Batch, CircuitError, CircuitInfo, Event, ShardState, WorkerInfo,
+    Batch, CircuitError, CircuitInfo, Event, ShardState, StateSnapshot, WorkerInfo,
 };
 
 thread_local! {
@@ -98,11 +98,15 @@ impl Guest for Noisy {
 
     /// The step count lies in shard 0 (it is the instance's, not a key's:
     /// pieces of it add up wherever they land).
-    fn snapshot() -> Result<Vec<ShardState>, CircuitError> {
-        Ok(vec![ShardState {
-            shard: STATE_SHARD,
-            state: STEPS.get().to_le_bytes().to_vec(),
-        }])
+    /// Always whole (`changed` none), which the host must accept.
+    fn snapshot(_changed_only: bool) -> Result<StateSnapshot, CircuitError> {
+        Ok(StateSnapshot {
+            pieces: vec![ShardState {
+                shard: STATE_SHARD,
+                state: STEPS.get().to_le_bytes().to_vec(),
+            }],
+            changed: None,
+        })
     }
 
     fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
@@ -120,7 +124,7 @@ impl Guest for Noisy {
         if !shards.contains(&STATE_SHARD) {
             return Ok(Vec::new());
         }
-        let pieces = Self::snapshot()?;
+        let pieces = Self::snapshot(false)?.pieces;
         STEPS.set(0);
         Ok(pieces)
     }
