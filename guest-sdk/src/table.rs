@@ -314,10 +314,20 @@ pub(crate) struct Slot {
 impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
     pub(crate) fn new() -> Self {
         KeyedTable {
-            shards: (0..SHARDS).map(|_| Table::default()).collect(),
+            // Made at the first change: building a circuit (a worker's
+            // start) allocates nothing per shard.
+            shards: Vec::new(),
             dirty: Shards::none(),
             step: 0,
         }
+    }
+
+    /// The table of `shard`, to change.
+    fn table_mut(&mut self, shard: u32) -> &mut Table<A> {
+        if self.shards.is_empty() {
+            self.shards = (0..SHARDS).map(|_| Table::default()).collect();
+        }
+        &mut self.shards[shard as usize]
     }
 
     /// Starts a step: entries are "first touched" again.
@@ -338,13 +348,14 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         let h = hash(key);
         let shard = shard_of_hash(h);
         self.dirty.insert(shard);
-        let table = &mut self.shards[shard as usize];
+        let step = self.step;
+        let table = self.table_mut(shard);
         let entry = match table.find(key, h) {
             Some(e) => e,
             None => table.insert(key, h, A::default())?,
         };
-        let first = table.marks[entry] != self.step;
-        table.marks[entry] = self.step;
+        let first = table.marks[entry] != step;
+        table.marks[entry] = step;
         Ok((
             Slot {
                 shard,
@@ -431,7 +442,7 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         // Every key of the piece must lie in its shard, or lookups would
         // miss it: one check per key, but no decoding or hashing into a
         // new index.
-        let target = &mut self.shards[shard as usize];
+        let target = self.table_mut(shard);
         if target.len() == 0 {
             *target = piece;
             return Ok(());
@@ -466,7 +477,7 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         empty: impl Fn(&A) -> bool,
     ) -> Result<()> {
         let h = hash(key);
-        let target = &mut self.shards[shard_of_hash(h) as usize];
+        let target = self.table_mut(shard_of_hash(h));
         let entry = match target.find(key, h) {
             Some(i) => i,
             None => target.insert(key, h, A::default())?,
@@ -480,7 +491,8 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
 
     /// Forgets the entries of `shards` (handed off).
     pub(crate) fn forget(&mut self, shards: &Shards) {
-        for s in shards.iter() {
+        let made = self.shards.len() as u32;
+        for s in shards.iter().filter(|s| *s < made) {
             if self.shards[s as usize].len() > 0 {
                 self.shards[s as usize] = Table::default();
                 self.dirty.insert(s);
