@@ -12,6 +12,7 @@ mod crash;
 mod examples;
 mod faults;
 mod hardening;
+mod incremental;
 mod invariants;
 mod kafka;
 mod rescale;
