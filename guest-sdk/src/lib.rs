@@ -36,9 +36,9 @@ mod error;
 pub mod exchange;
 pub mod operator;
 pub mod state;
-mod table;
 #[doc(hidden)]
 pub mod sys;
+mod table;
 pub mod testing;
 mod types;
 pub mod zset;

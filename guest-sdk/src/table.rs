@@ -207,9 +207,8 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
     /// The piece: format, counts, then arena, spans and index as they lie
     /// in memory (little-endian), then the values' encoding.
     fn write(&self) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(
-            13 + self.arena.len() + self.spans.len() * 8 + self.index.len() * 4,
-        );
+        let mut out =
+            Vec::with_capacity(13 + self.arena.len() + self.spans.len() * 8 + self.index.len() * 4);
         out.push(PIECE_FORMAT);
         for n in [self.arena.len(), self.spans.len(), self.index.len()] {
             out.extend_from_slice(&(n as u32).to_le_bytes());
@@ -237,7 +236,9 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         let mut counts = [0usize; 3];
         let mut rest = rest;
         for n in &mut counts {
-            let (word, tail) = rest.split_first_chunk::<4>().ok_or_else(|| bad("short header"))?;
+            let (word, tail) = rest
+                .split_first_chunk::<4>()
+                .ok_or_else(|| bad("short header"))?;
             *n = u32::from_le_bytes(*word) as usize;
             rest = tail;
         }
@@ -267,9 +268,11 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         let consistent = values.len() == entries
             && (index_len == 0 && entries == 0
                 || index_len.is_power_of_two() && entries * 4 <= index_len * 3)
-            && spans
-                .iter()
-                .all(|[s, l]| (*s as usize).checked_add(*l as usize).is_some_and(|e| e <= arena_len))
+            && spans.iter().all(|[s, l]| {
+                (*s as usize)
+                    .checked_add(*l as usize)
+                    .is_some_and(|e| e <= arena_len)
+            })
             && used <= arena_len
             && index.iter().filter(|s| **s != EMPTY).count() == entries
             && {
@@ -632,7 +635,11 @@ mod tests {
         t.remove_sorted(&slots);
         assert_eq!(t.len(), 10);
         let table = &t.shards[shard as usize];
-        assert!(table.arena.len() < 50 * 202, "arena {} bytes", table.arena.len());
+        assert!(
+            table.arena.len() < 50 * 202,
+            "arena {} bytes",
+            table.arena.len()
+        );
         for k in &keys[90..] {
             assert!(table.find(k, hash(k)).is_some());
         }

@@ -26,7 +26,12 @@ async fn a_checkpoint_writes_only_changed_shards_and_restores_whole() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = component("examples/wordcount");
     let mut lines: Vec<String> = (0..400)
-        .map(|l| (0..10).map(|i| format!("w{}", l * 10 + i)).collect::<Vec<_>>().join(" "))
+        .map(|l| {
+            (0..10)
+                .map(|i| format!("w{}", l * 10 + i))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect();
     let options = PipelineOptions {
         max_batch: 1_000,
@@ -43,8 +48,18 @@ async fn a_checkpoint_writes_only_changed_shards_and_restores_whole() {
         while c.step().await.unwrap() {}
         c.checkpoint().await.unwrap();
         let whole = c.stats().checkpoint_bytes_written;
-        let whole_pieces = h.storage.checkpoints().latest().unwrap().unwrap().pieces.len();
-        assert!(whole_pieces > 900, "4 000 words fill most shards: {whole_pieces}");
+        let whole_pieces = h
+            .storage
+            .checkpoints()
+            .latest()
+            .unwrap()
+            .unwrap()
+            .pieces
+            .len();
+        assert!(
+            whole_pieces > 900,
+            "4 000 words fill most shards: {whole_pieces}"
+        );
         // Three rounds changing two words each: each checkpoint writes a
         // few shards and still reads back whole.
         for round in 0..3 {
@@ -60,7 +75,11 @@ async fn a_checkpoint_writes_only_changed_shards_and_restores_whole() {
                 "round {round}: {written} bytes written, a whole checkpoint is {whole}"
             );
             let latest = h.storage.checkpoints().latest().unwrap().unwrap();
-            assert_eq!(latest.pieces.len(), whole_pieces, "every shard's piece is there");
+            assert_eq!(
+                latest.pieces.len(),
+                whole_pieces,
+                "every shard's piece is there"
+            );
         }
         // Turned off, a checkpoint is whole again.
         c.set_incremental_checkpoints(false);

@@ -172,7 +172,10 @@ impl RocksCheckpointStore {
                 what: format!("checkpoint of step {step}"),
                 message: "malformed piece reference".into(),
             };
-            let rest = k.get(9..17).filter(|_| k.len() == 17).ok_or_else(malformed)?;
+            let rest = k
+                .get(9..17)
+                .filter(|_| k.len() == 17)
+                .ok_or_else(malformed)?;
             let origin = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| malformed())?);
             out.insert(
                 (
@@ -248,14 +251,16 @@ impl RocksCheckpointStore {
             }
             let base = self.origins(carried.from)?;
             for key in &carried.pieces {
-                let origin = base.get(key).ok_or_else(|| StorageError::InvalidCheckpoint {
-                    step,
-                    message: format!(
-                        "it carries the piece of shard {} of worker {} of checkpoint {}, \
+                let origin = base
+                    .get(key)
+                    .ok_or_else(|| StorageError::InvalidCheckpoint {
+                        step,
+                        message: format!(
+                            "it carries the piece of shard {} of worker {} of checkpoint {}, \
                          which has none",
-                        key.0, key.1, carried.from
-                    ),
-                })?;
+                            key.0, key.1, carried.from
+                        ),
+                    })?;
                 refs.insert(*key, *origin);
             }
         }
@@ -337,8 +342,8 @@ impl RocksCheckpointStore {
             if step >= oldest_kept {
                 break;
             }
-            let list: Vec<(u32, u32)> = postcard::from_bytes(&v)
-                .map_err(StorageError::corrupt("checkpoint piece list"))?;
+            let list: Vec<(u32, u32)> =
+                postcard::from_bytes(&v).map_err(StorageError::corrupt("checkpoint piece list"))?;
             lists.push((step, list));
         }
         let listed: std::collections::BTreeSet<u64> = lists.iter().map(|(s, _)| *s).collect();

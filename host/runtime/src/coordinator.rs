@@ -945,7 +945,8 @@ impl Coordinator {
             .map(|p| (p.shard, p.worker))
             .chain(carried.iter().copied())
             .collect();
-        self.stats.checkpoint_bytes_written += pieces.iter().map(|p| p.state.len() as u64).sum::<u64>();
+        self.stats.checkpoint_bytes_written +=
+            pieces.iter().map(|p| p.state.len() as u64).sum::<u64>();
         let carried = base.map(|b| Carried {
             from: b.step,
             pieces: carried,

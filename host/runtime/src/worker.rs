@@ -381,8 +381,11 @@ impl Worker {
             }
             .into()
         };
-        let mut pieces: Vec<(u32, Vec<u8>)> =
-            snap.pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+        let mut pieces: Vec<(u32, Vec<u8>)> = snap
+            .pieces
+            .into_iter()
+            .map(|p| (p.shard, p.state))
+            .collect();
         pieces.sort_by_key(|(shard, _)| *shard);
         for pair in pieces.windows(2) {
             if pair[0].0 == pair[1].0 {
@@ -402,7 +405,9 @@ impl Worker {
                 changed.sort_unstable();
                 changed.dedup();
                 if let Some(s) = changed.iter().find(|s| **s >= SHARDS) {
-                    return Err(refuse(format!("changed shard {s}; shards are below {SHARDS}")));
+                    return Err(refuse(format!(
+                        "changed shard {s}; shards are below {SHARDS}"
+                    )));
                 }
                 if let Some((shard, _)) = pieces
                     .iter()

@@ -541,7 +541,11 @@ async fn incremental_checkpoint(
     let dir = tempfile::tempdir()?;
     let (step_time, mut c) = stateful_pipeline(engine, &wc.component, words, dir.path()).await?;
     c.checkpoint().await?;
-    let whole_bytes = stored_state_bytes(dir.path())?;
+    let whole_bytes = c
+        .storage()
+        .checkpoints()
+        .latest()?
+        .map_or(0, |cp| cp.state_bytes());
     // 5 % of the words, spread over the key space: every 20th word.
     let changes = |round: usize| -> Vec<Event> {
         (0..words / 20)
