@@ -5,6 +5,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, RawEvent};
 use crate::state::{Shards, WHOLE};
+use crate::table::Change;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use std::any::Any;
 use std::cell::RefCell;
@@ -73,8 +74,15 @@ pub(crate) trait Operator {
     fn dirty(&self) -> Shards {
         Shards::all()
     }
-    /// Marks the state unchanged (a snapshot of it was taken).
-    fn clean(&mut self) {}
+    /// How the operator's changes in `shard` (one of [`dirty`](Self::dirty))
+    /// since the last snapshot are written: whole (the default), as a
+    /// delta piece that adds to the pieces written before, or not at all.
+    fn delta(&self, _shard: u32) -> Result<Change> {
+        Ok(Change::Whole)
+    }
+    /// Marks the state unchanged (a snapshot of it was taken, writing the
+    /// shards in `whole` whole and the other changed ones as deltas).
+    fn clean(&mut self, _whole: &Shards) {}
 }
 
 struct Node {
@@ -334,31 +342,71 @@ impl CircuitInstance {
     /// refuse a mismatch. Every shard is unchanged afterwards.
     pub fn snapshot(&mut self) -> Result<Pieces> {
         let pieces = self.pieces(None)?;
-        self.clean();
+        self.clean(&Shards::all());
         Ok(pieces)
     }
 
-    /// The shards that changed since the last snapshot (or restore) and
-    /// their pieces — a changed shard without a piece holds nothing now —
-    /// for an incremental checkpoint: with the pieces of the previous
-    /// checkpoint for the other shards, they make the whole state.
+    /// The changes since the last snapshot (or restore), for an
+    /// incremental checkpoint: the shards written whole (`changed`; one of
+    /// them without a piece holds nothing now) and pieces — of those
+    /// shards, whole, and of other shards, deltas that add to the pieces
+    /// written before. With the previous checkpoint's pieces of the shards
+    /// not in `changed`, they make the whole state.
+    ///
+    /// A shard is written whole when any operator needs it whole there (it
+    /// does not write deltas, or its deltas since the shard was last whole
+    /// would reach the shard's size); otherwise each operator that changed
+    /// there writes its delta.
     pub fn snapshot_changed(&mut self) -> Result<(Vec<u32>, Pieces)> {
-        let mut changed = Shards::none();
-        for node in &self.graph.nodes {
-            if node.op.stateful() {
-                changed.union(&node.op.dirty());
+        let dirty: Vec<(usize, Shards)> = self
+            .graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op.stateful())
+            .map(|(i, n)| (i, n.op.dirty()))
+            .collect();
+        let mut any = Shards::none();
+        for (_, d) in &dirty {
+            any.union(d);
+        }
+        let mut whole = Shards::none();
+        let mut deltas: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+        for shard in any.iter() {
+            let mut states = Vec::new();
+            let mut is_whole = false;
+            for (i, d) in &dirty {
+                if !d.contains(shard) {
+                    continue;
+                }
+                let op = &self.graph.nodes[*i].op;
+                match op.delta(shard)? {
+                    Change::Nothing => {}
+                    Change::Delta(bytes) => states.push((*i as u32, op.name(), bytes)),
+                    Change::Whole => {
+                        is_whole = true;
+                        break;
+                    }
+                }
+            }
+            if is_whole {
+                whole.insert(shard);
+            } else if !states.is_empty() {
+                deltas.insert(shard, self.envelope(states)?);
             }
         }
-        let pieces = self.pieces(Some(&changed))?;
-        self.clean();
-        Ok((changed.iter().collect(), pieces))
+        let mut pieces: BTreeMap<u32, Vec<u8>> = self.pieces(Some(&whole))?.into_iter().collect();
+        pieces.extend(deltas);
+        self.clean(&whole);
+        Ok((whole.iter().collect(), pieces.into_iter().collect()))
     }
 
-    /// Marks every operator's state unchanged.
-    fn clean(&mut self) {
+    /// Marks every operator's state unchanged, the shards in `whole`
+    /// written whole.
+    fn clean(&mut self, whole: &Shards) {
         for node in &mut self.graph.nodes {
             if node.op.stateful() {
-                node.op.clean();
+                node.op.clean(whole);
             }
         }
     }

@@ -43,6 +43,16 @@ struct Table<A> {
     values: Vec<A>,
     /// Per entry: the last step that touched it (not stored).
     marks: Vec<u32>,
+    /// Per entry: the last snapshot epoch in which it was first touched
+    /// (not stored).
+    snap_marks: Vec<u32>,
+    /// Keys first touched since the last snapshot, with their values then
+    /// (not stored): what a delta piece is computed from.
+    since: Vec<(Vec<u8>, A)>,
+    /// Entries written as deltas since the shard was last written whole,
+    /// in this instance or in the checkpoint it was restored from (not
+    /// stored): bounds the work a restore spends merging deltas.
+    chain: usize,
     /// Open addressing with linear probing: entry index + 1, or [`EMPTY`].
     /// The length is 0 or a power of two.
     index: Vec<u32>,
@@ -57,6 +67,9 @@ impl<A> Default for Table<A> {
             spans: Vec::new(),
             values: Vec::new(),
             marks: Vec::new(),
+            snap_marks: Vec::new(),
+            since: Vec::new(),
+            chain: 0,
             index: Vec::new(),
             garbage: 0,
         }
@@ -142,6 +155,7 @@ impl<A> Table<A> {
         self.spans.push([start, key.len() as u32]);
         self.values.push(value);
         self.marks.push(0);
+        self.snap_marks.push(0);
         let entry = self.len() - 1;
         self.place(entry, h);
         Ok(entry)
@@ -183,8 +197,12 @@ impl<A> Table<A> {
         self.spans.swap_remove(entry);
         self.values.swap_remove(entry);
         self.marks.swap_remove(entry);
+        self.snap_marks.swap_remove(entry);
         if self.spans.is_empty() {
-            *self = Table::default();
+            // Keep what tracks changes; drop the storage.
+            self.arena = Vec::new();
+            self.index = Vec::new();
+            self.garbage = 0;
         } else if self.garbage > 4096 && self.garbage * 2 > self.arena.len() {
             self.compact();
         }
@@ -289,6 +307,9 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         let table = Table {
             arena: arena.to_vec(),
             marks: vec![0; entries],
+            snap_marks: vec![0; entries],
+            since: Vec::new(),
+            chain: 0,
             spans,
             values,
             index,
@@ -305,6 +326,22 @@ pub(crate) struct KeyedTable<A> {
     dirty: Shards,
     /// The current step's mark (entries touched in it carry it).
     step: u32,
+    /// Whether to record, per shard, the keys changed since the last
+    /// snapshot and their values then (for delta pieces).
+    track: bool,
+    /// The current snapshot epoch's mark.
+    epoch: u32,
+}
+
+/// How a shard's changes since the last snapshot are written.
+pub(crate) enum Change {
+    /// Nothing to write: every change cancelled out.
+    Nothing,
+    /// A delta piece: per changed key, the value's change, which adds to
+    /// the pieces written before.
+    Delta(Vec<u8>),
+    /// The whole shard, replacing the pieces written before.
+    Whole,
 }
 
 /// Where an entry lies: shard, entry index.
@@ -314,14 +351,18 @@ pub(crate) struct Slot {
     pub entry: u32,
 }
 
-impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
-    pub(crate) fn new() -> Self {
+impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
+    /// A table; `track` records what changed since the last snapshot, for
+    /// [`delta`](Self::delta) (a table that is never snapshotted skips it).
+    pub(crate) fn new(track: bool) -> Self {
         KeyedTable {
             // Made at the first change: building a circuit (a worker's
             // start) allocates nothing per shard.
             shards: Vec::new(),
             dirty: Shards::none(),
             step: 0,
+            track,
+            epoch: 1,
         }
     }
 
@@ -351,7 +392,7 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         let h = hash(key);
         let shard = shard_of_hash(h);
         self.dirty.insert(shard);
-        let step = self.step;
+        let (step, track, epoch) = (self.step, self.track, self.epoch);
         let table = self.table_mut(shard);
         let entry = match table.find(key, h) {
             Some(e) => e,
@@ -359,6 +400,11 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         };
         let first = table.marks[entry] != step;
         table.marks[entry] = step;
+        if track && table.snap_marks[entry] != epoch {
+            table.snap_marks[entry] = epoch;
+            let before = table.values[entry].clone();
+            table.since.push((key.to_vec(), before));
+        }
         Ok((
             Slot {
                 shard,
@@ -392,6 +438,8 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
             t.spans.clear();
             t.values.clear();
             t.marks.clear();
+            t.snap_marks.clear();
+            t.since.clear();
             t.index.iter_mut().for_each(|slot| *slot = EMPTY);
             t.garbage = 0;
         }
@@ -447,9 +495,16 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         // new index.
         let target = self.table_mut(shard);
         if target.len() == 0 {
+            // Keep what tracks changes (a restore changes nothing).
+            let (since, chain) = (std::mem::take(&mut target.since), target.chain);
             *target = piece;
+            target.since = since;
+            target.chain = chain;
             return Ok(());
         }
+        // Merged pieces (deltas, or several workers' pieces) count as a
+        // chain: the next snapshot writes the shard whole once it is long.
+        target.chain += piece.len();
         for e in 0..piece.len() {
             let key = piece.key(e);
             let h = hash(key);
@@ -492,7 +547,8 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         Ok(())
     }
 
-    /// Forgets the entries of `shards` (handed off).
+    /// Forgets the entries of `shards` (handed off); they are written whole
+    /// next.
     pub(crate) fn forget(&mut self, shards: &Shards) {
         let made = self.shards.len() as u32;
         for s in shards.iter().filter(|s| *s < made) {
@@ -508,8 +564,82 @@ impl<A: Default + Serialize + DeserializeOwned> KeyedTable<A> {
         &self.dirty
     }
 
-    /// Marks every shard unchanged (a snapshot was taken).
-    pub(crate) fn clean(&mut self) {
+    /// How the changes of `shard` since the last snapshot are written: as
+    /// a delta — each changed key's `diff(now, then)`, unless `empty` — or,
+    /// once the deltas written since the shard was last whole would reach
+    /// its size, whole.
+    pub(crate) fn delta(
+        &self,
+        shard: u32,
+        diff: impl Fn(&A, &A) -> A,
+        empty: impl Fn(&A) -> bool,
+    ) -> Result<Change> {
+        if !self.track || !self.dirty.contains(shard) {
+            return Ok(if self.dirty.contains(shard) {
+                Change::Whole
+            } else {
+                Change::Nothing
+            });
+        }
+        let Some(table) = self.shards.get(shard as usize) else {
+            return Ok(Change::Nothing);
+        };
+        if table.chain + table.since.len() > table.len().max(64) {
+            return Ok(Change::Whole);
+        }
+        let mut delta: Table<A> = Table::default();
+        for (key, then) in &table.since {
+            let h = hash(key);
+            if delta.find(key, h).is_some() {
+                // Removed and added again: the first record holds the value
+                // at the snapshot.
+                continue;
+            }
+            let now = table
+                .find(key, h)
+                .map_or_else(A::default, |e| table.values[e].clone());
+            let change = diff(&now, then);
+            // An unchanged key still takes a slot, so that a later record
+            // of it is skipped; it is dropped below.
+            delta.insert(key, h, change)?;
+        }
+        let changed: Vec<usize> = (0..delta.len())
+            .filter(|e| !empty(&delta.values[*e]))
+            .collect();
+        if changed.is_empty() {
+            return Ok(Change::Nothing);
+        }
+        if changed.len() < delta.len() {
+            let mut kept: Table<A> = Table::default();
+            for e in changed {
+                let key = delta.key(e);
+                kept.insert(key, hash(key), delta.values[e].clone())?;
+            }
+            delta = kept;
+        }
+        Ok(Change::Delta(delta.write()?))
+    }
+
+    /// Marks every shard unchanged (a snapshot was taken): the shards in
+    /// `whole` were written whole, the other changed ones as deltas.
+    pub(crate) fn clean(&mut self, whole: &Shards) {
+        for s in self.dirty.iter() {
+            if let Some(t) = self.shards.get_mut(s as usize) {
+                t.chain = if whole.contains(s) {
+                    0
+                } else {
+                    t.chain + t.since.len()
+                };
+                t.since = Vec::new();
+            }
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            for t in &mut self.shards {
+                t.snap_marks.iter_mut().for_each(|m| *m = 0);
+            }
+            self.epoch = 1;
+        }
         self.dirty = Shards::none();
     }
 }
@@ -547,7 +677,7 @@ mod tests {
         /// the same contents.
         #[test]
         fn behaves_like_a_map(ops in prop::collection::vec((0u32..300, -3i64..4), 1..2000)) {
-            let mut table: KeyedTable<i64> = KeyedTable::new();
+            let mut table: KeyedTable<i64> = KeyedTable::new(true);
             let mut model: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
             for chunk in ops.chunks(50) {
                 table.begin_step();
@@ -572,8 +702,8 @@ mod tests {
                 }
             }
             let pieces = table.snapshot(None).unwrap();
-            let mut copy: KeyedTable<i64> = KeyedTable::new();
-            let mut merged: KeyedTable<i64> = KeyedTable::new();
+            let mut copy: KeyedTable<i64> = KeyedTable::new(true);
+            let mut merged: KeyedTable<i64> = KeyedTable::new(true);
             for (s, p) in &pieces {
                 copy.restore("t", *s, p, |a, b| *a += b, |a| *a == 0).unwrap();
                 // Twice into one table: every value doubles.
@@ -587,15 +717,76 @@ mod tests {
         }
     }
 
+    /// Applies `ops` as one step, removing what became empty.
+    fn apply(table: &mut KeyedTable<i64>, model: &mut BTreeMap<Vec<u8>, i64>, ops: &[(u32, i64)]) {
+        table.begin_step();
+        let mut touched = Vec::new();
+        for &(k, d) in ops {
+            let (slot, _, v) = table.touch(&key(k)).unwrap();
+            *v += d;
+            touched.push(slot);
+            *model.entry(key(k)).or_default() += d;
+        }
+        touched.sort();
+        touched.dedup();
+        touched.retain(|s| *table.get(*s).1 == 0);
+        table.remove_sorted(&touched);
+        model.retain(|_, v| *v != 0);
+    }
+
+    proptest! {
+        /// A base snapshot plus, per changed shard, a whole piece or a
+        /// delta — round after round — restores to the current contents.
+        #[test]
+        fn deltas_on_a_base_restore_the_contents(
+            base in prop::collection::vec((0u32..400, -3i64..4), 0..1500),
+            rounds in prop::collection::vec(prop::collection::vec((0u32..400, -3i64..4), 0..300), 1..6),
+        ) {
+            let mut table: KeyedTable<i64> = KeyedTable::new(true);
+            let mut model = BTreeMap::new();
+            apply(&mut table, &mut model, &base);
+            let mut checkpoint: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
+            for (s, p) in table.snapshot(None).unwrap() {
+                checkpoint.insert(s, vec![p]);
+            }
+            table.clean(&Shards::all());
+            for ops in &rounds {
+                apply(&mut table, &mut model, ops);
+                let mut whole = Shards::none();
+                for s in table.dirty().clone().iter() {
+                    match table.delta(s, |a, b| a - b, |a| *a == 0).unwrap() {
+                        Change::Nothing => {}
+                        Change::Delta(p) => checkpoint.entry(s).or_default().push(p),
+                        Change::Whole => {
+                            whole.insert(s);
+                            checkpoint.remove(&s);
+                        }
+                    }
+                }
+                for (s, p) in table.snapshot(Some(&whole)).unwrap() {
+                    checkpoint.insert(s, vec![p]);
+                }
+                table.clean(&whole);
+                let mut restored: KeyedTable<i64> = KeyedTable::new(true);
+                for (s, pieces) in &checkpoint {
+                    for p in pieces {
+                        restored.restore("t", *s, p, |a, b| *a += b, |a| *a == 0).unwrap();
+                    }
+                }
+                prop_assert_eq!(contents(&restored), model.clone());
+            }
+        }
+    }
+
     #[test]
     fn a_damaged_piece_is_an_error() {
-        let mut t: KeyedTable<i64> = KeyedTable::new();
+        let mut t: KeyedTable<i64> = KeyedTable::new(true);
         for i in 0..100 {
             *t.touch(&key(i)).unwrap().2 += 1;
         }
         let (shard, piece) = t.snapshot(None).unwrap().remove(0);
         for cut in [0, 1, 5, 13, piece.len() / 2, piece.len() - 1] {
-            let mut fresh: KeyedTable<i64> = KeyedTable::new();
+            let mut fresh: KeyedTable<i64> = KeyedTable::new(true);
             assert!(
                 fresh
                     .restore("t", shard, &piece[..cut], |a, b| *a += b, |a| *a == 0)
@@ -606,7 +797,7 @@ mod tests {
         let mut wrong = piece.clone();
         wrong[0] = 9;
         assert!(
-            KeyedTable::<i64>::new()
+            KeyedTable::<i64>::new(true)
                 .restore("t", shard, &wrong, |a, b| *a += b, |a| *a == 0)
                 .is_err()
         );
@@ -626,7 +817,7 @@ mod tests {
             .filter(|k| shard_of_hash(hash(k)) == shard)
             .take(100)
             .collect();
-        let mut t: KeyedTable<i64> = KeyedTable::new();
+        let mut t: KeyedTable<i64> = KeyedTable::new(true);
         for k in &keys {
             *t.touch(k).unwrap().2 += 1;
         }

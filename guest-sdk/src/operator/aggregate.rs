@@ -13,7 +13,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::RawEvent;
 use crate::state::Shards;
-use crate::table::{KeyedTable, Slot, encode_key};
+use crate::table::{Change, KeyedTable, Slot, encode_key};
 use crate::types::OrdF64;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
@@ -55,6 +55,14 @@ impl<S: Sum> Acc<S> {
 
     fn is_empty(&self) -> bool {
         self.count == 0 && self.sum == S::default()
+    }
+
+    /// `self − before`: what adds to `before` to make `self`.
+    fn diff(&self, before: &Acc<S>) -> Acc<S> {
+        let mut d = self.clone();
+        d.count = d.count.wrapping_sub(before.count);
+        d.sum.add_weighted(&before.sum, -1);
+        d
     }
 
     /// Whether the group has records (a positive count).
@@ -230,8 +238,12 @@ where
         self.state.dirty().clone()
     }
 
-    fn clean(&mut self) {
-        self.state.clean();
+    fn delta(&self, shard: u32) -> Result<Change> {
+        self.state.delta(shard, Acc::diff, Acc::is_empty)
+    }
+
+    fn clean(&mut self, whole: &Shards) {
+        self.state.clean(whole);
     }
 }
 
@@ -305,8 +317,8 @@ impl<T: Data> Stream<T> {
             key,
             value,
             emit,
-            state: KeyedTable::new(),
-            local: KeyedTable::new(),
+            state: KeyedTable::new(true),
+            local: KeyedTable::new(false),
             buf: Vec::new(),
             _type: PhantomData,
         })

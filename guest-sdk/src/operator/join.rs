@@ -32,6 +32,8 @@ fn shuffle_side<K: Data, V: Data>(
 struct Sides<K, A, B> {
     left: Groups<K, A>,
     right: Groups<K, B>,
+    /// Shards changed since the last snapshot.
+    dirty: Shards,
 }
 
 impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
@@ -39,7 +41,14 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
         Sides {
             left: BTreeMap::new(),
             right: BTreeMap::new(),
+            dirty: Shards::none(),
         }
+    }
+
+    /// Marks the shard of `key` changed.
+    fn touch(&mut self, key: &K) -> Result<()> {
+        self.dirty.insert(state::shard_of_key(key)?);
+        Ok(())
     }
 
     /// Per shard, both sides' entries there (a side without any: an empty
@@ -71,6 +80,7 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
     fn forget(&mut self, shards: &Shards) {
         state::forget(&mut self.left, shards);
         state::forget(&mut self.right, shards);
+        self.dirty.union(shards);
     }
 }
 
@@ -99,6 +109,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
             }
         }
         for ((k, a), wa) in da {
+            self.sides.touch(&k)?;
             apply(&mut self.sides.left, &k, a, wa);
         }
         // A' ⋈ ΔB (= A⋈ΔB + ΔA⋈ΔB), then B' = B + ΔB.
@@ -108,6 +119,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
             }
         }
         for ((k, b), wb) in db {
+            self.sides.touch(&k)?;
             apply(&mut self.sides.right, &k, b, wb);
         }
         consolidate(&mut out);
@@ -128,6 +140,14 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
 
     fn forget(&mut self, shards: &Shards) {
         self.sides.forget(shards);
+    }
+
+    fn dirty(&self) -> Shards {
+        self.sides.dirty.clone()
+    }
+
+    fn clean(&mut self, _whole: &Shards) {
+        self.sides.dirty = Shards::none();
     }
 }
 
@@ -186,9 +206,11 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
             self.rows(k, -1, &mut out);
         }
         for ((k, a), w) in da {
+            self.sides.touch(&k)?;
             apply(&mut self.sides.left, &k, a, w);
         }
         for ((k, b), w) in db {
+            self.sides.touch(&k)?;
             apply(&mut self.sides.right, &k, b, w);
         }
         for k in &touched {
@@ -212,6 +234,14 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
 
     fn forget(&mut self, shards: &Shards) {
         self.sides.forget(shards);
+    }
+
+    fn dirty(&self) -> Shards {
+        self.sides.dirty.clone()
+    }
+
+    fn clean(&mut self, _whole: &Shards) {
+        self.sides.dirty = Shards::none();
     }
 }
 

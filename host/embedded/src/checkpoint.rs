@@ -17,7 +17,10 @@ use std::sync::Arc;
 /// `s[step u64][shard u32][worker u32]` → a piece written by checkpoint
 /// `step` (the pieces of a shard lie together, so reading some shards reads
 /// only those); for an incremental checkpoint, `r[step][shard][worker]` →
-/// the step (u64) whose `s` key holds a piece it carries; and `w[step]` →
+/// the steps (u64 each) whose `s` keys hold the pieces it carries of that
+/// shard and worker, oldest first (a whole piece, then deltas; the
+/// checkpoint's own `s` piece of the same key, if any, is a delta that
+/// follows them); and `w[step]` →
 /// the `(shard, worker)` pairs of the `s` keys of `step` still stored (a
 /// list per step, so that collecting needs no scan of the pieces). A
 /// checkpoint of the format before incremental ones has `s` keys and no
@@ -96,7 +99,9 @@ impl RocksCheckpointStore {
     fn range(&self, step: u64, from: u32, to: u64, out: &mut Vec<StatePiece>) -> Result<()> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let first = out.len();
-        for prefix in [b's', b'r'] {
+        // References first: a piece a checkpoint wrote of a (shard, worker)
+        // it also carries is a delta, which follows the carried ones.
+        for prefix in [b'r', b's'] {
             let start = keyed(prefix, step, from, 0);
             let end = match u32::try_from(to) {
                 Ok(to) => keyed(prefix, step, to, 0),
@@ -121,15 +126,21 @@ impl RocksCheckpointStore {
                     ),
                     _ => return Err(corrupt("malformed piece key")),
                 };
-                let state = if prefix == b's' {
-                    v.to_vec()
-                } else {
-                    let origin = u64::from_be_bytes(
-                        v.as_ref()
-                            .try_into()
-                            .map_err(|_| corrupt("malformed piece reference"))?,
-                    );
-                    self.db
+                if prefix == b's' {
+                    out.push(StatePiece {
+                        shard,
+                        worker,
+                        state: v.to_vec(),
+                    });
+                    continue;
+                }
+                if v.is_empty() || v.len() % 8 != 0 {
+                    return Err(corrupt("malformed piece reference"));
+                }
+                for origin in v.chunks_exact(8) {
+                    let origin = u64::from_be_bytes(origin.try_into().expect("8 bytes"));
+                    let state = self
+                        .db
                         .get_cf(cf, piece_key(origin, shard, worker))
                         .map_err(rocks("reading a checkpoint"))?
                         .ok_or_else(|| {
@@ -137,27 +148,26 @@ impl RocksCheckpointStore {
                                 "the piece of shard {shard} of worker {worker} it carries from \
                                  checkpoint {origin} is missing"
                             ))
-                        })?
-                };
-                out.push(StatePiece {
-                    shard,
-                    worker,
-                    state,
-                });
+                        })?;
+                    out.push(StatePiece {
+                        shard,
+                        worker,
+                        state,
+                    });
+                }
             }
         }
+        // Stable: per (shard, worker), carried pieces oldest first, then
+        // the checkpoint's own.
         out[first..].sort_by_key(|p| (p.shard, p.worker));
         Ok(())
     }
 
-    /// Where each piece of checkpoint `step` lies: `(shard, worker)` →
-    /// the step whose `s` key holds it.
-    fn origins(&self, step: u64) -> Result<BTreeMap<(u32, u32), u64>> {
+    /// Where the pieces of checkpoint `step` lie: per `(shard, worker)`,
+    /// the steps whose `s` keys hold them, in restore order.
+    fn origins(&self, step: u64) -> Result<BTreeMap<(u32, u32), Vec<u64>>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
-        let mut out = BTreeMap::new();
-        if let Some(written) = self.written(step)? {
-            out.extend(written.into_iter().map(|k| (k, step)));
-        }
+        let mut out: BTreeMap<(u32, u32), Vec<u64>> = BTreeMap::new();
         let start = ref_start(step);
         let end = ref_start(step + 1);
         for item in self
@@ -176,14 +186,23 @@ impl RocksCheckpointStore {
                 .get(9..17)
                 .filter(|_| k.len() == 17)
                 .ok_or_else(malformed)?;
-            let origin = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| malformed())?);
+            if v.is_empty() || v.len() % 8 != 0 {
+                return Err(malformed());
+            }
             out.insert(
                 (
                     u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")),
                     u32::from_be_bytes(rest[4..].try_into().expect("4 bytes")),
                 ),
-                origin,
+                v.chunks_exact(8)
+                    .map(|c| u64::from_be_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
             );
+        }
+        if let Some(written) = self.written(step)? {
+            for key in written {
+                out.entry(key).or_default().push(step);
+            }
         }
         Ok(out)
     }
@@ -237,7 +256,7 @@ impl RocksCheckpointStore {
         }
         // Where the carried pieces lie (resolved now: a reference always
         // names the step that wrote the bytes, never another reference).
-        let mut refs: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+        let mut refs: BTreeMap<(u32, u32), Vec<u64>> = BTreeMap::new();
         if let Some(carried) = carried {
             if carried.from == step || !metas.iter().any(|m| m.step == carried.from) {
                 return Err(StorageError::InvalidCheckpoint {
@@ -261,7 +280,7 @@ impl RocksCheckpointStore {
                             key.0, key.1, carried.from
                         ),
                     })?;
-                refs.insert(*key, *origin);
+                refs.insert(*key, origin.clone());
             }
         }
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
@@ -274,8 +293,9 @@ impl RocksCheckpointStore {
             wb.put_cf(cf, piece_key(step, p.shard, p.worker), &p.state);
             written.push((p.shard, p.worker));
         }
-        for ((shard, worker), origin) in &refs {
-            wb.put_cf(cf, ref_key(step, *shard, *worker), origin.to_be_bytes());
+        for ((shard, worker), origins) in &refs {
+            let v: Vec<u8> = origins.iter().flat_map(|o| o.to_be_bytes()).collect();
+            wb.put_cf(cf, ref_key(step, *shard, *worker), v);
         }
         let list = postcard::to_allocvec(&written)
             .map_err(StorageError::corrupt("checkpoint piece list"))?;
@@ -301,9 +321,11 @@ impl RocksCheckpointStore {
                 } else {
                     self.origins(*s)?
                 };
-                for (key, origin) in origins {
-                    if origin < oldest_kept {
-                        referenced.entry(origin).or_default().insert(key);
+                for (key, origins) in origins {
+                    for origin in origins {
+                        if origin < oldest_kept {
+                            referenced.entry(origin).or_default().insert(key);
+                        }
                     }
                 }
             }

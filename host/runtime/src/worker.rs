@@ -188,9 +188,8 @@ impl sluice::circuit::exchange::Host for WorkerState {
 pub struct Snapshot {
     /// `(shard, bytes)`, ordered by shard, at most one per shard.
     pub pieces: Vec<(u32, Vec<u8>)>,
-    /// For an incremental snapshot, the shards changed since the previous
-    /// one (sorted; each piece's shard is among them); `None` for a full
-    /// snapshot.
+    /// For an incremental snapshot, the shards written whole (sorted);
+    /// the pieces of other shards are deltas. `None` for a full snapshot.
     pub changed: Option<Vec<u32>>,
 }
 
@@ -361,10 +360,10 @@ impl Worker {
 
     /// Takes a snapshot of the circuit's state: `(shard, bytes)` pieces,
     /// at most one per shard. With `changed_only`, the circuit may answer
-    /// with the pieces of the shards changed since its previous snapshot
-    /// (or restore) only, listing them in [`Snapshot::changed`]; the host
-    /// checks that every piece lies in a listed shard, so that a carried
-    /// piece can never be doubled by a new one.
+    /// with its changes since its previous snapshot (or restore) only:
+    /// [`Snapshot::changed`] lists the shards written whole (replacing the
+    /// pieces before), and a piece of a shard not listed is a delta that
+    /// adds to the pieces before.
     pub async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
         self.arm();
         let r = self
@@ -407,14 +406,6 @@ impl Worker {
                 if let Some(s) = changed.iter().find(|s| **s >= SHARDS) {
                     return Err(refuse(format!(
                         "changed shard {s}; shards are below {SHARDS}"
-                    )));
-                }
-                if let Some((shard, _)) = pieces
-                    .iter()
-                    .find(|(s, _)| changed.binary_search(s).is_err())
-                {
-                    return Err(refuse(format!(
-                        "a piece of shard {shard}, which it did not list as changed"
                     )));
                 }
                 Some(changed)

@@ -41,7 +41,9 @@ pub struct StatePiece {
 pub struct Checkpoint {
     /// Step, frontiers, version, layout.
     pub meta: CheckpointMeta,
-    /// The pieces, ordered by (shard, worker).
+    /// The pieces, ordered by (shard, worker). A (shard, worker) may have
+    /// several — a whole piece and deltas an incremental checkpoint wrote
+    /// after it, oldest first — which a restore adds up.
     pub pieces: Vec<StatePiece>,
 }
 
@@ -73,7 +75,8 @@ pub trait CheckpointStore: Send + Sync {
     /// Stores `checkpoint` like [`put`](Self::put), made whole by the
     /// pieces `carried` names from committed checkpoint `carried.from` —
     /// an incremental checkpoint: it reads back exactly as if those pieces
-    /// had been written with it. A store that can reference a piece keeps
+    /// had been written with it, before its own. (A piece of its own of a
+    /// carried `(shard, worker)` is a delta: it reads back after them.) A store that can reference a piece keeps
     /// one copy of it (and collects it once no kept checkpoint refers to
     /// it); the default copies. Fails if `carried.from` is not committed
     /// or lacks a named piece.

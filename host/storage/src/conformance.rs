@@ -647,6 +647,25 @@ pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
     expect.remove(1);
     assert_eq!(store.get(20).unwrap(), Some(at(20, expect.clone())));
     assert_eq!(store.get(7).unwrap(), None);
+    // Step 22: a delta of (300, 2) on top of the carried piece: both read
+    // back, the carried one first; step 24 carries both and adds another.
+    store
+        .put_carrying(
+            &at(22, vec![piece(300, 2, "300 delta at 22")]),
+            &carry(20, &[(7, 0), (300, 2)]),
+        )
+        .unwrap();
+    store
+        .put_carrying(
+            &at(24, vec![piece(300, 2, "300 delta at 24")]),
+            &carry(22, &[(7, 0), (300, 2)]),
+        )
+        .unwrap();
+    let mut with_deltas = expect.clone();
+    with_deltas.push(piece(300, 2, "300 delta at 22"));
+    with_deltas.push(piece(300, 2, "300 delta at 24"));
+    assert_eq!(store.get(24).unwrap(), Some(at(24, with_deltas)));
+    assert_eq!(store.list().unwrap(), vec![22, 24]);
     // Refused: carrying from a dropped checkpoint, or a piece not there.
     assert!(
         store
@@ -655,13 +674,13 @@ pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
     );
     assert!(
         store
-            .put_carrying(&at(25, vec![]), &carry(20, &[(7, 1)]))
+            .put_carrying(&at(25, vec![]), &carry(24, &[(7, 1)]))
             .is_err()
     );
-    assert_eq!(store.list().unwrap(), vec![12, 20], "nothing was stored");
+    assert_eq!(store.list().unwrap(), vec![22, 24], "nothing was stored");
     // Whole checkpoints again: the carried pieces go with the rest.
     store.put(&checkpoint(30, 3)).unwrap();
     store.put(&checkpoint(31, 3)).unwrap();
     assert_eq!(store.get(31).unwrap(), Some(checkpoint(31, 3)));
-    assert_eq!(store.get(20).unwrap(), None);
+    assert_eq!(store.get(24).unwrap(), None);
 }

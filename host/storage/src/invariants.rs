@@ -246,8 +246,9 @@ impl Guarded {
     /// Stores an incremental checkpoint: `checkpoint`'s pieces plus those
     /// `carried` takes from an earlier committed checkpoint. Checked like
     /// [`checkpoint`](Self::checkpoint), and also: the earlier checkpoint
-    /// is committed and ran under the same layout, and no piece is both
-    /// written and carried (a shard's state would count twice).
+    /// is committed, earlier, and ran under the same layout. A written piece
+    /// of a `(shard, worker)` that is also carried is a delta: it follows
+    /// the carried ones, and restoring adds them up.
     pub fn checkpoint_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
         self.check_checkpoint(checkpoint)?;
         let step = checkpoint.meta.step;
@@ -263,16 +264,6 @@ impl Guarded {
                 "it carries pieces of checkpoint {}, which is not an earlier checkpoint of the \
                  same layout",
                 carried.from
-            )));
-        }
-        let written: std::collections::BTreeSet<(u32, u32)> = checkpoint
-            .pieces
-            .iter()
-            .map(|p| (p.shard, p.worker))
-            .collect();
-        if let Some((shard, worker)) = carried.pieces.iter().find(|k| written.contains(k)) {
-            return Err(refuse(format!(
-                "the piece of shard {shard} of worker {worker} is both written and carried"
             )));
         }
         self.checkpoints.put_carrying(checkpoint, carried)
@@ -306,6 +297,18 @@ impl Guarded {
             return Err(refuse(&format!(
                 "a piece of shard {} of worker {} (the layout has {} workers)",
                 p.shard, p.worker, layout.workers
+            )));
+        }
+        let mut keys: Vec<(u32, u32)> = checkpoint
+            .pieces
+            .iter()
+            .map(|p| (p.shard, p.worker))
+            .collect();
+        keys.sort_unstable();
+        if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+            return Err(refuse(&format!(
+                "two pieces of shard {} of worker {}",
+                w[0].0, w[0].1
             )));
         }
         Ok(())
