@@ -292,14 +292,23 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
                     .is_some_and(|e| e <= arena_len)
             })
             && used <= arena_len
-            && index.iter().filter(|s| **s != EMPTY).count() == entries
             && {
-                // Each entry in exactly one slot.
-                let mut seen = vec![false; entries];
-                index.iter().filter(|s| **s != EMPTY).all(|s| {
-                    let e = *s as usize - 1;
-                    e < entries && !std::mem::replace(&mut seen[e], true)
-                })
+                // Each entry in exactly one slot: `entries` slots in use,
+                // none naming an entry twice (one pass, a bit per entry).
+                let mut seen = vec![0u64; entries.div_ceil(64)];
+                let mut used_slots = 0;
+                index.iter().all(|&s| {
+                    if s == EMPTY {
+                        return true;
+                    }
+                    used_slots += 1;
+                    let e = s as usize - 1;
+                    let (word, bit) = (e / 64, 1u64 << (e % 64));
+                    e < entries && seen[word] & bit == 0 && {
+                        seen[word] |= bit;
+                        true
+                    }
+                }) && used_slots == entries
             };
         if !consistent {
             return Err(bad("inconsistent piece"));

@@ -115,7 +115,12 @@ impl SluiceEngine {
                 .max_core_instances_per_component(16)
                 .max_memories_per_component(4)
                 .max_tables_per_component(16)
-                .max_memory_size(limits.memory);
+                .max_memory_size(limits.memory)
+                // A slot a stopped worker frees is reset by zeroing its
+                // first pages in place rather than handing them back to the
+                // kernel: the next worker there does not fault them in again.
+                .linear_memory_keep_resident(256 << 10)
+                .table_keep_resident(64 << 10);
             config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         }
         let engine = Engine::new(&config).map_err(Error::engine("configuring the engine"))?;

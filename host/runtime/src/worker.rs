@@ -183,6 +183,10 @@ impl sluice::circuit::exchange::Host for WorkerState {
     }
 }
 
+/// At most this many bytes of pieces per `restore` call (see
+/// [`Worker::restore`]).
+pub const RESTORE_BATCH: usize = 8 << 20;
+
 /// What [`Worker::snapshot`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
@@ -416,13 +420,31 @@ impl Worker {
     }
 
     /// Adds pieces of state (from a checkpoint, or handed off by other
-    /// workers) to the circuit's state.
+    /// workers) to the circuit's state, in calls of at most
+    /// [`RESTORE_BATCH`] bytes (one piece may exceed it alone): the guest
+    /// frees each call's copy of the pieces before the next arrives, so a
+    /// restore needs about the state's size in guest memory, not twice it,
+    /// and touches fewer fresh pages. Pieces add up, so how they are cut
+    /// into calls does not change the result.
     pub async fn restore(&mut self, pieces: Vec<(u32, Vec<u8>)>) -> Result<()> {
+        let mut batch: Vec<ShardState> = Vec::new();
+        let mut bytes = 0;
+        for (shard, state) in pieces {
+            if bytes + state.len() > RESTORE_BATCH && !batch.is_empty() {
+                self.restore_batch(std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
+            bytes += state.len();
+            batch.push(ShardState { shard, state });
+        }
+        if !batch.is_empty() {
+            self.restore_batch(batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn restore_batch(&mut self, pieces: Vec<ShardState>) -> Result<()> {
         self.arm();
-        let pieces: Vec<ShardState> = pieces
-            .into_iter()
-            .map(|(shard, state)| ShardState { shard, state })
-            .collect();
         let r = self
             .bindings
             .sluice_circuit_circuit()
