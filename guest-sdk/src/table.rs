@@ -283,9 +283,9 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
             .collect();
         let values: Vec<A> = codec::from_state(op, values)?;
         let used: usize = spans.iter().map(|[_, len]| *len as usize).sum();
+        // No index (a delta piece, merged entry by entry), or a complete one.
         let consistent = values.len() == entries
-            && (index_len == 0 && entries == 0
-                || index_len.is_power_of_two() && entries * 4 <= index_len * 3)
+            && (index_len == 0 || index_len.is_power_of_two() && entries * 4 <= index_len * 3)
             && spans.iter().all(|[s, l]| {
                 (*s as usize)
                     .checked_add(*l as usize)
@@ -308,7 +308,7 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
                         seen[word] |= bit;
                         true
                     }
-                }) && used_slots == entries
+                }) && (used_slots == entries || index_len == 0)
             };
         if !consistent {
             return Err(bad("inconsistent piece"));
@@ -326,6 +326,16 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         };
         Ok(table)
     }
+}
+
+/// How many delta entries a shard of `len` keys may accumulate before it
+/// is written whole again: an eighth to a half of its keys, by shard, so
+/// that under changes spread evenly the shards are not all rewritten in
+/// one checkpoint. It bounds what a restore merges entry by entry (at most
+/// half the keys; the rest is copied) against how often a checkpoint
+/// writes a shard whole.
+fn delta_budget(shard: u32, len: usize) -> usize {
+    (len * (1 + (shard as usize % 4)) / 8).max(64)
 }
 
 /// Values by key, split by shard. Keys are given as their encodings (see
@@ -499,11 +509,8 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
             )));
         }
         let piece = Table::<A>::read(op, piece)?;
-        // Every key of the piece must lie in its shard, or lookups would
-        // miss it: one check per key, but no decoding or hashing into a
-        // new index.
         let target = self.table_mut(shard);
-        if target.len() == 0 {
+        if target.len() == 0 && !piece.index.is_empty() {
             // Keep what tracks changes (a restore changes nothing).
             let (since, chain) = (std::mem::take(&mut target.since), target.chain);
             *target = piece;
@@ -515,6 +522,9 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         // chain: the next snapshot writes the shard whole once it is long.
         target.chain += piece.len();
         for e in 0..piece.len() {
+            // Every key must lie in the piece's shard, or lookups would
+            // miss it (a copied piece is checked for consistency, not
+            // hashed again key by key).
             let key = piece.key(e);
             let h = hash(key);
             if shard_of_hash(h) != shard {
@@ -593,38 +603,39 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         let Some(table) = self.shards.get(shard as usize) else {
             return Ok(Change::Nothing);
         };
-        if table.chain + table.since.len() > table.len().max(64) {
+        if table.chain + table.since.len() > delta_budget(shard, table.len()) {
             return Ok(Change::Whole);
         }
+        // A delta piece has no index: it is only ever merged, entry by
+        // entry, so the entries go straight into its arena and arrays.
         let mut delta: Table<A> = Table::default();
+        // A key removed and added again in the interval has two records;
+        // the first holds its value at the snapshot.
+        let mut seen = vec![0u64; table.len().div_ceil(64)];
         for (key, then) in &table.since {
-            let h = hash(key);
-            if delta.find(key, h).is_some() {
-                // Removed and added again: the first record holds the value
-                // at the snapshot.
+            let now = match table.find(key, hash(key)) {
+                Some(e) => {
+                    let (word, bit) = (e / 64, 1u64 << (e % 64));
+                    if seen[word] & bit != 0 {
+                        continue;
+                    }
+                    seen[word] |= bit;
+                    table.values[e].clone()
+                }
+                None => A::default(),
+            };
+            let change = diff(&now, then);
+            if empty(&change) {
                 continue;
             }
-            let now = table
-                .find(key, h)
-                .map_or_else(A::default, |e| table.values[e].clone());
-            let change = diff(&now, then);
-            // An unchanged key still takes a slot, so that a later record
-            // of it is skipped; it is dropped below.
-            delta.insert(key, h, change)?;
+            delta
+                .spans
+                .push([delta.arena.len() as u32, key.len() as u32]);
+            delta.arena.extend_from_slice(key);
+            delta.values.push(change);
         }
-        let changed: Vec<usize> = (0..delta.len())
-            .filter(|e| !empty(&delta.values[*e]))
-            .collect();
-        if changed.is_empty() {
+        if delta.spans.is_empty() {
             return Ok(Change::Nothing);
-        }
-        if changed.len() < delta.len() {
-            let mut kept: Table<A> = Table::default();
-            for e in changed {
-                let key = delta.key(e);
-                kept.insert(key, hash(key), delta.values[e].clone())?;
-            }
-            delta = kept;
         }
         Ok(Change::Delta(delta.write()?))
     }
