@@ -110,19 +110,75 @@ pub fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
             let slot = ports.get_mut(batch.port as usize).ok_or_else(|| {
                 Error::Protocol(format!("input batch for unknown port {}", batch.port))
             })?;
-            slot.extend(batch.events.into_iter().map(from_wit));
+            let values =
+                Packed::new(&batch.values, &batch.ends, batch.weights.len()).ok_or_else(|| {
+                    Error::Protocol(format!("malformed batch for port {}", batch.port))
+                })?;
+            slot.extend(values.zip(&batch.weights).map(|(value, weight)| RawEvent {
+                key: Vec::new(),
+                value: value.to_vec(),
+                weight: *weight,
+            }));
         }
         let outputs = c.step(ports, &mut HostExchange)?;
         Ok(outputs
             .into_iter()
             .enumerate()
             .filter(|(_, events)| !events.is_empty())
-            .map(|(port, events)| Batch {
-                port: port as u32,
-                events: events.into_iter().map(to_wit).collect(),
+            .map(|(port, events)| {
+                let (values, ends, weights) = pack(events.iter().map(|e| (&e.value[..], e.weight)));
+                Batch {
+                    port: port as u32,
+                    values,
+                    ends,
+                    weights,
+                }
             })
             .collect())
     })
+}
+
+/// The slices of a packed buffer: `ends[i]` is where slice `i` ends.
+struct Packed<'a> {
+    bytes: &'a [u8],
+    ends: std::slice::Iter<'a, u32>,
+    start: usize,
+}
+
+impl<'a> Packed<'a> {
+    /// `None` unless there are `count` ends, ascending, within `bytes`.
+    fn new(bytes: &'a [u8], ends: &'a [u32], count: usize) -> Option<Self> {
+        let ascending = ends.windows(2).all(|w| w[0] <= w[1]);
+        let within = ends.last().is_none_or(|e| *e as usize <= bytes.len());
+        (ends.len() == count && ascending && within).then(|| Packed {
+            bytes,
+            ends: ends.iter(),
+            start: 0,
+        })
+    }
+}
+
+impl<'a> Iterator for Packed<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let end = *self.ends.next()? as usize;
+        let slice = &self.bytes[self.start..end];
+        self.start = end;
+        Some(slice)
+    }
+}
+
+/// Packs `(bytes, weight)` pairs: the bytes back to back, where each ends,
+/// the weights.
+fn pack<'a>(items: impl Iterator<Item = (&'a [u8], i64)>) -> (Vec<u8>, Vec<u32>, Vec<i64>) {
+    let (mut bytes, mut ends, mut weights) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, w) in items {
+        bytes.extend_from_slice(b);
+        ends.push(bytes.len() as u32);
+        weights.push(w);
+    }
+    (bytes, ends, weights)
 }
 
 fn to_wit_pieces(pieces: crate::Pieces) -> Vec<ShardState> {
@@ -171,31 +227,38 @@ pub fn set_workers(workers: u32) {
     WORKERS.set(workers.max(1));
 }
 
-fn from_wit(e: wit::Event) -> RawEvent {
-    RawEvent {
-        key: e.key,
-        value: e.value,
-        weight: e.weight,
-    }
-}
-
-fn to_wit(e: RawEvent) -> wit::Event {
-    wit::Event {
-        key: e.key,
-        value: e.value,
-        weight: e.weight,
-    }
-}
-
 /// The host's exchange, reached through the `exchange` import.
 struct HostExchange;
 
 impl Exchange for HostExchange {
     fn shuffle(&mut self, channel: u32, events: Vec<RawEvent>) -> crate::Result<Vec<RawEvent>> {
         use bindings::sluice::circuit::exchange::{ExchangeError, shuffle};
-        let events: Vec<wit::Event> = events.into_iter().map(to_wit).collect();
-        match shuffle(channel, &events) {
-            Ok(received) => Ok(received.into_iter().map(from_wit).collect()),
+        let (keys, key_ends, _) = pack(events.iter().map(|e| (&e.key[..], 0)));
+        let (values, ends, weights) = pack(events.iter().map(|e| (&e.value[..], e.weight)));
+        let sent = wit::KeyedEvents {
+            keys,
+            key_ends,
+            values,
+            ends,
+            weights,
+        };
+        match shuffle(channel, &sent) {
+            Ok(got) => {
+                let n = got.weights.len();
+                let malformed =
+                    || Error::Failed("exchange: the host returned a malformed batch".into());
+                let keys = Packed::new(&got.keys, &got.key_ends, n).ok_or_else(malformed)?;
+                let values = Packed::new(&got.values, &got.ends, n).ok_or_else(malformed)?;
+                Ok(keys
+                    .zip(values)
+                    .zip(&got.weights)
+                    .map(|((key, value), weight)| RawEvent {
+                        key: key.to_vec(),
+                        value: value.to_vec(),
+                        weight: *weight,
+                    })
+                    .collect())
+            }
             // The step fails; the host already knows why and reports it.
             Err(ExchangeError::ContractViolation(m) | ExchangeError::Aborted(m)) => {
                 Err(Error::Failed(format!("exchange: {m}")))

@@ -47,8 +47,14 @@ struct Table<A> {
     /// (not stored).
     snap_marks: Vec<u32>,
     /// Keys first touched since the last snapshot, with their values then
-    /// (not stored): what a delta piece is computed from.
-    since: Vec<(Vec<u8>, A)>,
+    /// (not stored): what a delta piece is computed from. The keys lie in
+    /// `since_keys` (start, length). Recording stops once the shard is
+    /// bound to be written whole (`whole`): a shard that changes a lot
+    /// costs no memory for it.
+    since: Vec<(u32, u32, A)>,
+    since_keys: Vec<u8>,
+    /// The shard changed beyond its delta budget since the last snapshot.
+    whole: bool,
     /// Entries written as deltas since the shard was last written whole,
     /// in this instance or in the checkpoint it was restored from (not
     /// stored): bounds the work a restore spends merging deltas.
@@ -69,6 +75,8 @@ impl<A> Default for Table<A> {
             marks: Vec::new(),
             snap_marks: Vec::new(),
             since: Vec::new(),
+            since_keys: Vec::new(),
+            whole: false,
             chain: 0,
             index: Vec::new(),
             garbage: 0,
@@ -318,6 +326,8 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
             marks: vec![0; entries],
             snap_marks: vec![0; entries],
             since: Vec::new(),
+            since_keys: Vec::new(),
+            whole: false,
             chain: 0,
             spans,
             values,
@@ -421,8 +431,19 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         table.marks[entry] = step;
         if track && table.snap_marks[entry] != epoch {
             table.snap_marks[entry] = epoch;
-            let before = table.values[entry].clone();
-            table.since.push((key.to_vec(), before));
+            if !table.whole {
+                if table.chain + table.since.len() >= delta_budget(shard, table.len()) {
+                    // Bound to be written whole: stop recording.
+                    table.whole = true;
+                    table.since = Vec::new();
+                    table.since_keys = Vec::new();
+                } else {
+                    let before = table.values[entry].clone();
+                    let start = table.since_keys.len() as u32;
+                    table.since_keys.extend_from_slice(key);
+                    table.since.push((start, key.len() as u32, before));
+                }
+            }
         }
         Ok((
             Slot {
@@ -459,6 +480,8 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
             t.marks.clear();
             t.snap_marks.clear();
             t.since.clear();
+            t.since_keys.clear();
+            t.whole = false;
             t.index.iter_mut().for_each(|slot| *slot = EMPTY);
             t.garbage = 0;
         }
@@ -512,9 +535,13 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         let target = self.table_mut(shard);
         if target.len() == 0 && !piece.index.is_empty() {
             // Keep what tracks changes (a restore changes nothing).
-            let (since, chain) = (std::mem::take(&mut target.since), target.chain);
+            let since = std::mem::take(&mut target.since);
+            let since_keys = std::mem::take(&mut target.since_keys);
+            let (whole, chain) = (target.whole, target.chain);
             *target = piece;
             target.since = since;
+            target.since_keys = since_keys;
+            target.whole = whole;
             target.chain = chain;
             return Ok(());
         }
@@ -603,7 +630,7 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         let Some(table) = self.shards.get(shard as usize) else {
             return Ok(Change::Nothing);
         };
-        if table.chain + table.since.len() > delta_budget(shard, table.len()) {
+        if table.whole || table.chain + table.since.len() > delta_budget(shard, table.len()) {
             return Ok(Change::Whole);
         }
         // A delta piece has no index: it is only ever merged, entry by
@@ -612,7 +639,8 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         // A key removed and added again in the interval has two records;
         // the first holds its value at the snapshot.
         let mut seen = vec![0u64; table.len().div_ceil(64)];
-        for (key, then) in &table.since {
+        for (start, len, then) in &table.since {
+            let key = &table.since_keys[*start as usize..(*start + *len) as usize];
             let now = match table.find(key, hash(key)) {
                 Some(e) => {
                     let (word, bit) = (e / 64, 1u64 << (e % 64));
@@ -651,6 +679,8 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
                     t.chain + t.since.len()
                 };
                 t.since = Vec::new();
+                t.since_keys = Vec::new();
+                t.whole = false;
             }
         }
         self.epoch = self.epoch.wrapping_add(1);

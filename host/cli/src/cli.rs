@@ -338,6 +338,10 @@ pub struct RunArgs {
     /// since the previous one.
     #[arg(long)]
     pub full_checkpoints: bool,
+    /// Check that every output value is JSON before committing it (a
+    /// circuit built with the SDK always writes JSON).
+    #[arg(long)]
+    pub check_output_json: bool,
     /// Memory limit per instance, in MiB.
     #[arg(long, default_value_t = 1024)]
     pub memory_mib: usize,

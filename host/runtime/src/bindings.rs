@@ -28,7 +28,7 @@ const _: [&str; 4] = [
 
 pub(crate) use self::exports::sluice::circuit::circuit::{CircuitError, ShardState, WorkerInfo};
 pub(crate) use self::sluice::circuit::exchange::ExchangeError as WitExchangeError;
-pub(crate) use self::sluice::circuit::types::{Batch, Event};
+pub(crate) use self::sluice::circuit::types::{Batch, KeyedEvents};
 
 /// The world's fully qualified name, for error messages.
 pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.3.0";

@@ -24,7 +24,7 @@
 //! hand-off, so a crash anywhere recovers to the old layout (nothing
 //! committed) or the new one, never a mix.
 
-use crate::bindings::{Batch, Event as WitEvent};
+use crate::bindings::Batch;
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::Exchange;
@@ -63,6 +63,10 @@ pub struct PipelineOptions {
     /// carry the others' pieces from it) when the instances can say which
     /// changed; off, every checkpoint is written whole.
     pub incremental_checkpoints: bool,
+    /// Parse every output value as JSON before committing it, failing the
+    /// step on one that is not (a host serving output to clients wants
+    /// this; a local run trusts its own circuit and skips the cost).
+    pub check_output_json: bool,
 }
 
 impl Default for PipelineOptions {
@@ -76,6 +80,7 @@ impl Default for PipelineOptions {
             config: Vec::new(),
             max_output_per_step: None,
             incremental_checkpoints: true,
+            check_output_json: false,
         }
     }
 }
@@ -673,7 +678,7 @@ impl Coordinator {
         };
         self.events_read = inputs
             .iter()
-            .flat_map(|batches| batches.iter().map(|b| b.events.len() as u64))
+            .flat_map(|batches| batches.iter().map(|b| b.weights.len() as u64))
             .sum();
         self.exchange.begin_step();
         let mut tasks = Vec::with_capacity(inputs.len());
@@ -715,10 +720,12 @@ impl Coordinator {
         Ok(outputs)
     }
 
-    /// Checks a worker's output batches and hashes them.
+    /// Checks a worker's output batches (well-formed; with
+    /// [`PipelineOptions::check_output_json`], every value JSON) and hashes
+    /// them.
     fn convert(&self, worker: u32, step: u64, batches: Vec<Batch>) -> Result<WorkerOutput> {
         if let Some(limit) = self.options.max_output_per_step {
-            let attempted: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
+            let attempted: u64 = batches.iter().map(|b| b.weights.len() as u64).sum();
             if attempted > limit {
                 return Err(GuestError::OutputLimit {
                     worker,
@@ -729,34 +736,47 @@ impl Coordinator {
                 .into());
             }
         }
+        let refuse = |message: String| -> Error {
+            GuestError::Failed {
+                worker,
+                call: "step",
+                message,
+            }
+            .into()
+        };
         let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
         for batch in batches {
-            let port = ports
-                .get_mut(batch.port as usize)
-                .ok_or_else(|| GuestError::Failed {
-                    worker,
-                    call: "step",
-                    message: format!(
-                        "returned a batch for output port {}, but the circuit has {} output ports",
-                        batch.port,
-                        self.outputs.len()
-                    ),
+            let port = ports.get_mut(batch.port as usize).ok_or_else(|| {
+                refuse(format!(
+                    "returned a batch for output port {}, but the circuit has {} output ports",
+                    batch.port,
+                    self.outputs.len()
+                ))
+            })?;
+            let values = crate::worker::slices(&batch.values, &batch.ends, batch.weights.len())
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "returned a malformed batch for output port {} (ends out of order or \
+                         past the values, or as many ends as weights)",
+                        batch.port
+                    ))
                 })?;
-            for e in batch.events.into_iter().filter(|e| e.weight != 0) {
-                if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&e.value) {
-                    return Err(GuestError::Failed {
-                        worker,
-                        call: "step",
-                        message: format!(
-                            "output port {} got a value that is not JSON: {err}",
-                            batch.port
-                        ),
-                    }
-                    .into());
+            port.reserve(values.len());
+            for (value, weight) in values.into_iter().zip(&batch.weights) {
+                if *weight == 0 {
+                    continue;
+                }
+                if self.options.check_output_json
+                    && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(value)
+                {
+                    return Err(refuse(format!(
+                        "output port {} got a value that is not JSON: {err}",
+                        batch.port
+                    )));
                 }
                 port.push(Event {
-                    value: e.value,
-                    weight: e.weight,
+                    value: value.to_vec(),
+                    weight: *weight,
                 });
             }
         }
@@ -1107,16 +1127,18 @@ fn read_inputs(
                 None => {
                     batches.push(Batch {
                         port: id.input,
-                        events: Vec::new(),
+                        values: Vec::new(),
+                        ends: Vec::new(),
+                        weights: Vec::new(),
                     });
                     batches.last_mut().expect("just pushed")
                 }
             };
-            batch.events.extend(events.into_iter().map(|e| WitEvent {
-                key: Vec::new(),
-                value: e.value,
-                weight: e.weight,
-            }));
+            for e in events {
+                batch.values.extend_from_slice(&e.value);
+                batch.ends.push(batch.values.len() as u32);
+                batch.weights.push(e.weight);
+            }
         }
         all.push(batches);
     }

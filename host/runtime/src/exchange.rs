@@ -7,7 +7,7 @@
 //! step; when all have, each gets the events it owns, in worker order, so
 //! the result is deterministic.
 
-use crate::bindings::Event;
+use crate::bindings::KeyedEvents;
 pub use sluice_core::{Layout, SHARDS, shard_of};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -25,12 +25,57 @@ pub enum ExchangeError {
     Aborted(String),
 }
 
-type Reply = Result<Vec<Event>, ExchangeError>;
+type Reply = Result<KeyedEvents, ExchangeError>;
+
+/// No events.
+pub(crate) fn empty() -> KeyedEvents {
+    KeyedEvents {
+        keys: Vec::new(),
+        key_ends: Vec::new(),
+        values: Vec::new(),
+        ends: Vec::new(),
+        weights: Vec::new(),
+    }
+}
+
+/// The `(key, value, weight)` of each event of `events`, or `None` if the
+/// packing is malformed (lengths differ, ends descend or overrun).
+pub(crate) fn unpack(events: &KeyedEvents) -> Option<Vec<(&[u8], &[u8], i64)>> {
+    let n = events.weights.len();
+    let keys = crate::worker::slices(&events.keys, &events.key_ends, n)?;
+    let values = crate::worker::slices(&events.values, &events.ends, n)?;
+    Some(
+        keys.into_iter()
+            .zip(values)
+            .zip(&events.weights)
+            .map(|((k, v), w)| (k, v, *w))
+            .collect(),
+    )
+}
+
+/// Appends one event to `to`.
+fn push(to: &mut KeyedEvents, key: &[u8], value: &[u8], weight: i64) {
+    to.keys.extend_from_slice(key);
+    to.key_ends.push(to.keys.len() as u32);
+    to.values.extend_from_slice(value);
+    to.ends.push(to.values.len() as u32);
+    to.weights.push(weight);
+}
+
+/// Appends every event of `from` to `to`.
+fn append(to: &mut KeyedEvents, from: KeyedEvents) {
+    let (k, v) = (to.keys.len() as u32, to.values.len() as u32);
+    to.keys.extend_from_slice(&from.keys);
+    to.key_ends.extend(from.key_ends.iter().map(|e| e + k));
+    to.values.extend_from_slice(&from.values);
+    to.ends.extend(from.ends.iter().map(|e| e + v));
+    to.weights.extend_from_slice(&from.weights);
+}
 
 struct Round {
     contributed: Vec<bool>,
     /// `inbox[dest][src]`: what `src` sent to `dest`.
-    inbox: Vec<Vec<Vec<Event>>>,
+    inbox: Vec<Vec<KeyedEvents>>,
     waiters: Vec<Option<oneshot::Sender<Reply>>>,
 }
 
@@ -85,7 +130,7 @@ impl Exchange {
 
     /// Worker `worker` contributes `events` on `channel`; resolves to the
     /// events it owns once every worker has contributed.
-    pub(crate) async fn shuffle(&self, worker: u32, channel: u32, events: Vec<Event>) -> Reply {
+    pub(crate) async fn shuffle(&self, worker: u32, channel: u32, events: KeyedEvents) -> Reply {
         let receiver = {
             let mut s = self.lock();
             if let Some(f) = &s.failure {
@@ -94,7 +139,7 @@ impl Exchange {
             let w = self.workers as usize;
             let round = s.rounds.entry(channel).or_insert_with(|| Round {
                 contributed: vec![false; w],
-                inbox: vec![vec![Vec::new(); w]; w],
+                inbox: (0..w).map(|_| (0..w).map(|_| empty()).collect()).collect(),
                 waiters: (0..w).map(|_| None).collect(),
             });
             let me = worker as usize;
@@ -104,16 +149,27 @@ impl Exchange {
                 );
                 return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg)));
             }
+            let Some(sent) = unpack(&events) else {
+                let msg = format!(
+                    "worker {worker} sent a malformed batch on channel {channel} (ends out of \
+                     order or past the bytes, or lists of different lengths)"
+                );
+                return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg)));
+            };
+            let round = s.rounds.get_mut(&channel).expect("round exists");
             round.contributed[me] = true;
-            for e in events {
-                let dest = self.owners[shard_of(&e.key) as usize] as usize;
-                round.inbox[dest][me].push(e);
+            for (key, value, weight) in sent {
+                let dest = self.owners[shard_of(key) as usize] as usize;
+                push(&mut round.inbox[dest][me], key, value, weight);
             }
             if round.contributed.iter().all(|c| *c) {
                 let mut round = s.rounds.remove(&channel).expect("round exists");
-                let mut mine = Vec::new();
+                let mut mine = empty();
                 for (dest, from) in round.inbox.into_iter().enumerate() {
-                    let events: Vec<Event> = from.into_iter().flatten().collect();
+                    let mut events = empty();
+                    for part in from {
+                        append(&mut events, part);
+                    }
                     if dest == me {
                         mine = events;
                     } else if let Some(tx) = round.waiters[dest].take() {
@@ -182,12 +238,13 @@ impl Exchange {
 mod tests {
     use super::*;
 
-    fn ev(key: &str, v: u8) -> Event {
-        Event {
-            key: key.as_bytes().to_vec(),
-            value: vec![v],
-            weight: 1,
+    /// Packs `(key, value)` events of weight 1.
+    fn evs<'a>(events: impl IntoIterator<Item = (&'a str, u8)>) -> KeyedEvents {
+        let mut out = empty();
+        for (k, v) in events {
+            push(&mut out, k.as_bytes(), &[v], 1);
         }
+        out
     }
 
     fn owner(key: &[u8], layout: &Layout) -> u32 {
@@ -209,12 +266,13 @@ mod tests {
         let x = Exchange::new(&layout);
         x.begin_step();
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
-        let send = |w: u8| keys.iter().map(|k| ev(k, w)).collect::<Vec<_>>();
+        let send = |w: u8| evs(keys.iter().map(|k| (k.as_str(), w)));
         let (a, b) = tokio::join!(x.shuffle(0, 7, send(0)), x.shuffle(1, 7, send(1)));
         for (w, got) in [a.unwrap(), b.unwrap()].into_iter().enumerate() {
-            assert!(got.iter().all(|e| owner(&e.key, &layout) == w as u32));
+            let got = unpack(&got).unwrap();
+            assert!(got.iter().all(|(k, _, _)| owner(k, &layout) == w as u32));
             // Worker 0's contributions come first.
-            let sources: Vec<u8> = got.iter().map(|e| e.value[0]).collect();
+            let sources: Vec<u8> = got.iter().map(|(_, v, _)| v[0]).collect();
             assert!(sources.windows(2).all(|p| p[0] <= p[1]));
             assert_eq!(
                 got.len(),
@@ -230,7 +288,7 @@ mod tests {
     async fn a_worker_that_skips_a_channel_fails_the_waiters() {
         let x = Exchange::new(&two_workers());
         x.begin_step();
-        let waiting = x.shuffle(0, 1, vec![ev("a", 0)]);
+        let waiting = x.shuffle(0, 1, evs([("a", 0)]));
         let finishing = async {
             tokio::task::yield_now().await;
             x.worker_finished(1);
@@ -241,5 +299,19 @@ mod tests {
                 .to_string()
                 .contains("without calling shuffle on channel 1")
         );
+    }
+
+    #[tokio::test]
+    async fn a_malformed_batch_fails_the_step() {
+        let x = Exchange::new(&two_workers());
+        x.begin_step();
+        let mut bad = evs([("a", 0), ("b", 1)]);
+        bad.ends.reverse();
+        let err = x.shuffle(0, 1, bad).await.unwrap_err();
+        assert!(err.to_string().contains("malformed batch"), "{err}");
+        let mut short = evs([("a", 0)]);
+        short.weights.push(1);
+        x.begin_step();
+        assert!(x.shuffle(0, 1, short).await.is_err());
     }
 }

@@ -3,7 +3,7 @@
 //! through here, and every way it can fail becomes a typed [`Error`].
 
 use crate::bindings::{
-    self, Batch, CircuitError, Event, PipelineWorker, ShardState, WitExchangeError, sluice,
+    self, Batch, CircuitError, KeyedEvents, PipelineWorker, ShardState, WitExchangeError, sluice,
 };
 use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
@@ -159,8 +159,8 @@ impl sluice::circuit::exchange::Host for WorkerState {
     async fn shuffle(
         &mut self,
         channel: u32,
-        events: Vec<Event>,
-    ) -> std::result::Result<Vec<Event>, ExchangeError> {
+        events: KeyedEvents,
+    ) -> std::result::Result<KeyedEvents, ExchangeError> {
         let result = match self.exchange.clone() {
             Some(exchange) => exchange.shuffle(self.worker, channel, events).await,
             None => Err(ExchangeError::ContractViolation(
@@ -181,6 +181,45 @@ impl sluice::circuit::exchange::Host for WorkerState {
             ExchangeError::Aborted(m) => WitExchangeError::Aborted(m),
         })
     }
+}
+
+/// Packs events into one port's batch: the values back to back, where each
+/// ends, the weights.
+pub(crate) fn pack_batch(port: u32, events: &[sluice_core::Event]) -> Batch {
+    let mut values = Vec::with_capacity(events.iter().map(|e| e.value.len()).sum());
+    let mut ends = Vec::with_capacity(events.len());
+    let mut weights = Vec::with_capacity(events.len());
+    for e in events {
+        values.extend_from_slice(&e.value);
+        ends.push(values.len() as u32);
+        weights.push(e.weight);
+    }
+    Batch {
+        port,
+        values,
+        ends,
+        weights,
+    }
+}
+
+/// The `count` slices of a packed buffer (`ends[i]`: where slice `i`
+/// ends), or `None` if the packing is malformed: not `count` ends, or ends
+/// that descend or overrun the bytes.
+pub(crate) fn slices<'a>(bytes: &'a [u8], ends: &[u32], count: usize) -> Option<Vec<&'a [u8]>> {
+    if ends.len() != count {
+        return None;
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut start = 0usize;
+    for &end in ends {
+        let end = end as usize;
+        if end < start || end > bytes.len() {
+            return None;
+        }
+        out.push(&bytes[start..end]);
+        start = end;
+    }
+    Some(out)
 }
 
 /// At most this many bytes of pieces per `restore` call (see
@@ -534,19 +573,9 @@ impl Worker {
         inputs: Vec<Vec<sluice_core::Event>>,
     ) -> Result<Vec<Vec<sluice_core::Event>>> {
         let batches = inputs
-            .into_iter()
+            .iter()
             .enumerate()
-            .map(|(port, events)| Batch {
-                port: port as u32,
-                events: events
-                    .into_iter()
-                    .map(|e| Event {
-                        key: Vec::new(),
-                        value: e.value,
-                        weight: e.weight,
-                    })
-                    .collect(),
-            })
+            .map(|(port, events)| pack_batch(port as u32, events))
             .collect();
         let mut out: Vec<Vec<sluice_core::Event>> = Vec::new();
         for batch in self.step(step, time_ms, batches).await? {
@@ -554,9 +583,19 @@ impl Worker {
             if out.len() <= port {
                 out.resize_with(port + 1, Vec::new);
             }
-            out[port].extend(batch.events.into_iter().map(|e| sluice_core::Event {
-                value: e.value,
-                weight: e.weight,
+            let values =
+                slices(&batch.values, &batch.ends, batch.weights.len()).ok_or_else(|| {
+                    GuestError::Failed {
+                        worker: self.index,
+                        call: "step",
+                        message: format!("returned a malformed batch for output port {port}"),
+                    }
+                })?;
+            out[port].extend(values.into_iter().zip(&batch.weights).map(|(v, w)| {
+                sluice_core::Event {
+                    value: v.to_vec(),
+                    weight: *w,
+                }
             }));
         }
         Ok(out)

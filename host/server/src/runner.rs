@@ -131,6 +131,8 @@ impl PipelineHandle {
                 config: Vec::new(),
                 max_output_per_step: Some(limits.max_output),
                 incremental_checkpoints: true,
+                // Output is served to clients as JSON lines.
+                check_output_json: true,
             },
             id_prefix: format!("{tenant}/{}/", spec.name),
         };

@@ -36,6 +36,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                     config: vec![],
                     max_output_per_step: None,
                     incremental_checkpoints: !a.full_checkpoints,
+                    check_output_json: a.check_output_json,
                 },
                 rescale_to: a.workers,
                 partitions: a.partitions,

@@ -88,10 +88,14 @@ mod component {
             sys::init(super::build, info)
         }
         fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
-            let shout = inputs
-                .iter()
-                .flat_map(|b| &b.events)
-                .any(|e| e.value == b"\"shout\"");
+            let shout = inputs.iter().any(|b| {
+                let mut start = 0;
+                b.ends.iter().any(|&end| {
+                    let value = b.values.get(start..end as usize);
+                    start = end as usize;
+                    value == Some(b"\"shout\"".as_slice())
+                })
+            });
             if shout {
                 return Err(CircuitError::Failed(format!(
                     "<script>alert(1)</script>\n\u{1b}[31m{}",

@@ -34,7 +34,7 @@ const _: [&str; 4] = [
 
 use bindings::exports::sluice::circuit::circuit::Guest;
 use bindings::sluice::circuit::types::{
-    Batch, CircuitError, CircuitInfo, Event, ShardState, StateSnapshot, WorkerInfo,
+    Batch, CircuitError, CircuitInfo, ShardState, StateSnapshot, WorkerInfo,
 };
 
 thread_local! {
@@ -54,6 +54,22 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Packs `(value, weight)` events into output port 0's batch.
+fn batch(events: Vec<(Vec<u8>, i64)>) -> Batch {
+    let mut b = Batch {
+        port: 0,
+        values: Vec::new(),
+        ends: Vec::new(),
+        weights: Vec::new(),
+    };
+    for (value, weight) in events {
+        b.values.extend_from_slice(&value);
+        b.ends.push(b.values.len() as u32);
+        b.weights.push(weight);
+    }
+    b
+}
+
 impl Guest for Noisy {
     fn describe() -> CircuitInfo {
         CircuitInfo {
@@ -70,8 +86,15 @@ impl Guest for Noisy {
     fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
         let mut counts: HashMap<Vec<u8>, i64> = HashMap::new();
         for batch in inputs {
-            for e in batch.events {
-                *counts.entry(e.value).or_default() += e.weight;
+            let mut start = 0;
+            for (end, weight) in batch.ends.iter().zip(&batch.weights) {
+                let end = *end as usize;
+                let value = batch
+                    .values
+                    .get(start..end)
+                    .ok_or_else(|| CircuitError::Protocol("malformed input batch".into()))?;
+                *counts.entry(value.to_vec()).or_default() += weight;
+                start = end;
             }
         }
         let k = STEPS.get() + 1;
@@ -86,14 +109,13 @@ impl Guest for Noisy {
             .filter(|(_, n)| *n != 0)
             .map(|(value, weight)| {
                 let v = String::from_utf8_lossy(&value);
-                Event {
-                    key: Vec::new(),
-                    value: format!("{{\"v\":{v},\"t\":{t},\"r\":{r},\"k\":{k}}}").into_bytes(),
+                (
+                    format!("{{\"v\":{v},\"t\":{t},\"r\":{r},\"k\":{k}}}").into_bytes(),
                     weight,
-                }
+                )
             })
-            .collect();
-        Ok(vec![Batch { port: 0, events }])
+            .collect::<Vec<_>>();
+        Ok(vec![batch(events)])
     }
 
     /// The step count lies in shard 0 (it is the instance's, not a key's:
