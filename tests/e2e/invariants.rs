@@ -525,3 +525,39 @@ async fn guest_time_does_not_go_back_after_a_restart() {
         .unwrap();
     assert!(seen >= ahead, "step 1 saw {seen}, before step 0's {ahead}");
 }
+
+/// Output crosses the boundary packed: a batch whose ends run past its
+/// bytes fails the step, whatever the options; a value that is not JSON is
+/// refused when the host checks output (the server does), and committed as
+/// bytes when it does not (a local run of its own circuit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_output_is_refused_and_non_json_when_checked() {
+    let wasm = component(MISBEHAVE);
+    let run = |input: &'static str, check: bool| {
+        let wasm = wasm.clone();
+        async move {
+            let dir = tempfile::tempdir().unwrap();
+            let h = Harness::open(dir.path(), &wasm, 1, Limits::default()).await;
+            h.append("in", 0, &[input]);
+            let mut c = h
+                .coordinator(sluice_runtime::PipelineOptions {
+                    check_output_json: check,
+                    ..manual_checkpoints()
+                })
+                .await
+                .unwrap();
+            let r = c.step().await.map(|_| h.integrated("out"));
+            (r, dir)
+        }
+    };
+    for check in [false, true] {
+        let (r, _dir) = run("malformed", check).await;
+        let err = r.unwrap_err().to_string();
+        assert!(err.contains("malformed batch"), "{err}");
+    }
+    let (r, _dir) = run("garbage", true).await;
+    let err = r.unwrap_err().to_string();
+    assert!(err.contains("not JSON"), "{err}");
+    let (r, _dir) = run("garbage", false).await;
+    assert_eq!(r.unwrap(), BTreeMap::from([("{oops".to_owned(), 1)]));
+}

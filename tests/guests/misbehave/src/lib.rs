@@ -12,7 +12,10 @@
 //!
 //! - a step whose input holds `"shout"` fails with a 1 MiB message full of
 //!   newlines, markup and terminal escapes (the host must bound and escape
-//!   what a guest says).
+//!   what a guest says);
+//! - a step whose input holds `"garbage"` returns `{oops` on `out`, which
+//!   is not JSON, and one whose input holds `"malformed"` returns a batch
+//!   whose value ends past its bytes.
 //!
 //! Then it counts the echoed values per first letter (so W > 1 exercises the
 //! exchange) on output `letters`.
@@ -88,14 +91,26 @@ mod component {
             sys::init(super::build, info)
         }
         fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
-            let shout = inputs.iter().any(|b| {
-                let mut start = 0;
-                b.ends.iter().any(|&end| {
-                    let value = b.values.get(start..end as usize);
-                    start = end as usize;
-                    value == Some(b"\"shout\"".as_slice())
+            let holds = |wanted: &[u8]| {
+                inputs.iter().any(|b| {
+                    let mut start = 0;
+                    b.ends.iter().any(|&end| {
+                        let value = b.values.get(start..end as usize);
+                        start = end as usize;
+                        value == Some(wanted)
+                    })
                 })
-            });
+            };
+            if holds(b"\"garbage\"") || holds(b"\"malformed\"") {
+                let end = if holds(b"\"garbage\"") { 5 } else { 99 };
+                return Ok(vec![Batch {
+                    port: 0,
+                    values: b"{oops".to_vec(),
+                    ends: vec![end],
+                    weights: vec![1],
+                }]);
+            }
+            let shout = holds(b"\"shout\"");
             if shout {
                 return Err(CircuitError::Failed(format!(
                     "<script>alert(1)</script>\n\u{1b}[31m{}",
