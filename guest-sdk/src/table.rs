@@ -31,6 +31,18 @@ const PIECE_FORMAT: u8 = 1;
 /// An index slot that holds no entry.
 const EMPTY: u32 = 0;
 
+/// No entry (a removed key's record) or no record (an entry's).
+const NONE: u32 = u32::MAX;
+
+/// A key first touched since the last snapshot: its entry now ([`NONE`]
+/// once removed), where its bytes lie in `since_keys`, its value then.
+#[derive(Clone)]
+struct Since<A> {
+    entry: u32,
+    key: (u32, u32),
+    then: A,
+}
+
 /// One shard's table.
 #[derive(Clone)]
 struct Table<A> {
@@ -43,15 +55,14 @@ struct Table<A> {
     values: Vec<A>,
     /// Per entry: the last step that touched it (not stored).
     marks: Vec<u32>,
-    /// Per entry: the last snapshot epoch in which it was first touched
-    /// (not stored).
-    snap_marks: Vec<u32>,
+    /// Per entry: its record in `since`, or [`NONE`] (not stored).
+    since_of: Vec<u32>,
     /// Keys first touched since the last snapshot, with their values then
     /// (not stored): what a delta piece is computed from. The keys lie in
     /// `since_keys` (start, length). Recording stops once the shard is
     /// bound to be written whole (`whole`): a shard that changes a lot
     /// costs no memory for it.
-    since: Vec<(u32, u32, A)>,
+    since: Vec<Since<A>>,
     since_keys: Vec<u8>,
     /// The shard changed beyond its delta budget since the last snapshot.
     whole: bool,
@@ -73,7 +84,7 @@ impl<A> Default for Table<A> {
             spans: Vec::new(),
             values: Vec::new(),
             marks: Vec::new(),
-            snap_marks: Vec::new(),
+            since_of: Vec::new(),
             since: Vec::new(),
             since_keys: Vec::new(),
             whole: false,
@@ -91,6 +102,26 @@ fn home(hash: u64, len: usize) -> usize {
 }
 
 impl<A> Table<A> {
+    /// Gives every entry its marks (a restored table has none until its
+    /// first change).
+    fn ensure_marks(&mut self) {
+        if self.marks.len() < self.spans.len() {
+            self.marks.resize(self.spans.len(), 0);
+            self.since_of.resize(self.spans.len(), NONE);
+        }
+    }
+
+    /// Drops the records of keys touched since the last snapshot.
+    fn forget_since(&mut self) {
+        for r in &self.since {
+            if let Some(of) = self.since_of.get_mut(r.entry as usize) {
+                *of = NONE;
+            }
+        }
+        self.since = Vec::new();
+        self.since_keys = Vec::new();
+    }
+
     fn key(&self, entry: usize) -> &[u8] {
         let [start, len] = self.spans[entry];
         &self.arena[start as usize..(start + len) as usize]
@@ -152,6 +183,7 @@ impl<A> Table<A> {
 
     /// Adds `key` (hash `h`, not present) with `value`; returns its entry.
     fn insert(&mut self, key: &[u8], h: u64, value: A) -> Result<usize> {
+        self.ensure_marks();
         if (self.len() + 1) * 4 > self.index.len() * 3 {
             self.grow();
         }
@@ -163,7 +195,7 @@ impl<A> Table<A> {
         self.spans.push([start, key.len() as u32]);
         self.values.push(value);
         self.marks.push(0);
-        self.snap_marks.push(0);
+        self.since_of.push(NONE);
         let entry = self.len() - 1;
         self.place(entry, h);
         Ok(entry)
@@ -172,6 +204,7 @@ impl<A> Table<A> {
     /// Removes `entry`; the last entry takes its place (its index changes
     /// from `len - 1` to `entry`).
     fn remove(&mut self, entry: usize) {
+        self.ensure_marks();
         let mask = self.index.len() - 1;
         // Backward-shift deletion: no tombstones, probe runs stay short.
         let mut hole = self.slot_of(entry);
@@ -205,7 +238,18 @@ impl<A> Table<A> {
         self.spans.swap_remove(entry);
         self.values.swap_remove(entry);
         self.marks.swap_remove(entry);
-        self.snap_marks.swap_remove(entry);
+        // A key removed since the snapshot is now worth nothing; the entry
+        // moved into its place keeps its record.
+        if let Some(r) = self.since.get_mut(self.since_of[entry] as usize) {
+            r.entry = NONE;
+        }
+        if entry != last {
+            self.since_of[entry] = self.since_of[last];
+            if let Some(r) = self.since.get_mut(self.since_of[entry] as usize) {
+                r.entry = entry as u32;
+            }
+        }
+        self.since_of.pop();
         if self.spans.is_empty() {
             // Keep what tracks changes; drop the storage.
             self.arena = Vec::new();
@@ -276,13 +320,21 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         let (arena, rest) = rest.split_at(arena_len);
         let (spans, rest) = rest.split_at(entries * 8);
         let (index, values) = rest.split_at(index_len * 4);
+        // One pass: convert, check each span lies in the arena, add up the
+        // bytes in use.
+        let mut used = 0usize;
+        let mut within = true;
         let spans: Vec<[u32; 2]> = spans
             .chunks_exact(8)
             .map(|c| {
-                [
+                let span = [
                     u32::from_le_bytes(c[..4].try_into().expect("4 bytes")),
                     u32::from_le_bytes(c[4..].try_into().expect("4 bytes")),
-                ]
+                ];
+                let end = span[0] as usize + span[1] as usize;
+                within &= end <= arena_len;
+                used += span[1] as usize;
+                span
             })
             .collect();
         let index: Vec<u32> = index
@@ -290,15 +342,10 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
         let values: Vec<A> = codec::from_state(op, values)?;
-        let used: usize = spans.iter().map(|[_, len]| *len as usize).sum();
         // No index (a delta piece, merged entry by entry), or a complete one.
         let consistent = values.len() == entries
             && (index_len == 0 || index_len.is_power_of_two() && entries * 4 <= index_len * 3)
-            && spans.iter().all(|[s, l]| {
-                (*s as usize)
-                    .checked_add(*l as usize)
-                    .is_some_and(|e| e <= arena_len)
-            })
+            && within
             && used <= arena_len
             && {
                 // Each entry in exactly one slot: `entries` slots in use,
@@ -323,8 +370,10 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         }
         let table = Table {
             arena: arena.to_vec(),
-            marks: vec![0; entries],
-            snap_marks: vec![0; entries],
+            // Made at the first change (see `ensure_marks`): a restore
+            // writes only what it read.
+            marks: Vec::new(),
+            since_of: Vec::new(),
             since: Vec::new(),
             since_keys: Vec::new(),
             whole: false,
@@ -358,8 +407,6 @@ pub(crate) struct KeyedTable<A> {
     /// Whether to record, per shard, the keys changed since the last
     /// snapshot and their values then (for delta pieces).
     track: bool,
-    /// The current snapshot epoch's mark.
-    epoch: u32,
 }
 
 /// How a shard's changes since the last snapshot are written.
@@ -391,7 +438,6 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
             dirty: Shards::none(),
             step: 0,
             track,
-            epoch: 1,
         }
     }
 
@@ -421,28 +467,29 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         let h = hash(key);
         let shard = shard_of_hash(h);
         self.dirty.insert(shard);
-        let (step, track, epoch) = (self.step, self.track, self.epoch);
+        let (step, track) = (self.step, self.track);
         let table = self.table_mut(shard);
         let entry = match table.find(key, h) {
             Some(e) => e,
             None => table.insert(key, h, A::default())?,
         };
+        table.ensure_marks();
         let first = table.marks[entry] != step;
         table.marks[entry] = step;
-        if track && table.snap_marks[entry] != epoch {
-            table.snap_marks[entry] = epoch;
-            if !table.whole {
-                if table.chain + table.since.len() >= delta_budget(shard, table.len()) {
-                    // Bound to be written whole: stop recording.
-                    table.whole = true;
-                    table.since = Vec::new();
-                    table.since_keys = Vec::new();
-                } else {
-                    let before = table.values[entry].clone();
-                    let start = table.since_keys.len() as u32;
-                    table.since_keys.extend_from_slice(key);
-                    table.since.push((start, key.len() as u32, before));
-                }
+        if track && !table.whole && table.since_of[entry] == NONE {
+            if table.chain + table.since.len() >= delta_budget(shard, table.len()) {
+                // Bound to be written whole: stop recording.
+                table.whole = true;
+                table.forget_since();
+            } else {
+                let start = table.since_keys.len() as u32;
+                table.since_keys.extend_from_slice(key);
+                table.since_of[entry] = table.since.len() as u32;
+                table.since.push(Since {
+                    entry: entry as u32,
+                    key: (start, key.len() as u32),
+                    then: table.values[entry].clone(),
+                });
             }
         }
         Ok((
@@ -478,7 +525,7 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
             t.spans.clear();
             t.values.clear();
             t.marks.clear();
-            t.snap_marks.clear();
+            t.since_of.clear();
             t.since.clear();
             t.since_keys.clear();
             t.whole = false;
@@ -636,22 +683,17 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         // A delta piece has no index: it is only ever merged, entry by
         // entry, so the entries go straight into its arena and arrays.
         let mut delta: Table<A> = Table::default();
-        // A key removed and added again in the interval has two records;
-        // the first holds its value at the snapshot.
-        let mut seen = vec![0u64; table.len().div_ceil(64)];
-        for (start, len, then) in &table.since {
-            let key = &table.since_keys[*start as usize..(*start + *len) as usize];
-            let now = match table.find(key, hash(key)) {
-                Some(e) => {
-                    let (word, bit) = (e / 64, 1u64 << (e % 64));
-                    if seen[word] & bit != 0 {
-                        continue;
-                    }
-                    seen[word] |= bit;
-                    table.values[e].clone()
-                }
-                None => A::default(),
+        // A key removed and added again in the interval has two records —
+        // `0 − then` for the removed entry, `now − 0` for the new one —
+        // which add up to its change: no lookup, no deduplication.
+        for r in &table.since {
+            let (start, len) = (r.key.0 as usize, r.key.1 as usize);
+            let key = &table.since_keys[start..start + len];
+            let now = match table.values.get(r.entry as usize) {
+                Some(v) if r.entry != NONE => v.clone(),
+                _ => A::default(),
             };
+            let then = &r.then;
             let change = diff(&now, then);
             if empty(&change) {
                 continue;
@@ -678,17 +720,9 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
                 } else {
                     t.chain + t.since.len()
                 };
-                t.since = Vec::new();
-                t.since_keys = Vec::new();
+                t.forget_since();
                 t.whole = false;
             }
-        }
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            for t in &mut self.shards {
-                t.snap_marks.iter_mut().for_each(|m| *m = 0);
-            }
-            self.epoch = 1;
         }
         self.dirty = Shards::none();
     }

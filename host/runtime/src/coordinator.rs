@@ -332,12 +332,38 @@ impl Coordinator {
                 })?;
                 slot.push((p.shard, p.state));
             }
-            for (slot, pieces) in c.instances.iter_mut().zip(per_worker) {
-                if let Some(worker) = slot
-                    && !pieces.is_empty()
-                {
-                    worker.restore(pieces).await?;
+            // The instances restore side by side (each on its own task).
+            let mut tasks = Vec::with_capacity(per_worker.len());
+            for (w, pieces) in per_worker.into_iter().enumerate() {
+                let Some(mut worker) = c.instances[w].take() else {
+                    continue;
+                };
+                tasks.push((
+                    w,
+                    tokio::spawn(async move {
+                        let r = if pieces.is_empty() {
+                            Ok(())
+                        } else {
+                            worker.restore(pieces).await
+                        };
+                        (worker, r)
+                    }),
+                ));
+            }
+            let mut failure = None;
+            for (w, task) in tasks {
+                match task.await {
+                    Ok((worker, r)) => {
+                        c.instances[w] = Some(worker);
+                        if let Err(e) = r {
+                            failure = failure.or(Some(e));
+                        }
+                    }
+                    Err(e) => failure = failure.or(Some(Error::task(format!("worker {w}"))(e))),
                 }
+            }
+            if let Some(e) = failure {
+                return Err(e);
             }
             c.frontiers = meta.frontiers.clone();
             c.next_step = meta.step + 1;
