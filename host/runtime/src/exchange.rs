@@ -38,9 +38,12 @@ pub(crate) fn empty() -> KeyedEvents {
     }
 }
 
+/// One event of a [`KeyedEvents`]: key, value, weight.
+pub(crate) type Unpacked<'a> = (&'a [u8], &'a [u8], i64);
+
 /// The `(key, value, weight)` of each event of `events`, or `None` if the
 /// packing is malformed (lengths differ, ends descend or overrun).
-pub(crate) fn unpack(events: &KeyedEvents) -> Option<Vec<(&[u8], &[u8], i64)>> {
+pub(crate) fn unpack(events: &KeyedEvents) -> Option<Vec<Unpacked<'_>>> {
     let n = events.weights.len();
     let keys = crate::worker::slices(&events.keys, &events.key_ends, n)?;
     let values = crate::worker::slices(&events.values, &events.ends, n)?;
