@@ -764,19 +764,7 @@ mod tests {
             let mut table: KeyedTable<i64> = KeyedTable::new(true);
             let mut model: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
             for chunk in ops.chunks(50) {
-                table.begin_step();
-                let mut touched = Vec::new();
-                for &(k, d) in chunk {
-                    let (slot, _, v) = table.touch(&key(k)).unwrap();
-                    *v += d;
-                    touched.push(slot);
-                    *model.entry(key(k)).or_default() += d;
-                }
-                touched.sort();
-                touched.dedup();
-                touched.retain(|s| *table.get(*s).1 == 0);
-                table.remove_sorted(&touched);
-                model.retain(|_, v| *v != 0);
+                apply(&mut table, &mut model, chunk);
                 prop_assert_eq!(contents(&table), model.clone());
                 for (k, v) in &model {
                     let h = hash(k);

@@ -67,6 +67,9 @@ fn ref_start(step: u64) -> Vec<u8> {
     [b"r".as_slice(), &step.to_be_bytes()].concat()
 }
 
+/// A key (or its tail) and its value.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
+
 impl RocksCheckpointStore {
     /// Opens the store in a database opened by [`db::open`].
     pub fn open(db: Arc<db::PipelineDb>) -> Self {
@@ -76,22 +79,31 @@ impl RocksCheckpointStore {
         }
     }
 
-    fn metas(&self) -> Result<Vec<CheckpointMeta>> {
+    /// Every `(key without the prefix, value)` whose key starts with the
+    /// one-byte `prefix`, in key order.
+    fn prefixed(&self, prefix: u8, what: &str) -> Result<Vec<KeyValue>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut out = Vec::new();
         for item in self
             .db
-            .iterator_cf(cf, IteratorMode::From(b"m", Direction::Forward))
+            .iterator_cf(cf, IteratorMode::From(&[prefix], Direction::Forward))
         {
-            let (k, v) = item.map_err(rocks("listing checkpoints"))?;
-            if !k.starts_with(b"m") {
-                break;
+            let (k, v) = item.map_err(rocks(what))?;
+            match k.split_first() {
+                Some((p, rest)) if *p == prefix => out.push((rest.into(), v)),
+                _ => break,
             }
-            out.push(
-                postcard::from_bytes(&v).map_err(StorageError::corrupt("checkpoint metadata"))?,
-            );
         }
         Ok(out)
+    }
+
+    fn metas(&self) -> Result<Vec<CheckpointMeta>> {
+        self.prefixed(b'm', "listing checkpoints")?
+            .into_iter()
+            .map(|(_, v)| {
+                postcard::from_bytes(&v).map_err(StorageError::corrupt("checkpoint metadata"))
+            })
+            .collect()
     }
 
     /// The pieces of `step` with shards in `from..to`: those it wrote and
@@ -349,17 +361,9 @@ impl RocksCheckpointStore {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         // Steps below `oldest_kept` that still list stored pieces.
         let mut lists = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(b"w", Direction::Forward))
-        {
-            let (k, v) = item.map_err(rocks("listing checkpoint pieces"))?;
-            let Some(step) = k
-                .strip_prefix(b"w")
-                .and_then(|s| <[u8; 8]>::try_from(s).ok())
-                .map(u64::from_be_bytes)
-            else {
-                break;
+        for (k, v) in self.prefixed(b'w', "listing checkpoint pieces")? {
+            let Ok(step) = <[u8; 8]>::try_from(&*k).map(u64::from_be_bytes) else {
+                continue;
             };
             if step >= oldest_kept {
                 break;
