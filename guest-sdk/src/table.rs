@@ -368,20 +368,15 @@ impl<A: Serialize + DeserializeOwned> Table<A> {
         if !consistent {
             return Err(bad("inconsistent piece"));
         }
+        // Marks are made at the first change (see `ensure_marks`): a
+        // restore writes only what it read.
         let table = Table {
             arena: arena.to_vec(),
-            // Made at the first change (see `ensure_marks`): a restore
-            // writes only what it read.
-            marks: Vec::new(),
-            since_of: Vec::new(),
-            since: Vec::new(),
-            since_keys: Vec::new(),
-            whole: false,
-            chain: 0,
             spans,
             values,
             index,
             garbage: arena_len - used,
+            ..Table::default()
         };
         Ok(table)
     }

@@ -79,22 +79,31 @@ impl RocksCheckpointStore {
         }
     }
 
-    /// Every `(key without the prefix, value)` whose key starts with the
-    /// one-byte `prefix`, in key order.
-    fn prefixed(&self, prefix: u8, what: &str) -> Result<Vec<KeyValue>> {
+    /// Every `(key, value)` with `start <= key < end`, in key order.
+    fn between(&self, start: &[u8], end: &[u8], what: &str) -> Result<Vec<KeyValue>> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut out = Vec::new();
         for item in self
             .db
-            .iterator_cf(cf, IteratorMode::From(&[prefix], Direction::Forward))
+            .iterator_cf(cf, IteratorMode::From(start, Direction::Forward))
         {
             let (k, v) = item.map_err(rocks(what))?;
-            match k.split_first() {
-                Some((p, rest)) if *p == prefix => out.push((rest.into(), v)),
-                _ => break,
+            if k.as_ref() >= end {
+                break;
             }
+            out.push((k, v));
         }
         Ok(out)
+    }
+
+    /// Every `(key without the prefix, value)` whose key starts with the
+    /// one-byte `prefix`, in key order.
+    fn prefixed(&self, prefix: u8, what: &str) -> Result<Vec<KeyValue>> {
+        Ok(self
+            .between(&[prefix], &[prefix + 1], what)?
+            .into_iter()
+            .map(|(k, v)| (k[1..].into(), v))
+            .collect())
     }
 
     fn metas(&self) -> Result<Vec<CheckpointMeta>> {
@@ -119,14 +128,7 @@ impl RocksCheckpointStore {
                 Ok(to) => keyed(prefix, step, to, 0),
                 Err(_) => [[prefix].as_slice(), &(step + 1).to_be_bytes()].concat(),
             };
-            for item in self
-                .db
-                .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-            {
-                let (k, v) = item.map_err(rocks("reading a checkpoint"))?;
-                if k.as_ref() >= end.as_slice() {
-                    break;
-                }
+            for (k, v) in self.between(&start, &end, "reading a checkpoint")? {
                 let corrupt = |message: &str| StorageError::Corrupt {
                     what: format!("checkpoint of step {step}"),
                     message: message.into(),
@@ -142,7 +144,7 @@ impl RocksCheckpointStore {
                     out.push(StatePiece {
                         shard,
                         worker,
-                        state: v.to_vec(),
+                        state: v.into_vec(),
                     });
                     continue;
                 }
@@ -178,18 +180,9 @@ impl RocksCheckpointStore {
     /// Where the pieces of checkpoint `step` lie: per `(shard, worker)`,
     /// the steps whose `s` keys hold them, in restore order.
     fn origins(&self, step: u64) -> Result<BTreeMap<(u32, u32), Vec<u64>>> {
-        let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let mut out: BTreeMap<(u32, u32), Vec<u64>> = BTreeMap::new();
-        let start = ref_start(step);
-        let end = ref_start(step + 1);
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(rocks("reading a checkpoint"))?;
-            if k.as_ref() >= end.as_slice() {
-                break;
-            }
+        let (start, end) = (ref_start(step), ref_start(step + 1));
+        for (k, v) in self.between(&start, &end, "reading a checkpoint")? {
             let malformed = || StorageError::Corrupt {
                 what: format!("checkpoint of step {step}"),
                 message: "malformed piece reference".into(),
