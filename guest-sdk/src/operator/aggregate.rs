@@ -90,31 +90,20 @@ struct GroupSum<T, K, S, O, KF, VF, EF> {
 /// holding the sorted `(key, accumulator)` pairs of a shard.
 const LEGACY_NAME: &str = "group_sum";
 
-impl<T, K, S, O, KF, VF, EF> GroupSum<T, K, S, O, KF, VF, EF>
-where
-    T: Data,
-    K: Data,
-    S: Sum,
-    O: Data,
-    KF: Fn(&T) -> K + 'static,
-    VF: Fn(&T) -> S + 'static,
-    EF: Fn(&Acc<S>) -> O + 'static,
-{
-    /// Adds `delta` to the state of `key`, remembering the key's first
-    /// touch in this step and its accumulator before it.
-    fn apply(
-        state: &mut KeyedTable<Acc<S>>,
-        touched: &mut Vec<(Slot, Acc<S>)>,
-        key: &[u8],
-        delta: &Acc<S>,
-    ) -> Result<()> {
-        let (slot, first, acc) = state.touch(key)?;
-        if first {
-            touched.push((slot, acc.clone()));
-        }
-        acc.merge(delta);
-        Ok(())
+/// Adds `delta` to the state of `key`, remembering the key's first touch
+/// in this step and its accumulator before it.
+fn apply<S: Sum>(
+    state: &mut KeyedTable<Acc<S>>,
+    touched: &mut Vec<(Slot, Acc<S>)>,
+    key: &[u8],
+    delta: &Acc<S>,
+) -> Result<()> {
+    let (slot, first, acc) = state.touch(key)?;
+    if first {
+        touched.push((slot, acc.clone()));
     }
+    acc.merge(delta);
+    Ok(())
 }
 
 impl<T, K, S, O, KF, VF, EF> Operator for GroupSum<T, K, S, O, KF, VF, EF>
@@ -148,7 +137,7 @@ where
                     sum: S::default(),
                 };
                 delta.sum.add_weighted(&(self.value)(record), *weight);
-                Self::apply(&mut self.state, &mut touched, &self.buf, &delta)?;
+                apply(&mut self.state, &mut touched, &self.buf, &delta)?;
             }
         } else {
             // Combine this worker's share per key before it crosses the
@@ -174,7 +163,7 @@ where
                 let delta: Acc<S> = codec::from_bytes(&e.value).map_err(|m| {
                     Error::Failed(format!("exchange: undecodable accumulator: {m}"))
                 })?;
-                Self::apply(&mut self.state, &mut touched, &e.key, &delta)?;
+                apply(&mut self.state, &mut touched, &e.key, &delta)?;
             }
         }
 
