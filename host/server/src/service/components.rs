@@ -37,6 +37,20 @@ fn is_hash(s: &str) -> bool {
 }
 
 /// SHA-256 of `bytes`, hex.
+/// Writes `bytes` to `path` under `root` whole: to a file of its own, then
+/// renamed over `path`, so that a reader (a create running beside an
+/// upload or another create) sees the old bytes or the new, never a file
+/// still being written — seen under 30 parallel creates as "bad header".
+fn write_whole(root: &cap_std::fs::Dir, path: &str, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!("{path}.{}-{n}.tmp", std::process::id());
+    root.write(&tmp, bytes)?;
+    root.rename(&tmp, root, path).inspect_err(|_| {
+        let _ = root.remove_file(&tmp);
+    })
+}
+
 pub(crate) fn sha256(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
@@ -63,8 +77,7 @@ impl Service {
         self.check_disk(tenant, bytes.len() as u64).await?;
         let bytes: Arc<[u8]> = bytes.into();
         let (component, ports) = self.load_component(tenant, name, bytes.clone()).await?;
-        self.root
-            .write(name_file(tenant, name), &bytes)
+        write_whole(&self.root, &name_file(tenant, name), &bytes)
             .map_err(|e| ServiceError::Internal(format!("storing the component: {e}")))?;
         lock(&self.disk).remove(tenant);
         Ok(ComponentInfo {
@@ -153,9 +166,7 @@ impl Service {
             .create_dir_all(versions_dir(tenant))
             .map_err(internal)?;
         if !self.root.exists(version_file(tenant, hash)) {
-            self.root
-                .write(version_file(tenant, hash), bytes)
-                .map_err(internal)?;
+            write_whole(&self.root, &version_file(tenant, hash), bytes).map_err(internal)?;
         }
         Ok(())
     }
