@@ -84,6 +84,35 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
     }
 }
 
+/// The state methods of an operator whose state is its `sides` (both joins).
+macro_rules! sides_state {
+    ($name:literal) => {
+        fn stateful(&self) -> bool {
+            true
+        }
+
+        fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
+            self.sides.snapshot(only)
+        }
+
+        fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
+            self.sides.restore($name, piece)
+        }
+
+        fn forget(&mut self, shards: &Shards) {
+            self.sides.forget(shards);
+        }
+
+        fn dirty(&self) -> Shards {
+            self.sides.dirty.clone()
+        }
+
+        fn clean(&mut self, _whole: &Shards) {
+            self.sides.dirty = Shards::none();
+        }
+    };
+}
+
 struct Join<K, A, B, O, F> {
     channel: u32,
     f: F,
@@ -126,29 +155,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         Ok(Box::new(out))
     }
 
-    fn stateful(&self) -> bool {
-        true
-    }
-
-    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
-        self.sides.snapshot(only)
-    }
-
-    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
-        self.sides.restore("join", piece)
-    }
-
-    fn forget(&mut self, shards: &Shards) {
-        self.sides.forget(shards);
-    }
-
-    fn dirty(&self) -> Shards {
-        self.sides.dirty.clone()
-    }
-
-    fn clean(&mut self, _whole: &Shards) {
-        self.sides.dirty = Shards::none();
-    }
+    sides_state!("join");
 }
 
 struct LeftJoin<K, A, B, O, F> {
@@ -220,29 +227,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
         Ok(Box::new(out))
     }
 
-    fn stateful(&self) -> bool {
-        true
-    }
-
-    fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
-        self.sides.snapshot(only)
-    }
-
-    fn restore(&mut self, _name: &str, _shard: u32, piece: &[u8]) -> Result<()> {
-        self.sides.restore("left_join", piece)
-    }
-
-    fn forget(&mut self, shards: &Shards) {
-        self.sides.forget(shards);
-    }
-
-    fn dirty(&self) -> Shards {
-        self.sides.dirty.clone()
-    }
-
-    fn clean(&mut self, _whole: &Shards) {
-        self.sides.dirty = Shards::none();
-    }
+    sides_state!("left_join");
 }
 
 impl<K: Data, A: Data> Stream<(K, A)> {
