@@ -9,8 +9,9 @@
 #   scripts/setup.sh --tests    also what the tests need: Debian's chromium
 #                               (the console's browser test) and, in
 #                               tests/browser, playwright-core from npm;
-#                               schemathesis from PyPI in a virtualenv under
-#                               ~/.cache/sluice (the API document's test)
+#                               schemathesis and moto[server] from PyPI in a
+#                               virtualenv under ~/.cache/sluice (the API
+#                               document's test; the S3-protocol server)
 #   scripts/setup.sh --dry-run  print what would be installed, install nothing
 #
 # Packages are checked with dpkg, never by looking for a file that might
@@ -63,6 +64,8 @@ if [ "$tests" -eq 1 ]; then
   # The console test drives Debian's Chromium (a test tool's own browser
   # download cannot reach its servers from here).
   installed chromium || need_apt+=(chromium)
+  # curl: scripts/test.sh waits for the S3-protocol server and makes its bucket.
+  have_command curl || need_apt+=(curl)
 fi
 
 if [ "$dry_run" -eq 1 ]; then
@@ -107,5 +110,12 @@ if [ "$tests" -eq 1 ]; then
     echo "setup: installing schemathesis into $venv" >&2
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check schemathesis==4.32.5
+  fi
+  # moto's server: the S3-protocol server the object-store checkpoint tests
+  # run against (scripts/test.sh starts it on loopback).
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    echo "setup: installing moto[server] into $venv" >&2
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]==5.2.1'
   fi
 fi

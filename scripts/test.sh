@@ -28,6 +28,26 @@ if [ -z "${SLUICE_KAFKA_BROKERS:-}" ]; then
     echo "test: no Kafka broker: the Kafka tests will say they were skipped" >&2
   fi
 fi
+# The object-store tests need a real S3-protocol server: moto's, from the
+# virtualenv setup.sh filled, on a free loopback port, with the bucket the
+# tests use.
+s3_pid=""
+stop_s3() { if [ -n "$s3_pid" ]; then kill "$s3_pid" 2>/dev/null || true; fi; }
+trap 'rm -f "$log" "$log.s3"; stop_broker; stop_s3' EXIT
+if [ -z "${SLUICE_S3_ENDPOINT:-}" ]; then
+  venv="${SLUICE_VENV:-$HOME/.cache/sluice/venv}"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >"$log.s3" 2>&1 &
+  s3_pid=$!
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$port/moto-api/" 2>/dev/null && break
+    kill -0 "$s3_pid" 2>/dev/null || { cat "$log.s3" >&2; exit 1; }
+    sleep 0.1
+  done
+  curl -fsS -X PUT -o /dev/null "http://127.0.0.1:$port/sluice-tests"
+  export SLUICE_S3_ENDPOINT="http://127.0.0.1:$port"
+  echo "test: S3-protocol server (moto) at $SLUICE_S3_ENDPOINT" >&2
+fi
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -1,0 +1,825 @@
+//! Checkpoints in an object store: a shared directory, or S3 (any
+//! S3-protocol server) through the `object_store` crate.
+//!
+//! A host that runs a pipeline keeps its checkpoints here when another
+//! machine must be able to take the pipeline over (its logs on Kafka):
+//! nothing of the pipeline then lives only on one machine.
+//!
+//! # Layout
+//!
+//! Under the store's prefix:
+//!
+//! - `segments/{step:020}-{nonce:016x}-w{worker:05}`: the pieces worker
+//!   `worker` wrote for checkpoint `step`, concatenated. Immutable: a
+//!   checkpoint written again (same step) writes new segments (the nonce
+//!   differs), so a manifest never points into bytes that changed.
+//! - `manifests/{step:020}`: the commit mark of checkpoint `step` — its
+//!   metadata and, per piece in restore order, the segment and byte range
+//!   that hold it. A piece an incremental checkpoint carries is a reference
+//!   to the segment an earlier checkpoint wrote, so it is stored once.
+//!   Written last, in one PUT (atomic on S3 and on a local file system,
+//!   which writes a temporary file and renames it).
+//!
+//! # Collection
+//!
+//! After committing a manifest, the store keeps the [`KEPT`] newest
+//! manifests, deletes the others, then deletes every segment of a step
+//! below the oldest kept checkpoint that no kept manifest references — the
+//! segments of dropped checkpoints, and those of a write that crashed
+//! before its manifest. Segments of newer steps are never collected: they
+//! may belong to a checkpoint being written.
+//!
+//! # Reading some shards
+//!
+//! [`CheckpointStore::pieces`] with shards reads the manifest, then only the
+//! byte ranges of those shards' pieces (ranged GETs, coalesced by the
+//! client): a host taking a few shards over downloads only those.
+
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use sluice_storage::checkpoint::KEPT;
+use sluice_storage::{
+    Carried, Checkpoint, CheckpointMeta, CheckpointStore, Result, StatePiece, StorageError,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// What backend errors are reported as.
+const BACKEND: &str = "object store";
+
+/// The manifest format this build writes and reads.
+const FORMAT: u32 = 1;
+
+/// The commit mark of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Manifest {
+    /// [`FORMAT`].
+    format: u32,
+    meta: CheckpointMeta,
+    /// The segments its pieces lie in (its own and earlier checkpoints').
+    segments: Vec<String>,
+    /// Its pieces, ordered by (shard, worker), several of one key in
+    /// restore order (a whole piece, then deltas).
+    pieces: Vec<PieceRef>,
+}
+
+/// Where one piece lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct PieceRef {
+    shard: u32,
+    worker: u32,
+    /// Index into [`Manifest::segments`].
+    segment: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// Checkpoints in an object store. See the [crate documentation](crate).
+///
+/// The trait is synchronous (the coordinator calls it off its async
+/// workers); the store runs the object store's requests on a small runtime
+/// of its own, so it may be called from any thread.
+pub struct ObjectCheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    /// Where the requests run. `None` only while dropping.
+    runtime: Option<tokio::runtime::Runtime>,
+    /// One write at a time (collection reads what a write committed).
+    lock: Mutex<()>,
+    /// What the store was opened on, for messages.
+    describe: String,
+}
+
+impl std::fmt::Debug for ObjectCheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectCheckpointStore")
+            .field("store", &self.describe)
+            .finish()
+    }
+}
+
+impl Drop for ObjectCheckpointStore {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks; a store may be dropped on an async
+        // worker (the server drops pipelines there).
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn backend_error(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> StorageError {
+    let what = what.into();
+    move |e| {
+        // Not found and precondition failures are answers, not outages;
+        // everything else (network, throttling, server errors) may pass.
+        let transient = !matches!(
+            e,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::InvalidPath { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::UnknownConfigurationKey { .. }
+        );
+        StorageError::backend(BACKEND, what, transient, e)
+    }
+}
+
+fn invalid(step: u64, message: impl Into<String>) -> StorageError {
+    StorageError::InvalidCheckpoint {
+        step,
+        message: message.into(),
+    }
+}
+
+/// The step a manifest or segment file name starts with.
+fn step_of(name: &str) -> Option<u64> {
+    name.get(..20)?.parse().ok()
+}
+
+impl ObjectCheckpointStore {
+    /// Opens the store a URL names:
+    ///
+    /// - `file:///absolute/dir`: a directory (created if missing), e.g. on
+    ///   storage every host mounts;
+    /// - `s3://bucket/prefix`: S3 or any S3-protocol server, configured by
+    ///   the usual `AWS_*` variables (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP`,
+    ///   `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`);
+    /// - `memory:///`: in this process only (tests).
+    pub fn open(url: &str) -> Result<Self> {
+        let bad = |message: String| {
+            StorageError::Config(sluice_core::ConfigError::Invalid(format!(
+                "checkpoint store {url:?}: {message}"
+            )))
+        };
+        let parsed = url::Url::parse(url).map_err(|e| {
+            bad(format!(
+                "{e} (use file:///dir, s3://bucket/prefix or memory:///)"
+            ))
+        })?;
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
+            "file" => {
+                let dir = parsed
+                    .to_file_path()
+                    .map_err(|()| bad("not an absolute local path".into()))?;
+                std::fs::create_dir_all(&dir).map_err(StorageError::io(&dir))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(backend_error(format!("opening {}", dir.display())))?;
+                (Arc::new(fs), Path::default())
+            }
+            "s3" | "s3a" => {
+                let s3 = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url)
+                    .build()
+                    .map_err(|e| bad(e.to_string()))?;
+                let prefix = Path::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
+                (Arc::new(s3), prefix)
+            }
+            "memory" => (
+                Arc::new(object_store::memory::InMemory::new()),
+                Path::default(),
+            ),
+            other => {
+                return Err(bad(format!(
+                    "unknown scheme {other:?} (use file:///dir, s3://bucket/prefix or memory:///)"
+                )));
+            }
+        };
+        Self::new(store, prefix, url)
+    }
+
+    /// A store over `store`, under `prefix`; `describe` names it in
+    /// messages.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path, describe: &str) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-objstore")
+            .enable_all()
+            .build()
+            .map_err(StorageError::io("an object store runtime"))?;
+        Ok(ObjectCheckpointStore {
+            store,
+            prefix,
+            runtime: Some(runtime),
+            lock: Mutex::new(()),
+            describe: describe.to_owned(),
+        })
+    }
+
+    /// Runs `f` on the store's runtime and waits for it (from any thread).
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let runtime = self.runtime.as_ref().expect("present until dropped");
+        futures::executor::block_on(runtime.spawn(f)).map_err(|e| {
+            StorageError::backend(BACKEND, "an object store request", true, e.to_string())
+        })?
+    }
+
+    fn child(&self, dir: &str, name: &str) -> Path {
+        self.prefix.clone().join(dir).join(name)
+    }
+
+    fn manifest_path(&self, step: u64) -> Path {
+        self.child("manifests", &format!("{step:020}"))
+    }
+
+    /// Names of the objects directly in `dir` (under the prefix).
+    fn names(&self, dir: &'static str) -> Result<Vec<String>> {
+        let store = self.store.clone();
+        let path = self.prefix.clone().join(dir);
+        self.run(async move {
+            let mut out = Vec::new();
+            let mut listing = store.list(Some(&path));
+            while let Some(item) = listing.next().await {
+                let meta = item.map_err(backend_error(format!("listing {path}")))?;
+                if let Some(name) = meta.location.filename() {
+                    out.push(name.to_owned());
+                }
+            }
+            out.sort();
+            Ok(out)
+        })
+    }
+
+    /// Steps of the committed checkpoints, oldest first.
+    fn steps(&self) -> Result<Vec<u64>> {
+        let mut steps: Vec<u64> = self
+            .names("manifests")?
+            .iter()
+            .filter(|n| n.len() == 20)
+            .filter_map(|n| step_of(n))
+            .collect();
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
+    fn manifest(&self, step: u64) -> Result<Option<Manifest>> {
+        let store = self.store.clone();
+        let path = self.manifest_path(step);
+        let bytes = self.run(async move {
+            match store.get(&path).await {
+                Ok(got) => Ok(Some(
+                    got.bytes()
+                        .await
+                        .map_err(backend_error(format!("reading {path}")))?,
+                )),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(backend_error(format!("reading {path}"))(e)),
+            }
+        })?;
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        let manifest: Manifest = postcard::from_bytes(&bytes).map_err(StorageError::corrupt(
+            format!("manifest of checkpoint {step}"),
+        ))?;
+        if manifest.format != FORMAT || manifest.meta.step != step {
+            return Err(StorageError::Corrupt {
+                what: format!("manifest of checkpoint {step}"),
+                message: format!(
+                    "format {} of step {} (this build reads format {FORMAT})",
+                    manifest.format, manifest.meta.step
+                ),
+            });
+        }
+        Ok(Some(manifest))
+    }
+
+    fn write(&self, checkpoint: &Checkpoint, carried: Option<&Carried>) -> Result<()> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let step = checkpoint.meta.step;
+        let workers = checkpoint.meta.layout.workers;
+        if checkpoint.meta.frontiers.len() != workers as usize {
+            return Err(invalid(
+                step,
+                format!(
+                    "{} frontiers for {workers} workers",
+                    checkpoint.meta.frontiers.len()
+                ),
+            ));
+        }
+        if let Some(p) = checkpoint.pieces.iter().find(|p| p.worker >= workers) {
+            return Err(invalid(
+                step,
+                format!("a piece of worker {} of {workers}", p.worker),
+            ));
+        }
+        let steps = self.steps()?;
+        if let Some(newest) = steps.last()
+            && step < *newest
+        {
+            return Err(invalid(
+                step,
+                format!("it is older than the committed checkpoint of step {newest}"),
+            ));
+        }
+        let mut segments: Vec<String> = Vec::new();
+        let mut index: BTreeMap<String, u32> = BTreeMap::new();
+        let mut intern = |name: &str, segments: &mut Vec<String>| -> u32 {
+            *index.entry(name.to_owned()).or_insert_with(|| {
+                segments.push(name.to_owned());
+                (segments.len() - 1) as u32
+            })
+        };
+        // The carried pieces, resolved to the segments that hold them.
+        let mut refs: Vec<PieceRef> = Vec::new();
+        if let Some(carried) = carried {
+            let not_committed = || {
+                invalid(
+                    step,
+                    format!(
+                        "it carries pieces of checkpoint {}, which is not an earlier committed \
+                         checkpoint",
+                        carried.from
+                    ),
+                )
+            };
+            if carried.from == step || !steps.contains(&carried.from) {
+                return Err(not_committed());
+            }
+            let base = self.manifest(carried.from)?.ok_or_else(not_committed)?;
+            let wanted: BTreeSet<(u32, u32)> = carried.pieces.iter().copied().collect();
+            let mut found = BTreeSet::new();
+            for p in &base.pieces {
+                if wanted.contains(&(p.shard, p.worker)) {
+                    let name = base.segments.get(p.segment as usize).ok_or_else(|| {
+                        StorageError::Corrupt {
+                            what: format!("manifest of checkpoint {}", carried.from),
+                            message: "a piece in a segment it does not list".into(),
+                        }
+                    })?;
+                    refs.push(PieceRef {
+                        segment: intern(name, &mut segments),
+                        ..*p
+                    });
+                    found.insert((p.shard, p.worker));
+                }
+            }
+            if let Some((shard, worker)) = wanted.difference(&found).next() {
+                return Err(invalid(
+                    step,
+                    format!(
+                        "it carries the piece of shard {shard} of worker {worker} of checkpoint \
+                         {}, which has none",
+                        carried.from
+                    ),
+                ));
+            }
+        }
+        // Its own pieces: one segment per worker.
+        let nonce = {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ (u64::from(std::process::id()) << 40)
+        };
+        let mut by_worker: BTreeMap<u32, Vec<&StatePiece>> = BTreeMap::new();
+        for p in &checkpoint.pieces {
+            by_worker.entry(p.worker).or_default().push(p);
+        }
+        let mut uploads = Vec::with_capacity(by_worker.len());
+        for (worker, pieces) in by_worker {
+            let name = format!("{step:020}-{nonce:016x}-w{worker:05}");
+            let segment = intern(&name, &mut segments);
+            let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.state.len()).sum());
+            for p in pieces {
+                refs.push(PieceRef {
+                    shard: p.shard,
+                    worker,
+                    segment,
+                    offset: bytes.len() as u64,
+                    len: p.state.len() as u64,
+                });
+                bytes.extend_from_slice(&p.state);
+            }
+            uploads.push((self.child("segments", &name), bytes));
+        }
+        // Per (shard, worker): carried pieces first (oldest first), then
+        // its own (a delta on top of them). The sort is stable.
+        refs.sort_by_key(|r| (r.shard, r.worker));
+        let manifest = Manifest {
+            format: FORMAT,
+            meta: checkpoint.meta.clone(),
+            segments,
+            pieces: refs,
+        };
+        let encoded = postcard::to_allocvec(&manifest).map_err(StorageError::corrupt(format!(
+            "manifest of checkpoint {step}"
+        )))?;
+        let store = self.store.clone();
+        let manifest_path = self.manifest_path(step);
+        self.run(async move {
+            // The segments in parallel, then the manifest: the commit.
+            let puts = uploads.into_iter().map(|(path, bytes)| {
+                let store = store.clone();
+                async move {
+                    store
+                        .put(&path, PutPayload::from(bytes))
+                        .await
+                        .map_err(backend_error(format!("writing {path}")))
+                }
+            });
+            for r in futures::future::join_all(puts).await {
+                r?;
+            }
+            store
+                .put(&manifest_path, PutPayload::from(encoded))
+                .await
+                .map_err(backend_error(format!(
+                    "committing checkpoint {step} ({manifest_path})"
+                )))?;
+            Ok(())
+        })?;
+        // Collection: a failure here leaves garbage, never a wrong
+        // checkpoint; the next commit collects it.
+        if let Err(e) = self.collect() {
+            tracing::warn!(store = %self.describe, error = %e, "collecting old checkpoints failed");
+        }
+        Ok(())
+    }
+
+    /// Deletes all but the [`KEPT`] newest manifests, then every segment
+    /// below the oldest kept step that none of them references.
+    fn collect(&self) -> Result<()> {
+        let steps = self.steps()?;
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let kept = &steps[steps.len().saturating_sub(KEPT)..];
+        let oldest_kept = kept[0];
+        let mut referenced = BTreeSet::new();
+        for step in kept {
+            if let Some(m) = self.manifest(*step)? {
+                referenced.extend(m.segments);
+            }
+        }
+        let mut doomed: Vec<Path> = steps
+            .iter()
+            .filter(|s| **s < oldest_kept)
+            .map(|s| self.manifest_path(*s))
+            .collect();
+        let manifests = doomed.len();
+        doomed.extend(
+            self.names("segments")?
+                .into_iter()
+                .filter(|n| step_of(n).is_some_and(|s| s < oldest_kept))
+                .filter(|n| !referenced.contains(n))
+                .map(|n| self.child("segments", &n)),
+        );
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        self.run(async move {
+            // Manifests first: a checkpoint is gone before its bytes are.
+            for (i, path) in doomed.iter().enumerate() {
+                if i == manifests {
+                    break;
+                }
+                match store.delete(path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(backend_error(format!("deleting {path}"))(e)),
+                }
+            }
+            let deletes = doomed[manifests..].iter().map(|path| {
+                let store = store.clone();
+                async move {
+                    match store.delete(path).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(backend_error(format!("deleting {path}"))(e)),
+                    }
+                }
+            });
+            for r in futures::future::join_all(deletes).await {
+                r?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads the pieces `refs` name from `manifest`'s segments, in order.
+    fn read(&self, step: u64, manifest: &Manifest, refs: Vec<PieceRef>) -> Result<Vec<StatePiece>> {
+        let mut by_segment: BTreeMap<u32, Vec<Range<u64>>> = BTreeMap::new();
+        for r in &refs {
+            by_segment
+                .entry(r.segment)
+                .or_default()
+                .push(r.offset..r.offset + r.len);
+        }
+        let mut requests = Vec::with_capacity(by_segment.len());
+        for (segment, ranges) in by_segment {
+            let name =
+                manifest
+                    .segments
+                    .get(segment as usize)
+                    .ok_or_else(|| StorageError::Corrupt {
+                        what: format!("manifest of checkpoint {step}"),
+                        message: "a piece in a segment it does not list".into(),
+                    })?;
+            requests.push((segment, self.child("segments", name), ranges));
+        }
+        let store = self.store.clone();
+        let fetched = self.run(async move {
+            let gets = requests.into_iter().map(|(segment, path, ranges)| {
+                let store = store.clone();
+                async move {
+                    let got = if ranges.is_empty() {
+                        Vec::new()
+                    } else {
+                        store
+                            .get_ranges(&path, &ranges)
+                            .await
+                            .map_err(backend_error(format!("reading {path}")))?
+                    };
+                    Ok::<_, StorageError>((segment, ranges, got))
+                }
+            });
+            let mut out = BTreeMap::new();
+            for r in futures::future::join_all(gets).await {
+                let (segment, ranges, got) = r?;
+                let got: BTreeMap<(u64, u64), Vec<u8>> = ranges
+                    .into_iter()
+                    .map(|r| (r.start, r.end))
+                    .zip(got.into_iter().map(|b| b.to_vec()))
+                    .collect();
+                out.insert(segment, got);
+            }
+            Ok(out)
+        })?;
+        refs.into_iter()
+            .map(|r| {
+                let bytes = fetched
+                    .get(&r.segment)
+                    .and_then(|s| s.get(&(r.offset, r.offset + r.len)))
+                    .filter(|b| b.len() as u64 == r.len)
+                    .ok_or_else(|| StorageError::Corrupt {
+                        what: format!("checkpoint of step {step}"),
+                        message: format!(
+                            "the piece of shard {} of worker {} is missing or short",
+                            r.shard, r.worker
+                        ),
+                    })?;
+                Ok(StatePiece {
+                    shard: r.shard,
+                    worker: r.worker,
+                    state: bytes.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl CheckpointStore for ObjectCheckpointStore {
+    fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.write(checkpoint, None)
+    }
+
+    fn put_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
+        self.write(checkpoint, Some(carried))
+    }
+
+    fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
+        // Newest first: a manifest collected between the listing and the
+        // read (another writer) falls back to the one before.
+        for step in self.steps()?.into_iter().rev() {
+            if let Some(m) = self.manifest(step)? {
+                return Ok(Some(m.meta));
+            }
+        }
+        Ok(None)
+    }
+
+    fn meta(&self, step: u64) -> Result<Option<CheckpointMeta>> {
+        Ok(self.manifest(step)?.map(|m| m.meta))
+    }
+
+    fn pieces(&self, step: u64, shards: Option<&[u32]>) -> Result<Option<Vec<StatePiece>>> {
+        let Some(manifest) = self.manifest(step)? else {
+            return Ok(None);
+        };
+        let wanted: Option<BTreeSet<u32>> = shards.map(|s| s.iter().copied().collect());
+        let refs: Vec<PieceRef> = manifest
+            .pieces
+            .iter()
+            .filter(|p| wanted.as_ref().is_none_or(|w| w.contains(&p.shard)))
+            .copied()
+            .collect();
+        self.read(step, &manifest, refs).map(Some)
+    }
+
+    fn list(&self) -> Result<Vec<u64>> {
+        self.steps()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_storage::conformance;
+
+    #[test]
+    fn passes_the_checkpoint_conformance_suite_in_memory() {
+        conformance::checkpoint_store(&|| {
+            Arc::new(ObjectCheckpointStore::open("memory:///").unwrap())
+        });
+    }
+
+    #[test]
+    fn passes_the_checkpoint_conformance_suite_in_a_directory() {
+        let dirs: Mutex<Vec<tempfile::TempDir>> = Mutex::new(Vec::new());
+        conformance::checkpoint_store(&|| {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}", dir.path().join("store").display());
+            dirs.lock().unwrap().push(dir);
+            Arc::new(ObjectCheckpointStore::open(&url).unwrap())
+        });
+    }
+
+    /// An S3-protocol server (scripts/test.sh starts one and names it in
+    /// `SLUICE_S3_ENDPOINT`): the same suite against real S3 requests.
+    #[test]
+    fn passes_the_checkpoint_conformance_suite_on_s3() {
+        let Some(endpoint) = std::env::var("SLUICE_S3_ENDPOINT").ok() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the S3 tests (SLUICE_S3_ENDPOINT is unset)"
+            );
+            eprintln!("skipped: no S3-protocol server (set SLUICE_S3_ENDPOINT)");
+            return;
+        };
+        let n = std::sync::atomic::AtomicU32::new(0);
+        let run = std::process::id();
+        conformance::checkpoint_store(&|| {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Arc::new(s3_store(&endpoint, &format!("conformance-{run}-{i}")))
+        });
+    }
+
+    /// A store on the test server's bucket `sluice-tests`, under `prefix`.
+    fn s3_store(endpoint: &str, prefix: &str) -> ObjectCheckpointStore {
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(endpoint)
+            .with_allow_http(true)
+            .with_bucket_name("sluice-tests")
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .unwrap();
+        ObjectCheckpointStore::new(Arc::new(s3), Path::from(prefix), endpoint).unwrap()
+    }
+
+    fn piece(shard: u32, worker: u32, state: &[u8]) -> StatePiece {
+        StatePiece {
+            shard,
+            worker,
+            state: state.to_vec(),
+        }
+    }
+
+    fn checkpoint(step: u64, pieces: Vec<StatePiece>) -> Checkpoint {
+        let shape = sluice_core::PipelineShape {
+            workers: 2,
+            inputs: vec![],
+            outputs: vec![],
+            snapshot_version: 1,
+        };
+        Checkpoint {
+            meta: CheckpointMeta {
+                step,
+                frontiers: vec![Default::default(); 2],
+                snapshot_version: 1,
+                layout: sluice_core::Layout::initial(&shape),
+            },
+            pieces,
+        }
+    }
+
+    #[test]
+    fn carried_pieces_are_stored_once_and_segments_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let store = ObjectCheckpointStore::open(&format!("file://{}", root.display())).unwrap();
+        let segments = || -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(root.join("segments"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        store
+            .put(&checkpoint(
+                1,
+                vec![piece(3, 0, b"a"), piece(5, 1, b"bb"), piece(9, 1, b"c")],
+            ))
+            .unwrap();
+        assert_eq!(segments().len(), 2, "one segment per worker");
+        let carry = |from, pieces: &[(u32, u32)]| Carried {
+            from,
+            pieces: pieces.to_vec(),
+        };
+        // 2 and 3 change only worker 1's shard 9: worker 0's segment of
+        // step 1 stays referenced after checkpoint 1 is dropped.
+        store
+            .put_carrying(
+                &checkpoint(2, vec![piece(9, 1, b"c2")]),
+                &carry(1, &[(3, 0), (5, 1)]),
+            )
+            .unwrap();
+        store
+            .put_carrying(
+                &checkpoint(3, vec![piece(9, 1, b"c3")]),
+                &carry(2, &[(3, 0), (5, 1)]),
+            )
+            .unwrap();
+        assert_eq!(store.list().unwrap(), vec![2, 3]);
+        let names = segments();
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert!(
+            names
+                .iter()
+                .filter(|n| n.starts_with(&format!("{:020}", 1)))
+                .count()
+                == 2
+        );
+        assert_eq!(
+            store.get(3).unwrap().unwrap().pieces,
+            vec![piece(3, 0, b"a"), piece(5, 1, b"bb"), piece(9, 1, b"c3")]
+        );
+        // Only shard 5 is read: one ranged read of step 1's segment.
+        assert_eq!(
+            store.pieces(3, Some(&[5])).unwrap().unwrap(),
+            vec![piece(5, 1, b"bb")]
+        );
+        // A whole checkpoint twice: everything older is collected.
+        store.put(&checkpoint(4, vec![piece(3, 0, b"x")])).unwrap();
+        store.put(&checkpoint(5, vec![piece(3, 0, b"y")])).unwrap();
+        let names = segments();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.iter().all(|n| step_of(n).unwrap() >= 4));
+    }
+
+    #[test]
+    fn a_write_that_crashed_before_its_manifest_is_collected_later() {
+        let store = ObjectCheckpointStore::open("memory:///").unwrap();
+        store.put(&checkpoint(1, vec![piece(1, 0, b"a")])).unwrap();
+        // A segment of step 2 with no manifest: a crashed write.
+        let orphan = store.child("segments", &format!("{:020}-{:016x}-w{:05}", 2, 7, 0));
+        let s = store.store.clone();
+        let o = orphan.clone();
+        store
+            .run(async move {
+                s.put(&o, PutPayload::from(b"lost".to_vec()))
+                    .await
+                    .map_err(backend_error("test"))
+            })
+            .unwrap();
+        assert!(store.names("segments").unwrap().len() == 2);
+        store.put(&checkpoint(3, vec![piece(1, 0, b"b")])).unwrap();
+        assert_eq!(store.list().unwrap(), vec![1, 3]);
+        assert_eq!(
+            store.names("segments").unwrap().len(),
+            3,
+            "step 2 ≥ oldest kept"
+        );
+        store.put(&checkpoint(4, vec![piece(1, 0, b"c")])).unwrap();
+        let names = store.names("segments").unwrap();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(!names.iter().any(|n| step_of(n) == Some(2)));
+    }
+
+    #[test]
+    fn bad_urls_are_clear_errors() {
+        for (url, says) in [
+            ("nonsense", "use file:///dir"),
+            ("ftp://x/y", "unknown scheme"),
+            ("file://relative", "absolute"),
+        ] {
+            let err = ObjectCheckpointStore::open(url).unwrap_err().to_string();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_manifest_is_reported_not_trusted() {
+        let store = ObjectCheckpointStore::open("memory:///").unwrap();
+        store.put(&checkpoint(1, vec![piece(1, 0, b"a")])).unwrap();
+        let s = store.store.clone();
+        let path = store.manifest_path(1);
+        store
+            .run(async move {
+                s.put(&path, PutPayload::from(b"\xff\xff junk".to_vec()))
+                    .await
+                    .map_err(backend_error("test"))
+            })
+            .unwrap();
+        let err = store.latest().unwrap_err().to_string();
+        assert!(err.contains("manifest of checkpoint 1"), "{err}");
+    }
+}
