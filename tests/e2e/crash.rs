@@ -5,14 +5,14 @@
 //!
 //! The seed is printed; set `SLUICE_CRASH_SEED` to replay a run's kill times.
 
-use crate::support::crash::{Positions, WORKERS, campaign};
+use crate::support::crash::{Hosts, Positions, WORKERS, campaign};
 use sluice_embedded::{EmbeddedLog, db};
 use sluice_storage::LogBackend;
 use std::collections::BTreeMap;
 
 #[test]
 fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
-    let run = campaign(100_000, &[], None, Positions::Check);
+    let run = campaign(100_000, &[], None, Positions::Check, Hosts::One);
     let data = &run.data;
     // The output log: exactly one entry per step per worker.
     let db = db::open(data).unwrap();

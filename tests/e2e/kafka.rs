@@ -5,7 +5,7 @@
 //! `CI`, where a missing broker is a failure.
 #![cfg(feature = "kafka")]
 
-use crate::support::crash::{Positions, WORKERS, campaign};
+use crate::support::crash::{Hosts, Positions, WORKERS, campaign};
 use crate::support::server::{Server, code};
 use crate::support::sluice_cmd;
 use sluice_kafka::{KafkaConfig, KafkaLog};
@@ -147,48 +147,15 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
         // read_committed consumer must never see.
         Some("inside-transaction:3"),
         Positions::Skip,
+        Hosts::One,
     );
     let log = KafkaLog::open(KafkaConfig::new(&brokers, &pipeline)).unwrap();
-    let last = log.last_step().unwrap().expect("steps were committed");
-    let mut entries: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    log.scan_output("counts", 0, &mut |e| {
-        *entries.entry((e.step, e.worker)).or_default() += e.events.len();
-        Ok(std::ops::ControlFlow::Continue(()))
-    })
-    .unwrap();
-    assert_eq!(
-        entries.len() as u64,
-        (last + 1) * WORKERS as u64,
-        "one entry per step per worker"
-    );
-
+    let last = exactly_once_on_kafka(&brokers, &pipeline, &log, &run.expected, run.kills);
     let topic = format!("{pipeline}.counts");
-    let committed = kcat(&brokers, &topic, "read_committed");
-    assert_eq!(
-        integrate(&committed),
-        run.expected,
-        "a read_committed consumer sees exactly the from-scratch count"
-    );
-    let mut seen: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    for (step, worker, _, _) in &committed {
-        assert!(*step <= last, "a record of uncommitted step {step}");
-        *seen.entry((*step, *worker)).or_default() += 1;
-    }
-    seen.retain(|_, n| *n > 0);
-    let nonempty: BTreeMap<_, _> = entries.into_iter().filter(|(_, n)| *n > 0).collect();
-    assert_eq!(seen, nonempty, "each step's records exactly once");
-    let all = kcat(&brokers, &topic, "read_uncommitted");
     assert!(
-        all.len() > committed.len(),
+        kcat(&brokers, &topic, "read_uncommitted").len()
+            > kcat(&brokers, &topic, "read_committed").len(),
         "the aborted transaction's records are in the topic, hidden from read_committed"
-    );
-    eprintln!(
-        "kafka crash test: {} kills, {} steps; {} committed output records, {} more in aborted \
-         transactions (hidden from read_committed)",
-        run.kills,
-        last + 1,
-        committed.len(),
-        all.len() - committed.len()
     );
 
     // Trim: each input partition's low watermark is the newest checkpoint's
@@ -229,12 +196,57 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
 
     // The offline audit reads the Kafka logs through the same storage
     // traits as the embedded ones, and finds them consistent.
-    let out = sluice_cmd()
-        .args(["verify", "--data"])
-        .arg(&run.data)
-        .arg(format!("--brokers={brokers}"))
-        .output()
-        .unwrap();
+    verify_consistent(&run.data, &brokers, None, last);
+}
+
+/// The crash campaign on Kafka with checkpoints in an S3-protocol store,
+/// every run on another "machine" (a data directory of its own): each
+/// recovery restores the checkpoint an earlier machine committed to S3 —
+/// the input below it is trimmed, so no run could finish without it — and
+/// the output stays exactly-once.
+#[test]
+fn another_machine_takes_over_from_checkpoints_in_s3() {
+    let Some(brokers) = brokers() else { return };
+    let Some(_) = crate::support::s3_endpoint() else {
+        eprintln!(
+            "skipped: set SLUICE_S3_ENDPOINT to an S3-protocol server with bucket sluice-tests"
+        );
+        return;
+    };
+    let pipeline = fresh_name("machines");
+    let store = format!("s3://sluice-tests/{pipeline}");
+    let run = campaign(
+        40_000,
+        &[
+            "--log=kafka".into(),
+            format!("--brokers={brokers}"),
+            format!("--pipeline={pipeline}"),
+            format!("--store={store}"),
+        ],
+        None,
+        Positions::Skip,
+        Hosts::EachRunAnother,
+    );
+    let log = KafkaLog::open(KafkaConfig::new(&brokers, &pipeline)).unwrap();
+    let last = exactly_once_on_kafka(&brokers, &pipeline, &log, &run.expected, run.kills);
+    let trimmed: u64 = (0..WORKERS)
+        .map(|p| log.watermarks("lines", p).unwrap().0)
+        .sum();
+    assert!(trimmed > 0, "checkpoints in S3 trimmed the input");
+    // The audit of the last machine's view: logs in Kafka, checkpoints in S3.
+    verify_consistent(&run.data, &brokers, Some(&store), last);
+}
+
+/// `sluice verify` of the pipeline in `data` finds `last + 1` consistent steps.
+fn verify_consistent(data: &std::path::Path, brokers: &str, store: Option<&str>, last: u64) {
+    let mut cmd = sluice_cmd();
+    cmd.args(["verify", "--data"])
+        .arg(data)
+        .arg(format!("--brokers={brokers}"));
+    if let Some(store) = store {
+        cmd.arg(format!("--store={store}"));
+    }
+    let out = cmd.output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -244,6 +256,58 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
         out.status.success() && text.contains(&format!("consistent: {} steps", last + 1)),
         "{text}"
     );
+}
+
+/// After a crash campaign on Kafka pipeline `pipeline`: the step log holds
+/// one entry per step per worker; an independent `read_committed` consumer
+/// sees each output record exactly once, none of an aborted transaction's,
+/// and integrates to `expected`. Returns the last committed step.
+fn exactly_once_on_kafka(
+    brokers: &str,
+    pipeline: &str,
+    log: &KafkaLog,
+    expected: &BTreeMap<String, i64>,
+    kills: usize,
+) -> u64 {
+    let last = log.last_step().unwrap().expect("steps were committed");
+    let mut entries: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    log.scan_output("counts", 0, &mut |e| {
+        *entries.entry((e.step, e.worker)).or_default() += e.events.len();
+        Ok(std::ops::ControlFlow::Continue(()))
+    })
+    .unwrap();
+    assert_eq!(
+        entries.len() as u64,
+        (last + 1) * WORKERS as u64,
+        "one entry per step per worker"
+    );
+
+    let topic = format!("{pipeline}.counts");
+    let committed = kcat(brokers, &topic, "read_committed");
+    assert_eq!(
+        integrate(&committed),
+        *expected,
+        "a read_committed consumer sees exactly the from-scratch count"
+    );
+    let mut seen: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    for (step, worker, _, _) in &committed {
+        assert!(*step <= last, "a record of uncommitted step {step}");
+        *seen.entry((*step, *worker)).or_default() += 1;
+    }
+    seen.retain(|_, n| *n > 0);
+    let nonempty: BTreeMap<_, _> = entries.into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(seen, nonempty, "each step's records exactly once");
+    let all = kcat(brokers, &topic, "read_uncommitted");
+    eprintln!(
+        "kafka crash test: {} kills, {} steps; {} committed output records, {} more in aborted \
+         transactions (hidden from read_committed)",
+        kills,
+        last + 1,
+        committed.len(),
+        all.len() - committed.len()
+    );
+
+    last
 }
 
 /// Fencing: a second `sluice run` of the same pipeline (another host: its

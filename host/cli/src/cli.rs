@@ -41,6 +41,10 @@ pub enum Command {
         /// Kafka bootstrap servers, for a pipeline whose logs are in Kafka.
         #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
         brokers: Option<String>,
+        /// The object store holding the pipeline's checkpoints, for a
+        /// pipeline run with `--store` (as given there).
+        #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
+        store: Option<String>,
     },
     /// Print an output log with every event's position and the input
     /// frontier it covers, optionally resuming after a position.
@@ -354,10 +358,17 @@ pub struct RunArgs {
     /// No progress bars and no summary.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Where the input, output and step logs live: `embedded` or `kafka`
-    /// (checkpoints stay in --data).
+    /// Where the input, output and step logs live: `embedded` or `kafka`.
     #[arg(long, default_value_t = LogKind::Embedded)]
     pub log: LogKind,
+    /// Keep checkpoints in this object store instead of --data:
+    /// `file:///shared/dir` or `s3://bucket/prefix` (S3 settings from the
+    /// AWS_* variables). With `--log kafka`, any machine that reaches the
+    /// brokers and the store can take the pipeline over, with a data
+    /// directory of its own. (--data keeps a copy of this host's newest
+    /// checkpoints, restored without downloading.)
+    #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
+    pub store: Option<String>,
     /// Kafka settings (with `--log kafka`).
     #[command(flatten)]
     pub kafka: KafkaArgs,

@@ -35,6 +35,9 @@
 //! byte ranges of those shards' pieces (ranged GETs, coalesced by the
 //! client): a host taking a few shards over downloads only those.
 
+mod cached;
+
+pub use cached::CachedCheckpoints;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};

@@ -24,6 +24,13 @@ pub struct PipelineConfig {
     pub partitions: Option<u32>,
     /// Where the input, output and step logs live.
     pub log: LogConfig,
+    /// Where checkpoints live: `None`, the data directory's RocksDB; a URL
+    /// (`file:///dir`, `s3://bucket/prefix`), an object store every host
+    /// that may run the pipeline reaches, so another machine can take it
+    /// over — with a copy of this host's newest checkpoints kept in the
+    /// data directory, which a restart here restores from without
+    /// downloading.
+    pub checkpoint_store: Option<String>,
     /// Steps, checkpoints, output limits. `options.name` is replaced by the
     /// pipeline's stored identity when it opens.
     pub options: PipelineOptions,
@@ -43,6 +50,7 @@ impl PipelineConfig {
             rescale_to: None,
             partitions: None,
             log: LogConfig::default(),
+            checkpoint_store: None,
             options: PipelineOptions::default(),
             id_prefix: String::new(),
         }
@@ -62,8 +70,8 @@ impl PipelineConfig {
     }
 }
 
-/// Where a pipeline's input, output and step logs live. Checkpoints are
-/// always in the data directory's RocksDB.
+/// Where a pipeline's input, output and step logs live (checkpoints: see
+/// [`PipelineConfig::checkpoint_store`]).
 #[derive(Debug, Clone)]
 pub enum LogConfig {
     /// In the data directory's RocksDB (the default).

@@ -78,9 +78,18 @@ impl Storage {
         for input in &meta.shape.inputs {
             log.create_input(&input.name, input.partitions)?;
         }
+        let local: Arc<dyn CheckpointStore> =
+            Arc::new(RocksCheckpointStore::open(database.clone()));
+        let checkpoints: Arc<dyn CheckpointStore> = match &config.checkpoint_store {
+            None => local,
+            Some(url) => Arc::new(sluice_objstore::CachedCheckpoints::new(
+                Arc::new(sluice_objstore::ObjectCheckpointStore::open(url)?),
+                local,
+            )),
+        };
         Ok(Storage {
             log,
-            checkpoints: Arc::new(RocksCheckpointStore::open(database.clone())),
+            checkpoints,
             meta,
             _db: database,
         })

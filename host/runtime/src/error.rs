@@ -71,8 +71,8 @@ pub enum Error {
     #[error(
         "input `{input}` partition {partition} was trimmed below offset {trimmed_below} after a \
          checkpoint this host does not have (it {}, and would go on from offset {resumes_at}): \
-         the pipeline was checkpointed by a host with another data directory; run it with that \
-         host's --data",
+         the pipeline was checkpointed by a host with another checkpoint store; run it with that \
+         host's --data, or keep checkpoints where every host reaches them (--store)",
         .restored.map_or("has no checkpoint".to_owned(), |s| format!("restored the checkpoint of step {s}"))
     )]
     CheckpointElsewhere {

@@ -122,6 +122,8 @@ impl PipelineHandle {
             rescale_to: Some(spec.workers),
             partitions: spec.partitions,
             log,
+            // The server keeps checkpoints in each pipeline's directory.
+            checkpoint_store: None,
             options: PipelineOptions {
                 name: String::new(),
                 max_batch: spec.max_batch.max(1),

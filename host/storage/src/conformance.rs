@@ -494,7 +494,9 @@ pub fn unknown_input_is_an_error(log: &dyn LogBackend) {
     );
 }
 
-fn checkpoint(step: u64, workers: usize) -> Checkpoint {
+/// A checkpoint of step `step` with `workers` workers: two pieces of shard
+/// 7 (one per worker when there are two) and one of shard 300.
+pub fn sample_checkpoint(step: u64, workers: usize) -> Checkpoint {
     let shape = sluice_core::PipelineShape::new(
         &sluice_core::CircuitPorts {
             inputs: vec!["in".into()],
@@ -551,12 +553,12 @@ pub fn checkpoint_store(make: &dyn Fn() -> Arc<dyn CheckpointStore>) {
 pub fn checkpoints_round_trip_and_keep_the_newest(store: &dyn CheckpointStore) {
     assert_eq!(store.latest().unwrap(), None);
     for step in [3, 7, 12, 20] {
-        store.put(&checkpoint(step, 3)).unwrap();
-        assert_eq!(store.latest().unwrap(), Some(checkpoint(step, 3)));
+        store.put(&sample_checkpoint(step, 3)).unwrap();
+        assert_eq!(store.latest().unwrap(), Some(sample_checkpoint(step, 3)));
     }
     assert_eq!(store.list().unwrap().len(), KEPT);
     assert_eq!(store.list().unwrap(), vec![12, 20]);
-    assert_eq!(store.get(12).unwrap(), Some(checkpoint(12, 3)));
+    assert_eq!(store.get(12).unwrap(), Some(sample_checkpoint(12, 3)));
     assert_eq!(store.get(3).unwrap(), None);
     assert_eq!(store.pieces(3, None).unwrap(), None);
     assert_eq!(store.latest_meta().unwrap().map(|m| m.step), Some(20));
@@ -564,24 +566,24 @@ pub fn checkpoints_round_trip_and_keep_the_newest(store: &dyn CheckpointStore) {
 
 /// An older checkpoint than the newest is refused; the same step replaces.
 pub fn checkpoints_only_move_forward(store: &dyn CheckpointStore) {
-    store.put(&checkpoint(5, 2)).unwrap();
-    assert!(store.put(&checkpoint(4, 2)).is_err());
-    let mut again = checkpoint(5, 2);
+    store.put(&sample_checkpoint(5, 2)).unwrap();
+    assert!(store.put(&sample_checkpoint(4, 2)).is_err());
+    let mut again = sample_checkpoint(5, 2);
     again.pieces[1].state = b"new".to_vec();
     again.pieces.pop();
     store.put(&again).unwrap();
     assert_eq!(store.latest().unwrap(), Some(again));
-    let mut bad = checkpoint(6, 2);
+    let mut bad = sample_checkpoint(6, 2);
     bad.meta.frontiers.pop();
     assert!(store.put(&bad).is_err(), "one frontier per worker");
-    let mut bad = checkpoint(6, 2);
+    let mut bad = sample_checkpoint(6, 2);
     bad.pieces[0].worker = 2;
     assert!(store.put(&bad).is_err(), "pieces of workers of the layout");
 }
 
 /// A reader of some shards gets only their pieces, of every worker.
 pub fn pieces_are_read_by_shard(store: &dyn CheckpointStore) {
-    let c = checkpoint(9, 3);
+    let c = sample_checkpoint(9, 3);
     store.put(&c).unwrap();
     let seven = store.pieces(9, Some(&[7, 8])).unwrap().unwrap();
     assert_eq!(seven, c.pieces[..2].to_vec());
@@ -604,7 +606,7 @@ pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
         state: state.as_bytes().to_vec(),
     };
     let at = |step: u64, pieces: Vec<StatePiece>| {
-        let mut c = checkpoint(step, 3);
+        let mut c = sample_checkpoint(step, 3);
         c.pieces = pieces;
         c
     };
@@ -613,8 +615,8 @@ pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
         pieces: pieces.to_vec(),
     };
     // Step 3: everything written.
-    store.put(&checkpoint(3, 3)).unwrap();
-    let mut expect = checkpoint(3, 3).pieces;
+    store.put(&sample_checkpoint(3, 3)).unwrap();
+    let mut expect = sample_checkpoint(3, 3).pieces;
     // Step 7: shard 300 changed; shard 7 carried from 3.
     store
         .put_carrying(
@@ -679,8 +681,8 @@ pub fn incremental_checkpoints_carry_pieces(store: &dyn CheckpointStore) {
     );
     assert_eq!(store.list().unwrap(), vec![22, 24], "nothing was stored");
     // Whole checkpoints again: the carried pieces go with the rest.
-    store.put(&checkpoint(30, 3)).unwrap();
-    store.put(&checkpoint(31, 3)).unwrap();
-    assert_eq!(store.get(31).unwrap(), Some(checkpoint(31, 3)));
+    store.put(&sample_checkpoint(30, 3)).unwrap();
+    store.put(&sample_checkpoint(31, 3)).unwrap();
+    assert_eq!(store.get(31).unwrap(), Some(sample_checkpoint(31, 3)));
     assert_eq!(store.get(24).unwrap(), None);
 }

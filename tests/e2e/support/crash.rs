@@ -31,7 +31,7 @@ impl Rng {
 pub struct Campaign {
     /// Holds the data directory, input and output (removed on drop).
     pub dir: tempfile::TempDir,
-    /// The pipeline's data directory.
+    /// The pipeline's data directory (the last run's).
     pub data: PathBuf,
     /// The from-scratch word count of the input.
     pub expected: BTreeMap<String, i64>,
@@ -47,12 +47,16 @@ pub struct Campaign {
 /// a run's kill times.
 ///
 /// With `first_crash` (`POINT:N`), the first run aborts itself at that named
-/// crash point instead of being killed.
+/// crash point instead of being killed. With [`Hosts::EachRunAnother`],
+/// every run has a data directory of its own, as if each were another
+/// machine taking the pipeline over (its logs and checkpoints must then be
+/// somewhere every machine reaches: Kafka and an object store).
 pub fn campaign(
     lines_wanted: usize,
     extra: &[String],
     first_crash: Option<&str>,
     positions: Positions,
+    hosts: Hosts,
 ) -> Campaign {
     let seed = std::env::var("SLUICE_CRASH_SEED")
         .ok()
@@ -95,8 +99,14 @@ pub fn campaign(
     let wasm = component("examples/wordcount");
     let data = dir.path().join("data");
     let output = dir.path().join("counts.jsonl");
+    let runs = std::cell::Cell::new(0u32);
     let command = || {
         let mut cmd = sluice_cmd();
+        runs.set(runs.get() + 1);
+        let data = match hosts {
+            Hosts::One => data.clone(),
+            Hosts::EachRunAnother => dir.path().join(format!("host-{}", runs.get())),
+        };
         cmd.arg("run")
             .arg(&wasm)
             .arg("--data")
@@ -218,6 +228,10 @@ pub fn campaign(
         "only {kills} kills landed before the pipeline finished; the run is too fast for this test"
     );
 
+    let data = match hosts {
+        Hosts::One => data,
+        Hosts::EachRunAnother => dir.path().join(format!("host-{}", runs.get())),
+    };
     if positions == Positions::Check {
         let last: std::collections::BTreeSet<String> = read_positions(&data).into_iter().collect();
         let lines: usize = snapshots.iter().map(Vec::len).sum();
@@ -248,6 +262,15 @@ pub fn campaign(
         expected,
         kills,
     }
+}
+
+/// Where the campaign's runs keep their data directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hosts {
+    /// One directory: every run is the same machine restarting.
+    One,
+    /// A new directory per run: every run is another machine.
+    EachRunAnother,
 }
 
 /// Whether the campaign checks that committed output stays where it was.

@@ -53,7 +53,29 @@ pub fn component(crate_path: &str) -> PathBuf {
 pub fn sluice_cmd() -> std::process::Command {
     let mut cmd = std::process::Command::new(sluice());
     cmd.env("SLUICE_CACHE_DIR", cache_dir());
+    // The test S3-protocol server, for `--store s3://sluice-tests/…`.
+    if let Some(endpoint) = s3_endpoint() {
+        cmd.env("AWS_ENDPOINT", endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
+    }
     cmd
+}
+
+/// The S3-protocol server the tests may use (scripts/test.sh starts one,
+/// with a bucket `sluice-tests`), or `None` (outside CI) to skip.
+pub fn s3_endpoint() -> Option<String> {
+    match std::env::var("SLUICE_S3_ENDPOINT") {
+        Ok(e) if !e.is_empty() => Some(e),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!(
+                "CI is set but SLUICE_S3_ENDPOINT is not: scripts/test.sh must start the S3 server"
+            )
+        }
+        _ => None,
+    }
 }
 
 /// A pipeline opened through the library, for tests that need to stop at

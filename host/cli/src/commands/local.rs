@@ -27,6 +27,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             component: a.component,
             pipeline: PipelineConfig {
                 log,
+                checkpoint_store: a.store,
                 options: PipelineOptions {
                     name: "run".into(),
                     max_batch: a.max_batch,
@@ -122,12 +123,21 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
 }
 
 /// `sluice verify`.
-pub async fn verify(data: PathBuf, brokers: Option<String>) -> anyhow::Result<()> {
+pub async fn verify(
+    data: PathBuf,
+    brokers: Option<String>,
+    store: Option<String>,
+) -> anyhow::Result<()> {
     let verdict = tokio::task::spawn_blocking(move || -> anyhow::Result<Verdict> {
         let offline = open_offline(&data, brokers)?;
-        Ok(match offline.meta.log {
-            LogMeta::Embedded => sluice_embedded::audit::audit_embedded(&offline.database)?,
-            LogMeta::Kafka { .. } => audit(
+        Ok(match (offline.meta.log, store) {
+            (_, Some(url)) => audit(
+                &*offline.log,
+                &sluice_objstore::ObjectCheckpointStore::open(&url)?,
+                &offline.meta.shape,
+            )?,
+            (LogMeta::Embedded, None) => sluice_embedded::audit::audit_embedded(&offline.database)?,
+            (LogMeta::Kafka { .. }, None) => audit(
                 &*offline.log,
                 &RocksCheckpointStore::open(offline.database.clone()),
                 &offline.meta.shape,

@@ -11,7 +11,11 @@ use crate::cli::{Cli, Command, GenCommand};
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => local::run(args).await,
-        Command::Verify { data, brokers } => local::verify(data, brokers).await,
+        Command::Verify {
+            data,
+            brokers,
+            store,
+        } => local::verify(data, brokers, store).await,
         Command::Read {
             data,
             output,
