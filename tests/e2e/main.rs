@@ -12,6 +12,7 @@ mod crash;
 mod examples;
 mod faults;
 mod hardening;
+mod hosts;
 mod incremental;
 mod invariants;
 mod kafka;

@@ -68,15 +68,26 @@ impl Pipeline {
     /// Like [`coordinator`](Self::coordinator), with other options (steps,
     /// checkpoints); the identity stays the pipeline's.
     pub async fn coordinator_with(&self, options: PipelineOptions) -> Result<Coordinator> {
+        self.coordinator_on(options, Vec::new()).await
+    }
+
+    /// Like [`coordinator_with`](Self::coordinator_with), with workers on
+    /// the other `hosts` too (see [`Coordinator::open_on`]).
+    pub async fn coordinator_on(
+        &self,
+        options: PipelineOptions,
+        hosts: Vec<Arc<sluice_runtime::RemoteHost>>,
+    ) -> Result<Coordinator> {
         let options = PipelineOptions {
             name: self.options.name.clone(),
             ..options
         };
-        let mut c = Coordinator::open(
+        let mut c = Coordinator::open_on(
             &self.engine,
             &self.component,
             self.storage.guarded(),
             options,
+            hosts,
         )
         .await?;
         if let Some(w) = self.rescale_to {

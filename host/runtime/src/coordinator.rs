@@ -28,6 +28,7 @@ use crate::bindings::Batch;
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::Exchange;
+use crate::remote::{AnyWorker, RemoteHost, RemoteWorker};
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{
@@ -171,7 +172,10 @@ pub struct Coordinator {
     owned: Vec<Vec<(PartitionId, String)>>,
     options: PipelineOptions,
     exchange: Arc<Exchange>,
-    instances: Vec<Option<Worker>>,
+    instances: Vec<Option<AnyWorker>>,
+    /// The other hosts running workers: worker `w` runs on host slot
+    /// `w mod (hosts + 1)`, slot 0 being this process.
+    hosts: Vec<Arc<RemoteHost>>,
     next_step: u64,
     frontiers: Vec<Frontier>,
     checkpointed_step: Option<u64>,
@@ -230,6 +234,20 @@ impl Coordinator {
         storage: Arc<Guarded>,
         options: PipelineOptions,
     ) -> Result<Self> {
+        Self::open_on(engine, component, storage, options, Vec::new()).await
+    }
+
+    /// [`open`](Self::open), running workers on other hosts too: worker `w`
+    /// runs on slot `w mod (hosts.len() + 1)` — slot 0 this process, slot
+    /// `i` `hosts[i - 1]` (connected with [`RemoteHost::connect`]). A step
+    /// fails if a host fails; reopening on the hosts still alive recovers.
+    pub async fn open_on(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        storage: Arc<Guarded>,
+        options: PipelineOptions,
+        hosts: Vec<Arc<RemoteHost>>,
+    ) -> Result<Self> {
         let shape = storage.shape().clone();
         if shape.workers == 0 {
             return Err(ConfigError::NoWorkers.into());
@@ -251,11 +269,23 @@ impl Coordinator {
             .validate(&shape)
             .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
         let exchange = Exchange::new(&layout);
+        let limits = StepLimits {
+            fuel_per_call: engine.limits().fuel_per_call,
+            memory: engine.limits().memory as u64,
+        };
         let mut instances = Vec::with_capacity(layout.workers as usize);
         for w in 0..layout.workers {
-            let worker =
-                Self::start_worker(engine, component, &options, w, layout.workers, &exchange)
-                    .await?;
+            let worker = Self::start_worker(
+                engine,
+                component,
+                &options,
+                &hosts,
+                limits,
+                w,
+                layout.workers,
+                &exchange,
+            )
+            .await?;
             instances.push(Some(worker));
         }
         let owned = layout.assignment(&shape);
@@ -276,15 +306,13 @@ impl Coordinator {
             options,
             exchange,
             instances,
+            hosts,
             next_step: 0,
             checkpointed_step: None,
             last_checkpoint_at: Instant::now(),
             epoch,
             last_time_ms: 0,
-            limits: StepLimits {
-                fuel_per_call: engine.limits().fuel_per_call,
-                memory: engine.limits().memory as u64,
-            },
+            limits,
             prev: 0,
             events_read: 0,
             last_checkpoint_took: Duration::ZERO,
@@ -382,29 +410,48 @@ impl Coordinator {
         Ok(c)
     }
 
-    /// Starts the instance of worker `w` of `workers`.
+    /// Starts the instance of worker `w` of `workers`, on its host.
+    #[allow(clippy::too_many_arguments)]
     async fn start_worker(
         engine: &SluiceEngine,
         component: &LoadedComponent,
         options: &PipelineOptions,
+        hosts: &[Arc<RemoteHost>],
+        limits: StepLimits,
         w: u32,
         workers: u32,
         exchange: &Arc<Exchange>,
-    ) -> Result<Worker> {
+    ) -> Result<AnyWorker> {
         let info = WorkerInfo {
             worker: w,
             workers,
             pipeline: options.name.clone(),
             config: options.config.clone(),
         };
-        Worker::start(
-            engine,
-            component,
-            info,
-            Some(exchange.clone()),
-            options.inherit_guest_stderr,
-        )
-        .await
+        let slot = w as usize % (hosts.len() + 1);
+        if slot > 0 {
+            let host = hosts[slot - 1].clone();
+            return Ok(AnyWorker::Remote(
+                RemoteWorker::start(
+                    host,
+                    info,
+                    exchange.clone(),
+                    limits,
+                    options.inherit_guest_stderr,
+                )
+                .await?,
+            ));
+        }
+        Ok(AnyWorker::Local(Box::new(
+            Worker::start(
+                engine,
+                component,
+                info,
+                Some(exchange.clone()),
+                options.inherit_guest_stderr,
+            )
+            .await?,
+        )))
     }
 
     /// Changes the layout to one of `workers` workers (a sticky rebalance:
@@ -507,6 +554,8 @@ impl Coordinator {
                 &self.engine,
                 &self.component,
                 &self.options,
+                &self.hosts,
+                self.limits,
                 w,
                 next.workers,
                 &self.exchange,

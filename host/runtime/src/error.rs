@@ -88,6 +88,19 @@ pub enum Error {
         resumes_at: u64,
     },
 
+    /// A worker on another host failed, or the host did (its connection
+    /// ended, it stalled past its session timeout).
+    #[error("host {host}: {message}")]
+    Remote {
+        /// The host's address.
+        host: String,
+        /// What happened.
+        message: String,
+        /// The worker's guest failed (it would fail again anywhere); else
+        /// the host or the network did, and recovery may go on without it.
+        guest: bool,
+    },
+
     /// An earlier failure left the coordinator without its instances.
     #[error("the pipeline's workers were lost to an earlier failure; reopen it")]
     WorkersLost,
@@ -119,7 +132,11 @@ impl Error {
     /// nondeterministic replay, a configuration conflict or a fenced host
     /// will not.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Storage(e) if e.is_transient())
+        match self {
+            Error::Storage(e) => e.is_transient(),
+            Error::Remote { guest, .. } => !guest,
+            _ => false,
+        }
     }
 
     /// A short, stable name of the error's kind, for metrics and logs.
@@ -135,6 +152,8 @@ impl Error {
             Error::Config(_) | Error::InvalidComponent { .. } => "config",
             Error::PoolExhausted { .. } => "capacity",
             Error::CheckpointElsewhere { .. } => "config",
+            Error::Remote { guest: true, .. } => "guest_remote",
+            Error::Remote { .. } => "host_lost",
             Error::WorkersLost | Error::Engine { .. } | Error::Task { .. } => "other",
         }
     }

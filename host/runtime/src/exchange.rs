@@ -25,7 +25,24 @@ pub enum ExchangeError {
     Aborted(String),
 }
 
-type Reply = Result<KeyedEvents, ExchangeError>;
+pub(crate) type Reply = Result<KeyedEvents, ExchangeError>;
+
+/// Where a worker's shuffles go: the pipeline's [`Exchange`] in this
+/// process, or (on a host running some of another host's pipeline's
+/// workers) a proxy to the coordinator's exchange.
+#[async_trait::async_trait]
+pub(crate) trait Shuffler: Send + Sync {
+    /// Worker `worker` contributes `events` on `channel`; resolves to the
+    /// events it owns once every worker has contributed.
+    async fn shuffle(&self, worker: u32, channel: u32, events: KeyedEvents) -> Reply;
+}
+
+#[async_trait::async_trait]
+impl Shuffler for Exchange {
+    async fn shuffle(&self, worker: u32, channel: u32, events: KeyedEvents) -> Reply {
+        Exchange::shuffle(self, worker, channel, events).await
+    }
+}
 
 /// No events.
 pub(crate) fn empty() -> KeyedEvents {

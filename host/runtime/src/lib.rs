@@ -36,9 +36,11 @@ pub mod determinism;
 pub mod engine;
 pub mod error;
 pub mod exchange;
+pub mod remote;
 pub mod worker;
 
 pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, GuestError, Result};
+pub use remote::{RemoteHost, WorkerHost};
 pub use worker::{Snapshot, Worker, WorkerInfo};

@@ -8,7 +8,7 @@ use crate::bindings::{
 use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
-use crate::exchange::{Exchange, ExchangeError};
+use crate::exchange::{Exchange, ExchangeError, Shuffler};
 use sluice_core::CircuitPorts;
 use sluice_core::layout::SHARDS;
 use std::sync::Arc;
@@ -124,7 +124,7 @@ pub struct WorkerState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: InstanceLimiter,
-    exchange: Option<Arc<Exchange>>,
+    exchange: Option<Arc<dyn Shuffler>>,
     worker: u32,
     call_started: Instant,
     deadline: Duration,
@@ -259,6 +259,18 @@ impl Worker {
         component: &LoadedComponent,
         info: WorkerInfo,
         exchange: Option<Arc<Exchange>>,
+        inherit_stderr: bool,
+    ) -> Result<Self> {
+        let exchange = exchange.map(|e| e as Arc<dyn Shuffler>);
+        Self::start_with(engine, component, info, exchange, inherit_stderr).await
+    }
+
+    /// [`start`](Self::start), with shuffles going to `exchange`.
+    pub(crate) async fn start_with(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        info: WorkerInfo,
+        exchange: Option<Arc<dyn Shuffler>>,
         inherit_stderr: bool,
     ) -> Result<Self> {
         let limits = engine.limits();
@@ -510,6 +522,15 @@ impl Worker {
     /// Moves the worker to a new layout of `workers` workers: its exchange
     /// from now on is `exchange`, and the circuit is told W.
     pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
+        self.relayout_with(workers, exchange).await
+    }
+
+    /// [`relayout`](Self::relayout), with shuffles going to `exchange`.
+    pub(crate) async fn relayout_with(
+        &mut self,
+        workers: u32,
+        exchange: Arc<dyn Shuffler>,
+    ) -> Result<()> {
         self.store.data_mut().exchange = Some(exchange);
         self.arm();
         let r = self

@@ -1,0 +1,185 @@
+//! A pipeline across several hosts: the coordinator drives workers on
+//! other hosts ([`WorkerHost`]s on loopback TCP), their shuffles going
+//! through its exchange. What the workers compute must not depend on where
+//! they run: every step's output hashes equal those of the same pipeline
+//! on one host.
+
+use crate::support::{Harness, component, recount};
+use sluice_runtime::{Limits, PipelineOptions, RemoteHost, WorkerHost};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+const SECRET: &[u8] = b"the hosts' shared secret";
+
+fn options() -> PipelineOptions {
+    PipelineOptions {
+        max_batch: 40,
+        checkpoint_every_steps: 5,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..PipelineOptions::default()
+    }
+}
+
+/// Lines of words over a small vocabulary.
+fn lines(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("w{} w{} x{}", i % 37, (i * 7) % 101, i % 5))
+        .collect()
+}
+
+/// A worker host for `harness`'s pipeline on a loopback port; returns its
+/// address and the task serving it (abort it to kill the host).
+async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let host = WorkerHost::new(
+        harness.engine(),
+        harness.pipeline.component(),
+        pipeline,
+        SECRET,
+    );
+    let task = tokio::spawn(async move {
+        let _ = host.serve(listener).await;
+    });
+    (addr, task)
+}
+
+async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
+    RemoteHost::connect(addr, pipeline, SECRET, Duration::from_secs(3))
+        .await
+        .unwrap()
+}
+
+/// Every committed step's output hashes, by step.
+fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
+    let last = h.log.last_step().unwrap().unwrap();
+    (0..=last)
+        .map(|s| (s, h.log.step_record(s).unwrap().unwrap().output_hashes))
+        .collect()
+}
+
+async fn fill(h: &Harness, lines: &[String]) {
+    for (i, chunk) in lines.chunks(50).enumerate() {
+        let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        h.append("lines", (i % 4) as u32, &values);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_on_other_hosts_compute_what_one_host_computes() {
+    let wasm = component("examples/wordcount");
+    let input = lines(2_000);
+    let dir = tempfile::tempdir().unwrap();
+
+    let one = Harness::open(&dir.path().join("one"), &wasm, 3, Limits::default()).await;
+    fill(&one, &input).await;
+    let mut c = one.coordinator(options()).await.unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+
+    let three = Harness::open(&dir.path().join("three"), &wasm, 3, Limits::default()).await;
+    fill(&three, &input).await;
+    let name = three.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&three, &name).await;
+    let (b, _tb) = start_host(&three, &name).await;
+    let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+    let mut c = three
+        .pipeline
+        .coordinator_on(options(), hosts)
+        .await
+        .unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    assert!(
+        c.stats().checkpoints >= 2,
+        "checkpoints took remote snapshots"
+    );
+    drop(c);
+
+    assert_eq!(
+        hashes(&one),
+        hashes(&three),
+        "every step's output, worker by worker, is the same on one host and on three"
+    );
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    let counts: BTreeMap<String, i64> = three
+        .integrated("counts")
+        .into_iter()
+        .map(|(v, w)| {
+            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+            (
+                v["word"].as_str().unwrap().to_owned(),
+                w * v["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it() {
+    let wasm = component("examples/wordcount");
+    let input = lines(1_500);
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 3, Limits::default()).await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+    let mut c = h.pipeline.coordinator_on(options(), hosts).await.unwrap();
+    for _ in 0..8 {
+        assert!(c.step().await.unwrap());
+    }
+    // Host a dies: its listener and every connection go with the task.
+    ta.abort();
+    let _ = ta.await;
+    let err = loop {
+        match c.step().await {
+            Ok(true) => continue,
+            Ok(false) => panic!("the run finished without noticing the lost host"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.is_transient(), "a lost host is worth a recovery: {err}");
+    assert!(err.to_string().contains(&a), "{err}");
+    drop(c);
+    // Recovery on the hosts still alive: b takes a's workers.
+    let mut c = h
+        .pipeline
+        .coordinator_on(options(), vec![connect(&b, &name).await])
+        .await
+        .unwrap();
+    assert!(c.stats().restored_checkpoint.is_some());
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    let counts: BTreeMap<String, i64> = h
+        .integrated("counts")
+        .into_iter()
+        .map(|(v, w)| {
+            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+            (
+                v["word"].as_str().unwrap().to_owned(),
+                w * v["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, expected, "nothing lost, nothing twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_without_the_secret_or_of_another_pipeline_is_refused() {
+    let wasm = component("examples/wordcount");
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 2, Limits::default()).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&h, &name).await;
+    let wrong = RemoteHost::connect(&a, &name, b"not the secret", Duration::from_secs(3)).await;
+    let e = wrong.unwrap_err().to_string();
+    assert!(e.contains("secret"), "{e}");
+    let other = RemoteHost::connect(&a, "another", SECRET, Duration::from_secs(3)).await;
+    let e = other.unwrap_err().to_string();
+    assert!(e.contains("another"), "{e}");
+}
