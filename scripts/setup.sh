@@ -2,8 +2,8 @@
 # Installs what building and testing Sluice needs on a fresh Debian machine,
 # and nothing when it is already there: libclang-dev (RocksDB's bindings are
 # generated with bindgen, which loads libclang), make and g++ (RocksDB's and
-# librdkafka's C/C++), kcat (the Kafka tests' independent consumer) and the
-# wasm32-wasip2 target (rust-toolchain.toml also asks rustup for it).
+# librdkafka's C/C++), kcat (the Kafka tests' independent consumer), protoc
+# (the etcd client's generated code) and the wasm32-wasip2 target (rust-toolchain.toml also asks rustup for it).
 #
 #   scripts/setup.sh            install what building and the demo need
 #   scripts/setup.sh --tests    also what the tests need: Debian's chromium
@@ -59,6 +59,8 @@ have_command make || need_apt+=(make)
 have_command g++ || need_apt+=(g++)
 # kcat: the independent Kafka consumer the Kafka tests check output with.
 have_command kcat || need_apt+=(kcat)
+# protoc: the etcd client's build generates its gRPC code (membership).
+have_command protoc || need_apt+=(protobuf-compiler)
 
 if [ "$tests" -eq 1 ]; then
   # The console test drives Debian's Chromium (a test tool's own browser
@@ -66,6 +68,8 @@ if [ "$tests" -eq 1 ]; then
   installed chromium || need_apt+=(chromium)
   # curl: scripts/test.sh waits for the S3-protocol server and makes its bucket.
   have_command curl || need_apt+=(curl)
+  # etcd: the membership tests' server (scripts/test.sh starts it on loopback).
+  installed etcd-server || need_apt+=(etcd-server)
 fi
 
 if [ "$dry_run" -eq 1 ]; then

@@ -48,6 +48,30 @@ if [ -z "${SLUICE_S3_ENDPOINT:-}" ]; then
   export SLUICE_S3_ENDPOINT="http://127.0.0.1:$port"
   echo "test: S3-protocol server (moto) at $SLUICE_S3_ENDPOINT" >&2
 fi
+# The membership tests need etcd (Debian's etcd-server, installed by
+# setup.sh --tests): one on free loopback ports, its data in a temporary
+# directory.
+etcd_pid=""
+etcd_dir=""
+stop_etcd() { if [ -n "$etcd_pid" ]; then kill "$etcd_pid" 2>/dev/null || true; rm -rf "$etcd_dir"; fi; }
+trap 'rm -f "$log" "$log.s3"; stop_broker; stop_s3; stop_etcd' EXIT
+if [ -z "${SLUICE_ETCD_ENDPOINT:-}" ]; then
+  etcd_dir=$(mktemp -d)
+  client=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  etcd --data-dir "$etcd_dir/data" --listen-client-urls "http://127.0.0.1:$client" \
+       --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
+       --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+       --initial-cluster "default=http://127.0.0.1:$peer" >"$etcd_dir/log" 2>&1 &
+  etcd_pid=$!
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$client/health" 2>/dev/null && break
+    kill -0 "$etcd_pid" 2>/dev/null || { cat "$etcd_dir/log" >&2; exit 1; }
+    sleep 0.1
+  done
+  export SLUICE_ETCD_ENDPOINT="http://127.0.0.1:$client"
+  echo "test: etcd at $SLUICE_ETCD_ENDPOINT" >&2
+fi
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -347,7 +347,25 @@ fn setup_plans_libclang_dev_from_dpkg_not_from_files() {
     assert!(!plan(installed, None).contains("libclang-dev"));
     let bare = plan(installed, Some("/nonexistent"));
     assert!(
-        bare.contains("make") && bare.contains("g++") && bare.contains("kcat"),
+        bare.contains("make")
+            && bare.contains("g++")
+            && bare.contains("kcat")
+            && bare.contains("protobuf-compiler"),
         "{bare}"
+    );
+    // The tests' servers on a fresh root: etcd from Debian, by package.
+    let admindir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(admindir.path().join("updates")).unwrap();
+    std::fs::write(admindir.path().join("status"), "").unwrap();
+    let out = std::process::Command::new(repo().join("scripts/setup.sh"))
+        .args(["--tests", "--dry-run"])
+        .env("SLUICE_DPKG_ADMINDIR", admindir.path())
+        .env("SLUICE_SETUP_PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let plan = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        plan.contains("etcd-server") && plan.contains("curl") && plan.contains("chromium"),
+        "{plan}"
     );
 }

@@ -75,11 +75,12 @@ impl CheckpointStore for CachedCheckpoints {
         // The local copy serves only if it is of the very checkpoint the
         // shared store committed (same step, same metadata).
         let shared = self.shared.meta(step)?;
-        if shared.is_some() && self.local.meta(step).ok().flatten() == shared {
-            if let Ok(Some(pieces)) = self.local.pieces(step, shards) {
-                self.local_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(pieces));
-            }
+        if shared.is_some()
+            && self.local.meta(step).ok().flatten() == shared
+            && let Ok(Some(pieces)) = self.local.pieces(step, shards)
+        {
+            self.local_reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(pieces));
         }
         self.shared_reads.fetch_add(1, Ordering::Relaxed);
         self.shared.pieces(step, shards)

@@ -1,0 +1,231 @@
+//! Membership in etcd: a key per member, `/sluice/<group>/members/<name>`,
+//! holding its record (JSON), attached to a lease of the group's TTL that
+//! the member keeps alive. Join order is the keys' create revision.
+
+use crate::{Error, Member, Membership, Result, Session, View};
+use etcd_client::{Client, GetOptions, PutOptions};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// A pipeline's group of hosts in etcd.
+pub struct EtcdMembership {
+    client: Client,
+    prefix: String,
+    ttl: Duration,
+}
+
+fn backend(what: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
+    let what = what.into();
+    move |e| Error::Backend {
+        what,
+        source: Box::new(e),
+    }
+}
+
+impl EtcdMembership {
+    /// Connects to etcd at `endpoints` (`http://host:2379`, …) for the
+    /// group `group` (the pipeline's name), whose members lapse `ttl` (at
+    /// least 2 s: etcd's shortest lease) after they stop renewing.
+    pub async fn connect(endpoints: &[String], group: &str, ttl: Duration) -> Result<Self> {
+        if group.is_empty() || group.contains('/') {
+            return Err(Error::Invalid(format!("group name {group:?}")));
+        }
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5));
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(backend(format!("connecting to {}", endpoints.join(","))))?;
+        Ok(EtcdMembership {
+            client,
+            prefix: format!("/sluice/{group}/members/"),
+            ttl: ttl.max(Duration::from_secs(2)),
+        })
+    }
+}
+
+struct EtcdSession {
+    client: Client,
+    lease: i64,
+    alive: Arc<AtomicBool>,
+    renew: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EtcdSession {
+    fn drop(&mut self) {
+        self.renew.abort();
+    }
+}
+
+#[async_trait::async_trait]
+impl Membership for EtcdMembership {
+    async fn join(&self, me: Member) -> Result<Box<dyn Session>> {
+        if me.name.is_empty() || me.name.contains('/') {
+            return Err(Error::Invalid(format!("member name {:?}", me.name)));
+        }
+        let mut client = self.client.clone();
+        let ttl_secs = self.ttl.as_secs().max(2) as i64;
+        let lease = client
+            .lease_grant(ttl_secs, None)
+            .await
+            .map_err(backend("taking a lease"))?
+            .id();
+        let record = serde_json::to_vec(&me).map_err(|e| Error::Invalid(e.to_string()))?;
+        client
+            .put(
+                format!("{}{}", self.prefix, me.name),
+                record,
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .map_err(backend(format!("joining as {}", me.name)))?;
+        let (mut keeper, mut answers) = client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(backend("renewing the lease"))?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let every = self.ttl / 3;
+        let flag = alive.clone();
+        let name = me.name.clone();
+        let renew = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = tokio::time::Instant::now();
+            loop {
+                tick.tick().await;
+                // A process stalled past the TTL (SIGSTOP, a long pause)
+                // comes back to a lease etcd may already have expired: it
+                // is no longer a member, whatever the next renewal says.
+                if last.elapsed() >= every * 3 {
+                    tracing::warn!(member = %name, "membership lapsed: renewals stalled past the TTL");
+                    break;
+                }
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    answers.message().await
+                };
+                match tokio::time::timeout(every, renewed).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => last = tokio::time::Instant::now(),
+                    Ok(Ok(_)) => {
+                        tracing::warn!(member = %name, "membership lapsed: the lease expired");
+                        break;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(member = %name, error = %e, "renewing the membership failed")
+                    }
+                    Err(_) => tracing::warn!(member = %name, "renewing the membership timed out"),
+                }
+            }
+            flag.store(false, Ordering::SeqCst);
+        });
+        Ok(Box::new(EtcdSession {
+            client,
+            lease,
+            alive,
+            renew,
+        }))
+    }
+
+    async fn view(&self) -> Result<View> {
+        let mut client = self.client.clone();
+        let got = client
+            .get(self.prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(backend("reading the members"))?;
+        let mut members = Vec::with_capacity(got.kvs().len());
+        for kv in got.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let member: Member =
+                serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
+                    key: key.clone(),
+                    message: e.to_string(),
+                })?;
+            members.push((kv.create_revision(), member));
+        }
+        members.sort_by(|a, b| (a.0, &a.1.name).cmp(&(b.0, &b.1.name)));
+        Ok(View {
+            members: members.into_iter().map(|(_, m)| m).collect(),
+        })
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+#[async_trait::async_trait]
+impl Session for EtcdSession {
+    fn alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst) && !self.renew.is_finished()
+    }
+
+    async fn leave(self: Box<Self>) -> Result<()> {
+        self.renew.abort();
+        let mut client = self.client.clone();
+        client
+            .lease_revoke(self.lease)
+            .await
+            .map_err(backend("leaving"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// etcd at `SLUICE_ETCD_ENDPOINT` (scripts/test.sh starts one), or
+    /// `None` (outside CI) to skip.
+    fn endpoint() -> Option<String> {
+        match std::env::var("SLUICE_ETCD_ENDPOINT") {
+            Ok(e) if !e.is_empty() => Some(e),
+            _ if std::env::var_os("CI").is_some() => {
+                panic!("CI is set but SLUICE_ETCD_ENDPOINT is not: scripts/test.sh must start etcd")
+            }
+            _ => {
+                eprintln!(
+                    "skipped: set SLUICE_ETCD_ENDPOINT=http://host:port to run the etcd tests"
+                );
+                None
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_passes_the_membership_conformance_suite() {
+        let Some(endpoint) = endpoint() else { return };
+        let run = std::process::id();
+        let n = std::sync::atomic::AtomicU32::new(0);
+        crate::conformance::membership(|| {
+            let group = format!("conformance-{run}-{}", n.fetch_add(1, Ordering::Relaxed));
+            let endpoint = endpoint.clone();
+            async move {
+                Box::new(
+                    EtcdMembership::connect(&[endpoint], &group, Duration::from_secs(2))
+                        .await
+                        .unwrap(),
+                ) as Box<dyn Membership>
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn names_with_slashes_are_refused() {
+        let Some(endpoint) = endpoint() else { return };
+        assert!(
+            EtcdMembership::connect(&[endpoint.clone()], "a/b", Duration::from_secs(2))
+                .await
+                .is_err()
+        );
+        let m = EtcdMembership::connect(&[endpoint], "ok", Duration::from_secs(2))
+            .await
+            .unwrap();
+        let bad = Member {
+            name: "x/y".into(),
+            addr: "127.0.0.1:1".into(),
+        };
+        assert!(m.join(bad).await.is_err());
+    }
+}
