@@ -7,6 +7,7 @@ mod support;
 mod api;
 mod chaos;
 mod cli;
+mod cluster;
 mod console;
 mod crash;
 mod examples;

@@ -32,6 +32,12 @@ pub enum Command {
     /// consumed and committed, and write the output logs. Run again on the
     /// same --data after a crash: it recovers and finishes.
     Run(RunArgs),
+    /// Run one host of a pipeline across several: serve the workers the
+    /// leader places here, join the pipeline's group (etcd), and lead when
+    /// first in it — recovering on the hosts that are there whenever the
+    /// group changes. Logs in Kafka, checkpoints in an object store. Stops
+    /// on Ctrl-C / SIGTERM (a leader checkpoints first).
+    Host(HostArgs),
     /// Audit a pipeline's logs offline; exits non-zero naming the first
     /// violation. A pipeline whose logs are in Kafka needs --brokers.
     Verify {
@@ -370,6 +376,62 @@ pub struct RunArgs {
     #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
     pub store: Option<String>,
     /// Kafka settings (with `--log kafka`).
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// Arguments of `sluice host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// The component (.wasm) to run: the same on every host.
+    pub component: PathBuf,
+    /// This host's name in the group (stable across restarts; default: the
+    /// listen address).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Where this host's worker server listens; other hosts connect here.
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// etcd endpoints for the group, URL[,URL…].
+    #[arg(long, env = "SLUICE_ETCD", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// A host that renews nothing for this long leaves the group (etcd
+    /// lease), in milliseconds; at least 2000.
+    #[arg(long, default_value_t = 3_000)]
+    pub session_timeout_ms: u64,
+    /// The pipeline's shared secret, from this file (else
+    /// `SLUICE_HOST_SECRET`): hosts accept coordinators that prove it.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// This host's data directory (a leader's metadata and its local copy
+    /// of checkpoints).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Number of workers W across all hosts (of a new pipeline; an
+    /// existing one with another W changes layout).
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// Partitions of each input of a new pipeline.
+    #[arg(long)]
+    pub partitions: Option<u32>,
+    /// PORT=FILE: a leader appends FILE to input PORT (exactly once across
+    /// hosts; repeatable).
+    #[arg(long = "input", value_parser = port_file)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// At most this many events per input partition per step.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_batch: u64,
+    /// Checkpoint every N committed steps.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// …or every this many milliseconds, whichever comes first.
+    #[arg(long, default_value_t = 10_000)]
+    pub checkpoint_interval_ms: u64,
+    /// The object store of the checkpoints (`s3://bucket/prefix`,
+    /// `file:///shared/dir`): every host must reach it.
+    #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
+    pub store: String,
+    /// Kafka settings (the logs are in Kafka).
     #[command(flatten)]
     pub kafka: KafkaArgs,
 }

@@ -21,6 +21,10 @@ pub enum Error {
     #[error(transparent)]
     Ingest(#[from] IngestError),
 
+    /// The membership of the hosts running the pipeline.
+    #[error(transparent)]
+    Membership(#[from] sluice_cluster::Error),
+
     /// Writing an output file.
     #[error("{path}: {source}")]
     Io {
@@ -51,6 +55,7 @@ impl Error {
         match self {
             Error::Runtime(e) => e.is_transient(),
             Error::Ingest(e) => e.is_transient(),
+            Error::Membership(e) => matches!(e, sluice_cluster::Error::Backend { .. }),
             Error::Io { .. } => false,
         }
     }

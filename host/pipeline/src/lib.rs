@@ -15,6 +15,8 @@
 //! - [`run`]: `sluice run` as a library call: ingest files exactly once,
 //!   run to completion, export the output logs; progress reported through a
 //!   callback ([`RunEvent`]).
+//! - [`hosts`]: one host of a pipeline across several (`sluice host`):
+//!   membership, leading, recovery when the group changes.
 //! - [`error`]: the errors of all of the above.
 //!
 //! ```no_run
@@ -32,6 +34,7 @@
 
 pub mod config;
 pub mod error;
+pub mod hosts;
 pub mod pipeline;
 pub mod run;
 pub mod storage;
@@ -39,6 +42,7 @@ pub mod supervise;
 
 pub use config::{LogConfig, LogKind, PipelineConfig};
 pub use error::{Error, Result};
+pub use hosts::{HostConfig, HostEvent, run_host};
 pub use pipeline::Pipeline;
 pub use run::{RunEvent, RunReport, RunRequest, export_output, run};
 pub use storage::Storage;

@@ -81,6 +81,107 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `sluice host`.
+pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
+    use sluice_pipeline::{HostConfig, HostEvent};
+    if a.etcd.is_empty() {
+        bail!("sluice host needs --etcd URL (or SLUICE_ETCD): the group of the pipeline's hosts");
+    }
+    let secret = match &a.secret_file {
+        Some(f) => std::fs::read(f).with_context(|| format!("reading {}", f.display()))?,
+        None => std::env::var("SLUICE_HOST_SECRET")
+            .context("sluice host needs --secret-file FILE or SLUICE_HOST_SECRET")?
+            .into_bytes(),
+    };
+    if secret.len() < 16 {
+        bail!("the hosts' secret must be at least 16 bytes");
+    }
+    let log = a.kafka.log_config(sluice_pipeline::LogKind::Kafka)?;
+    let group = a
+        .kafka
+        .pipeline
+        .clone()
+        .context("sluice host needs --pipeline NAME")?;
+    let session_timeout = Duration::from_millis(a.session_timeout_ms.max(2_000));
+    let membership = sluice_cluster::EtcdMembership::connect(&a.etcd, &group, session_timeout)
+        .await
+        .context("joining the pipeline's group in etcd")?;
+    let engine = Arc::new(sluice_runtime::SluiceEngine::new(
+        Limits::default(),
+        sluice_runtime::SluiceEngine::default_cache_dir(),
+    )?);
+    let component = engine.load_file(&a.component)?;
+    let config = HostConfig {
+        pipeline: PipelineConfig {
+            log,
+            checkpoint_store: Some(a.store.clone()),
+            options: PipelineOptions {
+                name: group.clone(),
+                max_batch: a.max_batch,
+                checkpoint_every_steps: a.checkpoint_every,
+                checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
+                inherit_guest_stderr: true,
+                config: vec![],
+                max_output_per_step: None,
+                incremental_checkpoints: true,
+                check_output_json: false,
+            },
+            rescale_to: Some(a.workers),
+            partitions: a.partitions,
+            ..PipelineConfig::new(a.data.clone(), a.workers)
+        },
+        name: a
+            .name
+            .clone()
+            .unwrap_or_else(|| a.listen.to_string().replace(':', "-")),
+        listen: a.listen,
+        secret,
+        session_timeout,
+        inputs: a.inputs.clone(),
+    };
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+        let _ = stop_tx.send(true);
+    });
+    let name = config.name.clone();
+    sluice_pipeline::run_host(
+        engine,
+        component,
+        Arc::new(membership),
+        config,
+        stop,
+        move |event| match event {
+            HostEvent::Joined { addr } => eprintln!("host {name}: joined, serving workers at {addr}"),
+            HostEvent::Leading {
+                hosts,
+                restored,
+                replayed,
+                took,
+            } => eprintln!(
+                "host {name}: leading on [{}]; restored checkpoint {}, replayed {replayed} steps in {took:.2?}",
+                hosts.join(", "),
+                restored.map_or("none".to_owned(), |s| s.to_string())
+            ),
+            HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
+            HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// A stopped pipeline's data directory opened for reading: its metadata, its
 /// logs (embedded, or Kafka with `brokers`) and the database.
 struct Offline {

@@ -11,6 +11,7 @@ use crate::cli::{Cli, Command, GenCommand};
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => local::run(args).await,
+        Command::Host(args) => local::host(args).await,
         Command::Verify {
             data,
             brokers,

@@ -1,0 +1,316 @@
+//! A pipeline across several hosts: what `sluice host` does on each.
+//!
+//! Every host runs a [`WorkerHost`] (the workers the coordinator places on
+//! it) and joins the pipeline's group ([`Membership`]). The member that
+//! joined first leads: it opens the pipeline (its logs in Kafka, its
+//! checkpoints in an object store — nothing on one machine only), connects
+//! to every other member's worker host and runs the coordinator over all of
+//! them (worker `w` on host slot `w mod hosts`, slot 0 itself). When the
+//! group changes — a host joins, leaves, dies or stalls past the TTL — the
+//! leader checkpoints if it can and reopens the coordinator on the group as
+//! it is now: recovery restores the newest checkpoint onto the new placement
+//! and replays what was committed after it. When the leader itself goes,
+//! the next member leads and recovers the same way.
+//!
+//! Nothing here is needed for safety: a stalled leader that wakes up still
+//! believing it leads is fenced by Kafka (the new leader's
+//! `init_transactions` on the pipeline's transactional id) and cannot
+//! commit; its worker connections were replaced by the new leader's.
+
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::pipeline::Pipeline;
+use sluice_cluster::{Member, Membership, Session, View};
+use sluice_runtime::{Coordinator, LoadedComponent, RemoteHost, SluiceEngine, WorkerHost};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// One host's part in a pipeline across hosts.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The pipeline as this host would open it when it leads: its own data
+    /// directory, W, the Kafka logs, the checkpoint store (required: another
+    /// host must be able to take over).
+    pub pipeline: PipelineConfig,
+    /// This host's name in the group (stable across restarts).
+    pub name: String,
+    /// Where its worker host listens (and other hosts connect).
+    pub listen: std::net::SocketAddr,
+    /// The secret every host of the pipeline shares.
+    pub secret: Vec<u8>,
+    /// A coordinator gives up on a host that sent nothing for this long.
+    pub session_timeout: Duration,
+    /// `(input port, file)` a leader appends (exactly once across hosts and
+    /// runs: the ingest marks are in Kafka).
+    pub inputs: Vec<(String, PathBuf)>,
+}
+
+/// What a host reports as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEvent {
+    /// Listening and joined the group.
+    Joined {
+        /// The worker host's address.
+        addr: String,
+    },
+    /// Leading: the coordinator runs over these hosts (this one first).
+    Leading {
+        /// Names of the hosts, in placement order.
+        hosts: Vec<String>,
+        /// The checkpoint recovery restored, if any.
+        restored: Option<u64>,
+        /// Steps replayed on recovery.
+        replayed: u64,
+        /// How long opening (connecting, restoring, replaying) took.
+        took: Duration,
+    },
+    /// No longer leading (the group changed, a step failed, or stopping).
+    LeadEnded {
+        /// Why.
+        reason: String,
+    },
+    /// The membership lapsed (the host stalled or was cut off): joined
+    /// again, at the end of the order.
+    Rejoined,
+}
+
+/// How often the group is read while nothing else happens.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Runs one host of a pipeline across hosts until `stop` turns true: on
+/// stop, a leader checkpoints and leaves; a worker host leaves and keeps
+/// serving until the leader has moved its workers away (its connection
+/// closes) or a few TTLs pass.
+pub async fn run_host(
+    engine: Arc<SluiceEngine>,
+    component: LoadedComponent,
+    membership: Arc<dyn Membership>,
+    config: HostConfig,
+    mut stop: watch::Receiver<bool>,
+    mut report: impl FnMut(HostEvent) + Send,
+) -> Result<()> {
+    if config.pipeline.checkpoint_store.is_none() {
+        return Err(sluice_core::ConfigError::Invalid(
+            "a pipeline across hosts keeps its checkpoints where every host reaches them: \
+             name a store (--store)"
+                .into(),
+        )
+        .into());
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::Io {
+            path: PathBuf::from(config.listen.to_string()),
+            source: e,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Io {
+            path: PathBuf::from(config.listen.to_string()),
+            source: e,
+        })?
+        .to_string();
+    // The pipeline's identity is its Kafka name; the worker host checks
+    // that coordinators run the same.
+    let identity = match &config.pipeline.log {
+        #[cfg(feature = "kafka")]
+        crate::LogConfig::Kafka { config } => config.pipeline.clone(),
+        crate::LogConfig::Embedded { .. } => {
+            return Err(sluice_core::ConfigError::Invalid(
+                "a pipeline across hosts keeps its logs in Kafka (--log kafka)".into(),
+            )
+            .into());
+        }
+    };
+    let worker_host = WorkerHost::new(&engine, &component, &identity, &config.secret);
+    let serving = tokio::spawn(worker_host.serve(listener));
+    let _serving = AbortOnDrop(serving.abort_handle());
+    let me = Member {
+        name: config.name.clone(),
+        addr: addr.clone(),
+    };
+    let mut session: Box<dyn Session> = membership.join(me.clone()).await?;
+    report(HostEvent::Joined { addr: addr.clone() });
+    let mut pipeline: Option<Pipeline> = None;
+    let mut ingested = false;
+    let mut failures = 0u32;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        if !session.alive() {
+            session = membership.join(me.clone()).await?;
+            report(HostEvent::Rejoined);
+        }
+        let view = match membership.view().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the group failed");
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        if view.leader().map(|m| m.name.as_str()) != Some(config.name.as_str()) {
+            // Not leading: drop the pipeline (and its data directory lock)
+            // if we led before, and serve workers.
+            pipeline = None;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        if pipeline.is_none() {
+            pipeline = Some(
+                Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone()).await?,
+            );
+        }
+        let p = pipeline.as_ref().expect("just opened");
+        if !ingested {
+            for (port, file) in &config.inputs {
+                p.ingest_file(port, file, |_, _| {}).await?;
+            }
+            ingested = true;
+        }
+        match lead(
+            p,
+            &config,
+            &view,
+            &*membership,
+            &*session,
+            &mut stop,
+            &mut report,
+        )
+        .await
+        {
+            Ok(reason) => {
+                failures = 0;
+                report(HostEvent::LeadEnded { reason });
+            }
+            Err(e) if e.is_transient() => {
+                failures += 1;
+                tracing::warn!(error = %e, failures, "leading failed; recovering on the group as it is");
+                report(HostEvent::LeadEnded {
+                    reason: e.to_string(),
+                });
+                // A dead host stays in the group until its TTL passes:
+                // wait a little before trying it again.
+                tokio::time::sleep(POLL * failures.min(10)).await;
+            }
+            Err(e) if e.as_runtime().is_some_and(|r| r.kind() == "fenced") => {
+                // Another host took the pipeline over while this one
+                // believed it led (it stalled): it is not ours any more.
+                pipeline = None;
+                report(HostEvent::LeadEnded {
+                    reason: e.to_string(),
+                });
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Stopping.
+    let was_leading = pipeline.is_some();
+    drop(pipeline);
+    let _ = session.leave().await;
+    if !was_leading {
+        // Keep serving until the leader has moved our workers away.
+        let grace = membership.ttl() * 3;
+        tokio::time::sleep(grace.min(Duration::from_secs(10))).await;
+    }
+    Ok(())
+}
+
+/// Leads until the group changes, this host must stop, or a step fails.
+/// Returns why it stopped leading.
+async fn lead(
+    pipeline: &Pipeline,
+    config: &HostConfig,
+    view: &View,
+    membership: &dyn Membership,
+    session: &dyn Session,
+    stop: &mut watch::Receiver<bool>,
+    report: &mut (impl FnMut(HostEvent) + Send),
+) -> Result<String> {
+    let started = Instant::now();
+    let identity = pipeline.options().name.clone();
+    let mut hosts = Vec::new();
+    for member in view.members.iter().filter(|m| m.name != config.name) {
+        hosts.push(
+            RemoteHost::connect(
+                &member.addr,
+                &identity,
+                &config.secret,
+                config.session_timeout,
+            )
+            .await?,
+        );
+    }
+    let mut coordinator: Coordinator = pipeline
+        .coordinator_on(pipeline.options().clone(), hosts)
+        .await?;
+    report(HostEvent::Leading {
+        hosts: std::iter::once(config.name.clone())
+            .chain(
+                view.members
+                    .iter()
+                    .filter(|m| m.name != config.name)
+                    .map(|m| m.name.clone()),
+            )
+            .collect(),
+        restored: coordinator.stats().restored_checkpoint,
+        replayed: coordinator.stats().replayed_steps,
+        took: started.elapsed(),
+    });
+    let mut last_check = Instant::now();
+    loop {
+        if *stop.borrow() {
+            coordinator.finish().await?;
+            return Ok("stopping".into());
+        }
+        if last_check.elapsed() >= POLL {
+            last_check = Instant::now();
+            if !session.alive() {
+                // Lapsed: another host may lead already. Leave the
+                // coordinator as it is (a checkpoint would be fenced).
+                return Ok("this host's membership lapsed".into());
+            }
+            match membership.view().await {
+                Ok(now) if now != *view => {
+                    // A host joined or left (or died): checkpoint while the
+                    // hosts we run on are there, then reopen on the group
+                    // as it is now.
+                    let saved = coordinator.finish().await;
+                    return Ok(format!(
+                        "the group changed ({} → {} hosts){}",
+                        view.members.len(),
+                        now.members.len(),
+                        match saved {
+                            Ok(()) => String::new(),
+                            Err(e) => format!("; no checkpoint first: {e}"),
+                        }
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reading the group failed"),
+            }
+        }
+        if !coordinator.step().await? {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

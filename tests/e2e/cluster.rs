@@ -1,0 +1,344 @@
+//! A pipeline across host processes (`sluice host`), with a real Kafka
+//! broker, a real S3-protocol server and etcd, through the faults of the
+//! multi-host issue's acceptance: a host SIGKILLed mid-step, the leader
+//! SIGSTOPped past its session timeout and resumed (a zombie: its commits
+//! are fenced), a fourth host joining live, and the leader leaving. After
+//! all of it, the word count with deletes that an independent
+//! `read_committed` consumer (`kcat`) integrates equals a recount, and it
+//! sees each (step, worker) entry once.
+#![cfg(feature = "kafka")]
+
+use crate::kafka::{brokers, fresh_name};
+use crate::support::{component, recount, s3_endpoint, sluice_cmd};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// etcd for the group (scripts/test.sh starts one), or `None` outside CI.
+pub fn etcd_endpoint() -> Option<String> {
+    match std::env::var("SLUICE_ETCD_ENDPOINT") {
+        Ok(e) if !e.is_empty() => Some(e),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI is set but SLUICE_ETCD_ENDPOINT is not: scripts/test.sh must start etcd")
+        }
+        _ => None,
+    }
+}
+
+const WORKERS: u32 = 3;
+const SESSION_MS: u64 = 2_000;
+
+struct Cluster {
+    dir: PathBuf,
+    wasm: PathBuf,
+    brokers: String,
+    etcd: String,
+    pipeline: String,
+    store: String,
+    input: PathBuf,
+    hosts: BTreeMap<String, Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    fn stderr(&self, name: &str) -> String {
+        std::fs::read_to_string(self.log(name)).unwrap_or_default()
+    }
+
+    /// Starts host `name` on a free loopback port.
+    fn start(&mut self, name: &str) {
+        let log = std::fs::File::create(self.log(name)).unwrap();
+        let child = sluice_cmd()
+            .arg("host")
+            .arg(&self.wasm)
+            .args(["--name", name])
+            .arg(format!("--listen=127.0.0.1:{}", free_port()))
+            .arg(format!("--etcd={}", self.etcd))
+            .arg(format!("--session-timeout-ms={SESSION_MS}"))
+            .arg("--data")
+            .arg(self.dir.join(name))
+            .arg(format!("--workers={WORKERS}"))
+            .args([
+                "--partitions",
+                "6",
+                "--max-batch",
+                "15",
+                "--checkpoint-every",
+                "6",
+            ])
+            .arg(format!("--input=lines={}", self.input.display()))
+            .arg(format!("--store={}", self.store))
+            .arg(format!("--brokers={}", self.brokers))
+            .arg(format!("--pipeline={}", self.pipeline))
+            .env("SLUICE_HOST_SECRET", "a secret the hosts share")
+            .env("SLUICE_LOG", "sluice=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.hosts.insert(name.to_owned(), child);
+    }
+
+    fn signal(&self, name: &str, signal: &str) {
+        let pid = self.hosts[name].id().to_string();
+        let ok = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {signal} {name}");
+    }
+
+    /// Committed steps, as an independent consumer sees the step log.
+    fn steps(&self) -> usize {
+        kcat(
+            &self.brokers,
+            &format!("{}.sluice-steps", self.pipeline),
+            "%o\n",
+        )
+        .len()
+    }
+
+    /// Waits until `done` holds, failing with the hosts' logs after `limit`.
+    fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Self) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            if start.elapsed() > limit {
+                let logs: Vec<String> = self
+                    .hosts
+                    .keys()
+                    .map(|n| format!("--- {n}\n{}", self.stderr(n)))
+                    .collect();
+                panic!("timed out waiting for {what}\n{}", logs.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for `more` committed steps past now.
+    fn progress(&self, what: &str, more: usize) {
+        let from = self.steps();
+        self.wait(what, Duration::from_secs(90), |c| c.steps() >= from + more);
+    }
+
+    /// Whether `leader`'s last coordinator ran on exactly `hosts` (itself
+    /// first, the others in any order).
+    fn leads_on(&self, leader: &str, hosts: &[&str]) -> bool {
+        let log = self.stderr(leader);
+        let prefix = format!("host {leader}: leading on [");
+        let Some(line) = log.lines().rfind(|l| l.starts_with(&prefix)) else {
+            return false;
+        };
+        let listed = &line[prefix.len()..line.find(']').unwrap_or(line.len())];
+        let mut listed: Vec<&str> = listed.split(", ").collect();
+        let mut wanted = hosts.to_vec();
+        listed[1..].sort_unstable();
+        wanted[1..].sort_unstable();
+        self.leading(leader) && listed == wanted
+    }
+
+    /// The host leading now, from the hosts' logs (the last "leading" line
+    /// of a live host).
+    fn leading(&self, name: &str) -> bool {
+        let log = self.stderr(name);
+        let lead = log.rfind(&format!("host {name}: leading"));
+        let ended = log.rfind(&format!("host {name}: stopped leading"));
+        lead.is_some() && lead > ended
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.hosts.values_mut() {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Every record of `topic` as `kcat` prints it with `format`, read_committed.
+fn kcat(brokers: &str, topic: &str, format: &str) -> Vec<String> {
+    let out = std::process::Command::new("kcat")
+        .args(["-C", "-b", brokers, "-t", topic, "-e", "-q"])
+        .args(["-X", "isolation.level=read_committed", "-f", format])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Vec::new(); // the topic does not exist yet
+    }
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Lines of words, about one in twenty deleting an earlier line.
+fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut lines: Vec<(String, i64)> = Vec::new();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for i in 0..n {
+        if i > 20 && next(20) == 0 {
+            let victim = lines[next(lines.len() as u64) as usize].0.clone();
+            writeln!(f, "{}", serde_json::json!({ "delete": victim })).unwrap();
+            lines.push((victim, -1));
+        } else {
+            let words: Vec<String> = (0..1 + next(5))
+                .map(|_| format!("w{}", next(300)))
+                .collect();
+            let line = words.join(" ");
+            writeln!(f, "{}", serde_json::to_string(&line).unwrap()).unwrap();
+            lines.push((line, 1));
+        }
+    }
+    recount(lines.iter().map(|(l, w)| (l.as_str(), *w)))
+}
+
+#[test]
+fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_a_join_and_a_leave() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = fresh_name("hosts");
+    let input_file = dir.path().join("lines.jsonl");
+    let expected = input(&input_file, 30_000);
+    let mut c = Cluster {
+        dir: dir.path().to_owned(),
+        wasm: component("examples/wordcount"),
+        brokers: brokers.clone(),
+        etcd,
+        store: format!("s3://sluice-tests/{pipeline}"),
+        pipeline: pipeline.clone(),
+        input: input_file,
+        hosts: BTreeMap::new(),
+    };
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start("h2");
+    c.start("h3");
+    c.wait(
+        "the leader to run on three hosts",
+        Duration::from_secs(60),
+        |c| c.leads_on("h1", &["h1", "h2", "h3"]),
+    );
+    c.progress("steps on three hosts", 10);
+
+    // 1. A worker host dies mid-step: the step fails, the leader recovers
+    //    on the two left.
+    c.signal("h2", "-KILL");
+    c.wait("recovery without h2", Duration::from_secs(60), |c| {
+        c.leads_on("h1", &["h1", "h3"])
+    });
+    c.progress("steps after the kill", 10);
+
+    // 2. The leader stalls past its session timeout: h3 leads (fencing
+    //    h1's transactional producer); h1 resumes as a zombie, finds its
+    //    membership lapsed and joins again as a worker host.
+    c.signal("h1", "-STOP");
+    c.wait("h3 to take over", Duration::from_secs(60), |c| {
+        c.leading("h3")
+    });
+    c.progress("steps under h3", 5);
+    c.signal("h1", "-CONT");
+    c.wait("the zombie to step down", Duration::from_secs(60), |c| {
+        c.stderr("h1").contains("membership lapsed")
+    });
+    c.wait("h1 back as a worker host", Duration::from_secs(60), |c| {
+        c.leads_on("h3", &["h3", "h1"])
+    });
+    c.progress("steps on h3 and h1", 5);
+
+    // 3. A fourth host joins live.
+    c.start("h4");
+    c.wait("h4 to take its share", Duration::from_secs(60), |c| {
+        c.leads_on("h3", &["h3", "h1", "h4"])
+    });
+    c.progress("steps on three hosts again", 5);
+
+    // 4. The leader leaves (SIGTERM): it checkpoints and leaves the group;
+    //    h1 leads, restoring that checkpoint.
+    c.signal("h3", "-TERM");
+    c.wait("h1 to lead again", Duration::from_secs(60), |c| {
+        c.leads_on("h1", &["h1", "h4"])
+    });
+
+    // The output, as an independent consumer integrates it.
+    let topic = format!("{pipeline}.counts");
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(180),
+        |c| {
+            let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+            for line in kcat(&c.brokers, &topic, "%h\t%s\n") {
+                let (headers, value) = line.split_once('\t').unwrap();
+                let weight: i64 = headers
+                    .split(',')
+                    .find_map(|h| h.strip_prefix("sluice-weight="))
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_str(value).unwrap();
+                *counts
+                    .entry(v["word"].as_str().unwrap().to_owned())
+                    .or_default() += weight * v["count"].as_i64().unwrap();
+            }
+            counts.retain(|_, n| *n != 0);
+            counts == expected
+        },
+    );
+    // Each (step, worker) entry once: the records of one step and worker
+    // are contiguous and no (step, worker) appears in two runs.
+    let mut seen: Vec<(u64, u32)> = Vec::new();
+    for line in kcat(&brokers, &topic, "%h\n") {
+        let header = |key: &str| -> u64 {
+            line.split(',')
+                .find_map(|h| h.strip_prefix(&format!("{key}=")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let entry = (header("sluice-step"), header("sluice-worker") as u32);
+        if seen.last() != Some(&entry) {
+            assert!(!seen.contains(&entry), "entry {entry:?} committed twice");
+            seen.push(entry);
+        }
+    }
+    let fenced = c.stderr("h1");
+    eprintln!(
+        "hosts test: {} steps, {} output entries; h1's log after the stall:\n{}",
+        c.steps(),
+        seen.len(),
+        fenced
+            .lines()
+            .filter(|l| l.contains("fenced") || l.contains("lapsed") || l.contains("leading"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
