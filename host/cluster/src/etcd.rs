@@ -215,9 +215,13 @@ mod tests {
     async fn names_with_slashes_are_refused() {
         let Some(endpoint) = endpoint() else { return };
         assert!(
-            EtcdMembership::connect(&[endpoint.clone()], "a/b", Duration::from_secs(2))
-                .await
-                .is_err()
+            EtcdMembership::connect(
+                std::slice::from_ref(&endpoint),
+                "a/b",
+                Duration::from_secs(2)
+            )
+            .await
+            .is_err()
         );
         let m = EtcdMembership::connect(&[endpoint], "ok", Duration::from_secs(2))
             .await
