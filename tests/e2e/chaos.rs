@@ -68,3 +68,42 @@ fn rescales_between_and_during_runs_survive_a_crash_campaign() {
         .unwrap();
     assert!(rescales >= 10, "{stdout}");
 }
+
+/// The campaign across hosts: worker hosts killed and stalled past the
+/// session timeout, the coordinator crashed mid-step; every kind of fault
+/// lands and no trial loses or repeats an effect.
+#[test]
+fn a_short_campaign_across_hosts_finds_no_violation() {
+    let out = sluice_cmd()
+        .args(["chaos", "--hosts", "--trials", "16", "--seed", "4242"])
+        .arg("--component")
+        .arg(component("examples/wordcount"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
+        "{stdout}"
+    );
+    let count = |what: &str| -> u32 {
+        let at = stdout
+            .find(what)
+            .unwrap_or_else(|| panic!("{what} in {stdout}"));
+        stdout[..at]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        count(" host kills") > 0 && count(" host stalls") > 0 && count(" leader crashes") > 0,
+        "every kind of fault landed: {stdout}"
+    );
+}

@@ -98,6 +98,12 @@ pub enum Command {
         /// Orders per trial.
         #[arg(long, default_value_t = 1500)]
         orders: u32,
+        /// The campaign across hosts instead: word count with deletes on a
+        /// coordinator and two worker hosts (loopback TCP), with worker
+        /// hosts killed and stalled past the session timeout and the
+        /// coordinator crashed mid-step (--component: word count).
+        #[arg(long)]
+        hosts: bool,
     },
     /// Measure what the sandbox and exactly-once cost, as ratios to
     /// baselines measured in the same run; prints a table.

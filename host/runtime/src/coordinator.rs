@@ -782,7 +782,9 @@ impl Coordinator {
                 // An exchange failure is usually the echo of another worker's
                 // failure: report the root cause.
                 Err(e) => match &failure {
-                    None | Some(Error::Guest(GuestError::Exchange { .. })) => failure = Some(e),
+                    None
+                    | Some(Error::Guest(GuestError::Exchange { .. }))
+                    | Some(Error::Remote { exchange: true, .. }) => failure = Some(e),
                     Some(_) => {}
                 },
             }

@@ -99,6 +99,9 @@ pub enum Error {
         /// The worker's guest failed (it would fail again anywhere); else
         /// the host or the network did, and recovery may go on without it.
         guest: bool,
+        /// The worker failed because the exchange did: usually the echo of
+        /// another worker's failure, which is the one to report.
+        exchange: bool,
     },
 
     /// An earlier failure left the coordinator without its instances.

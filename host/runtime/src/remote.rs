@@ -197,6 +197,8 @@ enum Answer {
 struct CallError {
     message: String,
     guest: bool,
+    /// The worker failed because the exchange did.
+    exchange: bool,
 }
 
 /// Coordinator → host.
@@ -253,6 +255,7 @@ fn io_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         host: what,
         message: e.to_string(),
         guest: false,
+        exchange: false,
     }
 }
 
@@ -261,18 +264,28 @@ fn remote(host: &str, message: impl Into<String>) -> Error {
         host: host.to_owned(),
         message: message.into(),
         guest: false,
+        exchange: false,
     }
 }
 
-async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> std::io::Result<()> {
+/// Writes one frame; returns its size on the wire.
+async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> std::io::Result<u64> {
     let bytes = postcard::to_allocvec(value)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     w.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
     w.write_all(&bytes).await?;
-    w.flush().await
+    w.flush().await?;
+    Ok(bytes.len() as u64 + 8)
 }
 
 async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut OwnedReadHalf) -> std::io::Result<T> {
+    read_sized(r).await.map(|(v, _)| v)
+}
+
+/// Reads one frame, with its size on the wire.
+async fn read_sized<T: for<'de> Deserialize<'de>>(
+    r: &mut OwnedReadHalf,
+) -> std::io::Result<(T, u64)> {
     let mut len = [0u8; 8];
     r.read_exact(&mut len).await?;
     let len = u64::from_le_bytes(len);
@@ -285,6 +298,7 @@ async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut OwnedReadHalf) -> std:
     let mut bytes = vec![0u8; len as usize];
     r.read_exact(&mut bytes).await?;
     postcard::from_bytes(&bytes)
+        .map(|v| (v, len + 8))
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
@@ -380,6 +394,8 @@ pub struct RemoteHost {
     exchange: Arc<Mutex<Option<Arc<Exchange>>>>,
     /// Why the connection ended, once it has.
     closed: Arc<Mutex<Option<String>>>,
+    /// Bytes sent to the host and received from it.
+    traffic: Arc<(AtomicU64, AtomicU64)>,
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
@@ -442,26 +458,34 @@ impl RemoteHost {
                     let _ = tx.send(Err(CallError {
                         message: why.clone(),
                         guest: false,
+                        exchange: false,
                     }));
                 }
             }
         };
+        let traffic: Arc<(AtomicU64, AtomicU64)> = Arc::default();
         let writer = {
-            let close = close.clone();
+            let (close, traffic) = (close.clone(), traffic.clone());
             tokio::spawn(async move {
                 while let Some(msg) = queue.recv().await {
-                    if let Err(e) = write_frame(&mut w, &msg).await {
-                        close(format!("sending to the host: {e}"));
-                        return;
+                    match write_frame(&mut w, &msg).await {
+                        Ok(n) => {
+                            traffic.0.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            close(format!("sending to the host: {e}"));
+                            return;
+                        }
                     }
                 }
             })
         };
         let reader = {
             let (pending, exchange, out) = (pending.clone(), exchange.clone(), out.clone());
+            let traffic = traffic.clone();
             tokio::spawn(async move {
                 loop {
-                    let msg = match tokio::time::timeout(session_timeout, read_frame(&mut r)).await
+                    let msg = match tokio::time::timeout(session_timeout, read_sized(&mut r)).await
                     {
                         Err(_) => {
                             close(format!(
@@ -474,7 +498,10 @@ impl RemoteHost {
                             close(format!("the connection to the host ended: {e}"));
                             return;
                         }
-                        Ok(Ok(msg)) => msg,
+                        Ok(Ok((msg, n))) => {
+                            traffic.1.fetch_add(n, Ordering::Relaxed);
+                            msg
+                        }
                     };
                     match msg {
                         FromHost::Heartbeat => {}
@@ -519,6 +546,7 @@ impl RemoteHost {
             next: AtomicU64::new(0),
             exchange,
             closed,
+            traffic,
             tasks: vec![writer.abort_handle(), reader.abort_handle()],
         }))
     }
@@ -526,6 +554,15 @@ impl RemoteHost {
     /// The host's address.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Bytes sent to the host and received from it so far (frames with
+    /// their length prefixes).
+    pub fn traffic(&self) -> (u64, u64) {
+        (
+            self.traffic.0.load(Ordering::Relaxed),
+            self.traffic.1.load(Ordering::Relaxed),
+        )
     }
 
     /// Why the connection ended, if it has.
@@ -569,6 +606,7 @@ impl RemoteHost {
             host: self.addr.clone(),
             message: format!("worker {worker}: {}", e.message),
             guest: e.guest,
+            exchange: e.exchange,
         })
     }
 }
@@ -960,6 +998,7 @@ impl WorkerHost {
                                 result: Err(CallError {
                                     message: format!("worker {worker} is not running here"),
                                     guest: false,
+                                    exchange: false,
                                 }),
                             });
                         }
@@ -984,6 +1023,7 @@ impl WorkerHost {
             let result = self.answer(index, &mut worker, limits, call, &proxy).await;
             let result = result.map_err(|e| CallError {
                 guest: matches!(e, Error::Guest(_)),
+                exchange: e.kind() == "exchange",
                 message: e.to_string(),
             });
             if out.send(FromHost::Answer { id, result }).is_err() {

@@ -38,7 +38,8 @@ use sluice_guest::exchange::{LocalExchange, RawEvent};
 use sluice_guest::{Circuit, CircuitInstance};
 use sluice_pipeline::{LogConfig, Pipeline, PipelineConfig, Storage};
 use sluice_runtime::{
-    Coordinator, Limits, LoadedComponent, PipelineOptions, SluiceEngine, Worker, WorkerInfo,
+    Coordinator, Limits, LoadedComponent, PipelineOptions, RemoteHost, SluiceEngine, Worker,
+    WorkerHost, WorkerInfo,
 };
 use sluice_storage::{AppendBatch, CheckpointStore, LogBackend};
 use std::path::{Path, PathBuf};
@@ -1129,6 +1130,194 @@ async fn large_state(
     Ok(())
 }
 
+/// CPU time this process has used (all threads, user and system), from
+/// `/proc/self/stat` (clock ticks of 10 ms).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces).
+            let rest = s.rsplit_once(')')?.1.to_owned();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// Worker hosts in this process, on loopback TCP, for `pipeline`.
+async fn worker_hosts(
+    engine: &SluiceEngine,
+    component: &LoadedComponent,
+    pipeline: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<Arc<RemoteHost>>, Vec<tokio::task::JoinHandle<()>>)> {
+    const SECRET: &[u8] = b"the bench's shared secret";
+    let (mut hosts, mut tasks) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let host = WorkerHost::new(engine, component, pipeline, SECRET);
+        tasks.push(tokio::spawn(async move {
+            let _ = host.serve(listener).await;
+        }));
+        hosts.push(RemoteHost::connect(&addr, pipeline, SECRET, Duration::from_secs(30)).await?);
+    }
+    Ok((hosts, tasks))
+}
+
+/// A pipeline across hosts (in one process, loopback TCP): events per
+/// CPU-second and exchange bytes per event at 1, 2 and 3 hosts; the state a
+/// host joining moves against the ideal; failover (reopening on the hosts
+/// left) against state size.
+async fn hosts_cost(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let lines: Vec<Event> = text_lines(if quick { 20_000 } else { 200_000 })
+        .iter()
+        .map(|l| Event {
+            value: serde_json::to_vec(l).unwrap_or_default(),
+            weight: 1,
+        })
+        .collect();
+    let mut one_host = 0f64;
+    for n in 1..=3usize {
+        let dir = tempfile::tempdir()?;
+        let config = PipelineConfig {
+            options: manual_checkpoints(2_000),
+            partitions: Some(6),
+            ..PipelineConfig::new(dir.path(), 3)
+        };
+        let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
+        let log = pipeline.storage().log.clone();
+        for (p, chunk) in lines.chunks(lines.len().div_ceil(6)).enumerate() {
+            log.append(AppendBatch {
+                appends: vec![("lines".into(), p as u32, chunk.to_vec())],
+                ..AppendBatch::default()
+            })?;
+        }
+        let name = pipeline.options().name.clone();
+        let (hosts, _tasks) = worker_hosts(engine, &wc.component, &name, n - 1).await?;
+        let (cpu, wall) = (cpu_time(), Instant::now());
+        let mut c = pipeline
+            .coordinator_on(pipeline.options().clone(), hosts.clone())
+            .await?;
+        while c.step().await? {}
+        let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
+        let bytes: u64 = hosts.iter().map(|h| h.traffic().0 + h.traffic().1).sum();
+        let per_cpu = lines.len() as f64 / cpu.as_secs_f64().max(0.01);
+        if n == 1 {
+            one_host = per_cpu;
+        }
+        rows.push(Row {
+            scenario: "hosts",
+            case: format!(
+                "wordcount W=3 on {n} host{} (one process, loopback TCP), {} lines",
+                if n == 1 { "" } else { "s" },
+                lines.len()
+            ),
+            measured: format!(
+                "{:.0} k ev/CPU-s ({}), {:.0} B/event between hosts",
+                per_cpu / 1e3,
+                fmt_rate(rate(lines.len() as u64, wall)),
+                bytes as f64 / lines.len() as f64
+            ),
+            baseline: format!("1 host: {:.0} k ev/CPU-s", one_host / 1e3),
+            ratio: per_cpu / one_host.max(1.0),
+            goal: "informational (2 cores: per-CPU figures)",
+            met: None,
+        });
+    }
+    // A host joins (2 → 3 hosts) and a host dies (3 → 2), with state.
+    let words: usize = if quick { 50_000 } else { 1_000_000 };
+    let dir = tempfile::tempdir()?;
+    let config = PipelineConfig {
+        options: manual_checkpoints(5_000),
+        partitions: Some(6),
+        ..PipelineConfig::new(dir.path(), 3)
+    };
+    let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
+    let words_in = distinct_words(words);
+    let log = pipeline.storage().log.clone();
+    for (p, chunk) in words_in.chunks(words_in.len().div_ceil(6)).enumerate() {
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), p as u32, chunk.to_vec())],
+            ..AppendBatch::default()
+        })?;
+    }
+    let name = pipeline.options().name.clone();
+    let (two, _t2) = worker_hosts(engine, &wc.component, &name, 1).await?;
+    let mut c = pipeline
+        .coordinator_on(pipeline.options().clone(), two)
+        .await?;
+    while c.step().await? {}
+    c.checkpoint().await?;
+    drop(c);
+    let state = pipeline
+        .storage()
+        .checkpoints
+        .latest()?
+        .context("the checkpoint just taken")?
+        .state_bytes();
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    // Join: reopen on three hosts; what crossed to the hosts is what moved.
+    let (three, _t3) = worker_hosts(engine, &wc.component, &name, 2).await?;
+    let t = Instant::now();
+    let c = pipeline
+        .coordinator_on(pipeline.options().clone(), three.clone())
+        .await?;
+    let join = t.elapsed();
+    drop(c);
+    let shipped: u64 = three.iter().map(|h| h.traffic().0).sum();
+    let ideal = state as f64 / 3.0;
+    rows.push(Row {
+        scenario: "hosts",
+        case: format!(
+            "a host joins (2 → 3 hosts), wordcount {words} words, {:.1} MiB of state",
+            mib(state as f64)
+        ),
+        measured: format!(
+            "{:.2} MiB sent to the hosts, reopened in {}",
+            mib(shipped as f64),
+            fmt_time(join)
+        ),
+        baseline: format!("ideal {:.2} MiB (the new host's third)", mib(ideal)),
+        ratio: shipped as f64 / ideal.max(1.0),
+        goal: "informational: every worker restores (see the design notes)",
+        met: None,
+    });
+    // Failover: a host of three dies; detection is the connection's end
+    // (at once for a dead process; the session timeout for a stalled one),
+    // then restore and replay on the two left.
+    let (left, _tl) = worker_hosts(engine, &wc.component, &name, 1).await?;
+    let t = Instant::now();
+    let c = pipeline
+        .coordinator_on(pipeline.options().clone(), left)
+        .await?;
+    let failover = t.elapsed();
+    drop(c);
+    rows.push(Row {
+        scenario: "hosts",
+        case: format!(
+            "failover to 2 hosts, {:.1} MiB of state, 0 steps to replay",
+            mib(state as f64)
+        ),
+        measured: format!(
+            "restore {} ({:.2} s/GiB)",
+            fmt_time(failover),
+            failover.as_secs_f64() / (state as f64 / (1u64 << 30) as f64).max(1e-9)
+        ),
+        baseline: "detection: connection end (kill) or session timeout (stall)".into(),
+        ratio: failover.as_secs_f64(),
+        goal: "informational",
+        met: None,
+    });
+    Ok(())
+}
+
 fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -1344,6 +1533,8 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     large_state(&engine, opts.quick, &mut rows).await?;
     eprintln!("bench: rescale …");
     rescale_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: hosts …");
+    hosts_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: recovery by replay …");
     replay_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
     eprintln!("bench: density …");

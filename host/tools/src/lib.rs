@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod chaos;
+pub mod chaos_hosts;
 pub mod compile;
 pub mod demo;
 pub mod generate;

@@ -95,7 +95,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             workers,
             rescale,
             orders,
+            hosts,
         } => {
+            if hosts {
+                return tools::chaos_hosts(trials, seed, component).await;
+            }
             let workers = tools::Workers { workers, rescale };
             tools::chaos(trials, seed, component, noisy_component, workers, orders).await
         }

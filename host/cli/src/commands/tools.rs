@@ -70,6 +70,20 @@ pub async fn chaos(
     Ok(())
 }
 
+/// `sluice chaos --hosts`.
+pub async fn chaos_hosts(trials: u32, seed: u64, component: Option<PathBuf>) -> anyhow::Result<()> {
+    let component = match component {
+        Some(c) => c,
+        None => build_guest("wordcount").await?,
+    };
+    let report = sluice_tools::chaos_hosts::chaos_hosts(&component, trials, seed, true).await?;
+    println!("{report}");
+    if report.violations() > 0 {
+        anyhow::bail!("{} violations of exactly-once", report.violations());
+    }
+    Ok(())
+}
+
 /// `sluice bench`.
 pub async fn bench(
     quick: bool,

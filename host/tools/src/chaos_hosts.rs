@@ -1,0 +1,446 @@
+//! `sluice chaos --hosts`: a fault campaign against a pipeline across
+//! hosts.
+//!
+//! Every trial runs word count with deletes over fresh random input, W = 3,
+//! on a coordinator and two worker hosts ([`WorkerHost`]s on loopback TCP,
+//! each behind a proxy the campaign controls), and injects one to four
+//! faults at random step counts:
+//!
+//! - **kill**: a worker host dies (its server and every connection end)
+//!   mid-run; a fresh host replaces it;
+//! - **stall**: a worker host stops answering (its proxy holds every byte,
+//!   as a SIGSTOPped process or a cut link would), so the coordinator's
+//!   step waits out the session timeout and fails; the stalled host is
+//!   replaced and resumes later as a zombie (its late bytes go nowhere);
+//! - **leader crash**: the coordinator is dropped at a random moment of a
+//!   step (its in-flight commit may or may not land, racing the next
+//!   leader's fencing), as if its process died.
+//!
+//! After each fault the coordinator is reopened on the hosts there are —
+//! restore, replay, go on — until all input is consumed. Then the
+//! integrated output is compared with a recount (lost, duplicated, wrong)
+//! and the logs are audited.
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_core::Event;
+use sluice_embedded::audit::audit_embedded;
+use sluice_pipeline::{Pipeline, PipelineConfig};
+use sluice_runtime::{LoadedComponent, PipelineOptions, RemoteHost, SluiceEngine, WorkerHost};
+use sluice_storage::audit::Verdict;
+use sluice_storage::log::AppendBatch;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What a campaign across hosts did and found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostsChaosReport {
+    /// Trials run.
+    pub trials: u32,
+    /// Worker hosts killed mid-run.
+    pub kills: u32,
+    /// Worker hosts stalled past the session timeout.
+    pub stalls: u32,
+    /// Coordinators dropped mid-step.
+    pub leader_crashes: u32,
+    /// Coordinators opened (recoveries included).
+    pub opens: u32,
+    /// Steps replayed by recoveries.
+    pub replayed: u64,
+    /// Steps committed.
+    pub steps: u64,
+    /// Expected results missing from the output (by weight).
+    pub lost: u64,
+    /// Results present too often.
+    pub duplicated: u64,
+    /// Results never expected.
+    pub wrong: u64,
+    /// Trials whose audit found a violation.
+    pub audit_failures: u32,
+    /// The first violation, described.
+    pub first_violation: Option<String>,
+    /// Wall time of the campaign.
+    pub took: Duration,
+}
+
+impl HostsChaosReport {
+    /// Total violations of every kind.
+    pub fn violations(&self) -> u64 {
+        self.lost + self.duplicated + self.wrong + self.audit_failures as u64
+    }
+}
+
+impl std::fmt::Display for HostsChaosReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "trials: {}  faults: {} host kills, {} host stalls, {} leader crashes  coordinators \
+             opened: {}  steps: {} committed, {} replayed  ({:.1?})",
+            self.trials,
+            self.kills,
+            self.stalls,
+            self.leader_crashes,
+            self.opens,
+            self.steps,
+            self.replayed,
+            self.took
+        )?;
+        write!(
+            f,
+            "violations: {} (lost {}, duplicated {}, wrong {}, audit failures {})",
+            self.violations(),
+            self.lost,
+            self.duplicated,
+            self.wrong,
+            self.audit_failures
+        )?;
+        if let Some(v) = &self.first_violation {
+            write!(f, "\nfirst: {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+const SECRET: &[u8] = b"the campaign's shared secret";
+const SESSION: Duration = Duration::from_millis(400);
+
+/// A worker host behind a proxy that can hold its bytes.
+struct Host {
+    addr: String,
+    frozen: Arc<AtomicBool>,
+    server: tokio::task::JoinHandle<()>,
+    proxy: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.proxy.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while frozen.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn start_host(
+    engine: &SluiceEngine,
+    component: &LoadedComponent,
+    pipeline: &str,
+) -> anyhow::Result<Host> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let target = listener.local_addr()?;
+    let host = WorkerHost::new(engine, component, pipeline, SECRET);
+    let server = tokio::spawn(async move {
+        let _ = host.serve(listener).await;
+    });
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = front.local_addr()?.to_string();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let f = frozen.clone();
+    let proxy = tokio::spawn(async move {
+        let mut pumps = tokio::task::JoinSet::new();
+        while let Ok((client, _)) = front.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            pumps.spawn(pump(cr, sw, f.clone()));
+            pumps.spawn(pump(sr, cw, f.clone()));
+        }
+    });
+    Ok(Host {
+        addr,
+        frozen,
+        server,
+        proxy,
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill,
+    Stall,
+    LeaderCrash,
+}
+
+async fn trial(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    seed: u64,
+    report: &mut HostsChaosReport,
+) -> anyhow::Result<()> {
+    let mut rng = Rng(seed | 1);
+    let dir = tempfile::tempdir()?;
+    let options = PipelineOptions {
+        max_batch: 5 + rng.below(20),
+        checkpoint_every_steps: 2 + rng.below(6),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..PipelineOptions::default()
+    };
+    let config = PipelineConfig {
+        partitions: Some(6),
+        options: options.clone(),
+        ..PipelineConfig::new(dir.path().join("data"), 3)
+    };
+    let pipeline = Pipeline::open(engine.clone(), component.clone(), config).await?;
+    let name = pipeline.options().name.clone();
+
+    // Input: lines of words, some deleting an earlier line.
+    let mut lines: Vec<(String, i64)> = Vec::new();
+    let n = 300 + rng.below(600) as usize;
+    for i in 0..n {
+        if i > 10 && rng.below(15) == 0 {
+            let victim = lines[rng.below(lines.len() as u64) as usize].0.clone();
+            lines.push((victim, -1));
+        } else {
+            let words: Vec<String> = (0..1 + rng.below(4))
+                .map(|_| format!("w{}", rng.below(150)))
+                .collect();
+            lines.push((words.join(" "), 1));
+        }
+    }
+    let log = pipeline.storage().log.clone();
+    for (i, chunk) in lines.chunks(40).enumerate() {
+        let events = chunk
+            .iter()
+            .map(|(l, w)| Event {
+                value: serde_json::to_vec(l).expect("a string"),
+                weight: *w,
+            })
+            .collect();
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), (i % 6) as u32, events)],
+            mark: None,
+            producer: None,
+        })?;
+    }
+
+    // Faults at random step counts (steps run since the trial began).
+    let expected_steps = (n as u64 / 6 / options.max_batch).max(2);
+    let mut faults: Vec<(u64, Fault)> = (0..1 + rng.below(4))
+        .map(|_| {
+            let at = 1 + rng.below(expected_steps);
+            let fault = match rng.below(3) {
+                0 => Fault::Kill,
+                1 => Fault::Stall,
+                _ => Fault::LeaderCrash,
+            };
+            (at, fault)
+        })
+        .collect();
+    faults.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+
+    let mut hosts = vec![
+        start_host(engine, component, &name).await?,
+        start_host(engine, component, &name).await?,
+    ];
+    let mut zombies = Vec::new();
+    let mut ran = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    'run: loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the trial did not finish in 120 s"
+        );
+        // Hosts that stalled are gone from the group by now (a leader
+        // would not see them): fresh ones take their place, the stalled
+        // ones wake up later as zombies.
+        for i in (0..hosts.len()).rev() {
+            if hosts[i].frozen.load(Ordering::Relaxed) {
+                let stalled = hosts.remove(i);
+                hosts.push(start_host(engine, component, &name).await?);
+                zombies.push(stalled);
+            }
+        }
+        let mut remote = Vec::new();
+        for h in &hosts {
+            match RemoteHost::connect(&h.addr, &name, SECRET, SESSION).await {
+                Ok(r) => remote.push(r),
+                Err(e) if e.is_transient() => continue 'run,
+                Err(e) => return Err(e).context("connecting to a host"),
+            }
+        }
+        report.opens += 1;
+        let mut c = match pipeline.coordinator_on(options.clone(), remote).await {
+            Ok(c) => c,
+            Err(e) if e.is_transient() => continue,
+            Err(e) => return Err(e).context("opening the coordinator"),
+        };
+        report.replayed += c.stats().replayed_steps;
+        loop {
+            if let Some(&(at, fault)) = faults.last()
+                && ran >= at
+            {
+                faults.pop();
+                let i = rng.below(hosts.len() as u64) as usize;
+                match fault {
+                    Fault::Kill => {
+                        report.kills += 1;
+                        hosts.remove(i);
+                        hosts.push(start_host(engine, component, &name).await?);
+                    }
+                    Fault::Stall => {
+                        report.stalls += 1;
+                        hosts[i].frozen.store(true, Ordering::Relaxed);
+                    }
+                    Fault::LeaderCrash => {
+                        report.leader_crashes += 1;
+                        let wait = Duration::from_micros(rng.below(20_000));
+                        let _ = tokio::time::timeout(wait, c.step()).await;
+                        // A dead process writes nothing more; in one
+                        // process, a checkpoint write already under way
+                        // finishes (as if it landed just before the
+                        // crash) before the next leader reads the store.
+                        // A step commit still in flight is left to race
+                        // the next leader's fencing, as a zombie's would.
+                        let _ = c.settle().await;
+                        drop(c);
+                        continue 'run;
+                    }
+                }
+            }
+            match c.step().await {
+                Ok(true) => {
+                    ran += 1;
+                    report.steps += 1;
+                }
+                Ok(false) => match c.finish().await {
+                    Ok(()) => break 'run,
+                    // A fault that landed after the last step hits the
+                    // final checkpoint: recover and checkpoint again.
+                    Err(e) if e.is_transient() => continue 'run,
+                    Err(e) => return Err(e).context("the final checkpoint"),
+                },
+                // A host lost or stalled: recover on the hosts there are.
+                Err(e) if e.is_transient() => continue 'run,
+                Err(e) => return Err(e).context("a step"),
+            }
+        }
+    }
+    // The zombies wake up: whatever they still send goes to connections
+    // that are gone.
+    for z in &zombies {
+        z.frozen.store(false, Ordering::Relaxed);
+    }
+
+    let mut got: BTreeMap<String, i64> = BTreeMap::new();
+    log.scan_output("counts", 0, &mut |e| {
+        for ev in e.events {
+            let v: serde_json::Value = serde_json::from_slice(&ev.value)
+                .map_err(sluice_storage::StorageError::corrupt("an output value"))?;
+            let word = v["word"].as_str().unwrap_or_default().to_owned();
+            *got.entry(word).or_default() += ev.weight * v["count"].as_i64().unwrap_or(0);
+        }
+        Ok(std::ops::ControlFlow::Continue(()))
+    })?;
+    got.retain(|_, n| *n != 0);
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for (line, weight) in &lines {
+        // The words are `w<n>`: the circuit's normalisation keeps them.
+        for word in line.split_whitespace() {
+            *expected.entry(word.to_owned()).or_default() += weight;
+        }
+    }
+    expected.retain(|_, n| *n != 0);
+    let mut violation = None;
+    for (word, want) in &expected {
+        let have = got.get(word).copied().unwrap_or(0);
+        if have < *want {
+            report.lost += (want - have) as u64;
+            violation.get_or_insert(format!("lost {word}: {have} of {want}"));
+        } else if have > *want {
+            report.duplicated += (have - want) as u64;
+            violation.get_or_insert(format!("duplicated {word}: {have} for {want}"));
+        }
+    }
+    for (word, have) in &got {
+        if !expected.contains_key(word) {
+            report.wrong += have.unsigned_abs();
+            violation.get_or_insert(format!("wrong {word}"));
+        }
+    }
+    drop((pipeline, log));
+    let database = sluice_embedded::db::open(&dir.path().join("data"))?;
+    if let Verdict::Violation(v) = audit_embedded(&database)? {
+        report.audit_failures += 1;
+        violation.get_or_insert(format!("audit: {v}"));
+    }
+    if let Some(v) = violation
+        && report.first_violation.is_none()
+    {
+        report.first_violation = Some(format!("trial seed {seed}: {v}"));
+    }
+    Ok(())
+}
+
+/// Runs `trials` trials of word count (`component`) across hosts, trial
+/// `i` with seed `seed + i`.
+pub async fn chaos_hosts(
+    component: &std::path::Path,
+    trials: u32,
+    seed: u64,
+    progress: bool,
+) -> anyhow::Result<HostsChaosReport> {
+    let started = Instant::now();
+    let engine = Arc::new(SluiceEngine::new(
+        sluice_runtime::Limits::default(),
+        SluiceEngine::default_cache_dir(),
+    )?);
+    let component = engine.load_file(component)?;
+    let mut report = HostsChaosReport::default();
+    let bar = if progress {
+        ProgressBar::new(trials as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    if let Ok(style) =
+        ProgressStyle::with_template("chaos across hosts {wide_bar} {pos}/{len} {msg}")
+    {
+        bar.set_style(style);
+    }
+    for i in 0..trials {
+        let seed = seed.wrapping_add(i as u64);
+        trial(&engine, &component, seed, &mut report)
+            .await
+            .with_context(|| format!("trial with seed {seed}"))?;
+        report.trials += 1;
+        bar.inc(1);
+        bar.set_message(format!("{} violations", report.violations()));
+    }
+    bar.finish_and_clear();
+    report.took = started.elapsed();
+    Ok(report)
+}
