@@ -374,7 +374,9 @@ async fn trial(
             *expected.entry(word.to_owned()).or_default() += weight;
         }
     }
-    expected.retain(|_, n| *n != 0);
+    // A line deleted more often than inserted leaves a word below zero:
+    // word count emits no row for it (as the e2e recount).
+    expected.retain(|_, n| *n > 0);
     let mut violation = None;
     for (word, want) in &expected {
         let have = got.get(word).copied().unwrap_or(0);
