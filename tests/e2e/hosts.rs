@@ -59,6 +59,18 @@ fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
         .collect()
 }
 
+/// Word count's integrated output: word → count.
+fn word_counts(h: &Harness) -> BTreeMap<String, i64> {
+    h.integrated("counts")
+        .into_iter()
+        .map(|(v, w)| {
+            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+            let count = w * v["count"].as_i64().unwrap();
+            (v["word"].as_str().unwrap().to_owned(), count)
+        })
+        .collect()
+}
+
 async fn fill(h: &Harness, lines: &[String]) {
     for (i, chunk) in lines.chunks(50).enumerate() {
         let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
@@ -103,18 +115,7 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
         "every step's output, worker by worker, is the same on one host and on three"
     );
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    let counts: BTreeMap<String, i64> = three
-        .integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            (
-                v["word"].as_str().unwrap().to_owned(),
-                w * v["count"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(counts, expected);
+    assert_eq!(word_counts(&three), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -155,18 +156,7 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    let counts: BTreeMap<String, i64> = h
-        .integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            (
-                v["word"].as_str().unwrap().to_owned(),
-                w * v["count"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(counts, expected, "nothing lost, nothing twice");
+    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -464,23 +464,11 @@ fn trial(
         *got.entry((work.key)(&v)).or_default() += w;
     }
     got.retain(|_, w| *w != 0);
-    let mut violation = None;
-    for (value, e) in expected {
-        let g = got.get(value).copied().unwrap_or(0);
-        if g < *e {
-            report.lost += (e - g) as u64;
-            violation.get_or_insert(format!("lost {value}"));
-        } else if g > *e {
-            report.duplicated += (g - e) as u64;
-            violation.get_or_insert(format!("duplicated {value}"));
-        }
-    }
-    for (value, g) in &got {
-        if !expected.contains_key(value) {
-            report.wrong += g.unsigned_abs();
-            violation.get_or_insert(format!("wrong {value}"));
-        }
-    }
+    let diff = Differences::of(expected, &got);
+    report.lost += diff.lost;
+    report.duplicated += diff.duplicated;
+    report.wrong += diff.wrong;
+    let mut violation = diff.first;
     let database = sluice_embedded::db::open(&dir.join("data"))?;
     if let Verdict::Violation(v) = audit_embedded(&database)? {
         report.audit_failures += 1;
@@ -492,6 +480,44 @@ fn trial(
         report.first_violation = Some(format!("trial seed {seed}: {v}"));
     }
     Ok(())
+}
+
+/// How integrated output differs from what was expected.
+#[derive(Debug, Default)]
+pub(crate) struct Differences {
+    /// Weight of expected results missing.
+    pub lost: u64,
+    /// Weight of results present too often.
+    pub duplicated: u64,
+    /// Weight of results never expected.
+    pub wrong: u64,
+    /// The first difference, described.
+    pub first: Option<String>,
+}
+
+impl Differences {
+    /// Compares `got` (results with non-zero weight) with `expected`.
+    pub(crate) fn of(expected: &BTreeMap<String, i64>, got: &BTreeMap<String, i64>) -> Self {
+        let mut d = Differences::default();
+        for (value, e) in expected {
+            let g = got.get(value).copied().unwrap_or(0);
+            if g < *e {
+                d.lost += (e - g) as u64;
+                d.first.get_or_insert(format!("lost {value}: {g} of {e}"));
+            } else if g > *e {
+                d.duplicated += (g - e) as u64;
+                d.first
+                    .get_or_insert(format!("duplicated {value}: {g} for {e}"));
+            }
+        }
+        for (value, g) in got {
+            if !expected.contains_key(value) {
+                d.wrong += g.unsigned_abs();
+                d.first.get_or_insert(format!("wrong {value}"));
+            }
+        }
+        d
+    }
 }
 
 /// Runs a campaign. `exe` is the `sluice` binary to crash.

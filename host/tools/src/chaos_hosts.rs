@@ -377,23 +377,11 @@ async fn trial(
     // A line deleted more often than inserted leaves a word below zero:
     // word count emits no row for it (as the e2e recount).
     expected.retain(|_, n| *n > 0);
-    let mut violation = None;
-    for (word, want) in &expected {
-        let have = got.get(word).copied().unwrap_or(0);
-        if have < *want {
-            report.lost += (want - have) as u64;
-            violation.get_or_insert(format!("lost {word}: {have} of {want}"));
-        } else if have > *want {
-            report.duplicated += (have - want) as u64;
-            violation.get_or_insert(format!("duplicated {word}: {have} for {want}"));
-        }
-    }
-    for (word, have) in &got {
-        if !expected.contains_key(word) {
-            report.wrong += have.unsigned_abs();
-            violation.get_or_insert(format!("wrong {word}"));
-        }
-    }
+    let diff = crate::chaos::Differences::of(&expected, &got);
+    report.lost += diff.lost;
+    report.duplicated += diff.duplicated;
+    report.wrong += diff.wrong;
+    let mut violation = diff.first;
     drop((pipeline, log));
     let database = sluice_embedded::db::open(&dir.path().join("data"))?;
     if let Verdict::Violation(v) = audit_embedded(&database)? {
