@@ -341,15 +341,9 @@ pub struct RunArgs {
     /// PORT=FILE: write output PORT's log to FILE as JSON lines (repeatable).
     #[arg(long = "output", value_parser = port_file)]
     pub outputs: Vec<(String, PathBuf)>,
-    /// At most this many events per input partition per step.
-    #[arg(long, default_value_t = 10_000)]
-    pub max_batch: u64,
-    /// Checkpoint every N committed steps.
-    #[arg(long, default_value_t = 100)]
-    pub checkpoint_every: u64,
-    /// …or every this many milliseconds, whichever comes first.
-    #[arg(long, default_value_t = 10_000)]
-    pub checkpoint_interval_ms: u64,
+    /// Steps and checkpoints.
+    #[command(flatten)]
+    pub steps: StepArgs,
     /// Write every checkpoint whole, instead of only the shards changed
     /// since the previous one.
     #[arg(long)]
@@ -384,6 +378,37 @@ pub struct RunArgs {
     /// Kafka settings (with `--log kafka`).
     #[command(flatten)]
     pub kafka: KafkaArgs,
+}
+
+/// How big steps are and how often checkpoints come (`sluice run`,
+/// `sluice host`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct StepArgs {
+    /// At most this many events per input partition per step.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_batch: u64,
+    /// Checkpoint every N committed steps.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// …or every this many milliseconds, whichever comes first.
+    #[arg(long, default_value_t = 10_000)]
+    pub checkpoint_interval_ms: u64,
+}
+
+impl StepArgs {
+    /// Options with these steps and checkpoints (incremental, guests'
+    /// stderr shown, output trusted as JSON); the pipeline's identity is
+    /// `name` until the pipeline names it.
+    pub fn options(&self, name: &str) -> sluice_runtime::PipelineOptions {
+        sluice_runtime::PipelineOptions {
+            name: name.to_owned(),
+            max_batch: self.max_batch,
+            checkpoint_every_steps: self.checkpoint_every,
+            checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
+            inherit_guest_stderr: true,
+            ..sluice_runtime::PipelineOptions::default()
+        }
+    }
 }
 
 /// Arguments of `sluice host`.
@@ -424,15 +449,9 @@ pub struct HostArgs {
     /// hosts; repeatable).
     #[arg(long = "input", value_parser = port_file)]
     pub inputs: Vec<(String, PathBuf)>,
-    /// At most this many events per input partition per step.
-    #[arg(long, default_value_t = 10_000)]
-    pub max_batch: u64,
-    /// Checkpoint every N committed steps.
-    #[arg(long, default_value_t = 100)]
-    pub checkpoint_every: u64,
-    /// …or every this many milliseconds, whichever comes first.
-    #[arg(long, default_value_t = 10_000)]
-    pub checkpoint_interval_ms: u64,
+    /// Steps and checkpoints.
+    #[command(flatten)]
+    pub steps: StepArgs,
     /// The object store of the checkpoints (`s3://bucket/prefix`,
     /// `file:///shared/dir`): every host must reach it.
     #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]

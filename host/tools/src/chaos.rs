@@ -126,20 +126,32 @@ impl std::fmt::Display for ChaosReport {
             )?;
         }
         writeln!(f)?;
-        write!(
+        write_violations(
             f,
-            "violations: {} (lost {}, duplicated {}, wrong {}, audit failures {})",
-            self.violations(),
-            self.lost,
-            self.duplicated,
-            self.wrong,
-            self.audit_failures
-        )?;
-        if let Some(v) = &self.first_violation {
-            write!(f, "\nfirst violation: {v}")?;
-        }
-        Ok(())
+            [self.lost, self.duplicated, self.wrong],
+            self.audit_failures,
+            self.first_violation.as_deref(),
+        )
     }
+}
+
+/// The last lines of a campaign's report: violations by kind, the first.
+pub(crate) fn write_violations(
+    f: &mut std::fmt::Formatter<'_>,
+    [lost, duplicated, wrong]: [u64; 3],
+    audit_failures: u32,
+    first: Option<&str>,
+) -> std::fmt::Result {
+    write!(
+        f,
+        "violations: {} (lost {lost}, duplicated {duplicated}, wrong {wrong}, audit failures \
+         {audit_failures})",
+        lost + duplicated + wrong + u64::from(audit_failures)
+    )?;
+    if let Some(v) = first {
+        write!(f, "\nfirst violation: {v}")?;
+    }
+    Ok(())
 }
 
 /// xorshift64*, seeded per trial.

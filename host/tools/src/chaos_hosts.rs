@@ -87,19 +87,12 @@ impl std::fmt::Display for HostsChaosReport {
             self.replayed,
             self.took
         )?;
-        write!(
+        crate::chaos::write_violations(
             f,
-            "violations: {} (lost {}, duplicated {}, wrong {}, audit failures {})",
-            self.violations(),
-            self.lost,
-            self.duplicated,
-            self.wrong,
-            self.audit_failures
-        )?;
-        if let Some(v) = &self.first_violation {
-            write!(f, "\nfirst: {v}")?;
-        }
-        Ok(())
+            [self.lost, self.duplicated, self.wrong],
+            self.audit_failures,
+            self.first_violation.as_deref(),
+        )
     }
 }
 

@@ -29,15 +29,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                 log,
                 checkpoint_store: a.store,
                 options: PipelineOptions {
-                    name: "run".into(),
-                    max_batch: a.max_batch,
-                    checkpoint_every_steps: a.checkpoint_every,
-                    checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
-                    inherit_guest_stderr: true,
-                    config: vec![],
-                    max_output_per_step: None,
                     incremental_checkpoints: !a.full_checkpoints,
                     check_output_json: a.check_output_json,
+                    ..a.steps.options("run")
                 },
                 rescale_to: a.workers,
                 partitions: a.partitions,
@@ -115,17 +109,7 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         pipeline: PipelineConfig {
             log,
             checkpoint_store: Some(a.store.clone()),
-            options: PipelineOptions {
-                name: group.clone(),
-                max_batch: a.max_batch,
-                checkpoint_every_steps: a.checkpoint_every,
-                checkpoint_interval: Duration::from_millis(a.checkpoint_interval_ms),
-                inherit_guest_stderr: true,
-                config: vec![],
-                max_output_per_step: None,
-                incremental_checkpoints: true,
-                check_output_json: false,
-            },
+            options: a.steps.options(&group),
             rescale_to: Some(a.workers),
             partitions: a.partitions,
             ..PipelineConfig::new(a.data.clone(), a.workers)
