@@ -61,6 +61,7 @@ const VERSION: u32 = 1;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct WireBatch {
     port: u32,
+    #[serde(with = "serde_bytes")]
     values: Vec<u8>,
     ends: Vec<u32>,
     weights: Vec<i64>,
@@ -91,8 +92,10 @@ impl From<WireBatch> for Batch {
 /// Keyed events on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct WireKeyed {
+    #[serde(with = "serde_bytes")]
     keys: Vec<u8>,
     key_ends: Vec<u32>,
+    #[serde(with = "serde_bytes")]
     values: Vec<u8>,
     ends: Vec<u32>,
     weights: Vec<i64>,
@@ -120,6 +123,19 @@ impl From<WireKeyed> for KeyedEvents {
             weights: k.weights,
         }
     }
+}
+
+/// A shard's piece of state on the wire: `(shard, bytes)`, the bytes as
+/// one run (not a sequence of numbers).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WirePiece(u32, #[serde(with = "serde_bytes")] Vec<u8>);
+
+fn to_wire(pieces: Vec<(u32, Vec<u8>)>) -> Vec<WirePiece> {
+    pieces.into_iter().map(|(s, b)| WirePiece(s, b)).collect()
+}
+
+fn from_wire(pieces: Vec<WirePiece>) -> Vec<(u32, Vec<u8>)> {
+    pieces.into_iter().map(|WirePiece(s, b)| (s, b)).collect()
 }
 
 /// An exchange failure on the wire.
@@ -165,7 +181,7 @@ enum Call {
         changed_only: bool,
     },
     Restore {
-        pieces: Vec<(u32, Vec<u8>)>,
+        pieces: Vec<WirePiece>,
     },
     Export {
         shards: Vec<u32>,
@@ -185,10 +201,10 @@ enum Answer {
         fuel: u64,
     },
     Snapshot {
-        pieces: Vec<(u32, Vec<u8>)>,
+        pieces: Vec<WirePiece>,
         changed: Option<Vec<u32>>,
     },
-    Pieces(Vec<(u32, Vec<u8>)>),
+    Pieces(Vec<WirePiece>),
 }
 
 /// A failed call: the worker's error as text, and whether it was the
@@ -693,7 +709,10 @@ impl RemoteWorker {
             .call(self.worker, self.limits, Call::Snapshot { changed_only })
             .await?
         {
-            Answer::Snapshot { pieces, changed } => Ok(Snapshot { pieces, changed }),
+            Answer::Snapshot { pieces, changed } => Ok(Snapshot {
+                pieces: from_wire(pieces),
+                changed,
+            }),
             _ => Err(unexpected(&self.host, "snapshot")),
         }
     }
@@ -701,7 +720,13 @@ impl RemoteWorker {
     pub(crate) async fn restore(&mut self, pieces: Vec<(u32, Vec<u8>)>) -> Result<()> {
         match self
             .host
-            .call(self.worker, self.limits, Call::Restore { pieces })
+            .call(
+                self.worker,
+                self.limits,
+                Call::Restore {
+                    pieces: to_wire(pieces),
+                },
+            )
             .await?
         {
             Answer::Done => Ok(()),
@@ -714,7 +739,7 @@ impl RemoteWorker {
             shards: shards.to_vec(),
         };
         match self.host.call(self.worker, self.limits, call).await? {
-            Answer::Pieces(p) => Ok(p),
+            Answer::Pieces(p) => Ok(from_wire(p)),
             _ => Err(unexpected(&self.host, "export-shards")),
         }
     }
@@ -1089,15 +1114,15 @@ impl WorkerHost {
             Call::Snapshot { changed_only } => {
                 let s = w.snapshot(changed_only).await?;
                 Answer::Snapshot {
-                    pieces: s.pieces,
+                    pieces: to_wire(s.pieces),
                     changed: s.changed,
                 }
             }
             Call::Restore { pieces } => {
-                w.restore(pieces).await?;
+                w.restore(from_wire(pieces)).await?;
                 Answer::Done
             }
-            Call::Export { shards } => Answer::Pieces(w.export_shards(&shards).await?),
+            Call::Export { shards } => Answer::Pieces(to_wire(w.export_shards(&shards).await?)),
             Call::Relayout { workers } => {
                 w.relayout_with(workers, proxy.clone() as Arc<dyn Shuffler>)
                     .await?;
