@@ -338,10 +338,11 @@ fn verify(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32], proof: &[
     m.verify_slice(proof).is_ok()
 }
 
-fn nonce() -> [u8; 32] {
+fn nonce() -> std::io::Result<[u8; 32]> {
     let mut n = [0u8; 32];
-    getrandom::fill(&mut n).expect("the OS random source");
-    n
+    getrandom::fill(&mut n)
+        .map_err(|e| std::io::Error::other(format!("the OS random source: {e}")))?;
+    Ok(n)
 }
 
 /// Mutual authentication over a fresh connection. `role` is this end's
@@ -358,7 +359,7 @@ async fn handshake(
     } else {
         "coordinator"
     };
-    let mine = nonce();
+    let mine = nonce()?;
     write_frame(
         w,
         &Hello {
