@@ -95,12 +95,21 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
     let name = three.pipeline.options().name.clone();
     let (a, _ta) = start_host(&three, &name).await;
     let (b, _tb) = start_host(&three, &name).await;
-    let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+    // Two hosts first; a third joins mid-run and takes its worker live.
+    let ha = connect(&a, &name).await;
     let mut c = three
         .pipeline
-        .coordinator_on(options(), hosts)
+        .coordinator_on(options(), vec![ha.clone()])
         .await
         .unwrap();
+    for _ in 0..12 {
+        assert!(c.step().await.unwrap());
+    }
+    let moved = c
+        .replace_hosts(vec![ha, connect(&b, &name).await])
+        .await
+        .unwrap();
+    assert!(moved > 0, "worker 2 moved to the new host with its state");
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     assert!(

@@ -5,12 +5,14 @@
 //! joined first leads: it opens the pipeline (its logs in Kafka, its
 //! checkpoints in an object store — nothing on one machine only), connects
 //! to every other member's worker host and runs the coordinator over all of
-//! them (worker `w` on host slot `w mod hosts`, slot 0 itself). When the
-//! group changes — a host joins, leaves, dies or stalls past the TTL — the
-//! leader checkpoints if it can and reopens the coordinator on the group as
-//! it is now: recovery restores the newest checkpoint onto the new placement
-//! and replays what was committed after it. When the leader itself goes,
-//! the next member leads and recovers the same way.
+//! them (worker `w` on host slot `w mod hosts`, slot 0 itself). When hosts
+//! join, the workers whose slot changes move live, each handing its state
+//! from its old instance to a new one on its new host
+//! ([`Coordinator::replace_hosts`]). When a host leaves, dies or stalls past
+//! the TTL, the leader checkpoints if it can and reopens the coordinator on
+//! the group as it is now: recovery restores the newest checkpoint onto the
+//! new placement and replays what was committed after it. When the leader
+//! itself goes, the next member leads and recovers the same way.
 //!
 //! Nothing here is needed for safety: a stalled leader that wakes up still
 //! believing it leads is fenced by Kafka (the new leader's
@@ -236,34 +238,37 @@ async fn lead(
 ) -> Result<String> {
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
-    let mut hosts = Vec::new();
-    for member in view.members.iter().filter(|m| m.name != config.name) {
-        hosts.push(
-            RemoteHost::connect(
-                &member.addr,
-                &identity,
-                &config.secret,
-                config.session_timeout,
-            )
-            .await?,
+    let connect = |addr: String| {
+        let (identity, secret, timeout) = (
+            identity.clone(),
+            config.secret.clone(),
+            config.session_timeout,
         );
+        async move { RemoteHost::connect(&addr, &identity, &secret, timeout).await }
+    };
+    // The other members' worker hosts, by name, in the view's order.
+    let mut connected: Vec<(String, Arc<RemoteHost>)> = Vec::new();
+    for member in view.members.iter().filter(|m| m.name != config.name) {
+        connected.push((member.name.clone(), connect(member.addr.clone()).await?));
     }
+    let names = |connected: &[(String, Arc<RemoteHost>)]| -> Vec<String> {
+        std::iter::once(config.name.clone())
+            .chain(connected.iter().map(|(n, _)| n.clone()))
+            .collect()
+    };
     let mut coordinator: Coordinator = pipeline
-        .coordinator_on(pipeline.options().clone(), hosts)
+        .coordinator_on(
+            pipeline.options().clone(),
+            connected.iter().map(|(_, h)| h.clone()).collect(),
+        )
         .await?;
     report(HostEvent::Leading {
-        hosts: std::iter::once(config.name.clone())
-            .chain(
-                view.members
-                    .iter()
-                    .filter(|m| m.name != config.name)
-                    .map(|m| m.name.clone()),
-            )
-            .collect(),
+        hosts: names(&connected),
         restored: coordinator.stats().restored_checkpoint,
         replayed: coordinator.stats().replayed_steps,
         took: started.elapsed(),
     });
+    let mut view = view.clone();
     let mut last_check = Instant::now();
     loop {
         if *stop.borrow() {
@@ -278,10 +283,38 @@ async fn lead(
                 return Ok("this host's membership lapsed".into());
             }
             match membership.view().await {
-                Ok(now) if now != *view => {
-                    // A host joined or left (or died): checkpoint while the
-                    // hosts we run on are there, then reopen on the group
-                    // as it is now.
+                Ok(now)
+                    if now != view
+                        && now.leader() == view.leader()
+                        && view.members.iter().all(|m| now.contains(&m.name)) =>
+                {
+                    // Hosts joined, none left: move only the workers whose
+                    // host changes, live, from their old instances.
+                    let started = Instant::now();
+                    let mut next = Vec::new();
+                    for member in now.members.iter().filter(|m| m.name != config.name) {
+                        let host = match connected.iter().find(|(n, _)| *n == member.name) {
+                            Some((_, h)) => h.clone(),
+                            None => connect(member.addr.clone()).await?,
+                        };
+                        next.push((member.name.clone(), host));
+                    }
+                    let moved = coordinator
+                        .replace_hosts(next.iter().map(|(_, h)| h.clone()).collect())
+                        .await?;
+                    connected = next;
+                    view = now;
+                    tracing::info!(moved, "hosts joined: workers moved live");
+                    report(HostEvent::Leading {
+                        hosts: names(&connected),
+                        restored: None,
+                        replayed: 0,
+                        took: started.elapsed(),
+                    });
+                }
+                Ok(now) if now != view => {
+                    // A host left or died: checkpoint while the hosts we
+                    // run on are there, then reopen on the group as it is.
                     let saved = coordinator.finish().await;
                     return Ok(format!(
                         "the group changed ({} → {} hosts){}",

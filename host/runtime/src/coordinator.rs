@@ -1160,6 +1160,64 @@ impl Coordinator {
         &self.storage
     }
 
+    /// Moves workers to the placement on `hosts` (worker `w` on slot
+    /// `w mod (hosts + 1)`, slot 0 this process) between two steps: each
+    /// worker whose host changes hands its whole state from its old
+    /// instance to a new one on its new host, in memory — nothing is read
+    /// from the checkpoint store and the workers that stay are untouched.
+    /// Hosts that stay must be passed as the same [`RemoteHost`]s (a new
+    /// connection to a host replaces the old one and drops its workers).
+    /// Returns the bytes moved. On failure the instances are dropped:
+    /// reopening recovers.
+    pub async fn replace_hosts(&mut self, hosts: Vec<Arc<RemoteHost>>) -> Result<u64> {
+        self.await_checkpoint().await?;
+        let r = self.replace_hosts_inner(hosts).await;
+        if r.is_err() {
+            self.instances.iter_mut().for_each(|i| *i = None);
+        }
+        r
+    }
+
+    async fn replace_hosts_inner(&mut self, hosts: Vec<Arc<RemoteHost>>) -> Result<u64> {
+        let place = |w: u32, hosts: &[Arc<RemoteHost>]| -> Option<String> {
+            let slot = w as usize % (hosts.len() + 1);
+            (slot > 0).then(|| hosts[slot - 1].addr().to_owned())
+        };
+        let all: Vec<u32> = (0..SHARDS).collect();
+        let mut moved = 0u64;
+        for w in 0..self.layout.workers {
+            if place(w, &self.hosts) == place(w, &hosts) {
+                continue;
+            }
+            let mut old = self.instances[w as usize]
+                .take()
+                .ok_or(Error::WorkersLost)?;
+            let pieces = old.export_shards(&all).await?;
+            drop(old);
+            let mut fresh = Self::start_worker(
+                &self.engine,
+                &self.component,
+                &self.options,
+                &hosts,
+                self.limits,
+                w,
+                self.layout.workers,
+                &self.exchange,
+            )
+            .await?;
+            fresh.set_step_limits(self.limits);
+            moved += pieces.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+            if !pieces.is_empty() {
+                fresh.restore(pieces).await?;
+            }
+            self.instances[w as usize] = Some(fresh);
+        }
+        self.hosts = hosts;
+        // Pieces moved between instances: the next checkpoint is whole.
+        self.base = None;
+        Ok(moved)
+    }
+
     /// The layout the pipeline runs under.
     pub fn layout(&self) -> &Layout {
         &self.layout
