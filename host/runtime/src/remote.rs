@@ -318,24 +318,27 @@ async fn read_sized<T: for<'de> Deserialize<'de>>(
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-fn mac(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32]) -> Vec<u8> {
+/// The HMAC-SHA256, keyed by the pipeline's secret, of who proves (its
+/// role), for which pipeline, over the other end's nonce.
+fn keyed(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32]) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
-    m.update(role.as_bytes());
-    m.update(&[0]);
-    m.update(pipeline.as_bytes());
-    m.update(&[0]);
-    m.update(nonce);
-    m.finalize().into_bytes().to_vec()
+    for part in [role.as_bytes(), &[0], pipeline.as_bytes(), &[0], nonce] {
+        m.update(part);
+    }
+    m
+}
+
+fn mac(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32]) -> Vec<u8> {
+    keyed(secret, role, pipeline, nonce)
+        .finalize()
+        .into_bytes()
+        .to_vec()
 }
 
 fn verify(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32], proof: &[u8]) -> bool {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
-    m.update(role.as_bytes());
-    m.update(&[0]);
-    m.update(pipeline.as_bytes());
-    m.update(&[0]);
-    m.update(nonce);
-    m.verify_slice(proof).is_ok()
+    keyed(secret, role, pipeline, nonce)
+        .verify_slice(proof)
+        .is_ok()
 }
 
 fn nonce() -> std::io::Result<[u8; 32]> {
