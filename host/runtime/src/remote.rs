@@ -402,6 +402,21 @@ async fn handshake(
     Ok(())
 }
 
+/// Registers a call awaiting its answer: a fresh id and where the answer
+/// will arrive.
+fn register<T>(
+    pending: &Mutex<HashMap<u64, oneshot::Sender<T>>>,
+    next: &AtomicU64,
+) -> (u64, oneshot::Receiver<T>) {
+    let id = next.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, tx);
+    (id, rx)
+}
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, CallError>>>>>;
 
 /// The coordinator's end of a connection to a [`WorkerHost`].
@@ -601,12 +616,7 @@ impl RemoteHost {
         if let Some(why) = self.closed() {
             return Err(remote(&self.addr, why));
         }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, tx);
+        let (id, rx) = register(&self.pending, &self.next);
         if self
             .out
             .send(ToHost::Call {
@@ -847,12 +857,7 @@ struct ShuffleProxy {
 #[async_trait::async_trait]
 impl Shuffler for ShuffleProxy {
     async fn shuffle(&self, worker: u32, channel: u32, events: KeyedEvents) -> Reply {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, tx);
+        let (id, rx) = register(&self.pending, &self.next);
         let sent = self.out.send(FromHost::Shuffle {
             id,
             worker,
