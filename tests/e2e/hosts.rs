@@ -1,6 +1,6 @@
 //! A pipeline across several hosts: the coordinator drives workers on
-//! other hosts ([`WorkerHost`]s on loopback TCP), their shuffles going
-//! through its exchange. What the workers compute must not depend on where
+//! other hosts ([`WorkerHost`]s on loopback TCP), their shuffles going host
+//! to host. What the workers compute must not depend on where
 //! they run: every step's output hashes equal those of the same pipeline
 //! on one host.
 
@@ -125,6 +125,57 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
     );
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
     assert_eq!(word_counts(&three), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_joining_takes_its_share_and_one_leaving_hands_over_only_its_own() {
+    let wasm = component("examples/wordcount");
+    let input = lines(6_000);
+    let dir = tempfile::tempdir().unwrap();
+
+    let one = Harness::open(&dir.path().join("one"), &wasm, 6, Limits::default()).await;
+    fill(&one, &input).await;
+    let mut c = one.coordinator(options()).await.unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+
+    let h = Harness::open(&dir.path().join("moving"), &wasm, 6, Limits::default()).await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let (ha, hb) = (connect(&a, &name).await, connect(&b, &name).await);
+    // W = 6 on this process and a: three each.
+    let mut c = h
+        .pipeline
+        .coordinator_on(options(), vec![ha.clone()])
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        assert!(c.step().await.unwrap());
+    }
+    // b joins: it takes two workers (one from each), nothing else moves.
+    c.replace_hosts(vec![ha.clone(), hb.clone()]).await.unwrap();
+    assert_eq!(c.stats().workers_moved, 2);
+    for _ in 0..10 {
+        assert!(c.step().await.unwrap());
+    }
+    // a leaves: only its two workers move, to this process and b.
+    let moved = c.replace_hosts(vec![hb.clone()]).await.unwrap();
+    assert_eq!(c.stats().workers_moved, 4);
+    assert!(moved > 0);
+    drop(ha);
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+
+    assert_eq!(
+        hashes(&one),
+        hashes(&h),
+        "every step's output is the same on one host and while hosts come and go"
+    );
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(word_counts(&h), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,14 +5,16 @@
 //! joined first leads: it opens the pipeline (its logs in Kafka, its
 //! checkpoints in an object store — nothing on one machine only), connects
 //! to every other member's worker host and runs the coordinator over all of
-//! them (worker `w` on host slot `w mod hosts`, slot 0 itself). When hosts
-//! join, the workers whose slot changes move live, each handing its state
-//! from its old instance to a new one on its new host
-//! ([`Coordinator::replace_hosts`]). When a host leaves, dies or stalls past
-//! the TTL, the leader checkpoints if it can and reopens the coordinator on
-//! the group as it is now: recovery restores the newest checkpoint onto the
-//! new placement and replays what was committed after it. When the leader
-//! itself goes, the next member leads and recovers the same way.
+//! them (workers spread evenly, some on itself). When hosts join or leave
+//! gracefully, only the workers whose host changes move, live, each handing
+//! its state from its old instance to a new one on its new host
+//! ([`Coordinator::replace_hosts`]): a joining host takes its share, a
+//! leaving one hands over its own workers and nothing else moves. When a
+//! host dies or stalls past the TTL, the leader checkpoints if it can and
+//! reopens the coordinator on the group as it is now: recovery restores the
+//! newest checkpoint onto the new placement and replays what was committed
+//! after it. When the leader itself goes, the next member leads and
+//! recovers the same way.
 //!
 //! Nothing here is needed for safety: a stalled leader that wakes up still
 //! believing it leads is fenced by Kafka (the new leader's
@@ -284,12 +286,18 @@ async fn lead(
             }
             match membership.view().await {
                 Ok(now)
-                    if now != view
-                        && now.leader() == view.leader()
-                        && view.members.iter().all(|m| now.contains(&m.name)) =>
+                    if now != view && now.leader() == view.leader() && {
+                        // Hosts that left are still reachable (they leave
+                        // gracefully, serving until their workers are moved).
+                        connected
+                            .iter()
+                            .filter(|(n, _)| !now.contains(n))
+                            .all(|(_, h)| h.closed().is_none())
+                    } =>
                 {
-                    // Hosts joined, none left: move only the workers whose
-                    // host changes, live, from their old instances.
+                    // Move only the workers whose host changes, live, from
+                    // their old instances: a host joining takes its share,
+                    // one leaving hands over its own workers.
                     let started = Instant::now();
                     let mut next = Vec::new();
                     for member in now.members.iter().filter(|m| m.name != config.name) {
@@ -299,12 +307,26 @@ async fn lead(
                         };
                         next.push((member.name.clone(), host));
                     }
-                    let moved = coordinator
+                    let before = coordinator.stats().workers_moved;
+                    let moved = match coordinator
                         .replace_hosts(next.iter().map(|(_, h)| h.clone()).collect())
-                        .await?;
+                        .await
+                    {
+                        Ok(moved) => moved,
+                        // The instances are gone: reopen on the group as
+                        // it is (from the newest checkpoint).
+                        Err(e) => {
+                            return Ok(format!(
+                                "the group changed ({} → {} hosts) and moving workers live failed: {e}",
+                                view.members.len(),
+                                now.members.len()
+                            ));
+                        }
+                    };
                     connected = next;
                     view = now;
-                    tracing::info!(moved, "hosts joined: workers moved live");
+                    let workers = coordinator.stats().workers_moved - before;
+                    tracing::info!(moved, workers, "the group changed: workers moved live");
                     report(HostEvent::Leading {
                         hosts: names(&connected),
                         restored: None,
@@ -313,8 +335,9 @@ async fn lead(
                     });
                 }
                 Ok(now) if now != view => {
-                    // A host left or died: checkpoint while the hosts we
-                    // run on are there, then reopen on the group as it is.
+                    // A host died (or the leader changed): checkpoint while
+                    // the hosts we run on are there, then reopen on the
+                    // group as it is.
                     let saved = coordinator.finish().await;
                     return Ok(format!(
                         "the group changed ({} → {} hosts){}",

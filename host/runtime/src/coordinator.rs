@@ -28,7 +28,10 @@ use crate::bindings::Batch;
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::Exchange;
-use crate::remote::{AnyWorker, RemoteHost, RemoteWorker};
+use crate::remote::{
+    AnyWorker, MeshPlan, RemoteHost, RemoteWorker, coordinator_exchange, place_one,
+    replace_placement, round_robin,
+};
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{
@@ -124,6 +127,8 @@ pub struct Stats {
     /// Bytes of state pieces checkpoints wrote (carried pieces not
     /// counted).
     pub checkpoint_bytes_written: u64,
+    /// Workers moved live to another host ([`Coordinator::replace_hosts`]).
+    pub workers_moved: u64,
 }
 
 /// One worker's output of one step.
@@ -172,10 +177,13 @@ pub struct Coordinator {
     owned: Vec<Vec<(PartitionId, String)>>,
     options: PipelineOptions,
     exchange: Arc<Exchange>,
+    /// Where the workers run, as the hosts are told.
+    mesh: MeshPlan,
     instances: Vec<Option<AnyWorker>>,
-    /// The other hosts running workers: worker `w` runs on host slot
-    /// `w mod (hosts + 1)`, slot 0 being this process.
+    /// The other hosts running workers.
     hosts: Vec<Arc<RemoteHost>>,
+    /// The slot of each worker: 0 this process, `i` `hosts[i - 1]`.
+    placement: Vec<u32>,
     next_step: u64,
     frontiers: Vec<Frontier>,
     checkpointed_step: Option<u64>,
@@ -268,7 +276,8 @@ impl Coordinator {
         layout
             .validate(&shape)
             .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
-        let exchange = Exchange::new(&layout);
+        let placement = round_robin(layout.workers, hosts.len());
+        let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &placement)?;
         let limits = StepLimits {
             fuel_per_call: engine.limits().fuel_per_call,
             memory: engine.limits().memory as u64,
@@ -284,6 +293,7 @@ impl Coordinator {
                 w,
                 layout.workers,
                 &exchange,
+                &mesh,
             )
             .await?;
             instances.push(Some(worker));
@@ -305,8 +315,10 @@ impl Coordinator {
             engine: engine.with_limits(engine.limits()),
             options,
             exchange,
+            mesh,
             instances,
             hosts,
+            placement,
             next_step: 0,
             checkpointed_step: None,
             last_checkpoint_at: Instant::now(),
@@ -421,6 +433,7 @@ impl Coordinator {
         w: u32,
         workers: u32,
         exchange: &Arc<Exchange>,
+        mesh: &MeshPlan,
     ) -> Result<AnyWorker> {
         let info = WorkerInfo {
             worker: w,
@@ -428,18 +441,11 @@ impl Coordinator {
             pipeline: options.name.clone(),
             config: options.config.clone(),
         };
-        let slot = w as usize % (hosts.len() + 1);
+        let slot = mesh.slot(w) as usize;
         if slot > 0 {
             let host = hosts[slot - 1].clone();
             return Ok(AnyWorker::Remote(
-                RemoteWorker::start(
-                    host,
-                    info,
-                    exchange.clone(),
-                    limits,
-                    options.inherit_guest_stderr,
-                )
-                .await?,
+                RemoteWorker::start(host, info, mesh, limits, options.inherit_guest_stderr).await?,
             ));
         }
         Ok(AnyWorker::Local(Box::new(
@@ -544,10 +550,17 @@ impl Coordinator {
         }
         crash_point(CrashPoint::MidHandoff);
         self.instances.truncate(next.workers as usize);
-        self.exchange = Exchange::new(&next);
+        self.placement.truncate(next.workers as usize);
+        while self.placement.len() < next.workers as usize {
+            let slot = place_one(&self.placement, self.hosts.len() + 1);
+            self.placement.push(slot);
+        }
+        (self.exchange, self.mesh) = coordinator_exchange(&next, &self.hosts, &self.placement)?;
         for slot in self.instances.iter_mut() {
             let worker = slot.as_mut().ok_or(Error::WorkersLost)?;
-            worker.relayout(next.workers, self.exchange.clone()).await?;
+            worker
+                .relayout(next.workers, &self.exchange, &self.mesh)
+                .await?;
         }
         for w in old.workers..next.workers {
             let worker = Self::start_worker(
@@ -559,6 +572,7 @@ impl Coordinator {
                 w,
                 next.workers,
                 &self.exchange,
+                &self.mesh,
             )
             .await?;
             self.instances.push(Some(worker));
@@ -755,7 +769,7 @@ impl Coordinator {
             .iter()
             .flat_map(|batches| batches.iter().map(|b| b.weights.len() as u64))
             .sum();
-        self.exchange.begin_step();
+        self.exchange.begin_step(step);
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, batches) in inputs.into_iter().enumerate() {
             let mut worker = self.instances[w].take().ok_or(Error::WorkersLost)?;
@@ -763,6 +777,9 @@ impl Coordinator {
             tasks.push(tokio::spawn(async move {
                 let r = worker.step(step, time_ms, batches).await;
                 exchange.worker_finished(w as u32);
+                if let Err(e) = &r {
+                    exchange.worker_failed(w as u32, &e.to_string());
+                }
                 (worker, r)
             }));
         }
@@ -1160,11 +1177,16 @@ impl Coordinator {
         &self.storage
     }
 
-    /// Moves workers to the placement on `hosts` (worker `w` on slot
-    /// `w mod (hosts + 1)`, slot 0 this process) between two steps: each
-    /// worker whose host changes hands its whole state from its old
-    /// instance to a new one on its new host, in memory — nothing is read
-    /// from the checkpoint store and the workers that stay are untouched.
+    /// Moves workers onto `hosts` (and this process) between two steps,
+    /// stickily: a worker whose host stays keeps it, the workers of hosts
+    /// no longer listed go to the least loaded hosts, and workers move from
+    /// the most to the least loaded until the loads differ by at most one —
+    /// so a host leaving moves only its workers and a host joining takes
+    /// only its share. Each worker that moves hands its whole state from its
+    /// old instance to a new one on its new host, in memory — nothing is
+    /// read from the checkpoint store and the workers that stay keep their
+    /// instances. A host that leaves must still be reachable (it leaves
+    /// gracefully; a dead one is recovered by reopening).
     /// Hosts that stay must be passed as the same [`RemoteHost`]s (a new
     /// connection to a host replaces the old one and drops its workers).
     /// Returns the bytes moved. On failure the instances are dropped:
@@ -1179,14 +1201,25 @@ impl Coordinator {
     }
 
     async fn replace_hosts_inner(&mut self, hosts: Vec<Arc<RemoteHost>>) -> Result<u64> {
-        let place = |w: u32, hosts: &[Arc<RemoteHost>]| -> Option<String> {
-            let slot = w as usize % (hosts.len() + 1);
-            (slot > 0).then(|| hosts[slot - 1].addr().to_owned())
+        let from: Vec<&str> = self.hosts.iter().map(|h| h.addr()).collect();
+        let to: Vec<&str> = hosts.iter().map(|h| h.addr()).collect();
+        let placement = replace_placement(&self.placement, &from, &to);
+        let addr = |slot: u32, hosts: &[&str]| -> Option<String> {
+            (slot > 0).then(|| hosts[slot as usize - 1].to_owned())
         };
+        let stays: Vec<bool> = (0..self.layout.workers as usize)
+            .map(|w| addr(self.placement[w], &from) == addr(placement[w], &to))
+            .collect();
         let all: Vec<u32> = (0..SHARDS).collect();
         let mut moved = 0u64;
+        // The workers' places change: a new exchange session for all.
+        let (exchange, mesh) = coordinator_exchange(&self.layout, &hosts, &placement)?;
         for w in 0..self.layout.workers {
-            if place(w, &self.hosts) == place(w, &hosts) {
+            if stays[w as usize] {
+                let worker = self.instances[w as usize]
+                    .as_mut()
+                    .ok_or(Error::WorkersLost)?;
+                worker.rewire(&exchange, &mesh).await?;
                 continue;
             }
             let mut old = self.instances[w as usize]
@@ -1202,7 +1235,8 @@ impl Coordinator {
                 self.limits,
                 w,
                 self.layout.workers,
-                &self.exchange,
+                &exchange,
+                &mesh,
             )
             .await?;
             fresh.set_step_limits(self.limits);
@@ -1211,8 +1245,12 @@ impl Coordinator {
                 fresh.restore(pieces).await?;
             }
             self.instances[w as usize] = Some(fresh);
+            self.stats.workers_moved += 1;
         }
         self.hosts = hosts;
+        self.placement = placement;
+        self.exchange = exchange;
+        self.mesh = mesh;
         // Pieces moved between instances: the next checkpoint is whole.
         self.base = None;
         Ok(moved)

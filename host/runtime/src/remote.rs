@@ -11,17 +11,25 @@
 //! fenced by the transactional id), so a host that is cut off, stalls or
 //! comes back as a zombie can commit nothing.
 //!
-//! **The exchange** stays the coordinator's: a remote worker's `shuffle` is
-//! sent to the coordinator, which runs it through the pipeline's
-//! [`Exchange`] like a local worker's and sends the result back. Routing and
-//! the order of received events (worker order) are therefore exactly those
-//! of one host, and a replay on any placement of workers computes the same
-//! outputs (I4). (Frames go through the coordinator: two hops, not one.)
+//! **The exchange** runs on every host for its own workers, host to host:
+//! each host's [`Exchange`] sends every other host one frame per round with
+//! what its workers sent that host's workers — to the coordinator over its
+//! connection, to any other host over a direct connection made for the
+//! purpose (a *peer link*, opened when the coordinator places workers).
+//! Received events are concatenated in global worker order, so routing and
+//! order are exactly those of one host and a replay on any placement of
+//! workers computes the same outputs (I4). Every exchange placement has a
+//! session number: frames of an older one are dropped.
+//!
+//! **Backpressure**: every connection's outgoing queue is bounded
+//! ([`QUEUE`] frames); a sender waits while it is full, so a slow host slows
+//! its senders instead of growing their memory.
 //!
 //! **Authentication**: both ends prove they know the pipeline's shared
-//! secret (HMAC-SHA256 over the other's random nonce and the pipeline's
-//! name) before anything else is read. Frames are not encrypted: run hosts
-//! on a private network (or a tunnel) as with any cluster-internal port.
+//! secret (HMAC-SHA256 over the other's random nonce, the prover's role and
+//! the pipeline's name) before anything else is read. Frames are not
+//! encrypted: run hosts on a private network (or a tunnel) as with any
+//! cluster-internal port.
 //!
 //! **Liveness**: a host sends a heartbeat every [`HEARTBEAT`]; the
 //! coordinator fails the connection — and every call in flight on it, which
@@ -32,15 +40,16 @@
 use crate::bindings::{Batch, KeyedEvents};
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
-use crate::exchange::{Exchange, ExchangeError, Reply, Shuffler};
+use crate::exchange::{Exchange, ExchangeError, Frame, FrameBody, Link, Placement};
 use crate::worker::{Snapshot, Worker, WorkerInfo};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use sluice_core::Layout;
 use sluice_core::StepLimits;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -50,12 +59,15 @@ use tokio::sync::{mpsc, oneshot};
 /// How often a host tells the coordinator it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
 
+/// How many frames a connection's outgoing queue holds before senders wait.
+pub const QUEUE: usize = 64;
+
 /// The largest frame either end accepts (a worker's whole snapshot travels
 /// in one).
 const MAX_FRAME: u64 = 8 << 30;
 
 /// The protocol version both ends must speak.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// A batch on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +175,72 @@ impl From<WireExchangeError> for ExchangeError {
     }
 }
 
+/// An exchange [`Frame`] on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireFrame {
+    session: u64,
+    step: u64,
+    channel: u32,
+    from: u32,
+    body: WireFrameBody,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum WireFrameBody {
+    Parts(Vec<(u32, u32, WireKeyed)>),
+    Abort(WireExchangeError),
+}
+
+impl From<Frame> for WireFrame {
+    fn from(f: Frame) -> Self {
+        WireFrame {
+            session: f.session,
+            step: f.step,
+            channel: f.channel,
+            from: f.from,
+            body: match f.body {
+                FrameBody::Parts(p) => {
+                    WireFrameBody::Parts(p.into_iter().map(|(s, d, e)| (s, d, e.into())).collect())
+                }
+                FrameBody::Abort(e) => WireFrameBody::Abort(e.into()),
+            },
+        }
+    }
+}
+
+impl From<WireFrame> for Frame {
+    fn from(f: WireFrame) -> Self {
+        Frame {
+            session: f.session,
+            step: f.step,
+            channel: f.channel,
+            from: f.from,
+            body: match f.body {
+                WireFrameBody::Parts(p) => {
+                    FrameBody::Parts(p.into_iter().map(|(s, d, e)| (s, d, e.into())).collect())
+                }
+                WireFrameBody::Abort(e) => FrameBody::Abort(e.into()),
+            },
+        }
+    }
+}
+
+/// Where a host's workers exchange: the placement of every worker on the
+/// pipeline's hosts, for one session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WireMesh {
+    session: u64,
+    /// The host's slot.
+    slot: u32,
+    /// The slot of each worker.
+    slots: Vec<u32>,
+    /// Each slot's address (slot 0, the coordinator's, is reached over the
+    /// coordinator's connection).
+    addrs: Vec<String>,
+    /// The owner of each shard.
+    owners: Vec<u32>,
+}
+
 /// A call the coordinator makes on one of a host's workers.
 #[derive(Debug, Serialize, Deserialize)]
 enum Call {
@@ -171,6 +249,7 @@ enum Call {
         pipeline: String,
         config: Vec<(String, String)>,
         inherit_stderr: bool,
+        mesh: WireMesh,
     },
     Step {
         step: u64,
@@ -188,6 +267,11 @@ enum Call {
     },
     Relayout {
         workers: u32,
+        mesh: WireMesh,
+    },
+    /// Same layout, workers placed anew: shuffle through a new exchange.
+    Rewire {
+        mesh: WireMesh,
     },
     Stop,
 }
@@ -227,11 +311,8 @@ enum ToHost {
         limits: StepLimits,
         call: Call,
     },
-    /// The answer to a [`FromHost::Shuffle`].
-    Shuffled {
-        id: u64,
-        result: Result<WireKeyed, WireExchangeError>,
-    },
+    /// The coordinator's exchange frame for the host's workers.
+    Mesh(WireFrame),
 }
 
 /// Host → coordinator.
@@ -241,13 +322,8 @@ enum FromHost {
         id: u64,
         result: Result<Answer, CallError>,
     },
-    /// A worker's shuffle, for the coordinator's exchange.
-    Shuffle {
-        id: u64,
-        worker: u32,
-        channel: u32,
-        events: WireKeyed,
-    },
+    /// The host's exchange frame for the coordinator's workers.
+    Mesh(WireFrame),
     Heartbeat,
 }
 
@@ -256,6 +332,9 @@ enum FromHost {
 struct Hello {
     version: u32,
     pipeline: String,
+    /// Who speaks: "coordinator", "peer" (another host's exchange) or
+    /// "host" (the end that accepted).
+    role: String,
     nonce: [u8; 32],
 }
 
@@ -349,25 +428,22 @@ fn nonce() -> std::io::Result<[u8; 32]> {
 }
 
 /// Mutual authentication over a fresh connection. `role` is this end's
-/// ("coordinator" or "host"); returns once both proofs checked.
+/// ("coordinator" or "peer" dialing, "host" accepting); returns the other
+/// end's role once both proofs checked.
 async fn handshake(
     r: &mut OwnedReadHalf,
     w: &mut OwnedWriteHalf,
     secret: &[u8],
     pipeline: &str,
     role: &str,
-) -> std::io::Result<()> {
-    let other = if role == "coordinator" {
-        "host"
-    } else {
-        "coordinator"
-    };
+) -> std::io::Result<String> {
     let mine = nonce()?;
     write_frame(
         w,
         &Hello {
             version: VERSION,
             pipeline: pipeline.to_owned(),
+            role: role.to_owned(),
             nonce: mine,
         },
     )
@@ -386,6 +462,17 @@ async fn handshake(
             theirs.pipeline
         )));
     }
+    let expected: &[&str] = if role == "host" {
+        &["coordinator", "peer"]
+    } else {
+        &["host"]
+    };
+    if !expected.contains(&theirs.role.as_str()) {
+        return Err(refuse(format!(
+            "the other end speaks as `{}` to a `{role}`",
+            theirs.role
+        )));
+    }
     write_frame(
         w,
         &Proof {
@@ -394,12 +481,12 @@ async fn handshake(
     )
     .await?;
     let proof: Proof = read_frame(r).await?;
-    if !verify(secret, other, pipeline, &mine, &proof.mac) {
+    if !verify(secret, &theirs.role, pipeline, &mine, &proof.mac) {
         return Err(refuse(
             "the other end does not know the pipeline's secret".into(),
         ));
     }
-    Ok(())
+    Ok(theirs.role)
 }
 
 /// Registers a call awaiting its answer: a fresh id and where the answer
@@ -422,13 +509,16 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, CallError>>
 /// The coordinator's end of a connection to a [`WorkerHost`].
 pub struct RemoteHost {
     addr: String,
-    out: mpsc::UnboundedSender<ToHost>,
+    out: mpsc::Sender<ToHost>,
     pending: Pending,
     next: AtomicU64,
-    /// The exchange remote shuffles go to (the coordinator's current one).
+    /// The exchange the host's frames go to (the coordinator's current one).
     exchange: Arc<Mutex<Option<Arc<Exchange>>>>,
     /// Why the connection ended, once it has.
     closed: Arc<Mutex<Option<String>>>,
+    /// Turns true when the connection ends: a sender waiting on the full
+    /// queue gives up.
+    gone: tokio::sync::watch::Receiver<bool>,
     /// Bytes sent to the host and received from it.
     traffic: Arc<(AtomicU64, AtomicU64)>,
     tasks: Vec<tokio::task::AbortHandle>,
@@ -473,13 +563,16 @@ impl RemoteHost {
         .await
         .map_err(|_| remote(addr, "the handshake timed out"))?
         .map_err(io_error(addr))?;
-        let (out, mut queue) = mpsc::unbounded_channel::<ToHost>();
+        let (out, mut queue) = mpsc::channel::<ToHost>(QUEUE);
         let pending: Pending = Arc::default();
         let closed: Arc<Mutex<Option<String>>> = Arc::default();
         let exchange: Arc<Mutex<Option<Arc<Exchange>>>> = Arc::default();
+        let (gone_tx, gone) = tokio::sync::watch::channel(false);
+        let gone_tx = Arc::new(gone_tx);
         let close = {
             let (pending, closed) = (pending.clone(), closed.clone());
             move |why: String| {
+                gone_tx.send_replace(true);
                 closed
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -516,7 +609,7 @@ impl RemoteHost {
             })
         };
         let reader = {
-            let (pending, exchange, out) = (pending.clone(), exchange.clone(), out.clone());
+            let (pending, exchange) = (pending.clone(), exchange.clone());
             let traffic = traffic.clone();
             tokio::spawn(async move {
                 loop {
@@ -549,26 +642,11 @@ impl RemoteHost {
                                 let _ = tx.send(result);
                             }
                         }
-                        FromHost::Shuffle {
-                            id,
-                            worker,
-                            channel,
-                            events,
-                        } => {
+                        FromHost::Mesh(frame) => {
                             let x = exchange.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                            let out = out.clone();
-                            tokio::spawn(async move {
-                                let result = match x {
-                                    Some(x) => x.shuffle(worker, channel, events.into()).await,
-                                    None => Err(ExchangeError::Aborted(
-                                        "the coordinator has no exchange".into(),
-                                    )),
-                                };
-                                let _ = out.send(ToHost::Shuffled {
-                                    id,
-                                    result: result.map(Into::into).map_err(Into::into),
-                                });
-                            });
+                            if let Some(x) = x {
+                                x.receive(frame.into());
+                            }
                         }
                     }
                 }
@@ -581,6 +659,7 @@ impl RemoteHost {
             next: AtomicU64::new(0),
             exchange,
             closed,
+            gone,
             traffic,
             tasks: vec![writer.abort_handle(), reader.abort_handle()],
         }))
@@ -612,21 +691,27 @@ impl RemoteHost {
         *self.exchange.lock().unwrap_or_else(|p| p.into_inner()) = Some(exchange);
     }
 
+    /// The way from the coordinator's exchange to this host's.
+    pub(crate) fn link(&self) -> Arc<dyn Link> {
+        Arc::new(CoordinatorToHost {
+            out: self.out.clone(),
+            gone: self.gone.clone(),
+            addr: self.addr.clone(),
+        })
+    }
+
     async fn call(&self, worker: u32, limits: StepLimits, call: Call) -> Result<Answer> {
         if let Some(why) = self.closed() {
             return Err(remote(&self.addr, why));
         }
         let (id, rx) = register(&self.pending, &self.next);
-        if self
-            .out
-            .send(ToHost::Call {
-                id,
-                worker,
-                limits,
-                call,
-            })
-            .is_err()
-        {
+        let msg = ToHost::Call {
+            id,
+            worker,
+            limits,
+            call,
+        };
+        if !send_unless_gone(&self.out, msg, &self.gone).await {
             return Err(remote(&self.addr, "the connection to the host has ended"));
         }
         let answer = rx
@@ -654,16 +739,15 @@ fn unexpected(host: &RemoteHost, call: &str) -> Error {
 }
 
 impl RemoteWorker {
-    /// Starts worker `info.worker` on `host`, its shuffles going to
-    /// `exchange`, under `limits`.
+    /// Starts worker `info.worker` on `host`, exchanging as `mesh` places
+    /// it, under `limits`.
     pub(crate) async fn start(
         host: Arc<RemoteHost>,
         info: WorkerInfo,
-        exchange: Arc<Exchange>,
+        mesh: &MeshPlan,
         limits: StepLimits,
         inherit_stderr: bool,
     ) -> Result<Self> {
-        host.set_exchange(exchange);
         let worker = info.worker;
         host.call(
             worker,
@@ -673,6 +757,7 @@ impl RemoteWorker {
                 pipeline: info.pipeline,
                 config: info.config,
                 inherit_stderr,
+                mesh: mesh.for_worker(worker),
             },
         )
         .await?;
@@ -758,15 +843,24 @@ impl RemoteWorker {
         }
     }
 
-    pub(crate) async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
-        self.host.set_exchange(exchange);
-        match self
-            .host
-            .call(self.worker, self.limits, Call::Relayout { workers })
-            .await?
-        {
+    pub(crate) async fn relayout(&mut self, workers: u32, mesh: &MeshPlan) -> Result<()> {
+        let call = Call::Relayout {
+            workers,
+            mesh: mesh.for_worker(self.worker),
+        };
+        match self.host.call(self.worker, self.limits, call).await? {
             Answer::Done => Ok(()),
             _ => Err(unexpected(&self.host, "set-workers")),
+        }
+    }
+
+    pub(crate) async fn rewire(&mut self, mesh: &MeshPlan) -> Result<()> {
+        let call = Call::Rewire {
+            mesh: mesh.for_worker(self.worker),
+        };
+        match self.host.call(self.worker, self.limits, call).await? {
+            Answer::Done => Ok(()),
+            _ => Err(unexpected(&self.host, "rewire")),
         }
     }
 }
@@ -775,12 +869,18 @@ impl Drop for RemoteWorker {
     fn drop(&mut self) {
         // Best effort: a host whose connection ended dropped it already.
         let id = self.host.next.fetch_add(1, Ordering::Relaxed);
-        let _ = self.host.out.send(ToHost::Call {
+        let stop = ToHost::Call {
             id,
             worker: self.worker,
             limits: self.limits,
             call: Call::Stop,
-        });
+        };
+        if let Err(mpsc::error::TrySendError::Full(stop)) = self.host.out.try_send(stop)
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let out = self.host.out.clone();
+            rt.spawn(async move { out.send(stop).await });
+        }
     }
 }
 
@@ -839,41 +939,305 @@ impl AnyWorker {
         }
     }
 
-    pub(crate) async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
+    pub(crate) async fn relayout(
+        &mut self,
+        workers: u32,
+        exchange: &Arc<Exchange>,
+        mesh: &MeshPlan,
+    ) -> Result<()> {
         match self {
-            AnyWorker::Local(w) => w.relayout(workers, exchange).await,
-            AnyWorker::Remote(w) => w.relayout(workers, exchange).await,
+            AnyWorker::Local(w) => w.relayout(workers, exchange.clone()).await,
+            AnyWorker::Remote(w) => w.relayout(workers, mesh).await,
+        }
+    }
+
+    /// Shuffles through `exchange` (here) or as `mesh` says (there) from
+    /// the next step on.
+    pub(crate) async fn rewire(&mut self, exchange: &Arc<Exchange>, mesh: &MeshPlan) -> Result<()> {
+        match self {
+            AnyWorker::Local(w) => {
+                w.rewire(exchange.clone());
+                Ok(())
+            }
+            AnyWorker::Remote(w) => w.rewire(mesh).await,
         }
     }
 }
 
-/// The shuffles of a host's workers, sent to the coordinator.
-struct ShuffleProxy {
-    out: mpsc::UnboundedSender<FromHost>,
-    pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>,
-    next: AtomicU64,
+/// Where a pipeline's workers run, for one exchange session: what the
+/// coordinator tells each host it places workers on.
+#[derive(Debug, Clone)]
+pub(crate) struct MeshPlan {
+    session: u64,
+    slots: Vec<u32>,
+    addrs: Vec<String>,
+    owners: Vec<u32>,
+}
+
+impl MeshPlan {
+    /// The slot worker `w` runs on.
+    pub(crate) fn slot(&self, w: u32) -> u32 {
+        self.slots.get(w as usize).copied().unwrap_or(0)
+    }
+
+    /// What the host of `worker` is told.
+    fn for_worker(&self, worker: u32) -> WireMesh {
+        WireMesh {
+            session: self.session,
+            slot: self.slots.get(worker as usize).copied().unwrap_or(0),
+            slots: self.slots.clone(),
+            addrs: self.addrs.clone(),
+            owners: self.owners.clone(),
+        }
+    }
+}
+
+/// The first placement of `workers` workers with `hosts` other hosts:
+/// worker `w` on slot `w mod (hosts + 1)` — slot 0 the coordinator's
+/// process, slot `i` `hosts[i - 1]`.
+pub(crate) fn round_robin(workers: u32, hosts: usize) -> Vec<u32> {
+    (0..workers).map(|w| w % (hosts as u32 + 1)).collect()
+}
+
+/// The slot with the least workers (ties: the highest, so the
+/// coordinator's own process is the last to take more).
+fn least_loaded(load: &[u32]) -> usize {
+    let min = load.iter().min().copied().unwrap_or(0);
+    load.iter().rposition(|l| *l == min).unwrap_or(0)
+}
+
+/// The placement after the hosts change from `from` to `to` (addresses;
+/// slot 0, this process, stays): every worker whose host stays keeps it,
+/// the workers of hosts that left go to the least loaded slots, then
+/// workers move from the most to the least loaded slot until no two slots
+/// differ by more than one worker. So a host leaving moves only its own
+/// workers, and a host joining takes only its share.
+pub(crate) fn replace_placement(placement: &[u32], from: &[&str], to: &[&str]) -> Vec<u32> {
+    let slots = to.len() + 1;
+    let mut next: Vec<Option<usize>> = placement
+        .iter()
+        .map(|s| match *s as usize {
+            0 => Some(0),
+            s => from
+                .get(s - 1)
+                .and_then(|addr| to.iter().position(|a| a == addr))
+                .map(|i| i + 1),
+        })
+        .collect();
+    let mut load = vec![0u32; slots];
+    for s in next.iter().flatten() {
+        load[*s] += 1;
+    }
+    for slot in next.iter_mut().filter(|s| s.is_none()) {
+        let s = least_loaded(&load);
+        *slot = Some(s);
+        load[s] += 1;
+    }
+    loop {
+        let max = load.iter().max().copied().unwrap_or(0);
+        let low = least_loaded(&load);
+        if max <= load[low] + 1 {
+            break;
+        }
+        let high = load.iter().rposition(|l| *l == max).unwrap_or(0);
+        // The highest-numbered worker of the fullest slot moves.
+        let Some(w) = next.iter().rposition(|s| *s == Some(high)) else {
+            break;
+        };
+        next[w] = Some(low);
+        load[high] -= 1;
+        load[low] += 1;
+    }
+    next.into_iter().map(|s| s.unwrap_or(0) as u32).collect()
+}
+
+/// A slot for one more worker on `slots` slots placed as `placement`.
+pub(crate) fn place_one(placement: &[u32], slots: usize) -> u32 {
+    let mut load = vec![0u32; slots.max(1)];
+    for s in placement {
+        if let Some(l) = load.get_mut(*s as usize) {
+            *l += 1;
+        }
+    }
+    least_loaded(&load) as u32
+}
+
+/// The coordinator's exchange for `layout` with workers placed on slots
+/// `placement` (slot 0 here, slot `i` `hosts[i - 1]`; a fresh session),
+/// and the plan the hosts are told; the hosts' frames go to it from now on.
+pub(crate) fn coordinator_exchange(
+    layout: &Layout,
+    hosts: &[Arc<RemoteHost>],
+    placement: &[u32],
+) -> Result<(Arc<Exchange>, MeshPlan)> {
+    let slots: Vec<u32> = placement.to_vec();
+    let session = if hosts.is_empty() {
+        0
+    } else {
+        let n = nonce().map_err(io_error("the coordinator"))?;
+        u64::from_le_bytes(n[..8].try_into().expect("8 bytes"))
+    };
+    let plan = MeshPlan {
+        session,
+        slots: slots.clone(),
+        addrs: std::iter::once(String::new())
+            .chain(hosts.iter().map(|h| h.addr.clone()))
+            .collect(),
+        owners: layout.shards.clone(),
+    };
+    let exchange = if hosts.is_empty() {
+        Exchange::new(layout)
+    } else {
+        let links = std::iter::once(None)
+            .chain(hosts.iter().map(|h| Some(h.link())))
+            .collect();
+        Exchange::across(
+            layout,
+            Placement {
+                session,
+                slot: 0,
+                slots,
+                links,
+            },
+        )
+    };
+    for h in hosts {
+        h.set_exchange(exchange.clone());
+    }
+    Ok((exchange, plan))
+}
+
+/// Queues `msg` on `out`, waiting while the queue is full; `false` if the
+/// connection ended (before or while waiting).
+async fn send_unless_gone(
+    out: &mpsc::Sender<ToHost>,
+    msg: ToHost,
+    gone: &tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    let mut gone = gone.clone();
+    tokio::select! {
+        sent = out.send(msg) => sent.is_ok(),
+        _ = gone.wait_for(|g| *g) => false,
+    }
+}
+
+/// The coordinator's way to a host's exchange: its connection.
+struct CoordinatorToHost {
+    out: mpsc::Sender<ToHost>,
+    gone: tokio::sync::watch::Receiver<bool>,
+    addr: String,
 }
 
 #[async_trait::async_trait]
-impl Shuffler for ShuffleProxy {
-    async fn shuffle(&self, worker: u32, channel: u32, events: KeyedEvents) -> Reply {
-        let (id, rx) = register(&self.pending, &self.next);
-        let sent = self.out.send(FromHost::Shuffle {
-            id,
-            worker,
-            channel,
-            events: events.into(),
-        });
-        if sent.is_err() {
-            return Err(ExchangeError::Aborted(
-                "the coordinator's connection has ended".into(),
-            ));
+impl Link for CoordinatorToHost {
+    async fn send(&self, frame: Frame) -> std::result::Result<(), String> {
+        if send_unless_gone(&self.out, ToHost::Mesh(frame.into()), &self.gone).await {
+            Ok(())
+        } else {
+            Err(format!("the connection to host {} has ended", self.addr))
         }
-        rx.await.unwrap_or_else(|_| {
-            Err(ExchangeError::Aborted(
-                "the coordinator's connection has ended".into(),
-            ))
+    }
+}
+
+/// A host's way to the coordinator's exchange: the coordinator's
+/// connection.
+struct HostToCoordinator {
+    out: mpsc::Sender<FromHost>,
+}
+
+#[async_trait::async_trait]
+impl Link for HostToCoordinator {
+    async fn send(&self, frame: Frame) -> std::result::Result<(), String> {
+        self.out
+            .send(FromHost::Mesh(frame.into()))
+            .await
+            .map_err(|_| "the coordinator's connection has ended".to_owned())
+    }
+}
+
+/// What a peer link carries.
+#[derive(Debug, Serialize, Deserialize)]
+enum ToPeer {
+    Mesh(WireFrame),
+    Heartbeat,
+}
+
+/// A host's direct way to another host's exchange: a connection of its
+/// own, opened when the exchange is made, carrying frames one way. If it
+/// fails, the exchange fails (and tells the others).
+struct PeerLink {
+    queue: mpsc::Sender<Frame>,
+    addr: String,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for PeerLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PeerLink {
+    fn open(
+        addr: String,
+        host: &WorkerHost,
+        exchange: Arc<OnceLock<Weak<Exchange>>>,
+    ) -> Arc<PeerLink> {
+        let (queue, mut frames) = mpsc::channel::<Frame>(QUEUE);
+        let (pipeline, secret, sent) = (
+            host.pipeline.clone(),
+            host.secret.clone(),
+            host.peer_bytes.clone(),
+        );
+        let to = addr.clone();
+        let task = tokio::spawn(async move {
+            let run = async {
+                let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&to))
+                    .await
+                    .map_err(|_| std::io::Error::other("connecting timed out"))??;
+                stream.set_nodelay(true)?;
+                let (mut r, mut w) = stream.into_split();
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    handshake(&mut r, &mut w, &secret, &pipeline, "peer"),
+                )
+                .await
+                .map_err(|_| std::io::Error::other("the handshake timed out"))??;
+                let mut beat = tokio::time::interval(HEARTBEAT);
+                loop {
+                    let msg = tokio::select! {
+                        f = frames.recv() => match f {
+                            Some(f) => ToPeer::Mesh(f.into()),
+                            None => return Ok(()),
+                        },
+                        _ = beat.tick() => ToPeer::Heartbeat,
+                    };
+                    let n = write_frame(&mut w, &msg).await?;
+                    sent.fetch_add(n, Ordering::Relaxed);
+                }
+            };
+            let result: std::io::Result<()> = run.await;
+            if let Err(e) = result
+                && let Some(x) = exchange.get().and_then(Weak::upgrade)
+            {
+                x.link_failed(format!("the link to host {to}: {e}"));
+            }
+        });
+        Arc::new(PeerLink {
+            queue,
+            addr,
+            task: task.abort_handle(),
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl Link for PeerLink {
+    async fn send(&self, frame: Frame) -> std::result::Result<(), String> {
+        self.queue
+            .send(frame)
+            .await
+            .map_err(|_| format!("the link to host {} is down", self.addr))
     }
 }
 
@@ -886,6 +1250,11 @@ pub struct WorkerHost {
     secret: Vec<u8>,
     /// The connection being served: a new coordinator replaces it.
     current: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The exchanges of this host's workers, by session: where frames from
+    /// other hosts go.
+    exchanges: Mutex<HashMap<u64, Weak<Exchange>>>,
+    /// Bytes sent to other hosts over peer links.
+    peer_bytes: Arc<AtomicU64>,
 }
 
 impl WorkerHost {
@@ -903,7 +1272,15 @@ impl WorkerHost {
             pipeline: pipeline.to_owned(),
             secret: secret.to_vec(),
             current: Mutex::new(None),
+            exchanges: Mutex::default(),
+            peer_bytes: Arc::default(),
         })
+    }
+
+    /// Bytes this host sent other hosts' exchanges directly (frames with
+    /// their length prefixes), so far.
+    pub fn peer_traffic(&self) -> u64 {
+        self.peer_bytes.load(Ordering::Relaxed)
     }
 
     /// Serves coordinators connecting to `listener`, until the listener
@@ -921,7 +1298,7 @@ impl WorkerHost {
             let host = self.clone();
             connections.spawn(async move {
                 if let Err(e) = host.clone().accept(stream).await {
-                    tracing::warn!(%peer, error = %e, "a coordinator's connection failed");
+                    tracing::warn!(%peer, error = %e, "a connection failed");
                 }
             });
         }
@@ -932,13 +1309,16 @@ impl WorkerHost {
             .set_nodelay(true)
             .map_err(io_error("a coordinator"))?;
         let (mut r, mut w) = stream.into_split();
-        tokio::time::timeout(
+        let role = tokio::time::timeout(
             Duration::from_secs(10),
             handshake(&mut r, &mut w, &self.secret, &self.pipeline, "host"),
         )
         .await
         .map_err(|_| remote("a coordinator", "the handshake timed out"))?
         .map_err(io_error("a coordinator"))?;
+        if role == "peer" {
+            return self.serve_peer(r).await;
+        }
         let served = tokio::spawn(self.clone().serve_connection(r, w));
         let _served = AbortOnDrop(served.abort_handle());
         let previous = self
@@ -957,12 +1337,86 @@ impl WorkerHost {
         }
     }
 
+    /// Takes another host's exchange frames until it goes quiet for a
+    /// while or closes the link.
+    async fn serve_peer(&self, mut r: OwnedReadHalf) -> Result<()> {
+        loop {
+            let msg = match tokio::time::timeout(HEARTBEAT * 20, read_frame::<ToPeer>(&mut r)).await
+            {
+                Ok(Ok(m)) => m,
+                Ok(Err(_)) | Err(_) => return Ok(()),
+            };
+            if let ToPeer::Mesh(frame) = msg {
+                self.route(frame);
+            }
+        }
+    }
+
+    /// Hands a frame to the exchange of its session (a frame of a session
+    /// this host no longer has is stale).
+    fn route(&self, frame: WireFrame) {
+        let x = self
+            .exchanges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&frame.session)
+            .and_then(Weak::upgrade);
+        if let Some(x) = x {
+            x.receive(frame.into());
+        }
+    }
+
+    /// The exchange of `mesh`'s session on this host, made (with its links
+    /// to the other hosts) by the first of its workers to ask.
+    fn exchange_for(
+        &self,
+        mesh: WireMesh,
+        to_coordinator: &mpsc::Sender<FromHost>,
+    ) -> Arc<Exchange> {
+        let mut all = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(x) = all.get(&mesh.session).and_then(Weak::upgrade) {
+            return x;
+        }
+        all.retain(|_, x| x.strong_count() > 0);
+        let cell: Arc<OnceLock<Weak<Exchange>>> = Arc::default();
+        let links: Vec<Option<Arc<dyn Link>>> = mesh
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(slot, addr)| -> Option<Arc<dyn Link>> {
+                let slot = slot as u32;
+                if slot == mesh.slot || !mesh.slots.contains(&slot) {
+                    None
+                } else if slot == 0 {
+                    Some(Arc::new(HostToCoordinator {
+                        out: to_coordinator.clone(),
+                    }))
+                } else {
+                    Some(PeerLink::open(addr.clone(), self, cell.clone()))
+                }
+            })
+            .collect();
+        let x = Exchange::with_owners(
+            mesh.slots.len() as u32,
+            mesh.owners,
+            Some(Placement {
+                session: mesh.session,
+                slot: mesh.slot,
+                slots: mesh.slots,
+                links,
+            }),
+        );
+        let _ = cell.set(Arc::downgrade(&x));
+        all.insert(mesh.session, Arc::downgrade(&x));
+        x
+    }
+
     async fn serve_connection(
         self: Arc<Self>,
         mut r: OwnedReadHalf,
         mut w: OwnedWriteHalf,
     ) -> Result<()> {
-        let (out, mut queue) = mpsc::unbounded_channel::<FromHost>();
+        let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
         let writer = tokio::spawn(async move {
             let mut beat = tokio::time::interval(HEARTBEAT);
             loop {
@@ -976,11 +1430,6 @@ impl WorkerHost {
             }
         });
         let _writer = AbortOnDrop(writer.abort_handle());
-        let proxy = Arc::new(ShuffleProxy {
-            out: out.clone(),
-            pending: Arc::default(),
-            next: AtomicU64::new(0),
-        });
         // One task per worker, taking its calls in order.
         let mut workers: HashMap<u32, mpsc::UnboundedSender<(u64, StepLimits, Call)>> =
             HashMap::new();
@@ -991,16 +1440,7 @@ impl WorkerHost {
                 Err(_) => break,
             };
             match msg {
-                ToHost::Shuffled { id, result } => {
-                    let tx = proxy
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                    if let Some(tx) = tx {
-                        let _ = tx.send(result.map(Into::into).map_err(Into::into));
-                    }
-                }
+                ToHost::Mesh(frame) => self.route(frame),
                 ToHost::Call {
                     id,
                     worker,
@@ -1014,12 +1454,7 @@ impl WorkerHost {
                     if let Call::Start { .. } = call {
                         let (tx, rx) = mpsc::unbounded_channel();
                         workers.insert(worker, tx);
-                        let task = tokio::spawn(self.clone().run_worker(
-                            worker,
-                            rx,
-                            out.clone(),
-                            proxy.clone(),
-                        ));
+                        let task = tokio::spawn(self.clone().run_worker(worker, rx, out.clone()));
                         tasks.push(AbortOnDrop(task.abort_handle()));
                     }
                     match workers.get(&worker) {
@@ -1027,14 +1462,17 @@ impl WorkerHost {
                             let _ = tx.send((id, limits, call));
                         }
                         None => {
-                            let _ = out.send(FromHost::Answer {
+                            let answer = FromHost::Answer {
                                 id,
                                 result: Err(CallError {
                                     message: format!("worker {worker} is not running here"),
                                     guest: false,
                                     exchange: false,
                                 }),
-                            });
+                            };
+                            if out.send(answer).await.is_err() {
+                                break;
+                            }
                         }
                     }
                 }
@@ -1049,18 +1487,17 @@ impl WorkerHost {
         self: Arc<Self>,
         index: u32,
         mut calls: mpsc::UnboundedReceiver<(u64, StepLimits, Call)>,
-        out: mpsc::UnboundedSender<FromHost>,
-        proxy: Arc<ShuffleProxy>,
+        out: mpsc::Sender<FromHost>,
     ) {
         let mut worker: Option<Worker> = None;
         while let Some((id, limits, call)) = calls.recv().await {
-            let result = self.answer(index, &mut worker, limits, call, &proxy).await;
+            let result = self.answer(index, &mut worker, limits, call, &out).await;
             let result = result.map_err(|e| CallError {
                 guest: matches!(e, Error::Guest(_)),
                 exchange: e.kind() == "exchange",
                 message: e.to_string(),
             });
-            if out.send(FromHost::Answer { id, result }).is_err() {
+            if out.send(FromHost::Answer { id, result }).await.is_err() {
                 return;
             }
         }
@@ -1072,13 +1509,14 @@ impl WorkerHost {
         worker: &mut Option<Worker>,
         limits: StepLimits,
         call: Call,
-        proxy: &Arc<ShuffleProxy>,
+        out: &mpsc::Sender<FromHost>,
     ) -> Result<Answer> {
         if let Call::Start {
             workers,
             pipeline,
             config,
             inherit_stderr,
+            mesh,
         } = call
         {
             let info = WorkerInfo {
@@ -1087,11 +1525,12 @@ impl WorkerHost {
                 pipeline,
                 config,
             };
-            let mut started = Worker::start_with(
+            let exchange = self.exchange_for(mesh, out);
+            let mut started = Worker::start(
                 &self.engine,
                 &self.component,
                 info,
-                Some(proxy.clone() as Arc<dyn Shuffler>),
+                Some(exchange),
                 inherit_stderr,
             )
             .await?;
@@ -1112,11 +1551,21 @@ impl WorkerHost {
                 time_ms,
                 inputs,
             } => {
-                let outputs = w
+                let exchange = w.exchange();
+                if let Some(x) = &exchange {
+                    x.begin_step(step);
+                }
+                let stepped = w
                     .step(step, time_ms, inputs.into_iter().map(Into::into).collect())
-                    .await?;
+                    .await;
+                if let Some(x) = &exchange {
+                    x.worker_finished(index);
+                    if let Err(e) = &stepped {
+                        x.worker_failed(index, &e.to_string());
+                    }
+                }
                 Answer::Stepped {
-                    outputs: outputs.into_iter().map(Into::into).collect(),
+                    outputs: stepped?.into_iter().map(Into::into).collect(),
                     fuel: w.take_fuel_used(),
                 }
             }
@@ -1132,9 +1581,13 @@ impl WorkerHost {
                 Answer::Done
             }
             Call::Export { shards } => Answer::Pieces(to_wire(w.export_shards(&shards).await?)),
-            Call::Relayout { workers } => {
-                w.relayout_with(workers, proxy.clone() as Arc<dyn Shuffler>)
-                    .await?;
+            Call::Relayout { workers, mesh } => {
+                let exchange = self.exchange_for(mesh, out);
+                w.relayout(workers, exchange).await?;
+                Answer::Done
+            }
+            Call::Rewire { mesh } => {
+                w.rewire(self.exchange_for(mesh, out));
                 Answer::Done
             }
         })
@@ -1147,5 +1600,55 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loads(placement: &[u32], slots: usize) -> Vec<u32> {
+        let mut l = vec![0; slots];
+        for s in placement {
+            l[*s as usize] += 1;
+        }
+        l
+    }
+
+    fn moved(a: &[u32], from: &[&str], b: &[u32], to: &[&str]) -> usize {
+        let addr = |s: u32, hosts: &[&str]| (s > 0).then(|| hosts[s as usize - 1].to_owned());
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| addr(**x, from) != addr(**y, to))
+            .count()
+    }
+
+    #[test]
+    fn a_joining_host_takes_its_share_and_a_leaving_one_gives_only_its_own() {
+        // W = 6 on the coordinator and one host: 3 and 3.
+        let two = round_robin(6, 1);
+        assert_eq!(loads(&two, 2), [3, 3]);
+        // A host joins: it takes two workers, one from each.
+        let three = replace_placement(&two, &["a"], &["a", "b"]);
+        assert_eq!(loads(&three, 3), [2, 2, 2]);
+        assert_eq!(moved(&two, &["a"], &three, &["a", "b"]), 2);
+        // Another joins: 6 on 4 slots moves one (the ideal is 1.5).
+        let four = replace_placement(&three, &["a", "b"], &["a", "b", "c"]);
+        assert_eq!(loads(&four, 4).iter().max(), Some(&2));
+        assert_eq!(moved(&three, &["a", "b"], &four, &["a", "b", "c"]), 1);
+        // Host "a" leaves: only its workers move.
+        let left = replace_placement(&four, &["a", "b", "c"], &["b", "c"]);
+        let a_had = four.iter().filter(|s| **s == 1).count();
+        assert_eq!(moved(&four, &["a", "b", "c"], &left, &["b", "c"]), a_had);
+        assert_eq!(loads(&left, 3), [2, 2, 2]);
+        // The same hosts: nothing moves.
+        assert_eq!(replace_placement(&left, &["b", "c"], &["b", "c"]), left);
+    }
+
+    #[test]
+    fn an_added_worker_goes_to_the_least_loaded_slot() {
+        assert_eq!(place_one(&[0, 1, 0], 3), 2);
+        assert_eq!(place_one(&[0, 1, 2], 3), 2);
+        assert_eq!(place_one(&[], 1), 0);
     }
 }

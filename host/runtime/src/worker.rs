@@ -8,7 +8,7 @@ use crate::bindings::{
 use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
-use crate::exchange::{Exchange, ExchangeError, Shuffler};
+use crate::exchange::{Exchange, ExchangeError};
 use sluice_core::CircuitPorts;
 use sluice_core::layout::SHARDS;
 use std::sync::Arc;
@@ -124,8 +124,10 @@ pub struct WorkerState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: InstanceLimiter,
-    exchange: Option<Arc<dyn Shuffler>>,
+    exchange: Option<Arc<Exchange>>,
     worker: u32,
+    /// The step being run (rounds of the exchange are per step).
+    step: u64,
     call_started: Instant,
     deadline: Duration,
     deadline_hit: bool,
@@ -162,7 +164,11 @@ impl sluice::circuit::exchange::Host for WorkerState {
         events: KeyedEvents,
     ) -> std::result::Result<KeyedEvents, ExchangeError> {
         let result = match self.exchange.clone() {
-            Some(exchange) => exchange.shuffle(self.worker, channel, events).await,
+            Some(exchange) => {
+                exchange
+                    .shuffle(self.worker, self.step, channel, events)
+                    .await
+            }
             None => Err(ExchangeError::ContractViolation(
                 "exchange.shuffle called outside a step".into(),
             )),
@@ -261,18 +267,6 @@ impl Worker {
         exchange: Option<Arc<Exchange>>,
         inherit_stderr: bool,
     ) -> Result<Self> {
-        let exchange = exchange.map(|e| e as Arc<dyn Shuffler>);
-        Self::start_with(engine, component, info, exchange, inherit_stderr).await
-    }
-
-    /// [`start`](Self::start), with shuffles going to `exchange`.
-    pub(crate) async fn start_with(
-        engine: &SluiceEngine,
-        component: &LoadedComponent,
-        info: WorkerInfo,
-        exchange: Option<Arc<dyn Shuffler>>,
-        inherit_stderr: bool,
-    ) -> Result<Self> {
         let limits = engine.limits();
         let environment = GuestEnvironment::default();
         environment.enter_step(&info.pipeline, info.worker, OUTSIDE_STEP, 0);
@@ -291,6 +285,7 @@ impl Worker {
             limiter: InstanceLimiter::new(limits.memory),
             exchange,
             worker: info.worker,
+            step: OUTSIDE_STEP,
             call_started: Instant::now(),
             deadline: limits.deadline,
             deadline_hit: false,
@@ -388,6 +383,7 @@ impl Worker {
         inputs: Vec<Batch>,
     ) -> Result<Vec<Batch>> {
         self.arm();
+        self.store.data_mut().step = step;
         self.environment
             .enter_step(&self.pipeline, self.index, step, time_ms);
         let r = self
@@ -519,18 +515,20 @@ impl Worker {
             .collect())
     }
 
+    /// Sends the worker's shuffles to `exchange` from the next step on (the
+    /// same layout, workers placed anew).
+    pub(crate) fn rewire(&mut self, exchange: Arc<Exchange>) {
+        self.store.data_mut().exchange = Some(exchange);
+    }
+
+    /// Where the worker's shuffles go.
+    pub(crate) fn exchange(&self) -> Option<Arc<Exchange>> {
+        self.store.data().exchange.clone()
+    }
+
     /// Moves the worker to a new layout of `workers` workers: its exchange
     /// from now on is `exchange`, and the circuit is told W.
     pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
-        self.relayout_with(workers, exchange).await
-    }
-
-    /// [`relayout`](Self::relayout), with shuffles going to `exchange`.
-    pub(crate) async fn relayout_with(
-        &mut self,
-        workers: u32,
-        exchange: Arc<dyn Shuffler>,
-    ) -> Result<()> {
         self.store.data_mut().exchange = Some(exchange);
         self.arm();
         let r = self
@@ -554,6 +552,7 @@ impl Worker {
             limiter: InstanceLimiter::new(limits.memory),
             exchange: None,
             worker: 0,
+            step: OUTSIDE_STEP,
             call_started: Instant::now(),
             deadline: limits.deadline,
             deadline_hit: false,

@@ -1145,22 +1145,31 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// Worker hosts in this process, on loopback TCP, for `pipeline`.
+/// Worker hosts in this process, on loopback TCP, for `pipeline`: the
+/// coordinator's connections to them, and the hosts (with the tasks serving
+/// them).
 async fn worker_hosts(
     engine: &SluiceEngine,
     component: &LoadedComponent,
     pipeline: &str,
     n: usize,
-) -> anyhow::Result<(Vec<Arc<RemoteHost>>, Vec<tokio::task::JoinHandle<()>>)> {
+) -> anyhow::Result<(
+    Vec<Arc<RemoteHost>>,
+    Vec<(Arc<WorkerHost>, tokio::task::JoinHandle<()>)>,
+)> {
     const SECRET: &[u8] = b"the bench's shared secret";
     let (mut hosts, mut tasks) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let host = WorkerHost::new(engine, component, pipeline, SECRET);
-        tasks.push(tokio::spawn(async move {
-            let _ = host.serve(listener).await;
-        }));
+        let serving = host.clone();
+        tasks.push((
+            host,
+            tokio::spawn(async move {
+                let _ = serving.serve(listener).await;
+            }),
+        ));
         hosts.push(RemoteHost::connect(&addr, pipeline, SECRET, Duration::from_secs(30)).await?);
     }
     Ok((hosts, tasks))
@@ -1200,14 +1209,20 @@ async fn hosts_cost(
             })?;
         }
         let name = pipeline.options().name.clone();
-        let (hosts, _tasks) = worker_hosts(engine, &wc.component, &name, n - 1).await?;
+        let (hosts, served) = worker_hosts(engine, &wc.component, &name, n - 1).await?;
         let (cpu, wall) = (cpu_time(), Instant::now());
         let mut c = pipeline
             .coordinator_on(pipeline.options().clone(), hosts.clone())
             .await?;
         while c.step().await? {}
         let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
-        let bytes: u64 = hosts.iter().map(|h| h.traffic().0 + h.traffic().1).sum();
+        // Every byte between hosts: the coordinator's connections both
+        // ways, and what the hosts sent each other directly.
+        let bytes: u64 = hosts
+            .iter()
+            .map(|h| h.traffic().0 + h.traffic().1)
+            .sum::<u64>()
+            + served.iter().map(|(h, _)| h.peer_traffic()).sum::<u64>();
         let per_cpu = lines.len() as f64 / cpu.as_secs_f64().max(0.01);
         if n == 1 {
             one_host = per_cpu;

@@ -182,6 +182,10 @@ async fn start_host(
     })
 }
 
+/// How long one step may take before the trial fails: far past the session
+/// timeout, after which a lost host fails the step.
+const STEP_LIMIT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Clone, Copy)]
 enum Fault {
     Kill,
@@ -325,7 +329,12 @@ async fn trial(
                     }
                 }
             }
-            match c.step().await {
+            // A step that never ends is a liveness bug (a worker waiting
+            // on a host that cannot answer), never something to wait out.
+            let stepped = tokio::time::timeout(STEP_LIMIT, c.step())
+                .await
+                .map_err(|_| anyhow::anyhow!("a step did not end in {STEP_LIMIT:?}"))?;
+            match stepped {
                 Ok(true) => {
                     ran += 1;
                     report.steps += 1;
