@@ -75,7 +75,7 @@ impl Cluster {
                 "--partitions",
                 "6",
                 "--max-batch",
-                "15",
+                "10",
                 "--checkpoint-every",
                 "6",
             ])
@@ -219,7 +219,7 @@ fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
 }
 
 #[test]
-fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_a_join_and_a_leave() {
+fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     let Some(brokers) = brokers() else { return };
     let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
         eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
@@ -282,11 +282,32 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_a_join_and_a_leave() {
     });
     c.progress("steps on three hosts again", 5);
 
-    // 4. The leader leaves (SIGTERM): it checkpoints and leaves the group;
-    //    h1 leads, restoring that checkpoint.
+    // 4. A worker host leaves (SIGTERM): it leaves the group and serves
+    //    until the leader has moved its workers — only its own — live.
+    c.signal("h1", "-TERM");
+    c.wait(
+        "h1's workers to move to h3 and h4",
+        Duration::from_secs(60),
+        |c| c.leads_on("h3", &["h3", "h4"]),
+    );
+    let moved = c.stderr("h3");
+    let moved = moved.lines().rfind(|l| l.contains("leading on")).unwrap();
+    assert!(
+        moved.contains("live"),
+        "a graceful leave moves workers live: {moved}"
+    );
+    c.progress("steps on h3 and h4", 5);
+    c.start("h5");
+    c.wait("h5 to join", Duration::from_secs(60), |c| {
+        c.leads_on("h3", &["h3", "h4", "h5"])
+    });
+    c.progress("steps on h3, h4 and h5", 5);
+
+    // 5. The leader leaves (SIGTERM): it checkpoints and leaves the group;
+    //    h4 leads, restoring that checkpoint.
     c.signal("h3", "-TERM");
-    c.wait("h1 to lead again", Duration::from_secs(60), |c| {
-        c.leads_on("h1", &["h1", "h4"])
+    c.wait("h4 to lead", Duration::from_secs(60), |c| {
+        c.leads_on("h4", &["h4", "h5"])
     });
 
     // The output, as an independent consumer integrates it.
@@ -331,6 +352,8 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_a_join_and_a_leave() {
         }
     }
     let fenced = c.stderr("h1");
+    let h3 = c.stderr("h3");
+    let moves: Vec<&str> = h3.lines().filter(|l| l.contains(" live in ")).collect();
     eprintln!(
         "hosts test: {} steps, {} output entries; h1's log after the stall:\n{}",
         c.steps(),
@@ -341,4 +364,5 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_a_join_and_a_leave() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    eprintln!("h3's live moves:\n{}", moves.join("\n"));
 }

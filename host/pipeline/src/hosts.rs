@@ -70,6 +70,18 @@ pub enum HostEvent {
         /// How long opening (connecting, restoring, replaying) took.
         took: Duration,
     },
+    /// Still leading, the group changed (hosts joined, or left
+    /// gracefully): only the workers whose host changed moved, live.
+    Moved {
+        /// Names of the hosts now, in placement order.
+        hosts: Vec<String>,
+        /// Workers that moved.
+        workers: u64,
+        /// Bytes of state they took along.
+        bytes: u64,
+        /// How long the move paused the steps.
+        took: Duration,
+    },
     /// No longer leading (the group changed, a step failed, or stopping).
     LeadEnded {
         /// Why.
@@ -327,10 +339,10 @@ async fn lead(
                     view = now;
                     let workers = coordinator.stats().workers_moved - before;
                     tracing::info!(moved, workers, "the group changed: workers moved live");
-                    report(HostEvent::Leading {
+                    report(HostEvent::Moved {
                         hosts: names(&connected),
-                        restored: None,
-                        replayed: 0,
+                        workers,
+                        bytes: moved,
                         took: started.elapsed(),
                     });
                 }

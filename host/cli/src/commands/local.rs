@@ -158,6 +158,15 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
                 hosts.join(", "),
                 restored.map_or("none".to_owned(), |s| s.to_string())
             ),
+            HostEvent::Moved {
+                hosts,
+                workers,
+                bytes,
+                took,
+            } => eprintln!(
+                "host {name}: leading on [{}]; moved {workers} workers ({bytes} bytes of state) live in {took:.2?}",
+                hosts.join(", ")
+            ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
         },
