@@ -129,6 +129,11 @@ pub struct Stats {
     pub checkpoint_bytes_written: u64,
     /// Workers moved live to another host ([`Coordinator::replace_hosts`]).
     pub workers_moved: u64,
+    /// How long opening took to restore the checkpoint (starting the
+    /// instances included).
+    pub restore_took: Duration,
+    /// How long opening took to replay the steps after it.
+    pub replay_took: Duration,
 }
 
 /// One worker's output of one step.
@@ -256,6 +261,7 @@ impl Coordinator {
         options: PipelineOptions,
         hosts: Vec<Arc<RemoteHost>>,
     ) -> Result<Self> {
+        let opened = Instant::now();
         let shape = storage.shape().clone();
         if shape.workers == 0 {
             return Err(ConfigError::NoWorkers.into());
@@ -410,8 +416,11 @@ impl Coordinator {
             c.checkpointed_step = Some(meta.step);
             c.stats.restored_checkpoint = Some(meta.step);
         }
+        c.stats.restore_took = opened.elapsed();
         c.check_input_reachable().await?;
+        let replaying = Instant::now();
         c.replay().await?;
+        c.stats.replay_took = replaying.elapsed();
         tracing::debug!(
             pipeline = %c.options.name,
             restored = ?c.stats.restored_checkpoint,

@@ -506,6 +506,15 @@ fn register<T>(
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, CallError>>>>>;
 
+/// Bytes over one connection.
+#[derive(Debug, Default)]
+struct Traffic {
+    sent: AtomicU64,
+    received: AtomicU64,
+    /// Of both, exchange frames.
+    exchange: AtomicU64,
+}
+
 /// The coordinator's end of a connection to a [`WorkerHost`].
 pub struct RemoteHost {
     addr: String,
@@ -520,7 +529,7 @@ pub struct RemoteHost {
     /// queue gives up.
     gone: tokio::sync::watch::Receiver<bool>,
     /// Bytes sent to the host and received from it.
-    traffic: Arc<(AtomicU64, AtomicU64)>,
+    traffic: Arc<Traffic>,
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
@@ -591,14 +600,17 @@ impl RemoteHost {
                 }
             }
         };
-        let traffic: Arc<(AtomicU64, AtomicU64)> = Arc::default();
+        let traffic: Arc<Traffic> = Arc::default();
         let writer = {
             let (close, traffic) = (close.clone(), traffic.clone());
             tokio::spawn(async move {
                 while let Some(msg) = queue.recv().await {
                     match write_frame(&mut w, &msg).await {
                         Ok(n) => {
-                            traffic.0.fetch_add(n, Ordering::Relaxed);
+                            traffic.sent.fetch_add(n, Ordering::Relaxed);
+                            if let ToHost::Mesh(_) = msg {
+                                traffic.exchange.fetch_add(n, Ordering::Relaxed);
+                            }
                         }
                         Err(e) => {
                             close(format!("sending to the host: {e}"));
@@ -627,7 +639,10 @@ impl RemoteHost {
                             return;
                         }
                         Ok(Ok((msg, n))) => {
-                            traffic.1.fetch_add(n, Ordering::Relaxed);
+                            traffic.received.fetch_add(n, Ordering::Relaxed);
+                            if let FromHost::Mesh(_) = msg {
+                                traffic.exchange.fetch_add(n, Ordering::Relaxed);
+                            }
                             msg
                         }
                     };
@@ -674,9 +689,15 @@ impl RemoteHost {
     /// their length prefixes).
     pub fn traffic(&self) -> (u64, u64) {
         (
-            self.traffic.0.load(Ordering::Relaxed),
-            self.traffic.1.load(Ordering::Relaxed),
+            self.traffic.sent.load(Ordering::Relaxed),
+            self.traffic.received.load(Ordering::Relaxed),
         )
+    }
+
+    /// Of [`traffic`](Self::traffic), the bytes of exchange frames (both
+    /// ways).
+    pub fn exchange_traffic(&self) -> u64 {
+        self.traffic.exchange.load(Ordering::Relaxed)
     }
 
     /// Why the connection ended, if it has.
