@@ -95,6 +95,9 @@ pub enum HostEvent {
 /// How often the group is read while nothing else happens.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How often a leader tries again to reach members that did not answer.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// Runs one host of a pipeline across hosts until `stop` turns true: on
 /// stop, a leader checkpoints and leaves; a worker host leaves and keeps
 /// serving until the leader has moved its workers away (its connection
@@ -260,10 +263,19 @@ async fn lead(
         );
         async move { RemoteHost::connect(&addr, &identity, &secret, timeout).await }
     };
-    // The other members' worker hosts, by name, in the view's order.
+    // The other members' worker hosts, by name, in the view's order — those
+    // that answer: a member that died stays in the group until its lease
+    // lapses, and the pipeline need not wait for that (it is tried again
+    // every RETRY, and takes its share live when it answers).
     let mut connected: Vec<(String, Arc<RemoteHost>)> = Vec::new();
     for member in view.members.iter().filter(|m| m.name != config.name) {
-        connected.push((member.name.clone(), connect(member.addr.clone()).await?));
+        match connect(member.addr.clone()).await {
+            Ok(h) => connected.push((member.name.clone(), h)),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(host = %member.name, error = %e, "a member does not answer: leading without it");
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let names = |connected: &[(String, Arc<RemoteHost>)]| -> Vec<String> {
         std::iter::once(config.name.clone())
@@ -284,6 +296,13 @@ async fn lead(
     });
     let mut view = view.clone();
     let mut last_check = Instant::now();
+    // Members not connected yet (joined, or did not answer), being dialed
+    // in the background so the steps go on meanwhile.
+    let mut dialing: Vec<(
+        String,
+        tokio::task::JoinHandle<sluice_runtime::Result<Arc<RemoteHost>>>,
+    )> = Vec::new();
+    let mut last_dial: Option<Instant> = None;
     loop {
         if *stop.borrow() {
             coordinator.finish().await?;
@@ -296,28 +315,72 @@ async fn lead(
                 // coordinator as it is (a checkpoint would be fenced).
                 return Ok("this host's membership lapsed".into());
             }
-            match membership.view().await {
+            let now = membership.view().await;
+            if let Ok(now) = &now {
+                // Dial the members not connected (again every RETRY).
+                dialing.retain(|(n, _)| now.contains(n));
+                if last_dial.is_none_or(|t| t.elapsed() >= RETRY) {
+                    last_dial = Some(Instant::now());
+                    for member in now.members.iter().filter(|m| m.name != config.name) {
+                        let known = connected.iter().any(|(n, _)| *n == member.name)
+                            || dialing.iter().any(|(n, _)| *n == member.name);
+                        if !known {
+                            let dial = tokio::spawn(connect(member.addr.clone()));
+                            dialing.push((member.name.clone(), dial));
+                        }
+                    }
+                }
+            }
+            let mut answered: Vec<(String, Arc<RemoteHost>)> = Vec::new();
+            let mut still = Vec::new();
+            for (name, dial) in dialing.drain(..) {
+                if !dial.is_finished() {
+                    still.push((name, dial));
+                    continue;
+                }
+                match dial.await {
+                    Ok(Ok(h)) => answered.push((name, h)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(host = %name, error = %e, "a member does not answer");
+                    }
+                    Err(e) => tracing::warn!(host = %name, error = %e, "dialing a member failed"),
+                }
+            }
+            dialing = still;
+            match now {
                 Ok(now)
-                    if now != view && now.leader() == view.leader() && {
-                        // Hosts that left are still reachable (they leave
-                        // gracefully, serving until their workers are moved).
-                        connected
-                            .iter()
-                            .filter(|(n, _)| !now.contains(n))
-                            .all(|(_, h)| h.closed().is_none())
-                    } =>
+                    if now.leader() == view.leader()
+                        && (now != view || !answered.is_empty())
+                        && {
+                            // Hosts that left are still reachable (they
+                            // leave gracefully, serving until their workers
+                            // are moved).
+                            connected
+                                .iter()
+                                .filter(|(n, _)| !now.contains(n))
+                                .all(|(_, h)| h.closed().is_none())
+                        } =>
                 {
                     // Move only the workers whose host changes, live, from
-                    // their old instances: a host joining takes its share,
-                    // one leaving hands over its own workers.
+                    // their old instances: a host joining (or answering
+                    // again) takes its share, one leaving hands over its
+                    // own workers.
                     let started = Instant::now();
                     let mut next = Vec::new();
                     for member in now.members.iter().filter(|m| m.name != config.name) {
-                        let host = match connected.iter().find(|(n, _)| *n == member.name) {
-                            Some((_, h)) => h.clone(),
-                            None => connect(member.addr.clone()).await?,
-                        };
-                        next.push((member.name.clone(), host));
+                        let host = connected
+                            .iter()
+                            .chain(&answered)
+                            .find(|(n, _)| *n == member.name);
+                        if let Some((_, h)) = host {
+                            next.push((member.name.clone(), h.clone()));
+                        }
+                    }
+                    view = now;
+                    let same = next.len() == connected.len()
+                        && next.iter().zip(&connected).all(|((a, _), (b, _))| a == b);
+                    if same {
+                        continue;
                     }
                     let before = coordinator.stats().workers_moved;
                     let moved = match coordinator
@@ -330,13 +393,12 @@ async fn lead(
                         Err(e) => {
                             return Ok(format!(
                                 "the group changed ({} → {} hosts) and moving workers live failed: {e}",
-                                view.members.len(),
-                                now.members.len()
+                                connected.len() + 1,
+                                next.len() + 1
                             ));
                         }
                     };
                     connected = next;
-                    view = now;
                     let workers = coordinator.stats().workers_moved - before;
                     tracing::info!(moved, workers, "the group changed: workers moved live");
                     report(HostEvent::Moved {
