@@ -5,7 +5,7 @@
 //! on one host.
 
 use crate::support::{Harness, component, recount};
-use sluice_runtime::{Limits, PipelineOptions, RemoteHost, WorkerHost};
+use sluice_runtime::{Limits, PipelineOptions, RemoteHost, Tls, WorkerHost};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,4 +232,71 @@ async fn a_coordinator_without_the_secret_or_of_another_pipeline_is_refused() {
     let other = RemoteHost::connect(&a, "another", SECRET, Duration::from_secs(3)).await;
     let e = other.unwrap_err().to_string();
     assert!(e.contains("another"), "{e}");
+}
+
+/// TLS credentials from the test fixtures: `who`'s host certificate and
+/// key, trusting `who`'s authority (`sluice`, or `rogue` — another CA).
+fn tls(who: &str) -> Tls {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/fixtures/tls");
+    Tls::from_pem_files(
+        &dir.join(format!("{who}-host.pem")),
+        &dir.join(format!("{who}-host.key")),
+        &dir.join(format!("{who}-ca.pem")),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
+    let wasm = component("examples/wordcount");
+    let input = lines(1_500);
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 3, Limits::default()).await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let mut hosts = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap().to_string());
+        let host = WorkerHost::new_with(
+            h.engine(),
+            h.pipeline.component(),
+            &name,
+            SECRET,
+            Some(tls("sluice")),
+        );
+        let serving = host.clone();
+        tokio::spawn(async move {
+            let _ = serving.serve(listener).await;
+        });
+        hosts.push(host);
+    }
+    let timeout = Duration::from_secs(3);
+    // Without TLS, or with a certificate of another authority: refused.
+    let plain = RemoteHost::connect(&addrs[0], &name, SECRET, timeout).await;
+    assert!(plain.is_err(), "a coordinator without TLS got in");
+    let rogue = RemoteHost::connect_with(&addrs[0], &name, SECRET, Some(&tls("rogue")), timeout).await;
+    assert!(rogue.is_err(), "a coordinator of another CA got in");
+    // With the pipeline's authority: the pipeline runs on both hosts, their
+    // exchange frames going host to host over TLS too.
+    let mine = tls("sluice");
+    let mut remote = Vec::new();
+    for addr in &addrs {
+        remote.push(
+            RemoteHost::connect_with(addr, &name, SECRET, Some(&mine), timeout)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut c = h.pipeline.coordinator_on(options(), remote).await.unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+    assert!(
+        hosts.iter().all(|x| x.peer_traffic() > 0),
+        "the hosts exchanged directly"
+    );
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(word_counts(&h), expected);
 }

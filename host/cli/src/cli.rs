@@ -434,6 +434,18 @@ pub struct HostArgs {
     /// `SLUICE_HOST_SECRET`): hosts accept coordinators that prove it.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
+    /// This host's TLS certificate chain (PEM): with `--tls-key` and
+    /// `--tls-ca`, every connection between the hosts is mutual TLS. The
+    /// certificate must name the `--listen` address's host.
+    #[arg(long, env = "SLUICE_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// This host's TLS private key (PEM).
+    #[arg(long, env = "SLUICE_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The certificate authority (PEM) every host's certificate must chain
+    /// to.
+    #[arg(long, env = "SLUICE_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
     /// This host's data directory (a leader's metadata and its local copy
     /// of checkpoints).
     #[arg(long)]

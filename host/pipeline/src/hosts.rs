@@ -25,7 +25,7 @@ use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use sluice_cluster::{Member, Membership, Session, View};
-use sluice_runtime::{Coordinator, LoadedComponent, RemoteHost, SluiceEngine, WorkerHost};
+use sluice_runtime::{Coordinator, LoadedComponent, RemoteHost, SluiceEngine, Tls, WorkerHost};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +46,8 @@ pub struct HostConfig {
     pub secret: Vec<u8>,
     /// A coordinator gives up on a host that sent nothing for this long.
     pub session_timeout: Duration,
+    /// Mutual TLS on every connection between the hosts, if set.
+    pub tls: Option<Tls>,
     /// `(input port, file)` a leader appends (exactly once across hosts and
     /// runs: the ingest marks are in Kafka).
     pub inputs: Vec<(String, PathBuf)>,
@@ -143,7 +145,13 @@ pub async fn run_host(
             .into());
         }
     };
-    let worker_host = WorkerHost::new(&engine, &component, &identity, &config.secret);
+    let worker_host = WorkerHost::new_with(
+        &engine,
+        &component,
+        &identity,
+        &config.secret,
+        config.tls.clone(),
+    );
     let serving = tokio::spawn(worker_host.serve(listener));
     let _serving = AbortOnDrop(serving.abort_handle());
     let me = Member {
@@ -256,12 +264,15 @@ async fn lead(
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
     let connect = |addr: String| {
-        let (identity, secret, timeout) = (
+        let (identity, secret, timeout, tls) = (
             identity.clone(),
             config.secret.clone(),
             config.session_timeout,
+            config.tls.clone(),
         );
-        async move { RemoteHost::connect(&addr, &identity, &secret, timeout).await }
+        async move {
+            RemoteHost::connect_with(&addr, &identity, &secret, tls.as_ref(), timeout).await
+        }
     };
     // The other members' worker hosts, by name, in the view's order — those
     // that answer: a member that died stays in the group until its lease

@@ -42,5 +42,5 @@ pub mod worker;
 pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, GuestError, Result};
-pub use remote::{RemoteHost, WorkerHost};
+pub use remote::{RemoteHost, Tls, WorkerHost};
 pub use worker::{Snapshot, Worker, WorkerInfo};

@@ -27,9 +27,11 @@
 //!
 //! **Authentication**: both ends prove they know the pipeline's shared
 //! secret (HMAC-SHA256 over the other's random nonce, the prover's role and
-//! the pipeline's name) before anything else is read. Frames are not
-//! encrypted: run hosts on a private network (or a tunnel) as with any
-//! cluster-internal port.
+//! the pipeline's name) before anything else is read. With [`Tls`] every
+//! connection is also mutual TLS (rustls): encrypted, and both ends present
+//! a certificate of the pipeline's certificate authority — for hosts on a
+//! network you do not trust. Without it frames travel in the clear: run
+//! hosts on a private network (or a tunnel).
 //!
 //! **Liveness**: a host sends a heartbeat every [`HEARTBEAT`]; the
 //! coordinator fails the connection — and every call in flight on it, which
@@ -53,7 +55,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
 /// How often a host tells the coordinator it is alive.
@@ -363,8 +364,127 @@ fn remote(host: &str, message: impl Into<String>) -> Error {
     }
 }
 
+/// Mutual TLS between the hosts of a pipeline: this host's certificate
+/// and key, and the certificate authority every other host's certificate
+/// must chain to (as client and as server).
+#[derive(Clone)]
+pub struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// Reads PEM files: `cert` (this host's certificate chain, leaf
+    /// first), `key` (its private key) and `ca` (the authority's
+    /// certificates). A host's certificate must name the address other
+    /// hosts reach it at (an IP or DNS subject alternative name).
+    pub fn from_pem_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> Result<Tls> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &std::path::Path, e: &dyn std::fmt::Display| -> Error {
+            sluice_core::ConfigError::Invalid(format!("TLS: {}: {e}", what.display())).into()
+        };
+        let certs = |path: &std::path::Path| -> Result<Vec<CertificateDer<'static>>> {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(path, &e))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| bad(path, &e))?;
+            if certs.is_empty() {
+                return Err(bad(path, &"no certificate in it"));
+            }
+            Ok(certs)
+        };
+        let chain = certs(cert)?;
+        let private = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs(ca)? {
+            roots.add(c).map_err(|e| bad(ca, &e))?;
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| bad(ca, &e))?;
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(cert, &e))?
+            .with_client_cert_verifier(clients)
+            .with_single_cert(chain.clone(), private.clone_key())
+            .map_err(|e| bad(cert, &e))?;
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(cert, &e))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, private)
+            .map_err(|e| bad(cert, &e))?;
+        Ok(Tls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+        })
+    }
+}
+
+/// The reading end of a connection (TCP, or TLS over it).
+type Reader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// The writing end of a connection.
+type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// Opens a connection to `addr`: TCP, and TLS over it when `tls` is given
+/// (the host's certificate must name `addr`'s host).
+async fn dial(addr: &str, tls: Option<&Tls>) -> std::io::Result<(Reader, Writer)> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    match tls {
+        None => {
+            let (r, w) = stream.into_split();
+            Ok((Box::new(r), Box::new(w)))
+        }
+        Some(tls) => {
+            let host = addr
+                .rsplit_once(':')
+                .map_or(addr, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let s = tls.connector.connect(name, stream).await?;
+            let (r, w) = tokio::io::split(s);
+            Ok((Box::new(r), Box::new(w)))
+        }
+    }
+}
+
+/// Takes an accepted connection: TLS over it when `tls` is given.
+async fn answer_on(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<(Reader, Writer)> {
+    stream.set_nodelay(true)?;
+    match tls {
+        None => {
+            let (r, w) = stream.into_split();
+            Ok((Box::new(r), Box::new(w)))
+        }
+        Some(tls) => {
+            let s = tls.acceptor.accept(stream).await?;
+            let (r, w) = tokio::io::split(s);
+            Ok((Box::new(r), Box::new(w)))
+        }
+    }
+}
+
 /// Writes one frame; returns its size on the wire.
-async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> std::io::Result<u64> {
+async fn write_frame<T: Serialize>(w: &mut Writer, value: &T) -> std::io::Result<u64> {
     let bytes = postcard::to_allocvec(value)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     w.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
@@ -373,13 +493,13 @@ async fn write_frame<T: Serialize>(w: &mut OwnedWriteHalf, value: &T) -> std::io
     Ok(bytes.len() as u64 + 8)
 }
 
-async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut OwnedReadHalf) -> std::io::Result<T> {
+async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut Reader) -> std::io::Result<T> {
     read_sized(r).await.map(|(v, _)| v)
 }
 
 /// Reads one frame, with its size on the wire.
 async fn read_sized<T: for<'de> Deserialize<'de>>(
-    r: &mut OwnedReadHalf,
+    r: &mut Reader,
 ) -> std::io::Result<(T, u64)> {
     let mut len = [0u8; 8];
     r.read_exact(&mut len).await?;
@@ -431,8 +551,8 @@ fn nonce() -> std::io::Result<[u8; 32]> {
 /// ("coordinator" or "peer" dialing, "host" accepting); returns the other
 /// end's role once both proofs checked.
 async fn handshake(
-    r: &mut OwnedReadHalf,
-    w: &mut OwnedWriteHalf,
+    r: &mut Reader,
+    w: &mut Writer,
     secret: &[u8],
     pipeline: &str,
     role: &str,
@@ -559,12 +679,21 @@ impl RemoteHost {
         secret: &[u8],
         session_timeout: Duration,
     ) -> Result<Arc<RemoteHost>> {
-        let stream = tokio::time::timeout(session_timeout, TcpStream::connect(addr))
+        Self::connect_with(addr, pipeline, secret, None, session_timeout).await
+    }
+
+    /// [`connect`](Self::connect), over mutual TLS when `tls` is given.
+    pub async fn connect_with(
+        addr: &str,
+        pipeline: &str,
+        secret: &[u8],
+        tls: Option<&Tls>,
+        session_timeout: Duration,
+    ) -> Result<Arc<RemoteHost>> {
+        let (mut r, mut w) = tokio::time::timeout(session_timeout, dial(addr, tls))
             .await
             .map_err(|_| remote(addr, "connecting timed out"))?
             .map_err(io_error(addr))?;
-        stream.set_nodelay(true).map_err(io_error(addr))?;
-        let (mut r, mut w) = stream.into_split();
         tokio::time::timeout(
             session_timeout,
             handshake(&mut r, &mut w, secret, pipeline, "coordinator"),
@@ -1205,19 +1334,19 @@ impl PeerLink {
         exchange: Arc<OnceLock<Weak<Exchange>>>,
     ) -> Arc<PeerLink> {
         let (queue, mut frames) = mpsc::channel::<Frame>(QUEUE);
-        let (pipeline, secret, sent) = (
+        let (pipeline, secret, sent, tls) = (
             host.pipeline.clone(),
             host.secret.clone(),
             host.peer_bytes.clone(),
+            host.tls.clone(),
         );
         let to = addr.clone();
         let task = tokio::spawn(async move {
             let run = async {
-                let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&to))
-                    .await
-                    .map_err(|_| std::io::Error::other("connecting timed out"))??;
-                stream.set_nodelay(true)?;
-                let (mut r, mut w) = stream.into_split();
+                let (mut r, mut w) =
+                    tokio::time::timeout(Duration::from_secs(10), dial(&to, tls.as_ref()))
+                        .await
+                        .map_err(|_| std::io::Error::other("connecting timed out"))??;
                 tokio::time::timeout(
                     Duration::from_secs(10),
                     handshake(&mut r, &mut w, &secret, &pipeline, "peer"),
@@ -1276,6 +1405,8 @@ pub struct WorkerHost {
     exchanges: Mutex<HashMap<u64, Weak<Exchange>>>,
     /// Bytes sent to other hosts over peer links.
     peer_bytes: Arc<AtomicU64>,
+    /// Mutual TLS on every connection, if set.
+    tls: Option<Tls>,
 }
 
 impl WorkerHost {
@@ -1287,7 +1418,21 @@ impl WorkerHost {
         pipeline: &str,
         secret: &[u8],
     ) -> Arc<WorkerHost> {
+        Self::new_with(engine, component, pipeline, secret, None)
+    }
+
+    /// [`new`](Self::new), speaking mutual TLS on every connection (those
+    /// it accepts and the links it opens to other hosts) when `tls` is
+    /// given.
+    pub fn new_with(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+        secret: &[u8],
+        tls: Option<Tls>,
+    ) -> Arc<WorkerHost> {
         Arc::new(WorkerHost {
+            tls,
             engine: engine.with_limits(engine.limits()),
             component: component.clone(),
             pipeline: pipeline.to_owned(),
@@ -1326,10 +1471,13 @@ impl WorkerHost {
     }
 
     async fn accept(self: Arc<Self>, stream: TcpStream) -> Result<()> {
-        stream
-            .set_nodelay(true)
-            .map_err(io_error("a coordinator"))?;
-        let (mut r, mut w) = stream.into_split();
+        let (mut r, mut w) = tokio::time::timeout(
+            Duration::from_secs(10),
+            answer_on(stream, self.tls.as_ref()),
+        )
+        .await
+        .map_err(|_| remote("a coordinator", "the TLS handshake timed out"))?
+        .map_err(io_error("a coordinator"))?;
         let role = tokio::time::timeout(
             Duration::from_secs(10),
             handshake(&mut r, &mut w, &self.secret, &self.pipeline, "host"),
@@ -1360,7 +1508,7 @@ impl WorkerHost {
 
     /// Takes another host's exchange frames until it goes quiet for a
     /// while or closes the link.
-    async fn serve_peer(&self, mut r: OwnedReadHalf) -> Result<()> {
+    async fn serve_peer(&self, mut r: Reader) -> Result<()> {
         loop {
             let msg = match tokio::time::timeout(HEARTBEAT * 20, read_frame::<ToPeer>(&mut r)).await
             {
@@ -1434,8 +1582,8 @@ impl WorkerHost {
 
     async fn serve_connection(
         self: Arc<Self>,
-        mut r: OwnedReadHalf,
-        mut w: OwnedWriteHalf,
+        mut r: Reader,
+        mut w: Writer,
     ) -> Result<()> {
         let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
         let writer = tokio::spawn(async move {

@@ -121,6 +121,12 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         listen: a.listen,
         secret,
         session_timeout,
+        tls: match (&a.tls_cert, &a.tls_key, &a.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(sluice_runtime::Tls::from_pem_files(cert, key, ca)?)
+            }
+            _ => None,
+        },
         inputs: a.inputs.clone(),
     };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
