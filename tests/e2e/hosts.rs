@@ -276,7 +276,8 @@ async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
     // Without TLS, or with a certificate of another authority: refused.
     let plain = RemoteHost::connect(&addrs[0], &name, SECRET, timeout).await;
     assert!(plain.is_err(), "a coordinator without TLS got in");
-    let rogue = RemoteHost::connect_with(&addrs[0], &name, SECRET, Some(&tls("rogue")), timeout).await;
+    let rogue =
+        RemoteHost::connect_with(&addrs[0], &name, SECRET, Some(&tls("rogue")), timeout).await;
     assert!(rogue.is_err(), "a coordinator of another CA got in");
     // With the pipeline's authority: the pipeline runs on both hosts, their
     // exchange frames going host to host over TLS too.

@@ -270,9 +270,7 @@ async fn lead(
             config.session_timeout,
             config.tls.clone(),
         );
-        async move {
-            RemoteHost::connect_with(&addr, &identity, &secret, tls.as_ref(), timeout).await
-        }
+        async move { RemoteHost::connect_with(&addr, &identity, &secret, tls.as_ref(), timeout).await }
     };
     // The other members' worker hosts, by name, in the view's order — those
     // that answer: a member that died stays in the group until its lease

@@ -325,10 +325,7 @@ impl Exchange {
                 return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
             }
             let key = (step, channel);
-            if !s.rounds.contains_key(&key) {
-                let round = self.new_round();
-                s.rounds.insert(key, round);
-            }
+            s.rounds.entry(key).or_insert_with(|| self.new_round());
             if s.rounds[&key].contributed[me] {
                 let msg = format!(
                     "worker {worker} called shuffle twice on channel {channel} in one step"
@@ -461,10 +458,7 @@ impl Exchange {
         };
         let key = (step, channel);
         let current = s.step;
-        if !s.rounds.contains_key(&key) {
-            let round = self.new_round();
-            s.rounds.insert(key, round);
-        }
+        s.rounds.entry(key).or_insert_with(|| self.new_round());
         let round = s.rounds.get_mut(&key).expect("round exists");
         let fits = |src: u32, dest: u32| {
             self.slots.get(src as usize) == Some(&(from as u32)) && self.local(dest as usize)

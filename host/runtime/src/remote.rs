@@ -498,9 +498,7 @@ async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut Reader) -> std::io::Re
 }
 
 /// Reads one frame, with its size on the wire.
-async fn read_sized<T: for<'de> Deserialize<'de>>(
-    r: &mut Reader,
-) -> std::io::Result<(T, u64)> {
+async fn read_sized<T: for<'de> Deserialize<'de>>(r: &mut Reader) -> std::io::Result<(T, u64)> {
     let mut len = [0u8; 8];
     r.read_exact(&mut len).await?;
     let len = u64::from_le_bytes(len);
@@ -1580,11 +1578,7 @@ impl WorkerHost {
         x
     }
 
-    async fn serve_connection(
-        self: Arc<Self>,
-        mut r: Reader,
-        mut w: Writer,
-    ) -> Result<()> {
+    async fn serve_connection(self: Arc<Self>, mut r: Reader, mut w: Writer) -> Result<()> {
         let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
         let writer = tokio::spawn(async move {
             let mut beat = tokio::time::interval(HEARTBEAT);
