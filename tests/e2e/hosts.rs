@@ -78,18 +78,29 @@ async fn fill(h: &Harness, lines: &[String]) {
     }
 }
 
+/// Runs `input` through the pipeline with `workers` workers on one host
+/// (in `dir/one`), to the end: the reference the runs across hosts must
+/// match step by step.
+async fn run_on_one_host(
+    dir: &std::path::Path,
+    wasm: &std::path::Path,
+    workers: u32,
+    input: &[String],
+) -> Harness {
+    let one = Harness::open(&dir.join("one"), wasm, workers, Limits::default()).await;
+    fill(&one, input).await;
+    let mut c = one.coordinator(options()).await.unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    one
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_on_other_hosts_compute_what_one_host_computes() {
     let wasm = component("examples/wordcount");
     let input = lines(2_000);
     let dir = tempfile::tempdir().unwrap();
-
-    let one = Harness::open(&dir.path().join("one"), &wasm, 3, Limits::default()).await;
-    fill(&one, &input).await;
-    let mut c = one.coordinator(options()).await.unwrap();
-    while c.step().await.unwrap() {}
-    c.finish().await.unwrap();
-
+    let one = run_on_one_host(dir.path(), &wasm, 3, &input).await;
     let three = Harness::open(&dir.path().join("three"), &wasm, 3, Limits::default()).await;
     fill(&three, &input).await;
     let name = three.pipeline.options().name.clone();
@@ -132,13 +143,7 @@ async fn a_host_joining_takes_its_share_and_one_leaving_hands_over_only_its_own(
     let wasm = component("examples/wordcount");
     let input = lines(6_000);
     let dir = tempfile::tempdir().unwrap();
-
-    let one = Harness::open(&dir.path().join("one"), &wasm, 6, Limits::default()).await;
-    fill(&one, &input).await;
-    let mut c = one.coordinator(options()).await.unwrap();
-    while c.step().await.unwrap() {}
-    c.finish().await.unwrap();
-
+    let one = run_on_one_host(dir.path(), &wasm, 6, &input).await;
     let h = Harness::open(&dir.path().join("moving"), &wasm, 6, Limits::default()).await;
     fill(&h, &input).await;
     let name = h.pipeline.options().name.clone();
