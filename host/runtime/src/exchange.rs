@@ -834,6 +834,39 @@ mod tests {
         assert!(x.failure().is_some());
     }
 
+    /// A link whose queue stays full: sending never completes.
+    struct Full;
+
+    #[async_trait::async_trait]
+    impl Link for Full {
+        async fn send(&self, _: Frame) -> Result<(), String> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sender_stuck_on_a_full_link_gives_up_when_the_step_fails() {
+        let x = Exchange::across(
+            &two_workers(),
+            Placement {
+                session: 1,
+                slot: 0,
+                slots: vec![0, 1],
+                links: vec![None, Some(Arc::new(Full))],
+            },
+        );
+        x.begin_step(1);
+        let stuck = x.shuffle(0, 1, 1, evs([("a", 0)]));
+        let failing = async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            x.worker_failed(1, "its host was lost");
+        };
+        let limit = std::time::Duration::from_secs(5);
+        let (r, ()) = tokio::join!(tokio::time::timeout(limit, stuck), failing);
+        let err = r.expect("the sender gave up").unwrap_err().to_string();
+        assert!(err.contains("its host was lost"), "{err}");
+    }
+
     #[tokio::test]
     async fn frames_of_another_session_or_an_earlier_step_are_dropped() {
         let xs = mesh(&two_workers(), 2);
