@@ -15,8 +15,8 @@
 //! output hashes (I4), then continue live.
 //!
 //! **Layouts.** Which worker owns each shard of the key space and reads
-//! each input partition is the pipeline's [`Layout`]. [`rescale`]
-//! (Coordinator::rescale) changes it between steps: the old owners hand the
+//! each input partition is the pipeline's [`Layout`].
+//! [`Coordinator::rescale`] changes it between steps: the old owners hand the
 //! moving shards off (`export-shards`), instances start or stop, the new
 //! owners take the pieces (`restore`), and the next step commits the new
 //! layout in its record — the change's commit point — followed by a

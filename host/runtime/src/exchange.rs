@@ -9,7 +9,7 @@
 //!
 //! **Across hosts** each host runs one [`Exchange`] for its own workers (a
 //! *slot* of the pipeline's placement), joined to the others' by
-//! [`Link`]s: once every local worker has contributed on a channel, the
+//! links: once every local worker has contributed on a channel, the
 //! host sends each other host one frame with everything its workers sent
 //! that host's workers — frames batched per destination host, each host to
 //! each host directly — and a round completes when the local workers and

@@ -9,7 +9,11 @@
 //! - [`worker`]: one sandboxed instance; every call into the guest and
 //!   every way it fails ([`GuestError`], naming the limit).
 //! - [`exchange`]: routing keyed events between the W workers in a step,
-//!   deterministically.
+//!   deterministically — on one host, or each host its own workers' part,
+//!   frames host to host.
+//! - [`remote`]: workers on other hosts — the coordinator's connections,
+//!   the hosts that serve workers ([`WorkerHost`]), peer links, optional
+//!   mutual TLS ([`Tls`]).
 //! - [`determinism`]: the clock and random numbers a guest sees (I4).
 //! - [`coordinator`]: **the step protocol** — divide, run, commit,
 //!   checkpoint, trim — and **recovery** (restore the newest checkpoint,
