@@ -75,8 +75,9 @@ fn rescales_between_and_during_runs_survive_a_crash_campaign() {
 }
 
 /// The campaign across hosts: worker hosts killed and stalled past the
-/// session timeout, the coordinator crashed mid-step; every kind of fault
-/// lands and no trial loses or repeats an effect.
+/// session timeout, the coordinator crashed mid-step, hosts joining and
+/// leaving live; every kind of fault lands and no trial loses or repeats an
+/// effect.
 #[test]
 fn a_short_campaign_across_hosts_finds_no_violation() {
     let mut cmd = sluice_cmd();
@@ -96,7 +97,11 @@ fn a_short_campaign_across_hosts_finds_no_violation() {
             .unwrap()
     };
     assert!(
-        count(" host kills") > 0 && count(" host stalls") > 0 && count(" leader crashes") > 0,
+        count(" host kills") > 0
+            && count(" host stalls") > 0
+            && count(" leader crashes") > 0
+            && count(" joins") > 0
+            && count(" leaves") > 0,
         "every kind of fault landed: {stdout}"
     );
 }

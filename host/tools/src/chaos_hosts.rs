@@ -14,9 +14,13 @@
 //!   replaced and resumes later as a zombie (its late bytes go nowhere);
 //! - **leader crash**: the coordinator is dropped at a random moment of a
 //!   step (its in-flight commit may or may not land, racing the next
-//!   leader's fencing), as if its process died.
+//!   leader's fencing), as if its process died;
+//! - **join**: a fresh host joins the running coordinator and takes its
+//!   share of the workers live (up to four hosts);
+//! - **leave**: a host leaves gracefully — its workers move live to the
+//!   others — and is gone.
 //!
-//! After each fault the coordinator is reopened on the hosts there are —
+//! After a kill, stall or crash the coordinator is reopened on the hosts there are —
 //! restore, replay, go on — until all input is consumed. Then the
 //! integrated output is compared with a recount (lost, duplicated, wrong)
 //! and the logs are audited.
@@ -45,6 +49,11 @@ pub struct HostsChaosReport {
     pub stalls: u32,
     /// Coordinators dropped mid-step.
     pub leader_crashes: u32,
+    /// Hosts that joined a running coordinator (workers moved live).
+    pub joins: u32,
+    /// Hosts that left a running coordinator gracefully (their workers
+    /// moved live).
+    pub leaves: u32,
     /// Coordinators opened (recoveries included).
     pub opens: u32,
     /// Steps replayed by recoveries.
@@ -76,12 +85,14 @@ impl std::fmt::Display for HostsChaosReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "trials: {}  faults: {} host kills, {} host stalls, {} leader crashes  coordinators \
-             opened: {}  steps: {} committed, {} replayed  ({:.1?})",
+            "trials: {}  faults: {} host kills, {} host stalls, {} leader crashes  live moves: {} \
+             joins, {} leaves  coordinators opened: {}  steps: {} committed, {} replayed  ({:.1?})",
             self.trials,
             self.kills,
             self.stalls,
             self.leader_crashes,
+            self.joins,
+            self.leaves,
             self.opens,
             self.steps,
             self.replayed,
@@ -191,6 +202,10 @@ enum Fault {
     Kill,
     Stall,
     LeaderCrash,
+    /// A host joins the running coordinator: its share moves live.
+    Join,
+    /// A host leaves gracefully: its workers move live, then it is gone.
+    Leave,
 }
 
 async fn trial(
@@ -250,10 +265,12 @@ async fn trial(
     let mut faults: Vec<(u64, Fault)> = (0..1 + rng.below(4))
         .map(|_| {
             let at = 1 + rng.below(expected_steps);
-            let fault = match rng.below(3) {
+            let fault = match rng.below(5) {
                 0 => Fault::Kill,
                 1 => Fault::Stall,
-                _ => Fault::LeaderCrash,
+                2 => Fault::LeaderCrash,
+                3 => Fault::Join,
+                _ => Fault::Leave,
             };
             (at, fault)
         })
@@ -291,6 +308,8 @@ async fn trial(
             }
         }
         report.opens += 1;
+        // The hosts the coordinator runs on, as it was last told.
+        let mut placed = remote.clone();
         let mut c = match pipeline.coordinator_on(options.clone(), remote).await {
             Ok(c) => c,
             Err(e) if e.is_transient() => continue,
@@ -313,6 +332,44 @@ async fn trial(
                         report.stalls += 1;
                         hosts[i].frozen.store(true, Ordering::Relaxed);
                     }
+                    Fault::Join if hosts.len() < 4 => {
+                        let host = start_host(engine, component, &name).await?;
+                        let joined =
+                            match RemoteHost::connect(&host.addr, &name, SECRET, SESSION).await {
+                                Ok(r) => r,
+                                Err(e) if e.is_transient() => continue,
+                                Err(e) => return Err(e).context("connecting to a joining host"),
+                            };
+                        hosts.push(host);
+                        let mut next = placed.clone();
+                        next.push(joined);
+                        report.joins += 1;
+                        match c.replace_hosts(next.clone()).await {
+                            Ok(_) => placed = next,
+                            // A host lost meanwhile: recover.
+                            Err(e) if e.is_transient() => continue 'run,
+                            Err(e) => return Err(e).context("a host joining"),
+                        }
+                    }
+                    Fault::Leave if hosts.len() > 1 => {
+                        let addr = hosts[i].addr.clone();
+                        let next: Vec<_> = placed
+                            .iter()
+                            .filter(|r| r.addr() != addr)
+                            .cloned()
+                            .collect();
+                        report.leaves += 1;
+                        match c.replace_hosts(next.clone()).await {
+                            Ok(_) => {
+                                placed = next;
+                                // Handed over: the host is gone.
+                                hosts.remove(i);
+                            }
+                            Err(e) if e.is_transient() => continue 'run,
+                            Err(e) => return Err(e).context("a host leaving"),
+                        }
+                    }
+                    Fault::Join | Fault::Leave => {}
                     Fault::LeaderCrash => {
                         report.leader_crashes += 1;
                         let wait = Duration::from_micros(rng.below(20_000));
