@@ -146,6 +146,16 @@ struct Round {
     waiters: Vec<Option<oneshot::Sender<Reply>>>,
 }
 
+/// Where a round stands after a contribution.
+enum Settled {
+    /// Complete: the contributing worker's events.
+    Delivered(KeyedEvents),
+    /// This local worker finished its step without contributing.
+    Stuck(usize),
+    /// Waiting for more contributions.
+    Waiting,
+}
+
 struct State {
     /// The step under way.
     step: u64,
@@ -275,6 +285,24 @@ impl Exchange {
             && self.peers.iter().all(|(s, _)| round.heard[*s as usize])
     }
 
+    /// Where round `key` stands after a contribution: complete (every
+    /// local waiter but `me` handed its events, `me`'s returned), stuck on
+    /// a local worker that finished without contributing, or waiting.
+    fn settle(&self, s: &mut State, key: (u64, u32), me: Option<usize>) -> Settled {
+        if s.rounds.get(&key).is_some_and(|r| self.complete(r))
+            && let Some(round) = s.rounds.remove(&key)
+        {
+            return Settled::Delivered(self.deliver(round, me));
+        }
+        let stuck = s.rounds.get(&key).and_then(|round| {
+            (0..self.workers as usize).find(|w| s.finished[*w] && !round.contributed[*w])
+        });
+        match stuck {
+            Some(done) => Settled::Stuck(done),
+            None => Settled::Waiting,
+        }
+    }
+
     /// Hands every local worker but `me` its events; returns `me`'s.
     fn deliver(&self, round: Round, me: Option<usize>) -> KeyedEvents {
         let mut mine = empty();
@@ -325,8 +353,7 @@ impl Exchange {
                 return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
             }
             let key = (step, channel);
-            s.rounds.entry(key).or_insert_with(|| self.new_round());
-            if s.rounds[&key].contributed[me] {
+            if s.rounds.get(&key).is_some_and(|r| r.contributed[me]) {
                 let msg = format!(
                     "worker {worker} called shuffle twice on channel {channel} in one step"
                 );
@@ -339,7 +366,7 @@ impl Exchange {
                 );
                 return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
             };
-            let round = s.rounds.get_mut(&key).expect("round exists");
+            let round = s.rounds.entry(key).or_insert_with(|| self.new_round());
             round.contributed[me] = true;
             for (key, value, weight) in sent {
                 let dest = self.owners[shard_of(key) as usize] as usize;
@@ -377,21 +404,24 @@ impl Exchange {
                     frames.push((link.clone(), frame));
                 }
             }
-            let outcome = if self.complete(round) {
-                let round = s.rounds.remove(&key).expect("round exists");
-                Ok(self.deliver(round, Some(me)))
-            } else if let Some(done) = (0..self.workers as usize)
-                .find(|w| s.finished[*w] && !s.rounds[&key].contributed[*w])
-            {
-                let msg = format!(
-                    "worker {worker} waits on channel {channel}, but worker {done} already finished its step without using it; \
-                     every worker must call shuffle on the same channels in each step"
-                );
-                return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
-            } else {
-                let (tx, rx) = oneshot::channel();
-                s.rounds.get_mut(&key).expect("round exists").waiters[me] = Some(tx);
-                Err(rx)
+            let outcome = match self.settle(&mut s, key, Some(me)) {
+                Settled::Delivered(mine) => Ok(mine),
+                Settled::Stuck(done) => {
+                    let msg = format!(
+                        "worker {worker} waits on channel {channel}, but worker {done} already finished its step without using it; \
+                         every worker must call shuffle on the same channels in each step"
+                    );
+                    return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
+                }
+                Settled::Waiting => {
+                    // (Dropped unsent if the round is gone: the worker
+                    // then hears the step was abandoned.)
+                    let (tx, rx) = oneshot::channel();
+                    if let Some(round) = s.rounds.get_mut(&key) {
+                        round.waiters[me] = Some(tx);
+                    }
+                    Err(rx)
+                }
             };
             (frames, outcome)
         };
@@ -458,8 +488,7 @@ impl Exchange {
         };
         let key = (step, channel);
         let current = s.step;
-        s.rounds.entry(key).or_insert_with(|| self.new_round());
-        let round = s.rounds.get_mut(&key).expect("round exists");
+        let round = s.rounds.entry(key).or_insert_with(|| self.new_round());
         let fits = |src: u32, dest: u32| {
             self.slots.get(src as usize) == Some(&(from as u32)) && self.local(dest as usize)
         };
@@ -481,12 +510,7 @@ impl Exchange {
         if step != current {
             return;
         }
-        if self.complete(round) {
-            let round = s.rounds.remove(&key).expect("round exists");
-            self.deliver(round, None);
-        } else if let Some(done) =
-            (0..self.workers as usize).find(|w| s.finished[*w] && !s.rounds[&key].contributed[*w])
-        {
+        if let Settled::Stuck(done) = self.settle(&mut s, key, None) {
             let msg = format!(
                 "worker {done} finished its step without calling shuffle on channel {channel}, \
                  which other workers are waiting on; every worker must call shuffle on the same channels in each step"
@@ -545,8 +569,10 @@ impl Exchange {
     /// Records a failure of the current step and wakes every waiter with it;
     /// with `tell`, the other hosts hear of it too.
     fn fail(&self, s: &mut State, error: ExchangeError, tell: bool) -> ExchangeError {
-        if s.failure.as_ref().is_some_and(|(at, _)| *at == s.step) {
-            return s.failure.as_ref().map(|(_, e)| e.clone()).expect("checked");
+        if let Some((at, e)) = &s.failure
+            && *at == s.step
+        {
+            return e.clone();
         }
         s.failure = Some((s.step, error.clone()));
         self.failed.notify_waiters();

@@ -1222,8 +1222,8 @@ pub(crate) fn coordinator_exchange(
     let session = if hosts.is_empty() {
         0
     } else {
-        let n = nonce().map_err(io_error("the coordinator"))?;
-        u64::from_le_bytes(n[..8].try_into().expect("8 bytes"))
+        getrandom::u64()
+            .map_err(|e| remote("the coordinator", format!("the OS random source: {e}")))?
     };
     let plan = MeshPlan {
         session,
