@@ -256,6 +256,24 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     c.wait("recovery without h2", Duration::from_secs(60), |c| {
         c.leads_on("h1", &["h1", "h3"])
     });
+    // The survivors' workers stayed where they were and restored from
+    // their hosts' own copies of the checkpoint; only h2's were fetched.
+    let log = c.stderr("h1");
+    let line = log
+        .lines()
+        .rfind(|l| l.starts_with("host h1: leading on [h1, h3]"))
+        .unwrap();
+    let local: u64 = line
+        .split_once("restored checkpoint ")
+        .and_then(|(_, rest)| {
+            rest.split_once(" (")?
+                .1
+                .split_once(" bytes from the hosts' own")
+        })
+        .map(|(n, _)| n.parse().unwrap())
+        .unwrap_or_else(|| panic!("no restore figures in {line:?}"));
+    assert!(local > 0, "survivors restore from their own copies: {line}");
+    eprintln!("after the kill: {line}");
     c.progress("steps after the kill", 10);
 
     // 2. The leader stalls past its session timeout: h3 leads (fencing

@@ -224,6 +224,107 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
     assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
 }
 
+/// Worker hosts that reach the pipeline's checkpoint store write their
+/// workers' pieces there themselves (they never travel to the leader);
+/// after a host dies, a coordinator reopened with the old placement as its
+/// hint keeps the survivors' workers where they were and they restore from
+/// their own copies: only the dead host's workers' state is fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally() {
+    use sluice_storage::CheckpointStore;
+    let wasm = component("examples/wordcount");
+    let input = lines(2_000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let h = Harness::open_with(&dir.path().join("p"), &wasm, 4, Limits::default(), |c| {
+        c.checkpoint_store = Some(store.clone())
+    })
+    .await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let mut addrs = Vec::new();
+    let mut tasks = Vec::new();
+    for host in ["a", "b"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap().to_string());
+        let checkpoints: Arc<dyn CheckpointStore> = Arc::new(
+            sluice_objstore::ObjectCheckpointStore::open(&store)
+                .unwrap()
+                .with_cache(dir.path().join(host))
+                .unwrap(),
+        );
+        let worker_host = WorkerHost::new_with(
+            h.engine(),
+            h.pipeline.component(),
+            &name,
+            SECRET,
+            None,
+            Some(checkpoints),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _ = worker_host.serve(listener).await;
+        }));
+    }
+    let (a, b) = (addrs[0].clone(), addrs[1].clone());
+    let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+    let mut c = h.pipeline.coordinator_on(options(), hosts).await.unwrap();
+    for _ in 0..12 {
+        assert!(c.step().await.unwrap());
+    }
+    c.checkpoint().await.unwrap();
+    let stats = c.stats().clone();
+    assert!(stats.checkpoints >= 2, "{stats:?}");
+    // Workers 1 (on a) and 2 (on b) wrote their own; 0 and 3 run here.
+    let hint = c.placement_addrs();
+    assert_eq!(hint, ["", a.as_str(), b.as_str(), ""]);
+    assert!(stats.checkpoint_bytes_staged > 0, "{stats:?}");
+    assert!(
+        stats.checkpoint_bytes_staged < stats.checkpoint_bytes_written,
+        "{stats:?}"
+    );
+    // Host a dies mid-run.
+    tasks[0].abort();
+    let _ = (&mut tasks[0]).await;
+    while c.step().await.is_ok() {}
+    drop(c);
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            PipelineOptions {
+                placement_hint: hint,
+                ..options()
+            },
+            vec![connect(&b, &name).await],
+        )
+        .await
+        .unwrap();
+    let placed = c.placement_addrs();
+    assert_eq!(
+        (placed[0].as_str(), placed[2].as_str(), placed[3].as_str()),
+        ("", b.as_str(), "")
+    );
+    // What the checkpoint holds of worker 1 (a's) was fetched; the rest
+    // was read where it was written.
+    let step = c.stats().restored_checkpoint.expect("a checkpoint");
+    let shared = sluice_objstore::ObjectCheckpointStore::open(&store).unwrap();
+    let bytes = |w: u32| -> u64 {
+        let (pieces, _) = shared.worker_pieces(step, w).unwrap().unwrap();
+        pieces.iter().map(|p| p.state.len() as u64).sum()
+    };
+    let stats = c.stats().clone();
+    assert_eq!(stats.restored_fetched_bytes, bytes(1), "{stats:?}");
+    assert_eq!(
+        stats.restored_local_bytes,
+        bytes(0) + bytes(2) + bytes(3),
+        "{stats:?}"
+    );
+    assert!(stats.restored_local_bytes > 0);
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_without_the_secret_or_of_another_pipeline_is_refused() {
     let wasm = component("examples/wordcount");
@@ -270,6 +371,7 @@ async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
             &name,
             SECRET,
             Some(tls("sluice")),
+            None,
         );
         let serving = host.clone();
         tokio::spawn(async move {

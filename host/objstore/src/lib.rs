@@ -35,19 +35,19 @@
 //! byte ranges of those shards' pieces (ranged GETs, coalesced by the
 //! client): a host taking a few shards over downloads only those.
 
-mod cached;
-
-pub use cached::CachedCheckpoints;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use sluice_storage::checkpoint::KEPT;
 use sluice_storage::{
-    Carried, Checkpoint, CheckpointMeta, CheckpointStore, Result, StatePiece, StorageError,
+    Carried, Checkpoint, CheckpointMeta, CheckpointStore, ReadBytes, Result, Staged, StatePiece,
+    StorageError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What backend errors are reported as.
@@ -94,6 +94,14 @@ pub struct ObjectCheckpointStore {
     lock: Mutex<()>,
     /// What the store was opened on, for messages.
     describe: String,
+    /// Where other hosts reach the same store (`None`: nowhere).
+    location: Option<String>,
+    /// This host's copy of the segments it wrote, if kept (a directory).
+    cache: Option<PathBuf>,
+    /// The copy holds nothing a checkpoint below this step needs any more
+    /// than the last collection found (collections after staging run once
+    /// per step).
+    cache_collected: AtomicU64,
 }
 
 impl std::fmt::Debug for ObjectCheckpointStore {
@@ -143,6 +151,32 @@ fn step_of(name: &str) -> Option<u64> {
     name.get(..20)?.parse().ok()
 }
 
+/// The name of worker `worker`'s segment of checkpoint `step`.
+fn segment_name(step: u64, nonce: u64, worker: u32) -> String {
+    format!("{step:020}-{nonce:016x}-w{worker:05}")
+}
+
+/// Whether `name` is a segment name of `worker` in checkpoint `step`
+/// (names from another host are checked before they go into a manifest).
+fn is_segment_of(name: &str, step: u64, worker: u32) -> bool {
+    name.len() == 44
+        && name
+            .get(21..37)
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+            .is_some_and(|nonce| segment_name(step, nonce, worker) == name)
+}
+
+/// A number no other write of the same step (on any host) draws: segments
+/// are immutable, so a checkpoint written again never reuses a name.
+fn nonce() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    nanos ^ (u64::from(std::process::id()) << 40) ^ count.rotate_right(8)
+}
+
 impl ObjectCheckpointStore {
     /// Opens the store a URL names:
     ///
@@ -181,10 +215,16 @@ impl ObjectCheckpointStore {
                 let prefix = Path::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
                 (Arc::new(s3), prefix)
             }
-            "memory" => (
-                Arc::new(object_store::memory::InMemory::new()),
-                Path::default(),
-            ),
+            "memory" => {
+                // Only this process sees it: its location names this one.
+                let mut store = Self::new(
+                    Arc::new(object_store::memory::InMemory::new()),
+                    Path::default(),
+                    url,
+                )?;
+                store.location = Some(format!("{url}#{:016x}", nonce()));
+                return Ok(store);
+            }
             other => {
                 return Err(bad(format!(
                     "unknown scheme {other:?} (use file:///dir, s3://bucket/prefix or memory:///)"
@@ -209,7 +249,93 @@ impl ObjectCheckpointStore {
             runtime: Some(runtime),
             lock: Mutex::new(()),
             describe: describe.to_owned(),
+            location: Some(describe.to_owned()),
+            cache: None,
+            cache_collected: AtomicU64::new(0),
         })
+    }
+
+    /// Keeps a copy of every segment this host writes in directory `dir`
+    /// (created if missing), and reads a segment from there when it has it
+    /// (Flink's "local recovery"): a surviving host restores its workers
+    /// without downloading. Segments are immutable and their names unique,
+    /// so a copy is always the segment's bytes; a missing or short copy
+    /// falls back to the store. The copy drops what no kept checkpoint
+    /// needs when the store collects (and after staging).
+    pub fn with_cache(mut self, dir: impl Into<PathBuf>) -> Result<Self> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(StorageError::io(&dir))?;
+        self.cache = Some(dir);
+        Ok(self)
+    }
+
+    /// Keeps `bytes` as this host's copy of segment `name` (best effort: a
+    /// copy that cannot be written is a download later, nothing worse).
+    fn cache_put(&self, name: &str, bytes: &[u8]) {
+        let Some(dir) = &self.cache else {
+            return;
+        };
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let written =
+            std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::debug!(segment = name, error = %e, "no local copy of a segment");
+        }
+    }
+
+    /// `ranges` of this host's copy of segment `name`, if it has a whole
+    /// one.
+    fn cache_read(&self, name: &str, ranges: &[Range<u64>]) -> Option<Vec<Vec<u8>>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = std::fs::File::open(self.cache.as_ref()?.join(name)).ok()?;
+        let len = file.metadata().ok()?.len();
+        ranges
+            .iter()
+            .map(|r| {
+                if r.end > len || r.start > r.end {
+                    return None;
+                }
+                let mut buf = vec![0; (r.end - r.start) as usize];
+                file.seek(SeekFrom::Start(r.start)).ok()?;
+                file.read_exact(&mut buf).ok()?;
+                Some(buf)
+            })
+            .collect()
+    }
+
+    /// Drops from this host's copy the segments of steps below
+    /// `oldest_kept` that `referenced` does not name.
+    fn cache_collect(&self, oldest_kept: u64, referenced: &BTreeSet<String>) {
+        let Some(dir) = &self.cache else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stale_tmp = name.starts_with('.') && name.ends_with(".tmp");
+            let name_step = step_of(name.trim_start_matches('.'));
+            if name_step.is_some_and(|s| s < oldest_kept)
+                && (stale_tmp || !referenced.contains(&name))
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        self.cache_collected
+            .fetch_max(oldest_kept, Ordering::Relaxed);
+    }
+
+    /// The segments the manifests of checkpoints `kept` reference.
+    fn referenced(&self, kept: &[u64]) -> Result<BTreeSet<String>> {
+        let mut referenced = BTreeSet::new();
+        for step in kept {
+            if let Some(m) = self.manifest(*step)? {
+                referenced.extend(m.segments);
+            }
+        }
+        Ok(referenced)
     }
 
     /// Runs `f` on the store's runtime and waits for it (from any thread).
@@ -293,7 +419,12 @@ impl ObjectCheckpointStore {
         Ok(Some(manifest))
     }
 
-    fn write(&self, checkpoint: &Checkpoint, carried: Option<&Carried>) -> Result<()> {
+    fn write(
+        &self,
+        checkpoint: &Checkpoint,
+        staged: &[Staged],
+        carried: Option<&Carried>,
+    ) -> Result<()> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let step = checkpoint.meta.step;
         let workers = checkpoint.meta.layout.workers;
@@ -374,20 +505,45 @@ impl ObjectCheckpointStore {
                 ));
             }
         }
+        // The pieces other hosts staged: their segments must be there, as
+        // long as described (checked before the manifest names them).
+        let mut expected: Vec<(Path, u64)> = Vec::with_capacity(staged.len());
+        for st in staged {
+            if st.step != step
+                || st.worker >= workers
+                || !is_segment_of(&st.segment, step, st.worker)
+            {
+                return Err(invalid(
+                    step,
+                    format!(
+                        "a staged segment {:?} that is not worker {}'s of this step",
+                        st.segment, st.worker
+                    ),
+                ));
+            }
+            let segment = intern(&st.segment, &mut segments);
+            let mut offset = 0;
+            for (shard, len) in &st.pieces {
+                refs.push(PieceRef {
+                    shard: *shard,
+                    worker: st.worker,
+                    segment,
+                    offset,
+                    len: *len,
+                });
+                offset += len;
+            }
+            expected.push((self.child("segments", &st.segment), offset));
+        }
         // Its own pieces: one segment per worker.
-        let nonce = {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            nanos ^ (u64::from(std::process::id()) << 40)
-        };
+        let nonce = nonce();
         let mut by_worker: BTreeMap<u32, Vec<&StatePiece>> = BTreeMap::new();
         for p in &checkpoint.pieces {
             by_worker.entry(p.worker).or_default().push(p);
         }
         let mut uploads = Vec::with_capacity(by_worker.len());
         for (worker, pieces) in by_worker {
-            let name = format!("{step:020}-{nonce:016x}-w{worker:05}");
+            let name = segment_name(step, nonce, worker);
             let segment = intern(&name, &mut segments);
             let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.state.len()).sum());
             for p in pieces {
@@ -400,6 +556,7 @@ impl ObjectCheckpointStore {
                 });
                 bytes.extend_from_slice(&p.state);
             }
+            self.cache_put(&name, &bytes);
             uploads.push((self.child("segments", &name), bytes));
         }
         // Per (shard, worker): carried pieces first (oldest first), then
@@ -417,17 +574,44 @@ impl ObjectCheckpointStore {
         let store = self.store.clone();
         let manifest_path = self.manifest_path(step);
         self.run(async move {
-            // The segments in parallel, then the manifest: the commit.
+            // The segments in parallel (and the staged ones checked), then
+            // the manifest: the commit.
             let puts = uploads.into_iter().map(|(path, bytes)| {
                 let store = store.clone();
                 async move {
                     store
                         .put(&path, PutPayload::from(bytes))
                         .await
+                        .map(|_| ())
                         .map_err(backend_error(format!("writing {path}")))
                 }
             });
-            for r in futures::future::join_all(puts).await {
+            let heads = expected.into_iter().map(|(path, len)| {
+                let store = store.clone();
+                async move {
+                    match store.head(&path).await {
+                        Ok(meta) if meta.size == len => Ok(()),
+                        Ok(meta) => Err(invalid(
+                            step,
+                            format!(
+                                "the staged segment {path} holds {} bytes, not {len}",
+                                meta.size
+                            ),
+                        )),
+                        Err(object_store::Error::NotFound { .. }) => Err(invalid(
+                            step,
+                            format!("the staged segment {path} is not in the store"),
+                        )),
+                        Err(e) => Err(backend_error(format!("checking {path}"))(e)),
+                    }
+                }
+            });
+            let (puts, heads) = futures::future::join(
+                futures::future::join_all(puts),
+                futures::future::join_all(heads),
+            )
+            .await;
+            for r in puts.into_iter().chain(heads) {
                 r?;
             }
             store
@@ -455,12 +639,8 @@ impl ObjectCheckpointStore {
         }
         let kept = &steps[steps.len().saturating_sub(KEPT)..];
         let oldest_kept = kept[0];
-        let mut referenced = BTreeSet::new();
-        for step in kept {
-            if let Some(m) = self.manifest(*step)? {
-                referenced.extend(m.segments);
-            }
-        }
+        let referenced = self.referenced(kept)?;
+        self.cache_collect(oldest_kept, &referenced);
         let mut doomed: Vec<Path> = steps
             .iter()
             .filter(|s| **s < oldest_kept)
@@ -506,7 +686,13 @@ impl ObjectCheckpointStore {
     }
 
     /// Reads the pieces `refs` name from `manifest`'s segments, in order.
-    fn read(&self, step: u64, manifest: &Manifest, refs: Vec<PieceRef>) -> Result<Vec<StatePiece>> {
+    fn read(
+        &self,
+        step: u64,
+        manifest: &Manifest,
+        refs: Vec<PieceRef>,
+    ) -> Result<(Vec<StatePiece>, ReadBytes)> {
+        let mut read = ReadBytes::default();
         let mut by_segment: BTreeMap<u32, Vec<Range<u64>>> = BTreeMap::new();
         for r in &refs {
             by_segment
@@ -515,6 +701,8 @@ impl ObjectCheckpointStore {
                 .push(r.offset..r.offset + r.len);
         }
         let mut requests = Vec::with_capacity(by_segment.len());
+        // Segments this host has a copy of are read from it.
+        let mut local: BTreeMap<u32, BTreeMap<(u64, u64), Vec<u8>>> = BTreeMap::new();
         for (segment, ranges) in by_segment {
             let name =
                 manifest
@@ -524,6 +712,14 @@ impl ObjectCheckpointStore {
                         what: format!("manifest of checkpoint {step}"),
                         message: "a piece in a segment it does not list".into(),
                     })?;
+            if let Some(got) = self.cache_read(name, &ranges) {
+                read.local += got.iter().map(|b| b.len() as u64).sum::<u64>();
+                local.insert(
+                    segment,
+                    ranges.iter().map(|r| (r.start, r.end)).zip(got).collect(),
+                );
+                continue;
+            }
             requests.push((segment, self.child("segments", name), ranges));
         }
         let store = self.store.clone();
@@ -554,6 +750,13 @@ impl ObjectCheckpointStore {
             }
             Ok(out)
         })?;
+        read.fetched = fetched
+            .values()
+            .flat_map(|s| s.values())
+            .map(|b| b.len() as u64)
+            .sum();
+        let mut fetched = fetched;
+        fetched.extend(local);
         refs.into_iter()
             .map(|r| {
                 let bytes = fetched
@@ -573,17 +776,96 @@ impl ObjectCheckpointStore {
                     state: bytes.clone(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()
+            .map(|pieces| (pieces, read))
     }
 }
 
 impl CheckpointStore for ObjectCheckpointStore {
     fn put(&self, checkpoint: &Checkpoint) -> Result<()> {
-        self.write(checkpoint, None)
+        self.write(checkpoint, &[], None)
     }
 
     fn put_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
-        self.write(checkpoint, Some(carried))
+        self.write(checkpoint, &[], Some(carried))
+    }
+
+    fn put_staged(
+        &self,
+        checkpoint: &Checkpoint,
+        staged: &[Staged],
+        carried: Option<&Carried>,
+    ) -> Result<()> {
+        self.write(checkpoint, staged, carried)
+    }
+
+    fn location(&self) -> Option<String> {
+        self.location.clone()
+    }
+
+    fn stage(&self, step: u64, worker: u32, pieces: &[(u32, Vec<u8>)]) -> Result<Staged> {
+        let name = segment_name(step, nonce(), worker);
+        let mut bytes = Vec::with_capacity(pieces.iter().map(|(_, b)| b.len()).sum());
+        for (_, state) in pieces {
+            bytes.extend_from_slice(state);
+        }
+        self.cache_put(&name, &bytes);
+        let store = self.store.clone();
+        let path = self.child("segments", &name);
+        self.run(async move {
+            store
+                .put(&path, PutPayload::from(bytes))
+                .await
+                .map(|_| ())
+                .map_err(backend_error(format!("writing {path}")))
+        })?;
+        // Once per step, drop from the copy what no kept checkpoint needs
+        // (this host may never commit one, so never collect otherwise).
+        if self.cache.is_some() && self.cache_collected.load(Ordering::Relaxed) < step {
+            let collected = self.steps().and_then(|steps| {
+                let kept = &steps[steps.len().saturating_sub(KEPT)..];
+                let referenced = self.referenced(kept)?;
+                if let Some(oldest) = kept.first() {
+                    self.cache_collect(*oldest, &referenced);
+                }
+                Ok(())
+            });
+            if let Err(e) = collected {
+                tracing::debug!(store = %self.describe, error = %e, "collecting the local copy failed");
+            }
+        }
+        Ok(Staged {
+            step,
+            worker,
+            segment: name,
+            pieces: pieces
+                .iter()
+                .map(|(shard, state)| (*shard, state.len() as u64))
+                .collect(),
+        })
+    }
+
+    fn keys(&self, step: u64) -> Result<Option<Vec<(u32, u32)>>> {
+        Ok(self
+            .manifest(step)?
+            .map(|m| m.pieces.iter().map(|p| (p.shard, p.worker)).collect()))
+    }
+
+    fn worker_pieces(
+        &self,
+        step: u64,
+        worker: u32,
+    ) -> Result<Option<(Vec<StatePiece>, ReadBytes)>> {
+        let Some(manifest) = self.manifest(step)? else {
+            return Ok(None);
+        };
+        let refs: Vec<PieceRef> = manifest
+            .pieces
+            .iter()
+            .filter(|p| p.worker == worker)
+            .copied()
+            .collect();
+        self.read(step, &manifest, refs).map(Some)
     }
 
     fn latest_meta(&self) -> Result<Option<CheckpointMeta>> {
@@ -612,7 +894,8 @@ impl CheckpointStore for ObjectCheckpointStore {
             .filter(|p| wanted.as_ref().is_none_or(|w| w.contains(&p.shard)))
             .copied()
             .collect();
-        self.read(step, &manifest, refs).map(Some)
+        self.read(step, &manifest, refs)
+            .map(|(pieces, _)| Some(pieces))
     }
 
     fn list(&self) -> Result<Vec<u64>> {
@@ -795,6 +1078,160 @@ mod tests {
         let names = store.names("segments").unwrap();
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(!names.iter().any(|n| step_of(n) == Some(2)));
+    }
+
+    /// Three hosts' stores over one shared object store, each with its
+    /// own copy directory.
+    fn hosts(n: usize) -> (Vec<ObjectCheckpointStore>, Vec<tempfile::TempDir>) {
+        let shared: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let dirs: Vec<tempfile::TempDir> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+        let stores = dirs
+            .iter()
+            .map(|d| {
+                ObjectCheckpointStore::new(shared.clone(), Path::default(), "memory:///shared")
+                    .unwrap()
+                    .with_cache(d.path())
+                    .unwrap()
+            })
+            .collect();
+        (stores, dirs)
+    }
+
+    fn pieces_of(c: &Checkpoint, worker: u32) -> Vec<(u32, Vec<u8>)> {
+        c.pieces
+            .iter()
+            .filter(|p| p.worker == worker)
+            .map(|p| (p.shard, p.state.clone()))
+            .collect()
+    }
+
+    fn only(c: &Checkpoint, worker: u32) -> Checkpoint {
+        let mut own = c.clone();
+        own.pieces.retain(|p| p.worker == worker);
+        own
+    }
+
+    #[test]
+    fn hosts_stage_their_workers_pieces_and_restore_from_their_own_copy() {
+        let (h, _dirs) = hosts(3);
+        assert!(h[0].location().is_some());
+        assert_eq!(h[1].location(), h[0].location());
+        // Worker 0 on the committing host, 1 and 2 on the others.
+        let whole = conformance::sample_checkpoint(4, 3);
+        let s1 = h[1].stage(4, 1, &pieces_of(&whole, 1)).unwrap();
+        let s2 = h[2].stage(4, 2, &pieces_of(&whole, 2)).unwrap();
+        assert_eq!(s1.bytes(), "state 4/7/1".len() as u64);
+        assert_eq!(h[0].latest_meta().unwrap(), None, "staged is not committed");
+        h[0].put_staged(&only(&whole, 0), &[s1, s2], None).unwrap();
+        assert_eq!(h[0].get(4).unwrap(), Some(whole.clone()));
+        for (host, worker, local) in [(1, 1, true), (2, 2, true), (0, 0, true), (1, 2, false)] {
+            let (got, read) = h[host].worker_pieces(4, worker as u32).unwrap().unwrap();
+            let want = only(&whole, worker as u32).pieces;
+            let bytes: u64 = want.iter().map(|p| p.state.len() as u64).sum();
+            assert_eq!(got, want);
+            let expected = if local {
+                ReadBytes {
+                    local: bytes,
+                    fetched: 0,
+                }
+            } else {
+                ReadBytes {
+                    local: 0,
+                    fetched: bytes,
+                }
+            };
+            assert_eq!(read, expected, "host {host} reading worker {worker}");
+        }
+        // A host that lost its copy fetches.
+        for e in std::fs::read_dir(_dirs[1].path()).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        let (_, read) = h[1].worker_pieces(4, 1).unwrap().unwrap();
+        assert_eq!(read.local, 0);
+        assert!(read.fetched > 0);
+    }
+
+    #[test]
+    fn a_commit_refuses_staged_pieces_that_are_not_there_as_described() {
+        let (h, _dirs) = hosts(2);
+        let whole = conformance::sample_checkpoint(4, 2);
+        let own = only(&whole, 0);
+        let good = h[1].stage(4, 1, &pieces_of(&whole, 1)).unwrap();
+        let refused = |staged: Staged, says: &str| {
+            let e = h[0]
+                .put_staged(&own, &[staged], None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{e}");
+            assert_eq!(h[0].latest_meta().unwrap(), None);
+        };
+        let mut longer = good.clone();
+        longer.pieces[0].1 += 1;
+        refused(longer, "holds");
+        refused(
+            Staged {
+                segment: segment_name(4, 99, 1),
+                ..good.clone()
+            },
+            "not in the store",
+        );
+        refused(
+            Staged {
+                worker: 0,
+                ..good.clone()
+            },
+            "not worker 0's",
+        );
+        refused(
+            Staged {
+                segment: "../manifests/00000000000000000004".into(),
+                ..good.clone()
+            },
+            "not worker 1's",
+        );
+        refused(
+            Staged {
+                step: 3,
+                ..good.clone()
+            },
+            "not worker 1's",
+        );
+        h[0].put_staged(&own, &[good], None).unwrap();
+        assert_eq!(h[0].get(4).unwrap(), Some(whole));
+    }
+
+    #[test]
+    fn a_host_copy_keeps_only_what_kept_checkpoints_need() {
+        let (h, dirs) = hosts(2);
+        let copied = |i: usize| -> BTreeSet<u64> {
+            std::fs::read_dir(dirs[i].path())
+                .unwrap()
+                .filter_map(|e| step_of(&e.unwrap().file_name().to_string_lossy()))
+                .collect()
+        };
+        for step in 1..=5 {
+            let c = conformance::sample_checkpoint(step, 2);
+            let staged = h[1].stage(step, 1, &pieces_of(&c, 1)).unwrap();
+            h[0].put_staged(&only(&c, 0), &[staged], None).unwrap();
+        }
+        // The committer collected after committing 5 (kept: 4, 5); the
+        // other host when it staged 5 (kept then: 3, 4).
+        assert_eq!(copied(0), BTreeSet::from([4, 5]));
+        assert_eq!(copied(1), BTreeSet::from([3, 4, 5]));
+        assert_eq!(h[0].list().unwrap(), vec![4, 5]);
+        // Incremental: a carried piece's segment stays wherever it is
+        // referenced.
+        let c6 = conformance::sample_checkpoint(6, 2);
+        let staged = h[1].stage(6, 1, &pieces_of(&c6, 1)).unwrap();
+        let carried = Carried {
+            from: 5,
+            pieces: vec![(7, 0), (300, 1)],
+        };
+        let mut own = only(&c6, 0);
+        own.pieces.retain(|p| p.shard != 7);
+        h[0].put_staged(&own, &[staged], Some(&carried)).unwrap();
+        let got = h[0].get(6).unwrap().unwrap();
+        assert_eq!(got.pieces.len(), 4, "{:?}", got.pieces);
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub enum HostEvent {
         hosts: Vec<String>,
         /// The checkpoint recovery restored, if any.
         restored: Option<u64>,
+        /// Bytes of its state the hosts read from their own copies (their
+        /// workers stayed where they were: no download).
+        restored_local: u64,
+        /// Bytes of its state fetched from the store (or sent by the
+        /// leader).
+        restored_fetched: u64,
         /// Steps replayed on recovery.
         replayed: u64,
         /// How long opening (connecting, restoring, replaying) took.
@@ -145,12 +151,24 @@ pub async fn run_host(
             .into());
         }
     };
+    // The shared checkpoint store, with this host's copy of the segments
+    // its workers write: they write their own pieces and, when this host
+    // survives a failover, restore from its own disk.
+    let checkpoints: Option<Arc<dyn sluice_storage::CheckpointStore>> =
+        match &config.pipeline.checkpoint_store {
+            Some(url) => Some(Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(url)?
+                    .with_cache(crate::storage::segment_cache(&config.pipeline.data))?,
+            )),
+            None => None,
+        };
     let worker_host = WorkerHost::new_with(
         &engine,
         &component,
         &identity,
         &config.secret,
         config.tls.clone(),
+        checkpoints,
     );
     let serving = tokio::spawn(worker_host.serve(listener));
     let _serving = AbortOnDrop(serving.abort_handle());
@@ -161,6 +179,9 @@ pub async fn run_host(
     let mut session: Box<dyn Session> = membership.join(me.clone()).await?;
     report(HostEvent::Joined { addr: addr.clone() });
     let mut pipeline: Option<Pipeline> = None;
+    // Where the workers ran when this host last led: a reopen keeps them
+    // there (their hosts restore them from their own copies).
+    let mut hint: Vec<String> = Vec::new();
     let mut ingested = false;
     let mut failures = 0u32;
     loop {
@@ -183,6 +204,7 @@ pub async fn run_host(
             // Not leading: drop the pipeline (and its data directory lock)
             // if we led before, and serve workers.
             pipeline = None;
+            hint.clear();
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}
@@ -209,6 +231,7 @@ pub async fn run_host(
             &*session,
             &mut stop,
             &mut report,
+            &mut hint,
         )
         .await
         {
@@ -230,6 +253,7 @@ pub async fn run_host(
                 // Another host took the pipeline over while this one
                 // believed it led (it stalled): it is not ours any more.
                 pipeline = None;
+                hint.clear();
                 report(HostEvent::LeadEnded {
                     reason: e.to_string(),
                 });
@@ -251,7 +275,10 @@ pub async fn run_host(
 }
 
 /// Leads until the group changes, this host must stop, or a step fails.
-/// Returns why it stopped leading.
+/// Returns why it stopped leading. `hint` is where the workers ran when
+/// this host last led (kept where their hosts still are), and where they
+/// run now when this returns.
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     pipeline: &Pipeline,
     config: &HostConfig,
@@ -260,6 +287,7 @@ async fn lead(
     session: &dyn Session,
     stop: &mut watch::Receiver<bool>,
     report: &mut (impl FnMut(HostEvent) + Send),
+    hint: &mut Vec<String>,
 ) -> Result<String> {
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
@@ -291,15 +319,19 @@ async fn lead(
             .chain(connected.iter().map(|(n, _)| n.clone()))
             .collect()
     };
+    let options = sluice_runtime::PipelineOptions {
+        placement_hint: std::mem::take(hint),
+        ..pipeline.options().clone()
+    };
     let mut coordinator: Coordinator = pipeline
-        .coordinator_on(
-            pipeline.options().clone(),
-            connected.iter().map(|(_, h)| h.clone()).collect(),
-        )
+        .coordinator_on(options, connected.iter().map(|(_, h)| h.clone()).collect())
         .await?;
+    *hint = coordinator.placement_addrs();
     report(HostEvent::Leading {
         hosts: names(&connected),
         restored: coordinator.stats().restored_checkpoint,
+        restored_local: coordinator.stats().restored_local_bytes,
+        restored_fetched: coordinator.stats().restored_fetched_bytes,
         replayed: coordinator.stats().replayed_steps,
         took: started.elapsed(),
     });
@@ -408,6 +440,7 @@ async fn lead(
                         }
                     };
                     connected = next;
+                    *hint = coordinator.placement_addrs();
                     let workers = coordinator.stats().workers_moved - before;
                     tracing::info!(moved, workers, "the group changed: workers moved live");
                     report(HostEvent::Moved {

@@ -78,14 +78,14 @@ impl Storage {
         for input in &meta.shape.inputs {
             log.create_input(&input.name, input.partitions)?;
         }
-        let local: Arc<dyn CheckpointStore> =
-            Arc::new(RocksCheckpointStore::open(database.clone()));
         let checkpoints: Arc<dyn CheckpointStore> = match &config.checkpoint_store {
-            None => local,
-            Some(url) => Arc::new(sluice_objstore::CachedCheckpoints::new(
-                Arc::new(sluice_objstore::ObjectCheckpointStore::open(url)?),
-                local,
-            )),
+            None => Arc::new(RocksCheckpointStore::open(database.clone())),
+            // The shared store, with this host's copy of what it wrote
+            // beside its RocksDB (a surviving host restores from it).
+            Some(url) => Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(url)?
+                    .with_cache(segment_cache(&config.data))?,
+            ),
         };
         Ok(Storage {
             log,
@@ -153,6 +153,12 @@ impl Storage {
 /// an existing topic keeps its own. (A broker that cannot answer shows its
 /// error when the input is created.)
 #[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+/// Where a host keeps its copy of the checkpoint segments it wrote to a
+/// shared store: beside the pipeline's RocksDB in its data directory.
+pub fn segment_cache(data: &std::path::Path) -> std::path::PathBuf {
+    data.join("segments")
+}
+
 fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -> u32 {
     match &config.log {
         LogConfig::Embedded { .. } => config.input_partitions(),

@@ -38,7 +38,7 @@ use sluice_core::{
     ConfigError, Event, Frontier, Layout, OutputEntry, PartitionId, PipelineShape, SHARDS,
     StepCommit, StepLimits, StepRecord, hash_outputs,
 };
-use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Guarded, StatePiece};
+use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Guarded, ReadBytes, Staged, StatePiece};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,6 +71,14 @@ pub struct PipelineOptions {
     /// step on one that is not (a host serving output to clients wants
     /// this; a local run trusts its own circuit and skips the cost).
     pub check_output_json: bool,
+    /// Where each worker ran before, across hosts: the address of its host
+    /// (as [`RemoteHost::addr`]), empty for the coordinator's own process —
+    /// what [`Coordinator::placement_addrs`] returned. Opening on hosts
+    /// then keeps every worker whose host is among them where it was (its
+    /// host restores it from its own copy of the checkpoint) and spreads
+    /// only the others, as [`Coordinator::replace_hosts`] does. Empty (or
+    /// of another W): workers are dealt round robin.
+    pub placement_hint: Vec<String>,
 }
 
 impl Default for PipelineOptions {
@@ -85,6 +93,7 @@ impl Default for PipelineOptions {
             max_output_per_step: None,
             incremental_checkpoints: true,
             check_output_json: false,
+            placement_hint: Vec::new(),
         }
     }
 }
@@ -134,6 +143,85 @@ pub struct Stats {
     pub restore_took: Duration,
     /// How long opening took to replay the steps after it.
     pub replay_took: Duration,
+    /// Bytes of state the restore on open read where the worker runs,
+    /// from that host's own copy (no download, no transfer).
+    pub restored_local_bytes: u64,
+    /// Bytes of state the restore on open fetched from the checkpoint
+    /// store (or sent from this host to the worker's).
+    pub restored_fetched_bytes: u64,
+    /// Bytes of state checkpoints had other hosts write to the store
+    /// themselves (part of `checkpoint_bytes_written`; they never reached
+    /// this host).
+    pub checkpoint_bytes_staged: u64,
+}
+
+/// The first placement of `workers` workers on this process and `hosts`:
+/// where `hint` says they ran, for those whose host is among `hosts` (the
+/// others spread to the least loaded, then balanced), or round robin
+/// without a hint of this W.
+fn placement_from_hint(hint: &[String], workers: u32, hosts: &[Arc<RemoteHost>]) -> Vec<u32> {
+    if hint.len() != workers as usize {
+        return round_robin(workers, hosts.len());
+    }
+    let mut before: Vec<&str> = Vec::new();
+    let slots: Vec<u32> = hint
+        .iter()
+        .map(|addr| {
+            if addr.is_empty() {
+                return 0;
+            }
+            let i = before.iter().position(|a| a == addr).unwrap_or_else(|| {
+                before.push(addr);
+                before.len() - 1
+            });
+            i as u32 + 1
+        })
+        .collect();
+    let now: Vec<&str> = hosts.iter().map(|h| h.addr()).collect();
+    replace_placement(&slots, &before, &now)
+}
+
+/// Restores worker `w` from its pieces of committed checkpoint `step`: on
+/// its host, from the store there, when that host reaches the store at
+/// `location`; otherwise read here and handed over.
+async fn restore_worker(
+    worker: &mut AnyWorker,
+    storage: &Arc<Guarded>,
+    location: Option<String>,
+    step: u64,
+    w: u32,
+) -> Result<ReadBytes> {
+    if let AnyWorker::Remote(r) = worker
+        && location.is_some()
+        && r.store() == location.as_deref()
+    {
+        return r.restore_from(step).await;
+    }
+    let s = storage.clone();
+    let (pieces, mut read) = blocking(move || s.checkpoints().worker_pieces(step, w))
+        .await?
+        .ok_or_else(|| sluice_storage::StorageError::Corrupt {
+            what: format!("checkpoint of step {step}"),
+            message: "its pieces are missing".into(),
+        })?;
+    if let AnyWorker::Remote(_) = worker {
+        // Read here, they travel to the worker's host.
+        read.fetched += std::mem::take(&mut read.local);
+    }
+    if !pieces.is_empty() {
+        worker
+            .restore(pieces.into_iter().map(|p| (p.shard, p.state)).collect())
+            .await?;
+    }
+    Ok(read)
+}
+
+/// What taking one worker's part of a checkpoint gave.
+enum Taken {
+    /// Its pieces, here.
+    Pieces(crate::worker::Snapshot),
+    /// Its host wrote them to the store.
+    Staged(Staged, Option<Vec<u32>>),
 }
 
 /// One worker's output of one step.
@@ -282,7 +370,7 @@ impl Coordinator {
         layout
             .validate(&shape)
             .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
-        let placement = round_robin(layout.workers, hosts.len());
+        let placement = placement_from_hint(&options.placement_hint, layout.workers, &hosts);
         let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &placement)?;
         let limits = StepLimits {
             fuel_per_call: engine.limits().fuel_per_call,
@@ -349,49 +437,48 @@ impl Coordinator {
             }
             // Every piece goes back to the worker that held it, so the
             // replay runs on exactly the state the steps ran on.
-            let pieces = {
-                let (s, step) = (c.storage.clone(), meta.step);
-                blocking(move || s.checkpoints().pieces(step, None))
+            let step = meta.step;
+            let keys = {
+                let s = c.storage.clone();
+                blocking(move || s.checkpoints().keys(step))
                     .await?
                     .ok_or_else(|| sluice_storage::StorageError::Corrupt {
-                        what: format!("checkpoint of step {}", meta.step),
+                        what: format!("checkpoint of step {step}"),
                         message: "its pieces are missing".into(),
                     })?
             };
-            let mut per_worker: Vec<Vec<(u32, Vec<u8>)>> =
-                vec![Vec::new(); c.layout.workers as usize];
+            if let Some((_, w)) = keys.iter().find(|(_, w)| *w >= c.layout.workers) {
+                return Err(sluice_storage::StorageError::Corrupt {
+                    what: format!("checkpoint of step {step}"),
+                    message: format!("a piece of worker {w} of {}", c.layout.workers),
+                }
+                .into());
+            }
             // Restored as they lie, the pieces are what the instances'
             // next incremental snapshot is relative to (a piece of the
             // format before shards is not: it is rewritten whole).
-            if pieces.iter().all(|p| p.shard < SHARDS) {
+            if keys.iter().all(|(shard, _)| *shard < SHARDS) {
                 c.base = Some(Base {
-                    step: meta.step,
-                    pieces: pieces.iter().map(|p| (p.shard, p.worker)).collect(),
+                    step,
+                    pieces: keys.iter().copied().collect(),
                 });
             }
-            for p in pieces {
-                let slot = per_worker.get_mut(p.worker as usize).ok_or_else(|| {
-                    sluice_storage::StorageError::Corrupt {
-                        what: format!("checkpoint of step {}", meta.step),
-                        message: format!("a piece of worker {} of {}", p.worker, c.layout.workers),
-                    }
-                })?;
-                slot.push((p.shard, p.state));
-            }
-            // The instances restore side by side (each on its own task).
-            let mut tasks = Vec::with_capacity(per_worker.len());
-            for (w, pieces) in per_worker.into_iter().enumerate() {
-                let Some(mut worker) = c.instances[w].take() else {
+            // The instances restore side by side (each on its own task),
+            // each reading its own pieces: a worker whose host reaches the
+            // store reads them there (from that host's own copy when it
+            // wrote them), the others through this host.
+            let location = c.storage.checkpoints().location();
+            let mut tasks = Vec::with_capacity(c.instances.len());
+            for w in 0..c.layout.workers {
+                let Some(mut worker) = c.instances[w as usize].take() else {
                     continue;
                 };
+                let storage = c.storage.clone();
+                let location = location.clone();
                 tasks.push((
                     w,
                     tokio::spawn(async move {
-                        let r = if pieces.is_empty() {
-                            Ok(())
-                        } else {
-                            worker.restore(pieces).await
-                        };
+                        let r = restore_worker(&mut worker, &storage, location, step, w).await;
                         (worker, r)
                     }),
                 ));
@@ -400,9 +487,13 @@ impl Coordinator {
             for (w, task) in tasks {
                 match task.await {
                     Ok((worker, r)) => {
-                        c.instances[w] = Some(worker);
-                        if let Err(e) = r {
-                            failure = failure.or(Some(e));
+                        c.instances[w as usize] = Some(worker);
+                        match r {
+                            Ok(read) => {
+                                c.stats.restored_local_bytes += read.local;
+                                c.stats.restored_fetched_bytes += read.fetched;
+                            }
+                            Err(e) => failure = failure.or(Some(e)),
                         }
                     }
                     Err(e) => failure = failure.or(Some(Error::task(format!("worker {w}"))(e))),
@@ -1021,38 +1112,64 @@ impl Coordinator {
             .take()
             .filter(|_| self.options.incremental_checkpoints);
         let incremental = base.is_some();
+        // A worker whose host reaches this pipeline's checkpoint store
+        // writes its pieces there itself (they never travel here); the
+        // others' pieces come here and are written with the manifest.
+        let location = self.storage.checkpoints().location();
         let mut tasks = Vec::with_capacity(self.instances.len());
         for slot in self.instances.iter_mut() {
             let mut worker = slot.take().ok_or(Error::WorkersLost)?;
+            let location = location.clone();
             tasks.push(tokio::spawn(async move {
-                let r = worker.snapshot(incremental).await;
+                let r = match &mut worker {
+                    AnyWorker::Remote(r)
+                        if location.is_some() && r.store() == location.as_deref() =>
+                    {
+                        r.stage(incremental, step)
+                            .await
+                            .map(|(staged, changed)| Taken::Staged(staged, changed))
+                    }
+                    w => w.snapshot(incremental).await.map(Taken::Pieces),
+                };
                 (worker, r)
             }));
         }
         let mut pieces = Vec::new();
+        let mut staged = Vec::new();
         let mut carried = Vec::new();
         let mut failure = None;
         for (w, task) in tasks.into_iter().enumerate() {
             match task.await {
                 Ok((worker, r)) => {
                     self.instances[w] = Some(worker);
-                    match r {
-                        Ok(snap) => {
-                            let w = w as u32;
-                            if let (Some(base), Some(changed)) = (&base, &snap.changed) {
-                                carried.extend(base.pieces.iter().copied().filter(|(s, bw)| {
-                                    *bw == w && changed.binary_search(s).is_err()
-                                }));
-                            }
+                    let w = w as u32;
+                    let changed = match r {
+                        Ok(Taken::Pieces(snap)) => {
                             pieces.extend(snap.pieces.into_iter().map(|(shard, state)| {
                                 StatePiece {
                                     shard,
                                     worker: w,
                                     state,
                                 }
-                            }))
+                            }));
+                            snap.changed
                         }
-                        Err(e) => failure = failure.or(Some(e)),
+                        Ok(Taken::Staged(s, changed)) => {
+                            staged.push(s);
+                            changed
+                        }
+                        Err(e) => {
+                            failure = failure.or(Some(e));
+                            continue;
+                        }
+                    };
+                    if let (Some(base), Some(changed)) = (&base, &changed) {
+                        carried.extend(
+                            base.pieces
+                                .iter()
+                                .copied()
+                                .filter(|(s, bw)| *bw == w && changed.binary_search(s).is_err()),
+                        );
                     }
                 }
                 Err(e) => failure = failure.or(Some(Error::task(format!("worker {w}"))(e))),
@@ -1066,10 +1183,17 @@ impl Coordinator {
         let all: BTreeSet<(u32, u32)> = pieces
             .iter()
             .map(|p| (p.shard, p.worker))
+            .chain(
+                staged
+                    .iter()
+                    .flat_map(|s| s.pieces.iter().map(|(shard, _)| (*shard, s.worker))),
+            )
             .chain(carried.iter().copied())
             .collect();
+        let staged_bytes: u64 = staged.iter().map(Staged::bytes).sum();
+        self.stats.checkpoint_bytes_staged += staged_bytes;
         self.stats.checkpoint_bytes_written +=
-            pieces.iter().map(|p| p.state.len() as u64).sum::<u64>();
+            pieces.iter().map(|p| p.state.len() as u64).sum::<u64>() + staged_bytes;
         let carried = base.map(|b| Carried {
             from: b.step,
             pieces: carried,
@@ -1086,12 +1210,8 @@ impl Coordinator {
         let storage = self.storage.clone();
         let write = tokio::task::spawn_blocking(move || -> Result<()> {
             crash_point(CrashPoint::MidCheckpoint);
-            match &carried {
-                Some(carried) if !carried.pieces.is_empty() => {
-                    storage.checkpoint_carrying(&checkpoint, carried)?
-                }
-                _ => storage.checkpoint(&checkpoint)?,
-            }
+            let carried = carried.as_ref().filter(|c| !c.pieces.is_empty());
+            storage.checkpoint_staged(&checkpoint, &staged, carried)?;
             crash_point(CrashPoint::AfterCheckpoint);
             storage.trim_to_checkpoint()?;
             Ok(())
@@ -1179,6 +1299,23 @@ impl Coordinator {
     /// Each worker's current frontier.
     pub fn frontiers(&self) -> &[Frontier] {
         &self.frontiers
+    }
+
+    /// The address of each worker's host ([`RemoteHost::addr`]), empty for
+    /// this process: the hint a coordinator opened after this one fails
+    /// takes ([`PipelineOptions::placement_hint`]).
+    pub fn placement_addrs(&self) -> Vec<String> {
+        self.placement
+            .iter()
+            .map(|slot| match *slot as usize {
+                0 => String::new(),
+                s => self
+                    .hosts
+                    .get(s - 1)
+                    .map(|h| h.addr().to_owned())
+                    .unwrap_or_default(),
+            })
+            .collect()
     }
 
     /// The storage the coordinator commits to.

@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use sluice_core::Layout;
 use sluice_core::StepLimits;
+use sluice_storage::{CheckpointStore, ReadBytes, Staged};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -68,7 +69,7 @@ pub const QUEUE: usize = 64;
 const MAX_FRAME: u64 = 8 << 30;
 
 /// The protocol version both ends must speak.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// A batch on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -257,11 +258,19 @@ enum Call {
         time_ms: u64,
         inputs: Vec<WireBatch>,
     },
+    /// Snapshot; with `stage`, write the pieces to the host's checkpoint
+    /// store for checkpoint `stage` instead of returning them.
     Snapshot {
         changed_only: bool,
+        stage: Option<u64>,
     },
     Restore {
         pieces: Vec<WirePiece>,
+    },
+    /// Restore the worker's pieces of committed checkpoint `step`, read
+    /// from the host's checkpoint store (its own copy first).
+    RestoreFrom {
+        step: u64,
     },
     Export {
         shards: Vec<u32>,
@@ -281,6 +290,10 @@ enum Call {
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
     Done,
+    /// A worker started; its host's checkpoint store is at `store`.
+    Started {
+        store: Option<String>,
+    },
     Stepped {
         outputs: Vec<WireBatch>,
         fuel: u64,
@@ -290,6 +303,17 @@ enum Answer {
         changed: Option<Vec<u32>>,
     },
     Pieces(Vec<WirePiece>),
+    /// The snapshot's pieces are in the host's checkpoint store.
+    Staged {
+        staged: Staged,
+        changed: Option<Vec<u32>>,
+    },
+    /// Restored from the store: bytes read from the host's own copy, and
+    /// fetched.
+    Restored {
+        local: u64,
+        fetched: u64,
+    },
 }
 
 /// A failed call: the worker's error as text, and whether it was the
@@ -880,6 +904,8 @@ pub struct RemoteWorker {
     worker: u32,
     limits: StepLimits,
     fuel_used: u64,
+    /// Where its host keeps checkpoints, if it has a store.
+    store: Option<String>,
 }
 
 fn unexpected(host: &RemoteHost, call: &str) -> Error {
@@ -897,23 +923,28 @@ impl RemoteWorker {
         inherit_stderr: bool,
     ) -> Result<Self> {
         let worker = info.worker;
-        host.call(
-            worker,
-            limits,
-            Call::Start {
-                workers: info.workers,
-                pipeline: info.pipeline,
-                config: info.config,
-                inherit_stderr,
-                mesh: mesh.for_worker(worker),
-            },
-        )
-        .await?;
+        let started = host
+            .call(
+                worker,
+                limits,
+                Call::Start {
+                    workers: info.workers,
+                    pipeline: info.pipeline,
+                    config: info.config,
+                    inherit_stderr,
+                    mesh: mesh.for_worker(worker),
+                },
+            )
+            .await?;
+        let Answer::Started { store } = started else {
+            return Err(unexpected(&host, "start"));
+        };
         Ok(RemoteWorker {
             host,
             worker,
             limits,
             fuel_used: 0,
+            store,
         })
     }
 
@@ -950,17 +981,57 @@ impl RemoteWorker {
         std::mem::take(&mut self.fuel_used)
     }
 
+    /// Where its host keeps checkpoints, if it has a store.
+    pub(crate) fn store(&self) -> Option<&str> {
+        self.store.as_deref()
+    }
+
     pub(crate) async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
-        match self
-            .host
-            .call(self.worker, self.limits, Call::Snapshot { changed_only })
-            .await?
-        {
+        let call = Call::Snapshot {
+            changed_only,
+            stage: None,
+        };
+        match self.host.call(self.worker, self.limits, call).await? {
             Answer::Snapshot { pieces, changed } => Ok(Snapshot {
                 pieces: from_wire(pieces),
                 changed,
             }),
             _ => Err(unexpected(&self.host, "snapshot")),
+        }
+    }
+
+    /// Snapshots and has its host write the pieces to its checkpoint
+    /// store for checkpoint `step`: where they lie, and which shards
+    /// changed (with `changed_only`).
+    pub(crate) async fn stage(
+        &mut self,
+        changed_only: bool,
+        step: u64,
+    ) -> Result<(Staged, Option<Vec<u32>>)> {
+        let call = Call::Snapshot {
+            changed_only,
+            stage: Some(step),
+        };
+        match self.host.call(self.worker, self.limits, call).await? {
+            Answer::Staged { staged, changed }
+                if staged.step == step && staged.worker == self.worker =>
+            {
+                Ok((staged, changed))
+            }
+            _ => Err(unexpected(&self.host, "snapshot (staged)")),
+        }
+    }
+
+    /// Has its host restore the worker's pieces of committed checkpoint
+    /// `step` from its checkpoint store: what it read locally and fetched.
+    pub(crate) async fn restore_from(&mut self, step: u64) -> Result<ReadBytes> {
+        match self
+            .host
+            .call(self.worker, self.limits, Call::RestoreFrom { step })
+            .await?
+        {
+            Answer::Restored { local, fetched } => Ok(ReadBytes { local, fetched }),
+            _ => Err(unexpected(&self.host, "restore (from the store)")),
         }
     }
 
@@ -1405,6 +1476,10 @@ pub struct WorkerHost {
     peer_bytes: Arc<AtomicU64>,
     /// Mutual TLS on every connection, if set.
     tls: Option<Tls>,
+    /// The pipeline's shared checkpoint store, if this host reaches it:
+    /// its workers write their pieces there themselves and restore from
+    /// it (from this host's own copy first).
+    checkpoints: Option<Arc<dyn CheckpointStore>>,
 }
 
 impl WorkerHost {
@@ -1416,21 +1491,27 @@ impl WorkerHost {
         pipeline: &str,
         secret: &[u8],
     ) -> Arc<WorkerHost> {
-        Self::new_with(engine, component, pipeline, secret, None)
+        Self::new_with(engine, component, pipeline, secret, None, None)
     }
 
     /// [`new`](Self::new), speaking mutual TLS on every connection (those
     /// it accepts and the links it opens to other hosts) when `tls` is
-    /// given.
+    /// given, and reaching the pipeline's checkpoint store `checkpoints`
+    /// when given: a coordinator whose store has the same
+    /// [location](CheckpointStore::location) then has this host's workers
+    /// write their checkpoint pieces there and restore from there, so
+    /// their state never travels through the coordinator.
     pub fn new_with(
         engine: &SluiceEngine,
         component: &LoadedComponent,
         pipeline: &str,
         secret: &[u8],
         tls: Option<Tls>,
+        checkpoints: Option<Arc<dyn CheckpointStore>>,
     ) -> Arc<WorkerHost> {
         Arc::new(WorkerHost {
             tls,
+            checkpoints,
             engine: engine.with_limits(engine.limits()),
             component: component.clone(),
             pipeline: pipeline.to_owned(),
@@ -1701,7 +1782,9 @@ impl WorkerHost {
                 started.set_step_limits(limits);
             }
             *worker = Some(started);
-            return Ok(Answer::Done);
+            return Ok(Answer::Started {
+                store: self.checkpoints.as_ref().and_then(|c| c.location()),
+            });
         }
         let w = worker.as_mut().ok_or(Error::WorkersLost)?;
         if limits != StepLimits::default() {
@@ -1732,12 +1815,47 @@ impl WorkerHost {
                     fuel: w.take_fuel_used(),
                 }
             }
-            Call::Snapshot { changed_only } => {
+            Call::Snapshot {
+                changed_only,
+                stage: None,
+            } => {
                 let s = w.snapshot(changed_only).await?;
                 Answer::Snapshot {
                     pieces: to_wire(s.pieces),
                     changed: s.changed,
                 }
+            }
+            Call::Snapshot {
+                changed_only,
+                stage: Some(step),
+            } => {
+                let store = self.store()?;
+                let s = w.snapshot(changed_only).await?;
+                let staged =
+                    tokio::task::spawn_blocking(move || store.stage(step, index, &s.pieces))
+                        .await
+                        .map_err(Error::task("staging a checkpoint"))??;
+                Answer::Staged {
+                    staged,
+                    changed: s.changed,
+                }
+            }
+            Call::RestoreFrom { step } => {
+                let store = self.store()?;
+                let read = tokio::task::spawn_blocking(move || store.worker_pieces(step, index))
+                    .await
+                    .map_err(Error::task("reading a checkpoint"))??;
+                let (pieces, ReadBytes { local, fetched }) =
+                    read.ok_or_else(|| sluice_storage::StorageError::Corrupt {
+                        what: format!("checkpoint of step {step}"),
+                        message: "it is not in this host's checkpoint store".into(),
+                    })?;
+                let pieces: Vec<(u32, Vec<u8>)> =
+                    pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+                if !pieces.is_empty() {
+                    w.restore(pieces).await?;
+                }
+                Answer::Restored { local, fetched }
             }
             Call::Restore { pieces } => {
                 w.restore(from_wire(pieces)).await?;
@@ -1753,6 +1871,20 @@ impl WorkerHost {
                 w.rewire(self.exchange_for(mesh, out));
                 Answer::Done
             }
+        })
+    }
+}
+
+impl WorkerHost {
+    /// The checkpoint store, or why a call that needs one fails.
+    fn store(&self) -> Result<Arc<dyn CheckpointStore>> {
+        self.checkpoints.clone().ok_or_else(|| {
+            Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(
+                    "this host reaches no checkpoint store (start it with the pipeline's --store)"
+                        .into(),
+                ),
+            ))
         })
     }
 }

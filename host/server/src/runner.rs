@@ -135,6 +135,7 @@ impl PipelineHandle {
                 incremental_checkpoints: true,
                 // Output is served to clients as JSON lines.
                 check_output_json: true,
+                placement_hint: Vec::new(),
             },
             id_prefix: format!("{tenant}/{}/", spec.name),
         };

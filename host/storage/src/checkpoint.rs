@@ -64,6 +64,41 @@ pub struct Carried {
     pub pieces: Vec<(u32, u32)>,
 }
 
+/// One worker's pieces of a checkpoint, written to a shared store by the
+/// host that runs the worker before the checkpoint commits
+/// ([`CheckpointStore::stage`]), so the bytes never travel to the host
+/// that commits it. The commit ([`CheckpointStore::put_staged`]) names
+/// them and checks they are there; until then they are invisible, and a
+/// checkpoint that never commits leaves them to be collected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staged {
+    /// The checkpoint's step.
+    pub step: u64,
+    /// The worker whose pieces they are.
+    pub worker: u32,
+    /// Where they lie in the store (its own naming).
+    pub segment: String,
+    /// `(shard, length in bytes)` of each piece, in the order they lie.
+    pub pieces: Vec<(u32, u64)>,
+}
+
+impl Staged {
+    /// The bytes of all its pieces.
+    pub fn bytes(&self) -> u64 {
+        self.pieces.iter().map(|(_, len)| len).sum()
+    }
+}
+
+/// Bytes of pieces a read took: from this host's own copy, and fetched
+/// from the shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadBytes {
+    /// Read from this host's own copy (no download).
+    pub local: u64,
+    /// Fetched from the shared store.
+    pub fetched: u64,
+}
+
 /// Durable storage of checkpoints: pieces stored by (checkpoint, shard,
 /// worker), so a reader of some shards reads only those.
 pub trait CheckpointStore: Send + Sync {
@@ -117,6 +152,78 @@ pub trait CheckpointStore: Send + Sync {
         match self.latest_meta()? {
             Some(meta) => self.get(meta.step),
             None => Ok(None),
+        }
+    }
+
+    /// `(shard, worker)` of each piece of committed checkpoint `step`, in
+    /// the order [`pieces`](Self::pieces) returns them; `None` if there is
+    /// no such checkpoint. (A store that keeps an index reads only that.)
+    fn keys(&self, step: u64) -> Result<Option<Vec<(u32, u32)>>> {
+        Ok(self
+            .pieces(step, None)?
+            .map(|ps| ps.iter().map(|p| (p.shard, p.worker)).collect()))
+    }
+
+    /// The pieces of committed checkpoint `step` that worker `worker`
+    /// held, in restore order, and where their bytes came from; `None` if
+    /// there is no such checkpoint. (The default reads every piece and
+    /// counts them local: a store without a location is this host's.)
+    fn worker_pieces(
+        &self,
+        step: u64,
+        worker: u32,
+    ) -> Result<Option<(Vec<StatePiece>, ReadBytes)>> {
+        Ok(self.pieces(step, None)?.map(|ps| {
+            let mine: Vec<StatePiece> = ps.into_iter().filter(|p| p.worker == worker).collect();
+            let local = mine.iter().map(|p| p.state.len() as u64).sum();
+            (mine, ReadBytes { local, fetched: 0 })
+        }))
+    }
+
+    /// Where the store keeps its checkpoints, if other hosts can reach
+    /// it: two stores with the same location see the same checkpoints, so
+    /// a host may [`stage`](Self::stage) pieces for another's commit and
+    /// read what another committed. `None` (the default) for a store only
+    /// this host sees.
+    fn location(&self) -> Option<String> {
+        None
+    }
+
+    /// Writes worker `worker`'s pieces (`(shard, bytes)`, in restore
+    /// order) of checkpoint `step` ahead of its commit, for another host's
+    /// [`put_staged`](Self::put_staged) on a store of the same
+    /// [`location`](Self::location). A store without a location refuses.
+    fn stage(&self, step: u64, worker: u32, pieces: &[(u32, Vec<u8>)]) -> Result<Staged> {
+        let _ = (worker, pieces);
+        Err(crate::StorageError::InvalidCheckpoint {
+            step,
+            message: "this checkpoint store takes no pieces apart from their commit".into(),
+        })
+    }
+
+    /// Commits `checkpoint` like [`put`](Self::put) (or
+    /// [`put_carrying`](Self::put_carrying) with `carried`), its pieces
+    /// together with those `staged` — as if they had been written with
+    /// it. Fails, committing nothing, if a staged segment is missing or
+    /// differs from its description.
+    fn put_staged(
+        &self,
+        checkpoint: &Checkpoint,
+        staged: &[Staged],
+        carried: Option<&Carried>,
+    ) -> Result<()> {
+        if let Some(s) = staged.first() {
+            return Err(crate::StorageError::InvalidCheckpoint {
+                step: checkpoint.meta.step,
+                message: format!(
+                    "it names pieces staged in {}, and this checkpoint store takes none",
+                    s.segment
+                ),
+            });
+        }
+        match carried {
+            Some(carried) => self.put_carrying(checkpoint, carried),
+            None => self.put(checkpoint),
         }
     }
 }

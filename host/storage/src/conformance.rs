@@ -547,6 +547,29 @@ pub fn checkpoint_store(make: &dyn Fn() -> Arc<dyn CheckpointStore>) {
     checkpoints_only_move_forward(&*make());
     pieces_are_read_by_shard(&*make());
     incremental_checkpoints_carry_pieces(&*make());
+    keys_and_worker_pieces_agree_with_pieces(&*make());
+}
+
+/// [`CheckpointStore::keys`] and [`CheckpointStore::worker_pieces`] read
+/// what [`CheckpointStore::pieces`] reads; a commit naming no staged pieces
+/// is a plain one.
+pub fn keys_and_worker_pieces_agree_with_pieces(store: &dyn CheckpointStore) {
+    let c = sample_checkpoint(5, 3);
+    store.put_staged(&c, &[], None).unwrap();
+    assert_eq!(store.get(5).unwrap(), Some(c.clone()));
+    assert_eq!(
+        store.keys(5).unwrap(),
+        Some(c.pieces.iter().map(|p| (p.shard, p.worker)).collect())
+    );
+    for w in 0..3 {
+        let (mine, read) = store.worker_pieces(5, w).unwrap().unwrap();
+        let want: Vec<StatePiece> = c.pieces.iter().filter(|p| p.worker == w).cloned().collect();
+        assert_eq!(mine, want, "worker {w}");
+        let bytes: u64 = want.iter().map(|p| p.state.len() as u64).sum();
+        assert_eq!(read.local + read.fetched, bytes, "worker {w}");
+    }
+    assert_eq!(store.keys(6).unwrap(), None);
+    assert!(store.worker_pieces(6, 0).unwrap().is_none());
 }
 
 /// A stored checkpoint reads back whole; only the newest [`KEPT`] remain.

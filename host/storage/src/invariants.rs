@@ -11,7 +11,7 @@
 //!   holds the hash of the one before it (the chain the audit checks).
 
 use crate::error::{Result, StorageError};
-use crate::{Carried, Checkpoint, CheckpointStore, LogBackend};
+use crate::{Carried, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, Staged};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord};
 use std::collections::BTreeMap;
@@ -239,8 +239,7 @@ impl Guarded {
     /// Stores a checkpoint, after checking that it covers a committed step
     /// with that step's frontiers.
     pub fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
-        self.check_checkpoint(checkpoint)?;
-        self.checkpoints.put(checkpoint)
+        self.checkpoint_staged(checkpoint, &[], None)
     }
 
     /// Stores an incremental checkpoint: `checkpoint`'s pieces plus those
@@ -250,27 +249,63 @@ impl Guarded {
     /// of a `(shard, worker)` that is also carried is a delta: it follows
     /// the carried ones, and restoring adds them up.
     pub fn checkpoint_carrying(&self, checkpoint: &Checkpoint, carried: &Carried) -> Result<()> {
-        self.check_checkpoint(checkpoint)?;
-        let step = checkpoint.meta.step;
-        let refuse = |message: String| StorageError::InvalidCheckpoint { step, message };
-        let base = self.checkpoints.meta(carried.from)?.ok_or_else(|| {
-            refuse(format!(
-                "it carries pieces of checkpoint {}, which is not committed",
-                carried.from
-            ))
-        })?;
-        if carried.from >= step || base.layout != checkpoint.meta.layout {
-            return Err(refuse(format!(
-                "it carries pieces of checkpoint {}, which is not an earlier checkpoint of the \
-                 same layout",
-                carried.from
-            )));
-        }
-        self.checkpoints.put_carrying(checkpoint, carried)
+        self.checkpoint_staged(checkpoint, &[], Some(carried))
     }
 
-    fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+    /// Stores a checkpoint whose pieces are `checkpoint`'s and those other
+    /// hosts `staged` in the store (and those `carried`, if any), checked
+    /// like [`checkpoint_carrying`](Self::checkpoint_carrying) over all of
+    /// them; a staged segment of another step, or a second one of a worker,
+    /// is refused. The store checks the staged segments are there.
+    pub fn checkpoint_staged(
+        &self,
+        checkpoint: &Checkpoint,
+        staged: &[Staged],
+        carried: Option<&Carried>,
+    ) -> Result<()> {
         let step = checkpoint.meta.step;
+        let refuse = |message: String| StorageError::InvalidCheckpoint { step, message };
+        if let Some(s) = staged.iter().find(|s| s.step != step) {
+            return Err(refuse(format!(
+                "it names pieces of worker {} staged for step {}",
+                s.worker, s.step
+            )));
+        }
+        let keys = checkpoint.pieces.iter().map(|p| (p.shard, p.worker)).chain(
+            staged
+                .iter()
+                .flat_map(|s| s.pieces.iter().map(|(shard, _)| (*shard, s.worker))),
+        );
+        self.check_checkpoint(&checkpoint.meta, keys)?;
+        let mut workers: Vec<u32> = staged.iter().map(|s| s.worker).collect();
+        workers.sort_unstable();
+        if let Some(w) = workers.windows(2).find(|w| w[0] == w[1]) {
+            return Err(refuse(format!("two staged segments of worker {}", w[0])));
+        }
+        if let Some(carried) = carried {
+            let base = self.checkpoints.meta(carried.from)?.ok_or_else(|| {
+                refuse(format!(
+                    "it carries pieces of checkpoint {}, which is not committed",
+                    carried.from
+                ))
+            })?;
+            if carried.from >= step || base.layout != checkpoint.meta.layout {
+                return Err(refuse(format!(
+                    "it carries pieces of checkpoint {}, which is not an earlier checkpoint of \
+                     the same layout",
+                    carried.from
+                )));
+            }
+        }
+        self.checkpoints.put_staged(checkpoint, staged, carried)
+    }
+
+    fn check_checkpoint(
+        &self,
+        meta: &CheckpointMeta,
+        keys: impl Iterator<Item = (u32, u32)>,
+    ) -> Result<()> {
+        let step = meta.step;
         let refuse = |message: &str| StorageError::InvalidCheckpoint {
             step,
             message: message.into(),
@@ -279,31 +314,26 @@ impl Guarded {
             .log
             .step_record(step)?
             .ok_or_else(|| refuse("the step is not committed (I3)"))?;
-        if record.frontiers != checkpoint.meta.frontiers {
+        if record.frontiers != meta.frontiers {
             return Err(refuse("its frontiers differ from the step record's"));
         }
         let layout = layout_after(&*self.log, &*self.checkpoints, &self.shape, Some(step))?;
-        if checkpoint.meta.layout != layout {
+        if meta.layout != layout {
             return Err(refuse(&format!(
                 "its layout (epoch {}) is not the layout step {step} ran under (epoch {})",
-                checkpoint.meta.layout.epoch, layout.epoch
+                meta.layout.epoch, layout.epoch
             )));
         }
-        if let Some(p) = checkpoint
-            .pieces
+        let mut keys: Vec<(u32, u32)> = keys.collect();
+        if let Some((shard, worker)) = keys
             .iter()
-            .find(|p| p.worker >= layout.workers || p.shard >= sluice_core::SHARDS)
+            .find(|(shard, worker)| *worker >= layout.workers || *shard >= sluice_core::SHARDS)
         {
             return Err(refuse(&format!(
-                "a piece of shard {} of worker {} (the layout has {} workers)",
-                p.shard, p.worker, layout.workers
+                "a piece of shard {shard} of worker {worker} (the layout has {} workers)",
+                layout.workers
             )));
         }
-        let mut keys: Vec<(u32, u32)> = checkpoint
-            .pieces
-            .iter()
-            .map(|p| (p.shard, p.worker))
-            .collect();
         keys.sort_unstable();
         if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
             return Err(refuse(&format!(

@@ -36,7 +36,9 @@ pub mod invariants;
 pub mod log;
 pub mod read;
 
-pub use checkpoint::{Carried, Checkpoint, CheckpointMeta, CheckpointStore, StatePiece};
+pub use checkpoint::{
+    Carried, Checkpoint, CheckpointMeta, CheckpointStore, ReadBytes, Staged, StatePiece,
+};
 pub use error::{BoxError, Result, StorageError};
 pub use invariants::{Guarded, layout_after};
 pub use log::{

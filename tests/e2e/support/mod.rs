@@ -93,11 +93,23 @@ pub struct Harness {
 impl Harness {
     /// Opens (or creates) a pipeline of `wasm` in `dir`.
     pub async fn open(dir: &Path, wasm: &Path, workers: u32, limits: Limits) -> Harness {
+        Self::open_with(dir, wasm, workers, limits, |_| {}).await
+    }
+
+    /// [`open`](Self::open), the configuration changed by `configure`
+    /// first.
+    pub async fn open_with(
+        dir: &Path,
+        wasm: &Path,
+        workers: u32,
+        limits: Limits,
+        configure: impl FnOnce(&mut PipelineConfig),
+    ) -> Harness {
         let engine = Arc::new(SluiceEngine::new(limits, Some(cache_dir())).unwrap());
         let component = engine.load_file(wasm).unwrap();
-        let pipeline = Pipeline::open(engine, component, PipelineConfig::new(dir, workers))
-            .await
-            .unwrap();
+        let mut config = PipelineConfig::new(dir, workers);
+        configure(&mut config);
+        let pipeline = Pipeline::open(engine, component, config).await.unwrap();
         Harness {
             log: pipeline.storage().log.clone(),
             storage: pipeline.storage().guarded(),

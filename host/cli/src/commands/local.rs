@@ -157,10 +157,12 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             HostEvent::Leading {
                 hosts,
                 restored,
+                restored_local,
+                restored_fetched,
                 replayed,
                 took,
             } => eprintln!(
-                "host {name}: leading on [{}]; restored checkpoint {}, replayed {replayed} steps in {took:.2?}",
+                "host {name}: leading on [{}]; restored checkpoint {} ({restored_local} bytes from the hosts' own copies, {restored_fetched} fetched), replayed {replayed} steps in {took:.2?}",
                 hosts.join(", "),
                 restored.map_or("none".to_owned(), |s| s.to_string())
             ),
