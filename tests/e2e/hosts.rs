@@ -5,7 +5,7 @@
 //! on one host.
 
 use crate::support::{Harness, component, recount};
-use sluice_runtime::{Limits, PipelineOptions, RemoteHost, Tls, WorkerHost};
+use sluice_runtime::{Limits, PipelineOptions, Reach, RemoteHost, Tls, WorkerHost};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,16 +28,23 @@ fn lines(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// A worker host for `harness`'s pipeline on a loopback port; returns its
-/// address and the task serving it (abort it to kill the host).
+/// A worker host for `harness`'s pipeline on a loopback port, reading its
+/// workers' input from the pipeline's log itself (the coordinator sends
+/// offsets); returns its address and the task serving it (abort it to kill
+/// the host).
 async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let host = WorkerHost::new(
+    let host = WorkerHost::new_with(
         harness.engine(),
         harness.pipeline.component(),
         pipeline,
         SECRET,
+        None,
+        Reach {
+            checkpoints: None,
+            log: Some(harness.log.clone()),
+        },
     );
     let task = tokio::spawn(async move {
         let _ = host.serve(listener).await;
@@ -126,6 +133,11 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
     assert!(
         c.stats().checkpoints >= 2,
         "checkpoints took remote snapshots"
+    );
+    let stats = c.stats().clone();
+    assert!(
+        stats.events_in_read_by_hosts > 0 && stats.events_in_read_by_hosts < stats.events_in,
+        "the hosts read their workers' input, the leader its own: {stats:?}"
     );
     drop(c);
 
@@ -259,7 +271,10 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
             &name,
             SECRET,
             None,
-            Some(checkpoints),
+            Reach {
+                checkpoints: Some(checkpoints),
+                log: None,
+            },
         );
         tasks.push(tokio::spawn(async move {
             let _ = worker_host.serve(listener).await;
@@ -371,7 +386,7 @@ async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
             &name,
             SECRET,
             Some(tls("sluice")),
-            None,
+            Reach::default(),
         );
         let serving = host.clone();
         tokio::spawn(async move {

@@ -234,6 +234,16 @@ impl EmbeddedLog {
 }
 
 impl LogBackend for EmbeddedLog {
+    /// This instance, in this process: only workers of hosts running in
+    /// the same process and handed this log (tests, benchmarks) read it.
+    fn location(&self) -> Option<String> {
+        Some(format!(
+            "embedded:{}:{:p}",
+            std::process::id(),
+            Arc::as_ptr(&self.db)
+        ))
+    }
+
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
         validate_name("input log", input).map_err(ConfigError::from)?;
         if partitions == 0 {

@@ -944,6 +944,15 @@ pub fn parse_frontier(bytes: &[u8]) -> Option<Frontier> {
 }
 
 impl LogBackend for KafkaLog {
+    /// The brokers and the pipeline's name: every host that connects to
+    /// them reads the same topics.
+    fn location(&self) -> Option<String> {
+        Some(format!(
+            "kafka://{}/{}",
+            self.config.brokers, self.config.pipeline
+        ))
+    }
+
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
         let topic = self.config.topic(input);
         let n = self.ensure_topic(&topic, partitions, &[])?;

@@ -167,14 +167,18 @@ fn is_segment_of(name: &str, step: u64, worker: u32) -> bool {
 }
 
 /// A number no other write of the same step (on any host) draws: segments
-/// are immutable, so a checkpoint written again never reuses a name.
+/// are immutable, so a checkpoint written again never reuses a name — and a
+/// host's copy of a segment is always that segment's bytes. 64 random bits
+/// (the clock and a counter should the OS source fail).
 fn nonce() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    nanos ^ (u64::from(std::process::id()) << 40) ^ count.rotate_right(8)
+    getrandom::u64().unwrap_or_else(|_| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+        nanos ^ (u64::from(std::process::id()) << 40) ^ count.rotate_right(8)
+    })
 }
 
 impl ObjectCheckpointStore {

@@ -25,7 +25,9 @@ use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use sluice_cluster::{Member, Membership, Session, View};
-use sluice_runtime::{Coordinator, LoadedComponent, RemoteHost, SluiceEngine, Tls, WorkerHost};
+use sluice_runtime::{
+    Coordinator, LoadedComponent, Reach, RemoteHost, SluiceEngine, Tls, WorkerHost,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -162,13 +164,29 @@ pub async fn run_host(
             )),
             None => None,
         };
+    // The pipeline's logs: its workers read their own input.
+    let log: Option<Arc<dyn sluice_storage::LogBackend>> = match &config.pipeline.log {
+        #[cfg(feature = "kafka")]
+        crate::LogConfig::Kafka { config: kafka } => {
+            let mut kafka = kafka.clone();
+            kafka.inputs = engine.describe(&component).await?.inputs;
+            let log = tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka))
+                .await
+                .map_err(|e| Error::Io {
+                    path: PathBuf::from("the Kafka log"),
+                    source: std::io::Error::other(e),
+                })??;
+            Some(Arc::new(log))
+        }
+        crate::LogConfig::Embedded { .. } => None,
+    };
     let worker_host = WorkerHost::new_with(
         &engine,
         &component,
         &identity,
         &config.secret,
         config.tls.clone(),
-        checkpoints,
+        Reach { checkpoints, log },
     );
     let serving = tokio::spawn(worker_host.serve(listener));
     let _serving = AbortOnDrop(serving.abort_handle());

@@ -33,6 +33,7 @@ use crate::remote::{
     replace_placement, round_robin,
 };
 use crate::worker::{Worker, WorkerInfo};
+use serde::{Deserialize, Serialize};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{
     ConfigError, Event, Frontier, Layout, OutputEntry, PartitionId, PipelineShape, SHARDS,
@@ -127,6 +128,9 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Input events consumed by committed steps.
     pub events_in: u64,
+    /// Of those, events the workers' hosts read from the logs themselves
+    /// (only their offsets travelled).
+    pub events_in_read_by_hosts: u64,
     /// Output events committed.
     pub events_out: u64,
     /// Fuel the guests burned in steps (committed or not).
@@ -216,6 +220,14 @@ async fn restore_worker(
     Ok(read)
 }
 
+/// What a worker steps on.
+enum StepInput {
+    /// Its input, read here.
+    Batches(Vec<Batch>),
+    /// The offsets its host reads.
+    Read(Vec<InputRange>),
+}
+
 /// What taking one worker's part of a checkpoint gave.
 enum Taken {
     /// Its pieces, here.
@@ -293,6 +305,8 @@ pub struct Coordinator {
     prev: u128,
     /// Input events the last executed step read.
     events_read: u64,
+    /// Of those, read by the workers' hosts.
+    events_read_there: u64,
     /// How long the last checkpoint took.
     last_checkpoint_took: Duration,
     /// How much of it taking the snapshots took (the rest: writing, trim).
@@ -421,6 +435,7 @@ impl Coordinator {
             limits,
             prev: 0,
             events_read: 0,
+            events_read_there: 0,
             last_checkpoint_took: Duration::ZERO,
             last_checkpoint_snapshots: Duration::ZERO,
             pending: None,
@@ -856,26 +871,55 @@ impl Coordinator {
         step: u64,
         time_ms: u64,
     ) -> Result<Vec<WorkerOutput>> {
-        let inputs = {
-            let (storage, owned, from) = (
-                self.storage.clone(),
-                self.owned.clone(),
-                self.frontiers.clone(),
-            );
-            let target = target.to_vec();
-            blocking(move || read_inputs(&storage, &owned, &from, &target)).await?
-        };
-        self.events_read = inputs
+        // A worker whose host reads this pipeline's logs reads its own
+        // input (only the offsets travel); the others' is read here.
+        let ranges = input_ranges(&self.owned, &self.frontiers, target);
+        let location = self.storage.log().location();
+        let reads_there: Vec<bool> = self
+            .instances
             .iter()
-            .flat_map(|batches| batches.iter().map(|b| b.weights.len() as u64))
-            .sum();
+            .map(|i| match i {
+                Some(AnyWorker::Remote(r)) => location.is_some() && r.log() == location.as_deref(),
+                _ => false,
+            })
+            .collect();
+        let inputs: Vec<StepInput> = {
+            let storage = self.storage.clone();
+            let reads_there = reads_there.clone();
+            blocking(move || {
+                ranges
+                    .into_iter()
+                    .zip(reads_there)
+                    .map(|(ranges, there)| {
+                        Ok(if there {
+                            StepInput::Read(ranges)
+                        } else {
+                            StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .await?
+        };
         self.exchange.begin_step(step);
         let mut tasks = Vec::with_capacity(inputs.len());
-        for (w, batches) in inputs.into_iter().enumerate() {
+        for (w, input) in inputs.into_iter().enumerate() {
             let mut worker = self.instances[w].take().ok_or(Error::WorkersLost)?;
             let exchange = self.exchange.clone();
             tasks.push(tokio::spawn(async move {
-                let r = worker.step(step, time_ms, batches).await;
+                let r = match input {
+                    StepInput::Batches(batches) => {
+                        let events = batches.iter().map(|b| b.weights.len() as u64).sum();
+                        worker
+                            .step(step, time_ms, batches)
+                            .await
+                            .map(|o| (o, events))
+                    }
+                    StepInput::Read(ranges) => match &mut worker {
+                        AnyWorker::Remote(r) => r.step_reading(step, time_ms, ranges).await,
+                        AnyWorker::Local(_) => Err(Error::WorkersLost),
+                    },
+                };
                 exchange.worker_finished(w as u32);
                 if let Err(e) = &r {
                     exchange.worker_failed(w as u32, &e.to_string());
@@ -883,6 +927,8 @@ impl Coordinator {
                 (worker, r)
             }));
         }
+        self.events_read = 0;
+        self.events_read_there = 0;
         let mut outputs = Vec::with_capacity(tasks.len());
         let mut failure: Option<Error> = None;
         for (w, task) in tasks.into_iter().enumerate() {
@@ -890,7 +936,13 @@ impl Coordinator {
                 Ok((mut worker, r)) => {
                     self.stats.fuel_used += worker.take_fuel_used();
                     self.instances[w] = Some(worker);
-                    r.and_then(|batches| self.convert(w as u32, step, batches))
+                    r.and_then(|(batches, events)| {
+                        self.events_read += events;
+                        if reads_there[w] {
+                            self.events_read_there += events;
+                        }
+                        self.convert(w as u32, step, batches)
+                    })
                 }
                 Err(e) => Err(Error::task(format!("worker {w}"))(e)),
             };
@@ -1067,6 +1119,7 @@ impl Coordinator {
         self.next_step += 1;
         self.stats.steps += 1;
         self.stats.events_in += events_in;
+        self.stats.events_in_read_by_hosts += self.events_read_there;
         self.stats.events_out += events_out;
         if self.checkpoint_due() {
             self.start_checkpoint().await?;
@@ -1413,53 +1466,99 @@ impl Coordinator {
     }
 }
 
-/// Reads each worker's input for a step, as one batch per input port with
-/// events (partitions in order).
-fn read_inputs(
-    storage: &Guarded,
+/// One partition's part of a worker's input for one step: offsets
+/// `start..end` of partition `id` of input log `name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InputRange {
+    pub(crate) id: PartitionId,
+    pub(crate) name: String,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
+/// The input each worker reads in a step from frontiers `from` to `to`: one
+/// range per partition it owns that moved, in the order it owns them.
+fn input_ranges(
     owned: &[Vec<(PartitionId, String)>],
     from: &[Frontier],
     to: &[Frontier],
-) -> Result<Vec<Vec<Batch>>> {
-    let mut all = Vec::with_capacity(owned.len());
-    for (w, parts) in owned.iter().enumerate() {
-        let mut batches: Vec<Batch> = Vec::new();
-        for (id, name) in parts {
-            let start = from[w].get(id).copied().unwrap_or(0);
-            let end = to[w].get(id).copied().unwrap_or(start);
-            if end <= start {
-                continue;
-            }
-            // Offsets may be sparse (Kafka's transaction markers take
-            // offsets), so the range holds at most `end - start` events; a
-            // dense backend checks its own ranges.
-            let events = storage.log().read(name, id.partition, start..end)?;
-            if events.len() as u64 > end - start {
-                return Err(sluice_storage::StorageError::Corrupt {
-                    what: format!("input `{name}` partition {}", id.partition),
-                    message: format!("offsets {start}..{end} returned {} events", events.len()),
-                }
+) -> Vec<Vec<InputRange>> {
+    owned
+        .iter()
+        .enumerate()
+        .map(|(w, parts)| {
+            parts
+                .iter()
+                .filter_map(|(id, name)| {
+                    let start = from[w].get(id).copied().unwrap_or(0);
+                    let end = to[w].get(id).copied().unwrap_or(start);
+                    (end > start).then(|| InputRange {
+                        id: *id,
+                        name: name.clone(),
+                        start,
+                        end,
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Reads `ranges` from `log` into one batch per input port (in the order
+/// the ranges name them): what a worker steps on — built the same way
+/// wherever it is read, so a worker's host reading its own input gives the
+/// worker what the coordinator would have sent. With `strict` (a reader
+/// other than the one that divided the step), a range past the partition's
+/// end fails instead of reading short: its events are not all visible
+/// here yet.
+pub(crate) fn read_batches(
+    log: &dyn sluice_storage::LogBackend,
+    ranges: &[InputRange],
+    strict: bool,
+) -> Result<Vec<Batch>> {
+    let mut batches: Vec<Batch> = Vec::new();
+    for r in ranges {
+        let (name, partition, start, end) = (&r.name, r.id.partition, r.start, r.end);
+        if strict {
+            let (_, high) = log.watermarks(name, partition)?;
+            if high < end {
+                return Err(sluice_storage::StorageError::backend(
+                    "log",
+                    format!("reading input `{name}` partition {partition}"),
+                    true,
+                    format!("offsets up to {end} are not visible here yet (the end is {high})"),
+                )
                 .into());
             }
-            let batch = match batches.iter_mut().position(|b| b.port == id.input) {
-                Some(i) => &mut batches[i],
-                None => {
-                    batches.push(Batch {
-                        port: id.input,
-                        values: Vec::new(),
-                        ends: Vec::new(),
-                        weights: Vec::new(),
-                    });
-                    batches.last_mut().expect("just pushed")
-                }
-            };
-            for e in events {
-                batch.values.extend_from_slice(&e.value);
-                batch.ends.push(batch.values.len() as u32);
-                batch.weights.push(e.weight);
-            }
         }
-        all.push(batches);
+        // Offsets may be sparse (Kafka's transaction markers take
+        // offsets), so the range holds at most `end - start` events; a
+        // dense backend checks its own ranges.
+        let events = log.read(name, partition, start..end)?;
+        if events.len() as u64 > end - start {
+            return Err(sluice_storage::StorageError::Corrupt {
+                what: format!("input `{name}` partition {partition}"),
+                message: format!("offsets {start}..{end} returned {} events", events.len()),
+            }
+            .into());
+        }
+        let batch = match batches.iter_mut().position(|b| b.port == r.id.input) {
+            Some(i) => &mut batches[i],
+            None => {
+                batches.push(Batch {
+                    port: r.id.input,
+                    values: Vec::new(),
+                    ends: Vec::new(),
+                    weights: Vec::new(),
+                });
+                batches.last_mut().expect("just pushed")
+            }
+        };
+        for e in events {
+            batch.values.extend_from_slice(&e.value);
+            batch.ends.push(batch.values.len() as u32);
+            batch.weights.push(e.weight);
+        }
     }
-    Ok(all)
+    Ok(batches)
 }

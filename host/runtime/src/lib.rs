@@ -46,5 +46,5 @@ pub mod worker;
 pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, GuestError, Result};
-pub use remote::{RemoteHost, Tls, WorkerHost};
+pub use remote::{Reach, RemoteHost, Tls, WorkerHost};
 pub use worker::{Snapshot, Worker, WorkerInfo};

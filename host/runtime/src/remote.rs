@@ -40,6 +40,7 @@
 //! before (its workers are dropped).
 
 use crate::bindings::{Batch, KeyedEvents};
+use crate::coordinator::{InputRange, read_batches};
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, ExchangeError, Frame, FrameBody, Link, Placement};
@@ -49,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use sluice_core::Layout;
 use sluice_core::StepLimits;
-use sluice_storage::{CheckpointStore, ReadBytes, Staged};
+use sluice_storage::{CheckpointStore, LogBackend, ReadBytes, Staged};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -253,10 +254,13 @@ enum Call {
         inherit_stderr: bool,
         mesh: WireMesh,
     },
+    /// Step on `inputs`, after reading `read` (offsets of the logs the
+    /// host reads itself) into batches in front of them.
     Step {
         step: u64,
         time_ms: u64,
         inputs: Vec<WireBatch>,
+        read: Vec<InputRange>,
     },
     /// Snapshot; with `stage`, write the pieces to the host's checkpoint
     /// store for checkpoint `stage` instead of returning them.
@@ -293,10 +297,14 @@ enum Answer {
     /// A worker started; its host's checkpoint store is at `store`.
     Started {
         store: Option<String>,
+        /// Where its host reads the pipeline's logs, if it does.
+        log: Option<String>,
     },
     Stepped {
         outputs: Vec<WireBatch>,
         fuel: u64,
+        /// Input events the host read for the step.
+        events: u64,
     },
     Snapshot {
         pieces: Vec<WirePiece>,
@@ -906,6 +914,8 @@ pub struct RemoteWorker {
     fuel_used: u64,
     /// Where its host keeps checkpoints, if it has a store.
     store: Option<String>,
+    /// Where its host reads the pipeline's logs, if it does.
+    log: Option<String>,
 }
 
 fn unexpected(host: &RemoteHost, call: &str) -> Error {
@@ -936,7 +946,7 @@ impl RemoteWorker {
                 },
             )
             .await?;
-        let Answer::Started { store } = started else {
+        let Answer::Started { store, log } = started else {
             return Err(unexpected(&host, "start"));
         };
         Ok(RemoteWorker {
@@ -945,6 +955,7 @@ impl RemoteWorker {
             limits,
             fuel_used: 0,
             store,
+            log,
         })
     }
 
@@ -963,14 +974,45 @@ impl RemoteWorker {
             step,
             time_ms,
             inputs: inputs.into_iter().map(Into::into).collect(),
+            read: Vec::new(),
         };
+        self.step_call(call).await.map(|(outputs, _)| outputs)
+    }
+
+    /// Steps on the input its host reads itself: offsets `read`. Returns
+    /// the outputs and how many input events the host read.
+    pub(crate) async fn step_reading(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        read: Vec<InputRange>,
+    ) -> Result<(Vec<Batch>, u64)> {
+        let call = Call::Step {
+            step,
+            time_ms,
+            inputs: Vec::new(),
+            read,
+        };
+        self.step_call(call).await
+    }
+
+    async fn step_call(&mut self, call: Call) -> Result<(Vec<Batch>, u64)> {
         match self.host.call(self.worker, self.limits, call).await? {
-            Answer::Stepped { outputs, fuel } => {
+            Answer::Stepped {
+                outputs,
+                fuel,
+                events,
+            } => {
                 self.fuel_used += fuel;
-                Ok(outputs.into_iter().map(Into::into).collect())
+                Ok((outputs.into_iter().map(Into::into).collect(), events))
             }
             _ => Err(unexpected(&self.host, "step")),
         }
+    }
+
+    /// Where its host reads the pipeline's logs, if it does.
+    pub(crate) fn log(&self) -> Option<&str> {
+        self.log.as_deref()
     }
 
     pub(crate) fn set_step_limits(&mut self, limits: StepLimits) {
@@ -1476,10 +1518,36 @@ pub struct WorkerHost {
     peer_bytes: Arc<AtomicU64>,
     /// Mutual TLS on every connection, if set.
     tls: Option<Tls>,
-    /// The pipeline's shared checkpoint store, if this host reaches it:
-    /// its workers write their pieces there themselves and restore from
-    /// it (from this host's own copy first).
-    checkpoints: Option<Arc<dyn CheckpointStore>>,
+    /// What this host reaches of the pipeline's storage.
+    reach: Reach,
+}
+
+/// What a worker host reaches of its pipeline's storage. A coordinator
+/// whose own storage has the same location
+/// ([`CheckpointStore::location`], [`LogBackend::location`]) lets the
+/// host's workers use it directly, so their input and state never travel
+/// through the coordinator.
+#[derive(Clone, Default)]
+pub struct Reach {
+    /// The pipeline's shared checkpoint store: its workers write their
+    /// pieces there themselves and restore from it (from this host's own
+    /// copy first).
+    pub checkpoints: Option<Arc<dyn CheckpointStore>>,
+    /// The pipeline's logs: its workers read their own input (the
+    /// coordinator sends offsets).
+    pub log: Option<Arc<dyn LogBackend>>,
+}
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach")
+            .field(
+                "checkpoints",
+                &self.checkpoints.as_ref().map(|c| c.location()),
+            )
+            .field("log", &self.log.as_ref().map(|l| l.location()))
+            .finish()
+    }
 }
 
 impl WorkerHost {
@@ -1491,27 +1559,24 @@ impl WorkerHost {
         pipeline: &str,
         secret: &[u8],
     ) -> Arc<WorkerHost> {
-        Self::new_with(engine, component, pipeline, secret, None, None)
+        Self::new_with(engine, component, pipeline, secret, None, Reach::default())
     }
 
     /// [`new`](Self::new), speaking mutual TLS on every connection (those
     /// it accepts and the links it opens to other hosts) when `tls` is
-    /// given, and reaching the pipeline's checkpoint store `checkpoints`
-    /// when given: a coordinator whose store has the same
-    /// [location](CheckpointStore::location) then has this host's workers
-    /// write their checkpoint pieces there and restore from there, so
-    /// their state never travels through the coordinator.
+    /// given, its workers using what it `reach`es of the pipeline's
+    /// storage directly (see [`Reach`]).
     pub fn new_with(
         engine: &SluiceEngine,
         component: &LoadedComponent,
         pipeline: &str,
         secret: &[u8],
         tls: Option<Tls>,
-        checkpoints: Option<Arc<dyn CheckpointStore>>,
+        reach: Reach,
     ) -> Arc<WorkerHost> {
         Arc::new(WorkerHost {
             tls,
-            checkpoints,
+            reach,
             engine: engine.with_limits(engine.limits()),
             component: component.clone(),
             pipeline: pipeline.to_owned(),
@@ -1783,7 +1848,8 @@ impl WorkerHost {
             }
             *worker = Some(started);
             return Ok(Answer::Started {
-                store: self.checkpoints.as_ref().and_then(|c| c.location()),
+                store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
+                log: self.reach.log.as_ref().and_then(|l| l.location()),
             });
         }
         let w = worker.as_mut().ok_or(Error::WorkersLost)?;
@@ -1796,14 +1862,27 @@ impl WorkerHost {
                 step,
                 time_ms,
                 inputs,
+                read,
             } => {
                 let exchange = w.exchange();
                 if let Some(x) = &exchange {
                     x.begin_step(step);
                 }
-                let stepped = w
-                    .step(step, time_ms, inputs.into_iter().map(Into::into).collect())
-                    .await;
+                let mut batches: Vec<Batch> = Vec::new();
+                let mut read_failed = None;
+                if !read.is_empty() {
+                    match self.read_input(read).await {
+                        Ok(b) => batches = b,
+                        Err(e) => read_failed = Some(e),
+                    }
+                }
+                let events: u64 = batches.iter().map(|b| b.weights.len() as u64).sum();
+                batches.extend(inputs.into_iter().map(Into::into));
+                let stepped = match read_failed {
+                    // The exchange learns of it below, like a step failure.
+                    Some(e) => Err(e),
+                    None => w.step(step, time_ms, batches).await,
+                };
                 if let Some(x) = &exchange {
                     x.worker_finished(index);
                     if let Err(e) = &stepped {
@@ -1813,6 +1892,7 @@ impl WorkerHost {
                 Answer::Stepped {
                     outputs: stepped?.into_iter().map(Into::into).collect(),
                     fuel: w.take_fuel_used(),
+                    events,
                 }
             }
             Call::Snapshot {
@@ -1876,9 +1956,25 @@ impl WorkerHost {
 }
 
 impl WorkerHost {
+    /// Reads a worker's input ranges from the pipeline's logs.
+    async fn read_input(&self, read: Vec<InputRange>) -> Result<Vec<Batch>> {
+        let log = self.reach.log.clone().ok_or_else(|| {
+            Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(
+                    "this host reads none of the pipeline's logs (start it with the pipeline's \
+                     --brokers)"
+                        .into(),
+                ),
+            ))
+        })?;
+        tokio::task::spawn_blocking(move || read_batches(&*log, &read, true))
+            .await
+            .map_err(Error::task("reading input"))?
+    }
+
     /// The checkpoint store, or why a call that needs one fails.
     fn store(&self) -> Result<Arc<dyn CheckpointStore>> {
-        self.checkpoints.clone().ok_or_else(|| {
+        self.reach.checkpoints.clone().ok_or_else(|| {
             Error::Storage(sluice_storage::StorageError::Config(
                 sluice_core::ConfigError::Invalid(
                     "this host reaches no checkpoint store (start it with the pipeline's --store)"

@@ -180,6 +180,15 @@ pub trait LogBackend: Send + Sync {
     /// watermark.
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
 
+    /// Where the logs live, if a worker on another host can read them
+    /// there: two logs with the same location hold the same events, so a
+    /// coordinator may have a worker's host read that worker's input
+    /// itself (by offsets) instead of sending it. `None` (the default): no
+    /// other host reads them.
+    fn location(&self) -> Option<String> {
+        None
+    }
+
     /// Starts a new fencing epoch and returns it: from now on, commits whose
     /// record carries an older epoch fail with
     /// [`StorageError::Fenced`](crate::StorageError::Fenced). A host calls this once when
