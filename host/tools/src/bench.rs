@@ -1268,7 +1268,7 @@ async fn hosts_cost(
         options: manual_checkpoints(5_000),
         partitions: Some(6),
         checkpoint_store: Some(store.clone()),
-        ..PipelineConfig::new(&dir.path().join("leader"), 3)
+        ..PipelineConfig::new(dir.path().join("leader"), 3)
     };
     let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
     let copies = std::sync::atomic::AtomicU32::new(0);
