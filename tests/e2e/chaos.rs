@@ -77,7 +77,8 @@ fn rescales_between_and_during_runs_survive_a_crash_campaign() {
 /// The campaign across hosts: worker hosts killed and stalled past the
 /// session timeout, the coordinator crashed mid-step, hosts joining and
 /// leaving live; every kind of fault lands and no trial loses or repeats an
-/// effect.
+/// effect, with the hosts reading their own input and writing and restoring
+/// their own checkpoint pieces.
 #[test]
 fn a_short_campaign_across_hosts_finds_no_violation() {
     let mut cmd = sluice_cmd();
@@ -103,5 +104,13 @@ fn a_short_campaign_across_hosts_finds_no_violation() {
             && count(" joins") > 0
             && count(" leaves") > 0,
         "every kind of fault landed: {stdout}"
+    );
+    // The hosts read their own input, wrote their own checkpoint pieces,
+    // and restores read some state from the hosts' own copies.
+    assert!(
+        count(" input events themselves") > 0
+            && count(" bytes of checkpoint pieces") > 0
+            && count(" bytes from the hosts' own copies") > 0,
+        "{stdout}"
     );
 }

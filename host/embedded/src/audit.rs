@@ -6,13 +6,22 @@ use crate::db::PipelineDb;
 use crate::meta::{self, LogMeta};
 use crate::{EmbeddedLog, RocksCheckpointStore};
 use sluice_core::PipelineShape;
-use sluice_storage::Result;
 use sluice_storage::audit::{Verdict, audit};
+use sluice_storage::{CheckpointStore, Result};
 use std::sync::Arc;
 
 /// Audits the embedded pipeline in an opened database. A directory without
 /// a pipeline, or whose logs are in Kafka, is reported as such.
 pub fn audit_embedded(database: &Arc<PipelineDb>) -> Result<Verdict> {
+    audit_embedded_with(database, &RocksCheckpointStore::open(database.clone()))
+}
+
+/// [`audit_embedded`] of a pipeline that keeps its checkpoints in
+/// `checkpoints` (a shared store) rather than in the database.
+pub fn audit_embedded_with(
+    database: &Arc<PipelineDb>,
+    checkpoints: &dyn CheckpointStore,
+) -> Result<Verdict> {
     let Some(meta) = meta::load(database)? else {
         return Ok(Verdict::Violation(
             "no pipeline metadata: this directory holds no Sluice pipeline".into(),
@@ -27,11 +36,7 @@ pub fn audit_embedded(database: &Arc<PipelineDb>) -> Result<Verdict> {
     if let Some(v) = misplaced_entry(&log, &meta.shape)? {
         return Ok(Verdict::Violation(v));
     }
-    audit(
-        &log,
-        &RocksCheckpointStore::open(database.clone()),
-        &meta.shape,
-    )
+    audit(&log, checkpoints, &meta.shape)
 }
 
 /// The first output entry stored under another step's or worker's key.

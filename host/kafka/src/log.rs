@@ -944,12 +944,17 @@ pub fn parse_frontier(bytes: &[u8]) -> Option<Frontier> {
 }
 
 impl LogBackend for KafkaLog {
-    /// The brokers and the pipeline's name: every host that connects to
-    /// them reads the same topics.
+    /// The brokers, the pipeline's name and the topics its logs map to:
+    /// every host with the same reads the same topics for the same names.
     fn location(&self) -> Option<String> {
+        let mut topics: Vec<(&String, &String)> = self.config.topics.iter().collect();
+        topics.sort();
+        let topics: Vec<String> = topics.iter().map(|(l, t)| format!("{l}={t}")).collect();
         Some(format!(
-            "kafka://{}/{}",
-            self.config.brokers, self.config.pipeline
+            "kafka://{}/{}?{}",
+            self.config.brokers,
+            self.config.pipeline,
+            topics.join("&")
         ))
     }
 

@@ -98,10 +98,8 @@ pub struct ObjectCheckpointStore {
     location: Option<String>,
     /// This host's copy of the segments it wrote, if kept (a directory).
     cache: Option<PathBuf>,
-    /// The copy holds nothing a checkpoint below this step needs any more
-    /// than the last collection found (collections after staging run once
-    /// per step).
-    cache_collected: AtomicU64,
+    /// The last step whose staging collected the copy (once per step).
+    stage_collected: AtomicU64,
 }
 
 impl std::fmt::Debug for ObjectCheckpointStore {
@@ -219,16 +217,10 @@ impl ObjectCheckpointStore {
                 let prefix = Path::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
                 (Arc::new(s3), prefix)
             }
-            "memory" => {
-                // Only this process sees it: its location names this one.
-                let mut store = Self::new(
-                    Arc::new(object_store::memory::InMemory::new()),
-                    Path::default(),
-                    url,
-                )?;
-                store.location = Some(format!("{url}#{:016x}", nonce()));
-                return Ok(store);
-            }
+            "memory" => (
+                Arc::new(object_store::memory::InMemory::new()),
+                Path::default(),
+            ),
             other => {
                 return Err(bad(format!(
                     "unknown scheme {other:?} (use file:///dir, s3://bucket/prefix or memory:///)"
@@ -240,6 +232,14 @@ impl ObjectCheckpointStore {
 
     /// A store over `store`, under `prefix`; `describe` names it in
     /// messages.
+    ///
+    /// Its [location](CheckpointStore::location) is `describe` and the id
+    /// the store holds (`store-id` under the prefix, written by the first
+    /// host that opens it): two hosts have the same location only if they
+    /// read the same id — the same URL on two machines whose `file://`
+    /// directories are not shared, or whose S3 settings differ, does not
+    /// pass for one store. A store whose id cannot be read or written has
+    /// no location (its hosts' workers then send their pieces).
     pub fn new(store: Arc<dyn ObjectStore>, prefix: Path, describe: &str) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -253,9 +253,72 @@ impl ObjectCheckpointStore {
             runtime: Some(runtime),
             lock: Mutex::new(()),
             describe: describe.to_owned(),
-            location: Some(describe.to_owned()),
+            location: None,
             cache: None,
-            cache_collected: AtomicU64::new(0),
+            stage_collected: AtomicU64::new(0),
+        })
+        .map(|mut s: ObjectCheckpointStore| {
+            s.location = match s.identify() {
+                Ok(id) => Some(format!("{describe}#{id}")),
+                Err(e) => {
+                    tracing::warn!(store = describe, error = %e, "the store's id cannot be read: other hosts will send their checkpoint pieces here");
+                    None
+                }
+            };
+            s
+        })
+    }
+
+    /// The id the store holds, written first if it holds none. Two hosts
+    /// racing to write it may both succeed on a store without conditional
+    /// writes; each reads back what is there, so at worst one of them sees
+    /// another id than the other (and sends its pieces: slower, not wrong).
+    fn identify(&self) -> Result<String> {
+        let store = self.store.clone();
+        let path = self.prefix.clone().join("store-id");
+        let id = format!("{:016x}{:016x}", nonce(), nonce());
+        self.run(async move {
+            let read = |store: Arc<dyn ObjectStore>, path: Path| async move {
+                match store.get(&path).await {
+                    Ok(got) => got
+                        .bytes()
+                        .await
+                        .map(|b| Some(String::from_utf8_lossy(&b).into_owned()))
+                        .map_err(backend_error(format!("reading {path}"))),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(backend_error(format!("reading {path}"))(e)),
+                }
+            };
+            if let Some(id) = read(store.clone(), path.clone()).await? {
+                return Ok(id);
+            }
+            let create = object_store::PutOptions {
+                mode: object_store::PutMode::Create,
+                ..Default::default()
+            };
+            match store
+                .put_opts(&path, PutPayload::from(id.clone().into_bytes()), create)
+                .await
+            {
+                Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+                // No conditional writes here: a plain one.
+                Err(object_store::Error::NotImplemented { .. })
+                | Err(object_store::Error::NotSupported { .. }) => {
+                    store
+                        .put(&path, PutPayload::from(id.into_bytes()))
+                        .await
+                        .map_err(backend_error(format!("writing {path}")))?;
+                }
+                Err(e) => return Err(backend_error(format!("writing {path}"))(e)),
+            }
+            read(store, path.clone()).await?.ok_or_else(|| {
+                StorageError::backend(
+                    BACKEND,
+                    format!("reading {path}"),
+                    true,
+                    "gone after writing it",
+                )
+            })
         })
     }
 
@@ -280,8 +343,15 @@ impl ObjectCheckpointStore {
             return;
         };
         let tmp = dir.join(format!(".{name}.tmp"));
-        let written =
-            std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+        // Synced before it is renamed into place: after a crash a copy is
+        // either missing (fetched instead) or whole, never garbage.
+        let written = (|| {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&tmp)?;
+            file.write_all(bytes)?;
+            file.sync_data()?;
+            std::fs::rename(&tmp, dir.join(name))
+        })();
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             tracing::debug!(segment = name, error = %e, "no local copy of a segment");
@@ -327,8 +397,6 @@ impl ObjectCheckpointStore {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        self.cache_collected
-            .fetch_max(oldest_kept, Ordering::Relaxed);
     }
 
     /// The segments the manifests of checkpoints `kept` reference.
@@ -825,7 +893,9 @@ impl CheckpointStore for ObjectCheckpointStore {
         })?;
         // Once per step, drop from the copy what no kept checkpoint needs
         // (this host may never commit one, so never collect otherwise).
-        if self.cache.is_some() && self.cache_collected.load(Ordering::Relaxed) < step {
+        let due =
+            self.cache.is_some() && self.stage_collected.fetch_max(step, Ordering::Relaxed) < step;
+        if due {
             let collected = self.steps().and_then(|steps| {
                 let kept = &steps[steps.len().saturating_sub(KEPT)..];
                 let referenced = self.referenced(kept)?;
@@ -948,6 +1018,28 @@ mod tests {
             let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Arc::new(s3_store(&endpoint, &format!("conformance-{run}-{i}")))
         });
+    }
+
+    /// Two hosts over the S3 server: one location (the id written once,
+    /// conditionally), pieces staged by one committed by the other.
+    #[test]
+    fn hosts_stage_pieces_on_s3() {
+        let Some(endpoint) = std::env::var("SLUICE_S3_ENDPOINT").ok() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the S3 tests (SLUICE_S3_ENDPOINT is unset)"
+            );
+            eprintln!("skipped: no S3-protocol server (set SLUICE_S3_ENDPOINT)");
+            return;
+        };
+        let prefix = format!("staging-{}-{}", std::process::id(), nonce());
+        let (a, b) = (s3_store(&endpoint, &prefix), s3_store(&endpoint, &prefix));
+        assert!(a.location().is_some());
+        assert_eq!(a.location(), b.location());
+        let whole = conformance::sample_checkpoint(4, 2);
+        let staged = b.stage(4, 1, &pieces_of(&whole, 1)).unwrap();
+        a.put_staged(&only(&whole, 0), &[staged], None).unwrap();
+        assert_eq!(b.get(4).unwrap(), Some(whole));
     }
 
     /// A store on the test server's bucket `sluice-tests`, under `prefix`.
@@ -1153,6 +1245,34 @@ mod tests {
         let (_, read) = h[1].worker_pieces(4, 1).unwrap().unwrap();
         assert_eq!(read.local, 0);
         assert!(read.fetched > 0);
+    }
+
+    #[test]
+    fn stores_share_a_location_only_when_they_hold_the_same_id() {
+        let (h, _dirs) = hosts(2);
+        assert!(h[0].location().is_some());
+        assert_eq!(h[0].location(), h[1].location());
+        // The same description over another store: another location.
+        let other = ObjectCheckpointStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            Path::default(),
+            "memory:///shared",
+        )
+        .unwrap();
+        assert_ne!(other.location(), h[0].location());
+        let memory = || {
+            ObjectCheckpointStore::open("memory:///")
+                .unwrap()
+                .location()
+        };
+        assert_ne!(memory(), memory());
+        // One directory opened twice: one store.
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("store").display());
+        let a = ObjectCheckpointStore::open(&url).unwrap();
+        let b = ObjectCheckpointStore::open(&url).unwrap();
+        assert_eq!(a.location(), b.location());
+        assert!(a.location().unwrap().starts_with(&url));
     }
 
     #[test]

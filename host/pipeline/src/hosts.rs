@@ -338,7 +338,7 @@ async fn lead(
             .collect()
     };
     let options = sluice_runtime::PipelineOptions {
-        placement_hint: std::mem::take(hint),
+        placement_hint: hint.clone(),
         ..pipeline.options().clone()
     };
     let mut coordinator: Coordinator = pipeline

@@ -148,17 +148,17 @@ impl Storage {
     }
 }
 
-/// The partitions input `name` of a new pipeline gets: what the
-/// configuration asks (see [`PipelineConfig::input_partitions`]); for Kafka
-/// an existing topic keeps its own. (A broker that cannot answer shows its
-/// error when the input is created.)
-#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
 /// Where a host keeps its copy of the checkpoint segments it wrote to a
 /// shared store: beside the pipeline's RocksDB in its data directory.
 pub fn segment_cache(data: &std::path::Path) -> std::path::PathBuf {
     data.join("segments")
 }
 
+/// The partitions input `name` of a new pipeline gets: what the
+/// configuration asks (see [`PipelineConfig::input_partitions`]); for Kafka
+/// an existing topic keeps its own. (A broker that cannot answer shows its
+/// error when the input is created.)
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
 fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -> u32 {
     match &config.log {
         LogConfig::Embedded { .. } => config.input_partitions(),

@@ -185,29 +185,35 @@ fn placement_from_hint(hint: &[String], workers: u32, hosts: &[Arc<RemoteHost>])
     replace_placement(&slots, &before, &now)
 }
 
-/// Restores worker `w` from its pieces of committed checkpoint `step`: on
-/// its host, from the store there, when that host reaches the store at
-/// `location`; otherwise read here and handed over.
+/// Restores worker `w` from its pieces of committed checkpoint `step`:
+/// `pieces` when they were read here already; otherwise on its host, from
+/// the store there, when it is remote (the caller checked its host
+/// reaches the store), or read here.
 async fn restore_worker(
     worker: &mut AnyWorker,
     storage: &Arc<Guarded>,
-    location: Option<String>,
+    pieces: Option<Vec<StatePiece>>,
     step: u64,
     w: u32,
 ) -> Result<ReadBytes> {
-    if let AnyWorker::Remote(r) = worker
-        && location.is_some()
-        && r.store() == location.as_deref()
-    {
-        return r.restore_from(step).await;
-    }
-    let s = storage.clone();
-    let (pieces, mut read) = blocking(move || s.checkpoints().worker_pieces(step, w))
-        .await?
-        .ok_or_else(|| sluice_storage::StorageError::Corrupt {
-            what: format!("checkpoint of step {step}"),
-            message: "its pieces are missing".into(),
-        })?;
+    let (pieces, mut read) = match pieces {
+        Some(pieces) => {
+            let local = pieces.iter().map(|p| p.state.len() as u64).sum();
+            (pieces, ReadBytes { local, fetched: 0 })
+        }
+        None => {
+            if let AnyWorker::Remote(r) = worker {
+                return r.restore_from(step).await;
+            }
+            let s = storage.clone();
+            blocking(move || s.checkpoints().worker_pieces(step, w))
+                .await?
+                .ok_or_else(|| sluice_storage::StorageError::Corrupt {
+                    what: format!("checkpoint of step {step}"),
+                    message: "its pieces are missing".into(),
+                })?
+        }
+    };
     if let AnyWorker::Remote(_) = worker {
         // Read here, they travel to the worker's host.
         read.fetched += std::mem::take(&mut read.local);
@@ -453,15 +459,38 @@ impl Coordinator {
             // Every piece goes back to the worker that held it, so the
             // replay runs on exactly the state the steps ran on.
             let step = meta.step;
-            let keys = {
-                let s = c.storage.clone();
-                blocking(move || s.checkpoints().keys(step))
-                    .await?
-                    .ok_or_else(|| sluice_storage::StorageError::Corrupt {
-                        what: format!("checkpoint of step {step}"),
-                        message: "its pieces are missing".into(),
-                    })?
+            let missing = || sluice_storage::StorageError::Corrupt {
+                what: format!("checkpoint of step {step}"),
+                message: "its pieces are missing".into(),
             };
+            // A worker whose host reaches this pipeline's checkpoint store
+            // reads its own pieces there (from that host's own copy when it
+            // wrote them); when no host does, every piece is read here at
+            // once and handed to its worker.
+            let location = c.storage.checkpoints().location();
+            let there: Vec<bool> = c
+                .instances
+                .iter()
+                .map(|i| match i {
+                    Some(AnyWorker::Remote(r)) => {
+                        location.is_some() && r.store() == location.as_deref()
+                    }
+                    _ => false,
+                })
+                .collect();
+            let s = c.storage.clone();
+            let (keys, mut here): (Vec<(u32, u32)>, Option<Vec<StatePiece>>) =
+                if there.iter().any(|t| *t) {
+                    let keys = blocking(move || s.checkpoints().keys(step)).await?;
+                    (keys.ok_or_else(missing)?, None)
+                } else {
+                    let pieces = blocking(move || s.checkpoints().pieces(step, None)).await?;
+                    let pieces = pieces.ok_or_else(missing)?;
+                    (
+                        pieces.iter().map(|p| (p.shard, p.worker)).collect(),
+                        Some(pieces),
+                    )
+                };
             if let Some((_, w)) = keys.iter().find(|(_, w)| *w >= c.layout.workers) {
                 return Err(sluice_storage::StorageError::Corrupt {
                     what: format!("checkpoint of step {step}"),
@@ -478,22 +507,22 @@ impl Coordinator {
                     pieces: keys.iter().copied().collect(),
                 });
             }
-            // The instances restore side by side (each on its own task),
-            // each reading its own pieces: a worker whose host reaches the
-            // store reads them there (from that host's own copy when it
-            // wrote them), the others through this host.
-            let location = c.storage.checkpoints().location();
+            // The instances restore side by side (each on its own task).
             let mut tasks = Vec::with_capacity(c.instances.len());
             for w in 0..c.layout.workers {
                 let Some(mut worker) = c.instances[w as usize].take() else {
                     continue;
                 };
                 let storage = c.storage.clone();
-                let location = location.clone();
+                let mine: Option<Vec<StatePiece>> = here.as_mut().map(|all| {
+                    let (mine, rest) = std::mem::take(all).into_iter().partition(|p| p.worker == w);
+                    *all = rest;
+                    mine
+                });
                 tasks.push((
                     w,
                     tokio::spawn(async move {
-                        let r = restore_worker(&mut worker, &storage, location, step, w).await;
+                        let r = restore_worker(&mut worker, &storage, mine, step, w).await;
                         (worker, r)
                     }),
                 ));
@@ -1178,9 +1207,19 @@ impl Coordinator {
                     AnyWorker::Remote(r)
                         if location.is_some() && r.store() == location.as_deref() =>
                     {
-                        r.stage(incremental, step)
-                            .await
-                            .map(|(staged, changed)| Taken::Staged(staged, changed))
+                        match r.stage(incremental, step).await {
+                            Ok((staged, changed)) => Ok(Taken::Staged(staged, changed)),
+                            // Its host could not write the store (the
+                            // snapshot was taken: what changed is reset):
+                            // its whole state comes here instead.
+                            Err(e @ Error::Remote { guest: false, .. })
+                                if r.host().closed().is_none() =>
+                            {
+                                tracing::warn!(host = %r.host().addr(), error = %e, "a host could not write its checkpoint pieces: they come to the coordinator");
+                                r.snapshot(false).await.map(Taken::Pieces)
+                            }
+                            Err(e) => Err(e),
+                        }
                     }
                     w => w.snapshot(incremental).await.map(Taken::Pieces),
                 };

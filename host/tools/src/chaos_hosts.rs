@@ -20,17 +20,23 @@
 //! - **leave**: a host leaves gracefully — its workers move live to the
 //!   others — and is gone.
 //!
-//! After a kill, stall or crash the coordinator is reopened on the hosts there are —
-//! restore, replay, go on — until all input is consumed. Then the
+//! The hosts read their workers' input from the log themselves and write
+//! their workers' checkpoint pieces to the pipeline's shared store (a
+//! directory), keeping a copy. After a kill, stall or crash the coordinator
+//! is reopened on the hosts there are — restore (half the time keeping the
+//! surviving workers where they were, as a leader that survives does),
+//! replay, go on — until all input is consumed. Then the
 //! integrated output is compared with a recount (lost, duplicated, wrong)
 //! and the logs are audited.
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_core::Event;
-use sluice_embedded::audit::audit_embedded;
+use sluice_embedded::audit::audit_embedded_with;
 use sluice_pipeline::{Pipeline, PipelineConfig};
-use sluice_runtime::{LoadedComponent, PipelineOptions, RemoteHost, SluiceEngine, WorkerHost};
+use sluice_runtime::{
+    LoadedComponent, PipelineOptions, Reach, RemoteHost, SluiceEngine, WorkerHost,
+};
 use sluice_storage::audit::Verdict;
 use sluice_storage::log::AppendBatch;
 use std::collections::BTreeMap;
@@ -60,6 +66,15 @@ pub struct HostsChaosReport {
     pub replayed: u64,
     /// Steps committed.
     pub steps: u64,
+    /// Of the committed steps' input events, those the hosts read
+    /// themselves.
+    pub events_read_by_hosts: u64,
+    /// Bytes of checkpoint pieces the hosts wrote to the store themselves.
+    pub staged_bytes: u64,
+    /// Bytes of state restores read from the hosts' own copies.
+    pub restored_local_bytes: u64,
+    /// Bytes of state restores fetched from the store (or sent).
+    pub restored_fetched_bytes: u64,
     /// Expected results missing from the output (by weight).
     pub lost: u64,
     /// Results present too often.
@@ -97,6 +112,15 @@ impl std::fmt::Display for HostsChaosReport {
             self.steps,
             self.replayed,
             self.took
+        )?;
+        writeln!(
+            f,
+            "hosts read {} input events themselves, wrote {} bytes of checkpoint pieces; \
+             restores read {} bytes from the hosts' own copies, fetched {}",
+            self.events_read_by_hosts,
+            self.staged_bytes,
+            self.restored_local_bytes,
+            self.restored_fetched_bytes
         )?;
         crate::chaos::write_violations(
             f,
@@ -162,10 +186,11 @@ async fn start_host(
     engine: &SluiceEngine,
     component: &LoadedComponent,
     pipeline: &str,
+    reach: &dyn Fn() -> anyhow::Result<Reach>,
 ) -> anyhow::Result<Host> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let target = listener.local_addr()?;
-    let host = WorkerHost::new(engine, component, pipeline, SECRET);
+    let host = WorkerHost::new_with(engine, component, pipeline, SECRET, None, reach()?);
     let server = tokio::spawn(async move {
         let _ = host.serve(listener).await;
     });
@@ -222,13 +247,28 @@ async fn trial(
         checkpoint_interval: Duration::from_secs(3600),
         ..PipelineOptions::default()
     };
+    let store = format!("file://{}", dir.path().join("store").display());
     let config = PipelineConfig {
         partitions: Some(6),
         options: options.clone(),
+        checkpoint_store: Some(store.clone()),
         ..PipelineConfig::new(dir.path().join("data"), 3)
     };
     let pipeline = Pipeline::open(engine.clone(), component.clone(), config).await?;
     let name = pipeline.options().name.clone();
+    let log = pipeline.storage().log.clone();
+    // Each host: the log, and the store with a copy of its own.
+    let hosts_made = std::sync::atomic::AtomicU32::new(0);
+    let reach = || -> anyhow::Result<Reach> {
+        let n = hosts_made.fetch_add(1, Ordering::Relaxed);
+        Ok(Reach {
+            checkpoints: Some(Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(&store)?
+                    .with_cache(dir.path().join(format!("host{n}")))?,
+            )),
+            log: Some(log.clone()),
+        })
+    };
 
     // Input: lines of words, some deleting an earlier line.
     let mut lines: Vec<(String, i64)> = Vec::new();
@@ -244,7 +284,6 @@ async fn trial(
             lines.push((words.join(" "), 1));
         }
     }
-    let log = pipeline.storage().log.clone();
     for (i, chunk) in lines.chunks(40).enumerate() {
         let events = chunk
             .iter()
@@ -278,11 +317,13 @@ async fn trial(
     faults.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
 
     let mut hosts = vec![
-        start_host(engine, component, &name).await?,
-        start_host(engine, component, &name).await?,
+        start_host(engine, component, &name, &reach).await?,
+        start_host(engine, component, &name, &reach).await?,
     ];
     let mut zombies = Vec::new();
     let mut ran = 0u64;
+    // Where the workers ran under the last coordinator.
+    let mut hint: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     'run: loop {
         anyhow::ensure!(
@@ -295,7 +336,7 @@ async fn trial(
         for i in (0..hosts.len()).rev() {
             if hosts[i].frozen.load(Ordering::Relaxed) {
                 let stalled = hosts.remove(i);
-                hosts.push(start_host(engine, component, &name).await?);
+                hosts.push(start_host(engine, component, &name, &reach).await?);
                 zombies.push(stalled);
             }
         }
@@ -310,12 +351,27 @@ async fn trial(
         report.opens += 1;
         // The hosts the coordinator runs on, as it was last told.
         let mut placed = remote.clone();
-        let mut c = match pipeline.coordinator_on(options.clone(), remote).await {
+        // Half the reopens keep the workers where they ran (a leader that
+        // survived), the others deal them anew (a new leader).
+        let opening = PipelineOptions {
+            placement_hint: if rng.below(2) == 0 {
+                hint.clone()
+            } else {
+                Vec::new()
+            },
+            ..options.clone()
+        };
+        let mut c = match pipeline.coordinator_on(opening, remote).await {
             Ok(c) => c,
             Err(e) if e.is_transient() => continue,
             Err(e) => return Err(e).context("opening the coordinator"),
         };
+        hint = c.placement_addrs();
         report.replayed += c.stats().replayed_steps;
+        report.restored_local_bytes += c.stats().restored_local_bytes;
+        report.restored_fetched_bytes += c.stats().restored_fetched_bytes;
+        // What this coordinator did, added when it ends.
+        let mut counted = (0u64, 0u64);
         loop {
             if let Some(&(at, fault)) = faults.last()
                 && ran >= at
@@ -326,14 +382,14 @@ async fn trial(
                     Fault::Kill => {
                         report.kills += 1;
                         hosts.remove(i);
-                        hosts.push(start_host(engine, component, &name).await?);
+                        hosts.push(start_host(engine, component, &name, &reach).await?);
                     }
                     Fault::Stall => {
                         report.stalls += 1;
                         hosts[i].frozen.store(true, Ordering::Relaxed);
                     }
                     Fault::Join if hosts.len() < 4 => {
-                        let host = start_host(engine, component, &name).await?;
+                        let host = start_host(engine, component, &name, &reach).await?;
                         let joined =
                             match RemoteHost::connect(&host.addr, &name, SECRET, SESSION).await {
                                 Ok(r) => r,
@@ -345,7 +401,10 @@ async fn trial(
                         next.push(joined);
                         report.joins += 1;
                         match c.replace_hosts(next.clone()).await {
-                            Ok(_) => placed = next,
+                            Ok(_) => {
+                                placed = next;
+                                hint = c.placement_addrs();
+                            }
                             // A host lost meanwhile: recover.
                             Err(e) if e.is_transient() => continue 'run,
                             Err(e) => return Err(e).context("a host joining"),
@@ -362,6 +421,7 @@ async fn trial(
                         match c.replace_hosts(next.clone()).await {
                             Ok(_) => {
                                 placed = next;
+                                hint = c.placement_addrs();
                                 // Handed over: the host is gone.
                                 hosts.remove(i);
                             }
@@ -391,21 +451,29 @@ async fn trial(
             let stepped = tokio::time::timeout(STEP_LIMIT, c.step())
                 .await
                 .map_err(|_| anyhow::anyhow!("a step did not end in {STEP_LIMIT:?}"))?;
-            match stepped {
+            // The steps ended: the final checkpoint. (A fault that landed
+            // after the last step hits it: recover and checkpoint again.)
+            let outcome = match stepped {
+                Ok(false) => c.finish().await.map(|()| false),
+                other => other,
+            };
+            // What the coordinator did so far (checkpoints ride steps).
+            let now = (
+                c.stats().events_in_read_by_hosts,
+                c.stats().checkpoint_bytes_staged,
+            );
+            report.events_read_by_hosts += now.0 - counted.0;
+            report.staged_bytes += now.1 - counted.1;
+            counted = now;
+            match outcome {
                 Ok(true) => {
                     ran += 1;
                     report.steps += 1;
                 }
-                Ok(false) => match c.finish().await {
-                    Ok(()) => break 'run,
-                    // A fault that landed after the last step hits the
-                    // final checkpoint: recover and checkpoint again.
-                    Err(e) if e.is_transient() => continue 'run,
-                    Err(e) => return Err(e).context("the final checkpoint"),
-                },
+                Ok(false) => break 'run,
                 // A host lost or stalled: recover on the hosts there are.
                 Err(e) if e.is_transient() => continue 'run,
-                Err(e) => return Err(e).context("a step"),
+                Err(e) => return Err(e).context("a step or the final checkpoint"),
             }
         }
     }
@@ -441,9 +509,24 @@ async fn trial(
     report.duplicated += diff.duplicated;
     report.wrong += diff.wrong;
     let mut violation = diff.first;
-    drop((pipeline, log));
-    let database = sluice_embedded::db::open(&dir.path().join("data"))?;
-    if let Verdict::Violation(v) = audit_embedded(&database)? {
+    // The hosts go (their servers, connections and workers with them, as
+    // the tasks are aborted), and with them their hold on the database
+    // (through the log): the audit opens it afresh once the last holder has
+    // closed it.
+    drop((pipeline, log, hosts, zombies));
+    let gone = Instant::now();
+    let database = loop {
+        match sluice_embedded::db::open(&dir.path().join("data")) {
+            Err(sluice_storage::StorageError::Locked { .. })
+                if gone.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            opened => break opened.context("opening the pipeline's database for the audit")?,
+        }
+    };
+    let checkpoints = sluice_objstore::ObjectCheckpointStore::open(&store)?;
+    if let Verdict::Violation(v) = audit_embedded_with(&database, &checkpoints)? {
         report.audit_failures += 1;
         violation.get_or_insert(format!("audit: {v}"));
     }
