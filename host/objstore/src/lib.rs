@@ -581,6 +581,10 @@ impl ObjectCheckpointStore {
         // long as described (checked before the manifest names them).
         let mut expected: Vec<(Path, u64)> = Vec::with_capacity(staged.len());
         for st in staged {
+            // A worker with nothing to write staged no segment.
+            if st.step == step && st.worker < workers && st.pieces.is_empty() {
+                continue;
+            }
             if st.step != step
                 || st.worker >= workers
                 || !is_segment_of(&st.segment, step, st.worker)
@@ -876,6 +880,15 @@ impl CheckpointStore for ObjectCheckpointStore {
     }
 
     fn stage(&self, step: u64, worker: u32, pieces: &[(u32, Vec<u8>)]) -> Result<Staged> {
+        if pieces.is_empty() {
+            // Nothing changed (an incremental checkpoint): no segment.
+            return Ok(Staged {
+                step,
+                worker,
+                segment: String::new(),
+                pieces: Vec::new(),
+            });
+        }
         let name = segment_name(step, nonce(), worker);
         let mut bytes = Vec::with_capacity(pieces.iter().map(|(_, b)| b.len()).sum());
         for (_, state) in pieces {
@@ -1322,6 +1335,17 @@ mod tests {
         );
         h[0].put_staged(&own, &[good], None).unwrap();
         assert_eq!(h[0].get(4).unwrap(), Some(whole));
+    }
+
+    #[test]
+    fn a_worker_with_nothing_to_write_stages_no_segment() {
+        let (h, _dirs) = hosts(2);
+        let whole = conformance::sample_checkpoint(4, 2);
+        let empty = h[1].stage(4, 1, &[]).unwrap();
+        assert!(empty.segment.is_empty() && empty.pieces.is_empty());
+        h[0].put_staged(&only(&whole, 0), &[empty], None).unwrap();
+        assert_eq!(h[0].get(4).unwrap(), Some(only(&whole, 0)));
+        assert_eq!(h[0].names("segments").unwrap().len(), 1);
     }
 
     #[test]
