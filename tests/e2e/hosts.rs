@@ -340,6 +340,119 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
     assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
 }
 
+/// A host's view of the pipeline's store that names it but cannot write
+/// or read it (say, a credential it lacks).
+struct Denied(Option<String>);
+
+impl sluice_storage::CheckpointStore for Denied {
+    fn put(&self, _: &sluice_storage::Checkpoint) -> sluice_storage::Result<()> {
+        Err(self.denied())
+    }
+    fn latest_meta(&self) -> sluice_storage::Result<Option<sluice_storage::CheckpointMeta>> {
+        Err(self.denied())
+    }
+    fn pieces(
+        &self,
+        _: u64,
+        _: Option<&[u32]>,
+    ) -> sluice_storage::Result<Option<Vec<sluice_storage::StatePiece>>> {
+        Err(self.denied())
+    }
+    fn list(&self) -> sluice_storage::Result<Vec<u64>> {
+        Err(self.denied())
+    }
+    fn meta(&self, _: u64) -> sluice_storage::Result<Option<sluice_storage::CheckpointMeta>> {
+        Err(self.denied())
+    }
+    fn location(&self) -> Option<String> {
+        self.0.clone()
+    }
+    fn stage(
+        &self,
+        _: u64,
+        _: u32,
+        _: &[(u32, Vec<u8>)],
+    ) -> sluice_storage::Result<sluice_storage::Staged> {
+        Err(self.denied())
+    }
+}
+
+impl Denied {
+    fn denied(&self) -> sluice_storage::StorageError {
+        sluice_storage::StorageError::backend("object store", "a request", true, "access denied")
+    }
+}
+
+/// A host that names the pipeline's store but cannot use it: its worker's
+/// pieces come to the leader at checkpoints and go back to it at restores,
+/// and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
+    let wasm = component("examples/wordcount");
+    let input = lines(2_000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let h = Harness::open_with(&dir.path().join("p"), &wasm, 3, Limits::default(), |c| {
+        c.checkpoint_store = Some(store.clone())
+    })
+    .await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let location = h.pipeline.storage().checkpoints.location();
+    assert!(location.is_some());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let host = WorkerHost::new_with(
+        h.engine(),
+        h.pipeline.component(),
+        &name,
+        SECRET,
+        None,
+        Reach {
+            checkpoints: Some(Arc::new(Denied(location))),
+            log: Some(h.log.clone()),
+        },
+    );
+    let _serving = tokio::spawn(async move {
+        let _ = host.serve(listener).await;
+    });
+    let mut c = h
+        .pipeline
+        .coordinator_on(options(), vec![connect(&addr, &name).await])
+        .await
+        .unwrap();
+    for _ in 0..12 {
+        assert!(c.step().await.unwrap());
+    }
+    c.checkpoint().await.unwrap();
+    let stats = c.stats().clone();
+    assert!(stats.checkpoints >= 2, "{stats:?}");
+    assert_eq!(stats.checkpoint_bytes_staged, 0, "{stats:?}");
+    let hint = c.placement_addrs();
+    assert_eq!(hint[1], addr);
+    drop(c);
+    // Reopened with its worker kept there: the host cannot read its
+    // pieces, so they are sent.
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            PipelineOptions {
+                placement_hint: hint,
+                ..options()
+            },
+            vec![connect(&addr, &name).await],
+        )
+        .await
+        .unwrap();
+    let stats = c.stats().clone();
+    assert!(stats.restored_checkpoint.is_some());
+    assert!(stats.restored_fetched_bytes > 0, "{stats:?}");
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_without_the_secret_or_of_another_pipeline_is_refused() {
     let wasm = component("examples/wordcount");

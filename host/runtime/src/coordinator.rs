@@ -203,7 +203,17 @@ async fn restore_worker(
         }
         None => {
             if let AnyWorker::Remote(r) = worker {
-                return r.restore_from(step).await;
+                match r.restore_from(step).await? {
+                    Ok(read) => return Ok(read),
+                    // Its host cannot read the store (its instance is
+                    // untouched): the pieces are read here and sent.
+                    Err(why) => tracing::warn!(
+                        host = %r.host().addr(),
+                        worker = w,
+                        error = %why,
+                        "a host could not read its worker's checkpoint pieces: they are sent"
+                    ),
+                }
             }
             let s = storage.clone();
             blocking(move || s.checkpoints().worker_pieces(step, w))

@@ -322,6 +322,11 @@ enum Answer {
         local: u64,
         fetched: u64,
     },
+    /// The host could not read the worker's pieces; the instance is
+    /// untouched.
+    Unread {
+        message: String,
+    },
 }
 
 /// A failed call: the worker's error as text, and whether it was the
@@ -1065,14 +1070,20 @@ impl RemoteWorker {
     }
 
     /// Has its host restore the worker's pieces of committed checkpoint
-    /// `step` from its checkpoint store: what it read locally and fetched.
-    pub(crate) async fn restore_from(&mut self, step: u64) -> Result<ReadBytes> {
+    /// `step` from its checkpoint store: what it read locally and fetched,
+    /// or (inside) why the host could not read them — the instance is then
+    /// untouched, and the pieces can be sent instead.
+    pub(crate) async fn restore_from(
+        &mut self,
+        step: u64,
+    ) -> Result<std::result::Result<ReadBytes, String>> {
         match self
             .host
             .call(self.worker, self.limits, Call::RestoreFrom { step })
             .await?
         {
-            Answer::Restored { local, fetched } => Ok(ReadBytes { local, fetched }),
+            Answer::Restored { local, fetched } => Ok(Ok(ReadBytes { local, fetched })),
+            Answer::Unread { message } => Ok(Err(message)),
             _ => Err(unexpected(&self.host, "restore (from the store)")),
         }
     }
@@ -1921,15 +1932,32 @@ impl WorkerHost {
                 }
             }
             Call::RestoreFrom { step } => {
-                let store = self.store()?;
-                let read = tokio::task::spawn_blocking(move || store.worker_pieces(step, index))
-                    .await
-                    .map_err(Error::task("reading a checkpoint"))??;
-                let (pieces, ReadBytes { local, fetched }) =
-                    read.ok_or_else(|| sluice_storage::StorageError::Corrupt {
-                        what: format!("checkpoint of step {step}"),
-                        message: "it is not in this host's checkpoint store".into(),
-                    })?;
+                // A read that fails leaves the instance untouched: say so,
+                // and the coordinator sends the pieces instead.
+                let read = match self.store() {
+                    Ok(store) => {
+                        tokio::task::spawn_blocking(move || store.worker_pieces(step, index))
+                            .await
+                            .map_err(Error::task("reading a checkpoint"))
+                            .and_then(|r| r.map_err(Error::from))
+                    }
+                    Err(e) => Err(e),
+                };
+                let (pieces, ReadBytes { local, fetched }) = match read {
+                    Ok(Some(read)) => read,
+                    Ok(None) => {
+                        return Ok(Answer::Unread {
+                            message: format!(
+                                "checkpoint {step} is not in this host's checkpoint store"
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        return Ok(Answer::Unread {
+                            message: e.to_string(),
+                        });
+                    }
+                };
                 let pieces: Vec<(u32, Vec<u8>)> =
                     pieces.into_iter().map(|p| (p.shard, p.state)).collect();
                 if !pieces.is_empty() {
