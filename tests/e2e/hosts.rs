@@ -236,6 +236,24 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
     assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
 }
 
+/// Word count with `workers` workers in `dir/p`, its checkpoints in a
+/// store in `dir/store` (returned) that hosts can share, `input` in its
+/// log.
+async fn with_a_shared_store(
+    dir: &std::path::Path,
+    workers: u32,
+    input: &[String],
+) -> (Harness, String) {
+    let wasm = component("examples/wordcount");
+    let store = format!("file://{}", dir.join("store").display());
+    let h = Harness::open_with(&dir.join("p"), &wasm, workers, Limits::default(), |c| {
+        c.checkpoint_store = Some(store.clone())
+    })
+    .await;
+    fill(&h, input).await;
+    (h, store)
+}
+
 /// Worker hosts that reach the pipeline's checkpoint store write their
 /// workers' pieces there themselves (they never travel to the leader);
 /// after a host dies, a coordinator reopened with the old placement as its
@@ -244,15 +262,9 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally() {
     use sluice_storage::CheckpointStore;
-    let wasm = component("examples/wordcount");
     let input = lines(2_000);
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let h = Harness::open_with(&dir.path().join("p"), &wasm, 4, Limits::default(), |c| {
-        c.checkpoint_store = Some(store.clone())
-    })
-    .await;
-    fill(&h, &input).await;
+    let (h, store) = with_a_shared_store(dir.path(), 4, &input).await;
     let name = h.pipeline.options().name.clone();
     let mut addrs = Vec::new();
     let mut tasks = Vec::new();
@@ -388,15 +400,9 @@ impl Denied {
 /// and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
-    let wasm = component("examples/wordcount");
     let input = lines(2_000);
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let h = Harness::open_with(&dir.path().join("p"), &wasm, 3, Limits::default(), |c| {
-        c.checkpoint_store = Some(store.clone())
-    })
-    .await;
-    fill(&h, &input).await;
+    let (h, _) = with_a_shared_store(dir.path(), 3, &input).await;
     let name = h.pipeline.options().name.clone();
     let location = h.pipeline.storage().checkpoints.location();
     assert!(location.is_some());

@@ -1017,12 +1017,7 @@ mod tests {
     /// `SLUICE_S3_ENDPOINT`): the same suite against real S3 requests.
     #[test]
     fn passes_the_checkpoint_conformance_suite_on_s3() {
-        let Some(endpoint) = std::env::var("SLUICE_S3_ENDPOINT").ok() else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must run the S3 tests (SLUICE_S3_ENDPOINT is unset)"
-            );
-            eprintln!("skipped: no S3-protocol server (set SLUICE_S3_ENDPOINT)");
+        let Some(endpoint) = s3_endpoint() else {
             return;
         };
         let n = std::sync::atomic::AtomicU32::new(0);
@@ -1037,12 +1032,7 @@ mod tests {
     /// conditionally), pieces staged by one committed by the other.
     #[test]
     fn hosts_stage_pieces_on_s3() {
-        let Some(endpoint) = std::env::var("SLUICE_S3_ENDPOINT").ok() else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must run the S3 tests (SLUICE_S3_ENDPOINT is unset)"
-            );
-            eprintln!("skipped: no S3-protocol server (set SLUICE_S3_ENDPOINT)");
+        let Some(endpoint) = s3_endpoint() else {
             return;
         };
         let prefix = format!("staging-{}-{}", std::process::id(), nonce());
@@ -1053,6 +1043,20 @@ mod tests {
         let staged = b.stage(4, 1, &pieces_of(&whole, 1)).unwrap();
         a.put_staged(&only(&whole, 0), &[staged], None).unwrap();
         assert_eq!(b.get(4).unwrap(), Some(whole));
+    }
+
+    /// The S3-protocol server scripts/test.sh starts, or `None` (outside
+    /// CI only) to skip.
+    fn s3_endpoint() -> Option<String> {
+        let endpoint = std::env::var("SLUICE_S3_ENDPOINT").ok();
+        if endpoint.is_none() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the S3 tests (SLUICE_S3_ENDPOINT is unset)"
+            );
+            eprintln!("skipped: no S3-protocol server (set SLUICE_S3_ENDPOINT)");
+        }
+        endpoint
     }
 
     /// A store on the test server's bucket `sluice-tests`, under `prefix`.

@@ -188,8 +188,9 @@ pub async fn run_host(
         config.tls.clone(),
         Reach { checkpoints, log },
     );
-    let serving = tokio::spawn(worker_host.serve(listener));
-    let _serving = AbortOnDrop(serving.abort_handle());
+    // Served until this returns: dropping the set aborts the server.
+    let mut serving = tokio::task::JoinSet::new();
+    serving.spawn(worker_host.serve(listener));
     let me = Member {
         name: config.name.clone(),
         addr: addr.clone(),
@@ -493,14 +494,5 @@ async fn lead(
                 _ = stop.changed() => {}
             }
         }
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
