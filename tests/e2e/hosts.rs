@@ -254,6 +254,20 @@ async fn with_a_shared_store(
     (h, store)
 }
 
+/// A coordinator opened on `hosts` with the workers placed as `hint` says
+/// where it can (a leader reopening after a failure).
+async fn reopen(
+    h: &Harness,
+    hint: Vec<String>,
+    hosts: Vec<Arc<RemoteHost>>,
+) -> sluice_runtime::Coordinator {
+    let options = PipelineOptions {
+        placement_hint: hint,
+        ..options()
+    };
+    h.pipeline.coordinator_on(options, hosts).await.unwrap()
+}
+
 /// Worker hosts that reach the pipeline's checkpoint store write their
 /// workers' pieces there themselves (they never travel to the leader);
 /// after a host dies, a coordinator reopened with the old placement as its
@@ -314,17 +328,7 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
     let _ = (&mut tasks[0]).await;
     while c.step().await.is_ok() {}
     drop(c);
-    let mut c = h
-        .pipeline
-        .coordinator_on(
-            PipelineOptions {
-                placement_hint: hint,
-                ..options()
-            },
-            vec![connect(&b, &name).await],
-        )
-        .await
-        .unwrap();
+    let mut c = reopen(&h, hint, vec![connect(&b, &name).await]).await;
     let placed = c.placement_addrs();
     assert_eq!(
         (placed[0].as_str(), placed[2].as_str(), placed[3].as_str()),
@@ -439,17 +443,7 @@ async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
     drop(c);
     // Reopened with its worker kept there: the host cannot read its
     // pieces, so they are sent.
-    let mut c = h
-        .pipeline
-        .coordinator_on(
-            PipelineOptions {
-                placement_hint: hint,
-                ..options()
-            },
-            vec![connect(&addr, &name).await],
-        )
-        .await
-        .unwrap();
+    let mut c = reopen(&h, hint, vec![connect(&addr, &name).await]).await;
     let stats = c.stats().clone();
     assert!(stats.restored_checkpoint.is_some());
     assert!(stats.restored_fetched_bytes > 0, "{stats:?}");
