@@ -354,6 +354,38 @@ impl KafkaLog {
         &self.config
     }
 
+    /// Reads offsets `range` of a partition, clipped to its end (reading
+    /// past it would wait for records that may never come) — or, `exact`,
+    /// failing when the range goes past it. The broker is asked for the
+    /// end only when the range goes past the last one seen. Trimmed ranges
+    /// fail in the read.
+    fn read_upto(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+    ) -> Result<Vec<Event>> {
+        let topic = self.check_partition(input, partition)?;
+        let known = lock(&self.highs).get(&(topic.clone(), partition)).copied();
+        let high = match known {
+            Some(h) if h >= range.end => h,
+            _ => self.topic_watermarks(&topic, partition)?.1,
+        };
+        if exact && high < range.end {
+            return Err(sluice_storage::log::not_visible(
+                input, partition, range.end, high,
+            ));
+        }
+        let range = range.start..range.end.min(high);
+        let mut events = Vec::new();
+        self.read_records(&topic, partition, range, &mut |msg| {
+            events.push(decode_event(&topic, partition, msg)?);
+            Ok(())
+        })?;
+        Ok(events)
+    }
+
     /// The offsets the pipeline's consumer group (`sluice.<pipeline>`) has
     /// committed on each partition of input `input` (`None`: none yet): how
     /// far committed steps read it, as Kafka's own tools see it.
@@ -1107,22 +1139,11 @@ impl LogBackend for KafkaLog {
     }
 
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
-        let topic = self.check_partition(input, partition)?;
-        // Reading past the high watermark would wait for records that may
-        // never come: clip to it (asking the broker only when the range
-        // goes past the last one seen). Trimmed ranges fail in the read.
-        let known = lock(&self.highs).get(&(topic.clone(), partition)).copied();
-        let high = match known {
-            Some(h) if h >= range.end => h,
-            _ => self.topic_watermarks(&topic, partition)?.1,
-        };
-        let range = range.start..range.end.min(high);
-        let mut events = Vec::new();
-        self.read_records(&topic, partition, range, &mut |msg| {
-            events.push(decode_event(&topic, partition, msg)?);
-            Ok(())
-        })?;
-        Ok(events)
+        self.read_upto(input, partition, range, false)
+    }
+
+    fn read_exact(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
+        self.read_upto(input, partition, range, true)
     }
 
     fn fence(&self) -> Result<u64> {

@@ -1568,22 +1568,14 @@ pub(crate) fn read_batches(
     let mut batches: Vec<Batch> = Vec::new();
     for r in ranges {
         let (name, partition, start, end) = (&r.name, r.id.partition, r.start, r.end);
-        if strict {
-            let (_, high) = log.watermarks(name, partition)?;
-            if high < end {
-                return Err(sluice_storage::StorageError::backend(
-                    "log",
-                    format!("reading input `{name}` partition {partition}"),
-                    true,
-                    format!("offsets up to {end} are not visible here yet (the end is {high})"),
-                )
-                .into());
-            }
-        }
         // Offsets may be sparse (Kafka's transaction markers take
         // offsets), so the range holds at most `end - start` events; a
         // dense backend checks its own ranges.
-        let events = log.read(name, partition, start..end)?;
+        let events = if strict {
+            log.read_exact(name, partition, start..end)?
+        } else {
+            log.read(name, partition, start..end)?
+        };
         if events.len() as u64 > end - start {
             return Err(sluice_storage::StorageError::Corrupt {
                 what: format!("input `{name}` partition {partition}"),

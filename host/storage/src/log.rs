@@ -142,6 +142,16 @@ pub struct IngestMark {
     pub state: Vec<u8>,
 }
 
+/// The error of a [`LogBackend::read_exact`] past what the reader sees.
+pub fn not_visible(input: &str, partition: u32, end: u64, high: u64) -> crate::StorageError {
+    crate::StorageError::backend(
+        "log",
+        format!("reading input `{input}` partition {partition}"),
+        true,
+        format!("offsets up to {end} are not visible here yet (the end is {high})"),
+    )
+}
+
 /// The durable, partitioned logs of one pipeline.
 ///
 /// Implementations are shared between tasks (`Send + Sync`) and may block:
@@ -179,6 +189,19 @@ pub trait LogBackend: Send + Sync {
     /// returns fewer events only if the range extends past the high
     /// watermark.
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
+
+    /// Reads offsets `range` like [`read`](Self::read), but never short:
+    /// fails (transiently: the events become visible) when the range
+    /// extends past the partition's end as this reader sees it. For a
+    /// reader other than the one that divided the step, which must read
+    /// exactly the events the division covers.
+    fn read_exact(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
+        let (_, high) = self.watermarks(input, partition)?;
+        if high < range.end {
+            return Err(not_visible(input, partition, range.end, high));
+        }
+        self.read(input, partition, range)
+    }
 
     /// Where the logs live, if a worker on another host can read them
     /// there: two logs with the same location hold the same events, so a
