@@ -149,6 +149,17 @@ pub fn append_read_watermarks(log: &dyn LogBackend, flags: LogFlags) {
         "reads go back"
     );
     assert_eq!(log.read("in", 1, r[1].clone()).unwrap(), vec![ev(9)]);
+    // An exact read reads the same, and never short.
+    assert_eq!(
+        log.read_exact("in", 0, at(2)..at(4)).unwrap(),
+        vec![ev(2), ev(3)]
+    );
+    assert_eq!(
+        log.read_exact("in", 0, at(4)..high).unwrap(),
+        vec![ev(4), ev(5)]
+    );
+    let short = log.read_exact("in", 0, at(4)..high + 100).unwrap_err();
+    assert!(short.is_transient(), "{short}");
 }
 
 /// Two appends to one partition in one batch keep their order.
