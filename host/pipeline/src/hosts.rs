@@ -164,19 +164,25 @@ pub async fn run_host(
             )),
             None => None,
         };
-    // The pipeline's logs: its workers read their own input.
+    // The pipeline's logs: its workers read their own input. A host that
+    // cannot reach Kafka now still serves workers (the leader then sends
+    // their input).
     let log: Option<Arc<dyn sluice_storage::LogBackend>> = match &config.pipeline.log {
         #[cfg(feature = "kafka")]
         crate::LogConfig::Kafka { config: kafka } => {
             let mut kafka = kafka.clone();
             kafka.inputs = engine.describe(&component).await?.inputs;
-            let log = tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka))
-                .await
-                .map_err(|e| Error::Io {
-                    path: PathBuf::from("the Kafka log"),
-                    source: std::io::Error::other(e),
-                })??;
-            Some(Arc::new(log))
+            match tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka)).await {
+                Ok(Ok(log)) => Some(Arc::new(log)),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "the pipeline's logs are out of reach: the leader will send this host's workers their input");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "opening the pipeline's logs failed: the leader will send this host's workers their input");
+                    None
+                }
+            }
         }
         crate::LogConfig::Embedded { .. } => None,
     };
