@@ -269,10 +269,11 @@ async fn reopen(
 }
 
 /// Worker hosts that reach the pipeline's checkpoint store write their
-/// workers' pieces there themselves (they never travel to the leader);
-/// after a host dies, a coordinator reopened with the old placement as its
-/// hint keeps the survivors' workers where they were and they restore from
-/// their own copies: only the dead host's workers' state is fetched.
+/// workers' pieces there themselves (they never travel to the leader); a
+/// new leader places every worker where its state is; after a host dies, a
+/// coordinator reopened with the old placement as its hint keeps the
+/// survivors' workers where they were and they restore from their own
+/// copies: only the dead host's workers' state is fetched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally() {
     use sluice_storage::CheckpointStore;
@@ -323,10 +324,31 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
         stats.checkpoint_bytes_staged < stats.checkpoint_bytes_written,
         "{stats:?}"
     );
+    // A new leader knows no placement: it asks the hosts what they hold,
+    // and every worker goes back where its state is (whatever the order
+    // the hosts come in) — nothing is fetched.
+    drop(c);
+    let mut c = reopen(
+        &h,
+        Vec::new(),
+        vec![connect(&b, &name).await, connect(&a, &name).await],
+    )
+    .await;
+    assert_eq!(c.placement_addrs(), hint);
+    let stats = c.stats().clone();
+    assert!(stats.restored_checkpoint.is_some());
+    assert_eq!(stats.restored_fetched_bytes, 0, "{stats:?}");
+    assert!(stats.restored_local_bytes > 0, "{stats:?}");
     // Host a dies mid-run.
     tasks[0].abort();
     let _ = (&mut tasks[0]).await;
-    while c.step().await.is_ok() {}
+    loop {
+        match c.step().await {
+            Ok(true) => continue,
+            Ok(false) => panic!("the run finished without noticing the lost host"),
+            Err(_) => break,
+        }
+    }
     drop(c);
     let mut c = reopen(&h, hint, vec![connect(&b, &name).await]).await;
     let placed = c.placement_addrs();

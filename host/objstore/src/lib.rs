@@ -932,6 +932,25 @@ impl CheckpointStore for ObjectCheckpointStore {
         })
     }
 
+    fn local_bytes(&self, step: u64) -> Result<Vec<(u32, u64)>> {
+        let (Some(dir), Some(manifest)) = (&self.cache, self.manifest(step)?) else {
+            return Ok(Vec::new());
+        };
+        let sizes: Vec<Option<u64>> = manifest
+            .segments
+            .iter()
+            .map(|name| std::fs::metadata(dir.join(name)).ok().map(|m| m.len()))
+            .collect();
+        let mut bytes: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in &manifest.pieces {
+            let held = sizes.get(p.segment as usize).copied().flatten();
+            if held.is_some_and(|len| len >= p.offset + p.len) {
+                *bytes.entry(p.worker).or_default() += p.len;
+            }
+        }
+        Ok(bytes.into_iter().collect())
+    }
+
     fn keys(&self, step: u64) -> Result<Option<Vec<(u32, u32)>>> {
         Ok(self
             .manifest(step)?
@@ -1237,6 +1256,21 @@ mod tests {
         assert_eq!(h[0].latest_meta().unwrap(), None, "staged is not committed");
         h[0].put_staged(&only(&whole, 0), &[s1, s2], None).unwrap();
         assert_eq!(h[0].get(4).unwrap(), Some(whole.clone()));
+        // Each host holds what it wrote (what a new leader asks).
+        let bytes = |w: u32| -> u64 {
+            only(&whole, w)
+                .pieces
+                .iter()
+                .map(|p| p.state.len() as u64)
+                .sum()
+        };
+        for w in 0..3 {
+            assert_eq!(
+                h[w].local_bytes(4).unwrap(),
+                vec![(w as u32, bytes(w as u32))]
+            );
+        }
+        assert_eq!(h[0].local_bytes(5).unwrap(), vec![], "no such checkpoint");
         for (host, worker, local) in [(1, 1, true), (2, 2, true), (0, 0, true), (1, 2, false)] {
             let (got, read) = h[host].worker_pieces(4, worker as u32).unwrap().unwrap();
             let want = only(&whole, worker as u32).pieces;

@@ -159,6 +159,52 @@ pub struct Stats {
     pub checkpoint_bytes_staged: u64,
 }
 
+/// A placement hint entry for a worker no host prefers.
+const UNPLACED: &str = "?";
+
+/// Where each of `workers` workers has most of its state in committed
+/// checkpoint `step` in a host's own copy: this process (empty), a host's
+/// address, or [`UNPLACED`]; empty when no host has any (deal round
+/// robin). A host that cannot answer counts as having none.
+async fn locality_hint(
+    storage: &Arc<Guarded>,
+    hosts: &[Arc<RemoteHost>],
+    step: u64,
+    workers: u32,
+) -> Vec<String> {
+    let mut best: Vec<(u64, Option<String>)> = vec![(0, None); workers as usize];
+    let mut offer = |held: Vec<(u32, u64)>, addr: &str| {
+        for (w, bytes) in held {
+            if let Some(b) = best.get_mut(w as usize)
+                && bytes > b.0
+            {
+                *b = (bytes, Some(addr.to_owned()));
+            }
+        }
+    };
+    let s = storage.clone();
+    if let Ok(held) = blocking(move || s.checkpoints().local_bytes(step)).await {
+        offer(held, "");
+    }
+    let mut asked = tokio::task::JoinSet::new();
+    for h in hosts {
+        let h = h.clone();
+        asked.spawn(async move { (h.locality(step).await, h) });
+    }
+    while let Some(Ok((held, h))) = asked.join_next().await {
+        match held {
+            Ok(held) => offer(held, h.addr()),
+            Err(e) => tracing::debug!(host = %h.addr(), error = %e, "no locality from a host"),
+        }
+    }
+    if best.iter().all(|(_, a)| a.is_none()) {
+        return Vec::new();
+    }
+    best.into_iter()
+        .map(|(_, a)| a.unwrap_or_else(|| UNPLACED.to_owned()))
+        .collect()
+}
+
 /// The first placement of `workers` workers on this process and `hosts`:
 /// where `hint` says they ran, for those whose host is among `hosts` (the
 /// others spread to the least loaded, then balanced), or round robin
@@ -400,7 +446,15 @@ impl Coordinator {
         layout
             .validate(&shape)
             .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
-        let placement = placement_from_hint(&options.placement_hint, layout.workers, &hosts);
+        // Without a hint (a new leader), workers go where their state is:
+        // the host with most of a worker's pieces in its own copy.
+        let hint = match &checkpoint {
+            Some(meta) if options.placement_hint.is_empty() && !hosts.is_empty() => {
+                locality_hint(&storage, &hosts, meta.step, layout.workers).await
+            }
+            _ => options.placement_hint.clone(),
+        };
+        let placement = placement_from_hint(&hint, layout.workers, &hosts);
         let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &placement)?;
         let limits = StepLimits {
             fuel_per_call: engine.limits().fuel_per_call,

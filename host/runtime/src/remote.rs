@@ -327,6 +327,8 @@ enum Answer {
     Unread {
         message: String,
     },
+    /// `(worker, bytes)` of a checkpoint's state in the host's own copy.
+    Locality(Vec<(u32, u64)>),
 }
 
 /// A failed call: the worker's error as text, and whether it was the
@@ -351,6 +353,9 @@ enum ToHost {
     },
     /// The coordinator's exchange frame for the host's workers.
     Mesh(WireFrame),
+    /// How much of each worker's state in checkpoint `step` the host has
+    /// in its own copy (answered `Answer::Locality`).
+    Locality { id: u64, step: u64 },
 }
 
 /// Host → coordinator.
@@ -883,6 +888,24 @@ impl RemoteHost {
             gone: self.gone.clone(),
             addr: self.addr.clone(),
         })
+    }
+
+    /// `(worker, bytes)`: how much of each worker's state in committed
+    /// checkpoint `step` the host has in its own copy (nothing when it
+    /// keeps no copy): where a worker restores without downloading.
+    pub(crate) async fn locality(&self, step: u64) -> Result<Vec<(u32, u64)>> {
+        if let Some(why) = self.closed() {
+            return Err(remote(&self.addr, why));
+        }
+        let (id, rx) = register(&self.pending, &self.next);
+        if !send_unless_gone(&self.out, ToHost::Locality { id, step }, &self.gone).await {
+            return Err(remote(&self.addr, "the connection to the host has ended"));
+        }
+        match rx.await {
+            Ok(Ok(Answer::Locality(held))) => Ok(held),
+            Ok(_) => Err(unexpected(self, "locality")),
+            Err(_) => Err(remote(&self.addr, "the connection to the host has ended")),
+        }
     }
 
     async fn call(&self, worker: u32, limits: StepLimits, call: Call) -> Result<Answer> {
@@ -1761,6 +1784,24 @@ impl WorkerHost {
             };
             match msg {
                 ToHost::Mesh(frame) => self.route(frame),
+                ToHost::Locality { id, step } => {
+                    let (store, out) = (self.reach.checkpoints.clone(), out.clone());
+                    tokio::spawn(async move {
+                        let held = match store {
+                            Some(s) => tokio::task::spawn_blocking(move || s.local_bytes(step))
+                                .await
+                                .ok()
+                                .and_then(|r| r.ok())
+                                .unwrap_or_default(),
+                            None => Vec::new(),
+                        };
+                        let answer = FromHost::Answer {
+                            id,
+                            result: Ok(Answer::Locality(held)),
+                        };
+                        let _ = out.send(answer).await;
+                    });
+                }
                 ToHost::Call {
                     id,
                     worker,

@@ -201,6 +201,15 @@ pub trait CheckpointStore: Send + Sync {
         })
     }
 
+    /// Bytes of each worker's pieces of committed checkpoint `step` that
+    /// this host has in its own copy, as `(worker, bytes)` for the workers
+    /// it has any of: where restoring that worker costs no download. Empty
+    /// (the default) for a store without copies.
+    fn local_bytes(&self, step: u64) -> Result<Vec<(u32, u64)>> {
+        let _ = step;
+        Ok(Vec::new())
+    }
+
     /// Commits `checkpoint` like [`put`](Self::put) (or
     /// [`put_carrying`](Self::put_carrying) with `carried`), its pieces
     /// together with those `staged` — as if they had been written with
