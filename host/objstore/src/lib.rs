@@ -1264,11 +1264,9 @@ mod tests {
                 .map(|p| p.state.len() as u64)
                 .sum()
         };
-        for w in 0..3 {
-            assert_eq!(
-                h[w].local_bytes(4).unwrap(),
-                vec![(w as u32, bytes(w as u32))]
-            );
+        for (w, host) in h.iter().enumerate() {
+            let w = w as u32;
+            assert_eq!(host.local_bytes(4).unwrap(), vec![(w, bytes(w))]);
         }
         assert_eq!(h[0].local_bytes(5).unwrap(), vec![], "no such checkpoint");
         for (host, worker, local) in [(1, 1, true), (2, 2, true), (0, 0, true), (1, 2, false)] {
