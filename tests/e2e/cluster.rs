@@ -150,6 +150,28 @@ impl Cluster {
         self.leading(leader) && listed == wanted
     }
 
+    /// Bytes `leader`'s last recovery read from the hosts' own copies of
+    /// the checkpoint (from its last "leading on" line with a restore).
+    fn restored_locally(&self, leader: &str) -> u64 {
+        let log = self.stderr(leader);
+        let prefix = format!("host {leader}: leading on [");
+        let line = log
+            .lines()
+            .rfind(|l| l.starts_with(&prefix) && l.contains("restored checkpoint "))
+            .unwrap_or_else(|| panic!("{leader} never recovered:\n{log}"));
+        let local = line
+            .split_once("restored checkpoint ")
+            .and_then(|(_, rest)| {
+                rest.split_once(" (")?
+                    .1
+                    .split_once(" bytes from the hosts' own")
+            })
+            .map(|(n, _)| n.parse().unwrap())
+            .unwrap_or_else(|| panic!("no restore figures in {line:?}"));
+        eprintln!("{line}");
+        local
+    }
+
     /// The host leading now, from the hosts' logs (the last "leading" line
     /// of a live host).
     fn leading(&self, name: &str) -> bool {
@@ -258,22 +280,7 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     });
     // The survivors' workers stayed where they were and restored from
     // their hosts' own copies of the checkpoint; only h2's were fetched.
-    let log = c.stderr("h1");
-    let line = log
-        .lines()
-        .rfind(|l| l.starts_with("host h1: leading on [h1, h3]"))
-        .unwrap();
-    let local: u64 = line
-        .split_once("restored checkpoint ")
-        .and_then(|(_, rest)| {
-            rest.split_once(" (")?
-                .1
-                .split_once(" bytes from the hosts' own")
-        })
-        .map(|(n, _)| n.parse().unwrap())
-        .unwrap_or_else(|| panic!("no restore figures in {line:?}"));
-    assert!(local > 0, "survivors restore from their own copies: {line}");
-    eprintln!("after the kill: {line}");
+    assert!(c.restored_locally("h1") > 0);
     c.progress("steps after the kill", 10);
 
     // 2. The leader stalls past its session timeout: h3 leads (fencing
@@ -283,6 +290,9 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     c.wait("h3 to take over", Duration::from_secs(60), |c| {
         c.leading("h3")
     });
+    // A new leader places the workers where their state is: those h3
+    // wrote restore from its own copy.
+    assert!(c.restored_locally("h3") > 0);
     c.progress("steps under h3", 5);
     c.signal("h1", "-CONT");
     c.wait("the zombie to step down", Duration::from_secs(60), |c| {

@@ -529,8 +529,8 @@ impl Coordinator {
             };
             // A worker whose host reaches this pipeline's checkpoint store
             // reads its own pieces there (from that host's own copy when it
-            // wrote them); when no host does, every piece is read here at
-            // once and handed to its worker.
+            // wrote them); the others' are read here — from a store only
+            // this host sees, all at once.
             let location = c.storage.checkpoints().location();
             let there: Vec<bool> = c
                 .instances
@@ -544,7 +544,9 @@ impl Coordinator {
                 .collect();
             let s = c.storage.clone();
             let (keys, mut here): (Vec<(u32, u32)>, Option<Vec<StatePiece>>) =
-                if there.iter().any(|t| *t) {
+                // A shared store is read worker by worker (telling what came
+                // from this host's copy); this host's own store at once.
+                if location.is_some() || there.iter().any(|t| *t) {
                     let keys = blocking(move || s.checkpoints().keys(step)).await?;
                     (keys.ok_or_else(missing)?, None)
                 } else {
