@@ -143,8 +143,8 @@ pub struct IngestMark {
 }
 
 /// The error of a [`LogBackend::read_exact`] past what the reader sees.
-pub fn not_visible(input: &str, partition: u32, end: u64, high: u64) -> crate::StorageError {
-    crate::StorageError::backend(
+pub fn not_visible(input: &str, partition: u32, end: u64, high: u64) -> StorageError {
+    StorageError::backend(
         "log",
         format!("reading input `{input}` partition {partition}"),
         true,
@@ -185,7 +185,7 @@ pub trait LogBackend: Send + Sync {
     fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)>;
 
     /// Reads offsets `range` of one partition. Fails with
-    /// [`StorageError::Trimmed`](crate::StorageError::Trimmed) if part of it was trimmed;
+    /// [`StorageError::Trimmed`] if part of it was trimmed;
     /// returns fewer events only if the range extends past the high
     /// watermark.
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
@@ -214,17 +214,17 @@ pub trait LogBackend: Send + Sync {
 
     /// Starts a new fencing epoch and returns it: from now on, commits whose
     /// record carries an older epoch fail with
-    /// [`StorageError::Fenced`](crate::StorageError::Fenced). A host calls this once when
+    /// [`StorageError::Fenced`]. A host calls this once when
     /// it takes over a pipeline, so a zombie predecessor can no longer
     /// commit. Durable before it returns.
     fn fence(&self) -> Result<u64>;
 
     /// Commits a step: every worker's output entries and the step record,
     /// atomically and durably. Fails with
-    /// [`StorageError::StepExists`](crate::StorageError::StepExists) if the step is already
-    /// committed (I1), [`StorageError::StepGap`](crate::StorageError::StepGap) if it does
+    /// [`StorageError::StepExists`] if the step is already
+    /// committed (I1), [`StorageError::StepGap`] if it does
     /// not follow the last committed step, and
-    /// [`StorageError::Fenced`](crate::StorageError::Fenced) if the record's epoch is not
+    /// [`StorageError::Fenced`] if the record's epoch is not
     /// the current one. The epoch check and the write are one atomic action.
     fn commit_step(&self, commit: &StepCommit) -> Result<()>;
 
