@@ -271,6 +271,17 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
         |c| c.leads_on("h1", &["h1", "h2", "h3"]),
     );
     c.progress("steps on three hosts", 10);
+    // Every host reads its workers' input and writes their checkpoint
+    // pieces itself (only outputs go through the leader).
+    for h in ["h1", "h2", "h3"] {
+        let log = c.stderr(h);
+        assert!(
+            log.contains(
+                "(reading their input from Kafka, writing their checkpoints to the store)"
+            ),
+            "{h}: {log}"
+        );
+    }
 
     // 1. A worker host dies mid-step: the step fails, the leader recovers
     //    on the two left.

@@ -62,6 +62,12 @@ pub enum HostEvent {
     Joined {
         /// The worker host's address.
         addr: String,
+        /// Its workers read their input from the pipeline's logs
+        /// themselves (else the leader sends it).
+        reads_input: bool,
+        /// Its workers write and restore their checkpoint pieces in the
+        /// shared store themselves (else through the leader).
+        writes_checkpoints: bool,
     },
     /// Leading: the coordinator runs over these hosts (this one first).
     Leading {
@@ -186,6 +192,10 @@ pub async fn run_host(
         }
         crate::LogConfig::Embedded { .. } => None,
     };
+    let (reads_input, writes_checkpoints) = (
+        log.is_some(),
+        checkpoints.as_ref().is_some_and(|c| c.location().is_some()),
+    );
     let worker_host = WorkerHost::new_with(
         &engine,
         &component,
@@ -202,7 +212,11 @@ pub async fn run_host(
         addr: addr.clone(),
     };
     let mut session: Box<dyn Session> = membership.join(me.clone()).await?;
-    report(HostEvent::Joined { addr: addr.clone() });
+    report(HostEvent::Joined {
+        addr: addr.clone(),
+        reads_input,
+        writes_checkpoints,
+    });
     let mut pipeline: Option<Pipeline> = None;
     // Where the workers ran when this host last led: a reopen keeps them
     // there (their hosts restore them from their own copies).

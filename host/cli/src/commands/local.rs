@@ -153,7 +153,23 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         config,
         stop,
         move |event| match event {
-            HostEvent::Joined { addr } => eprintln!("host {name}: joined, serving workers at {addr}"),
+            HostEvent::Joined {
+                addr,
+                reads_input,
+                writes_checkpoints,
+            } => eprintln!(
+                "host {name}: joined, serving workers at {addr} ({}, {})",
+                if reads_input {
+                    "reading their input from Kafka"
+                } else {
+                    "the leader sends their input"
+                },
+                if writes_checkpoints {
+                    "writing their checkpoints to the store"
+                } else {
+                    "checkpoints through the leader"
+                }
+            ),
             HostEvent::Leading {
                 hosts,
                 restored,
