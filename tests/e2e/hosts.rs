@@ -33,6 +33,19 @@ fn lines(n: usize) -> Vec<String> {
 /// offsets); returns its address and the task serving it (abort it to kill
 /// the host).
 async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::JoinHandle<()>) {
+    let reach = Reach {
+        checkpoints: None,
+        log: Some(harness.log.clone()),
+    };
+    start_host_reaching(harness, pipeline, reach).await
+}
+
+/// [`start_host`], its workers using what `reach` gives them.
+async fn start_host_reaching(
+    harness: &Harness,
+    pipeline: &str,
+    reach: Reach,
+) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let host = WorkerHost::new_with(
@@ -41,10 +54,7 @@ async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::
         pipeline,
         SECRET,
         None,
-        Reach {
-            checkpoints: None,
-            log: Some(harness.log.clone()),
-        },
+        reach,
     );
     let task = tokio::spawn(async move {
         let _ = host.serve(listener).await;
@@ -284,28 +294,19 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
     let mut addrs = Vec::new();
     let mut tasks = Vec::new();
     for host in ["a", "b"] {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addrs.push(listener.local_addr().unwrap().to_string());
         let checkpoints: Arc<dyn CheckpointStore> = Arc::new(
             sluice_objstore::ObjectCheckpointStore::open(&store)
                 .unwrap()
                 .with_cache(dir.path().join(host))
                 .unwrap(),
         );
-        let worker_host = WorkerHost::new_with(
-            h.engine(),
-            h.pipeline.component(),
-            &name,
-            SECRET,
-            None,
-            Reach {
-                checkpoints: Some(checkpoints),
-                log: None,
-            },
-        );
-        tasks.push(tokio::spawn(async move {
-            let _ = worker_host.serve(listener).await;
-        }));
+        let reach = Reach {
+            checkpoints: Some(checkpoints),
+            log: None,
+        };
+        let (addr, task) = start_host_reaching(&h, &name, reach).await;
+        addrs.push(addr);
+        tasks.push(task);
     }
     let (a, b) = (addrs[0].clone(), addrs[1].clone());
     let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
@@ -432,22 +433,11 @@ async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
     let name = h.pipeline.options().name.clone();
     let location = h.pipeline.storage().checkpoints.location();
     assert!(location.is_some());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let host = WorkerHost::new_with(
-        h.engine(),
-        h.pipeline.component(),
-        &name,
-        SECRET,
-        None,
-        Reach {
-            checkpoints: Some(Arc::new(Denied(location))),
-            log: Some(h.log.clone()),
-        },
-    );
-    let _serving = tokio::spawn(async move {
-        let _ = host.serve(listener).await;
-    });
+    let reach = Reach {
+        checkpoints: Some(Arc::new(Denied(location))),
+        log: Some(h.log.clone()),
+    };
+    let (addr, _serving) = start_host_reaching(&h, &name, reach).await;
     let mut c = h
         .pipeline
         .coordinator_on(options(), vec![connect(&addr, &name).await])
