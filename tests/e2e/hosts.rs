@@ -112,14 +112,26 @@ async fn run_on_one_host(
     one
 }
 
+/// Word count of `input` with `workers` workers run to the end on one
+/// host (in `dir/one`), and the same pipeline opened afresh with the input
+/// (in `dir/hosts`) for a run across hosts to match.
+async fn with_a_reference(
+    dir: &std::path::Path,
+    workers: u32,
+    input: &[String],
+) -> (Harness, Harness) {
+    let wasm = component("examples/wordcount");
+    let one = run_on_one_host(dir, &wasm, workers, input).await;
+    let h = Harness::open(&dir.join("hosts"), &wasm, workers, Limits::default()).await;
+    fill(&h, input).await;
+    (one, h)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_on_other_hosts_compute_what_one_host_computes() {
-    let wasm = component("examples/wordcount");
     let input = lines(2_000);
     let dir = tempfile::tempdir().unwrap();
-    let one = run_on_one_host(dir.path(), &wasm, 3, &input).await;
-    let three = Harness::open(&dir.path().join("three"), &wasm, 3, Limits::default()).await;
-    fill(&three, &input).await;
+    let (one, three) = with_a_reference(dir.path(), 3, &input).await;
     let name = three.pipeline.options().name.clone();
     let (a, _ta) = start_host(&three, &name).await;
     let (b, _tb) = start_host(&three, &name).await;
@@ -162,12 +174,9 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_joining_takes_its_share_and_one_leaving_hands_over_only_its_own() {
-    let wasm = component("examples/wordcount");
     let input = lines(6_000);
     let dir = tempfile::tempdir().unwrap();
-    let one = run_on_one_host(dir.path(), &wasm, 6, &input).await;
-    let h = Harness::open(&dir.path().join("moving"), &wasm, 6, Limits::default()).await;
-    fill(&h, &input).await;
+    let (one, h) = with_a_reference(dir.path(), 6, &input).await;
     let name = h.pipeline.options().name.clone();
     let (a, _ta) = start_host(&h, &name).await;
     let (b, _tb) = start_host(&h, &name).await;

@@ -164,6 +164,46 @@ fn is_segment_of(name: &str, step: u64, worker: u32) -> bool {
             .is_some_and(|nonce| segment_name(step, nonce, worker) == name)
 }
 
+/// Worker `worker`'s pieces (`(shard, bytes)`, in restore order) of
+/// checkpoint `step` as one segment: how it is described, and its bytes.
+fn segment(step: u64, nonce: u64, worker: u32, pieces: &[(u32, &[u8])]) -> (Staged, Vec<u8>) {
+    let mut bytes = Vec::with_capacity(pieces.iter().map(|(_, b)| b.len()).sum());
+    for (_, state) in pieces {
+        bytes.extend_from_slice(state);
+    }
+    let staged = Staged {
+        step,
+        worker,
+        segment: segment_name(step, nonce, worker),
+        pieces: pieces
+            .iter()
+            .map(|(shard, state)| (*shard, state.len() as u64))
+            .collect(),
+    };
+    (staged, bytes)
+}
+
+/// Where the pieces `staged` describes lie, its segment being number
+/// `segment` of a manifest's list.
+fn piece_refs(staged: &Staged, segment: u32) -> Vec<PieceRef> {
+    let mut offset = 0;
+    staged
+        .pieces
+        .iter()
+        .map(|(shard, len)| {
+            let r = PieceRef {
+                shard: *shard,
+                worker: staged.worker,
+                segment,
+                offset,
+                len: *len,
+            };
+            offset += len;
+            r
+        })
+        .collect()
+}
+
 /// A number no other write of the same step (on any host) draws: segments
 /// are immutable, so a checkpoint written again never reuses a name — and a
 /// host's copy of a segment is always that segment's bytes. 64 random bits
@@ -399,15 +439,21 @@ impl ObjectCheckpointStore {
         }
     }
 
-    /// The segments the manifests of checkpoints `kept` reference.
-    fn referenced(&self, kept: &[u64]) -> Result<BTreeSet<String>> {
+    /// Of the committed checkpoints `steps` (oldest first), the oldest
+    /// step kept (the [`KEPT`] newest) and the segments their manifests
+    /// reference; `None` when there is none.
+    fn kept(&self, steps: &[u64]) -> Result<Option<(u64, BTreeSet<String>)>> {
+        let kept = &steps[steps.len().saturating_sub(KEPT)..];
+        let Some(oldest) = kept.first() else {
+            return Ok(None);
+        };
         let mut referenced = BTreeSet::new();
         for step in kept {
             if let Some(m) = self.manifest(*step)? {
                 referenced.extend(m.segments);
             }
         }
-        Ok(referenced)
+        Ok(Some((*oldest, referenced)))
     }
 
     /// Runs `f` on the store's runtime and waits for it (from any thread).
@@ -598,42 +644,25 @@ impl ObjectCheckpointStore {
                 ));
             }
             let segment = intern(&st.segment, &mut segments);
-            let mut offset = 0;
-            for (shard, len) in &st.pieces {
-                refs.push(PieceRef {
-                    shard: *shard,
-                    worker: st.worker,
-                    segment,
-                    offset,
-                    len: *len,
-                });
-                offset += len;
-            }
-            expected.push((self.child("segments", &st.segment), offset));
+            refs.extend(piece_refs(st, segment));
+            expected.push((self.child("segments", &st.segment), st.bytes()));
         }
-        // Its own pieces: one segment per worker.
+        // Its own pieces: one segment per worker, described as a host
+        // staging them would.
         let nonce = nonce();
-        let mut by_worker: BTreeMap<u32, Vec<&StatePiece>> = BTreeMap::new();
+        let mut by_worker: BTreeMap<u32, Vec<(u32, &[u8])>> = BTreeMap::new();
         for p in &checkpoint.pieces {
-            by_worker.entry(p.worker).or_default().push(p);
+            by_worker
+                .entry(p.worker)
+                .or_default()
+                .push((p.shard, p.state.as_slice()));
         }
         let mut uploads = Vec::with_capacity(by_worker.len());
         for (worker, pieces) in by_worker {
-            let name = segment_name(step, nonce, worker);
-            let segment = intern(&name, &mut segments);
-            let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.state.len()).sum());
-            for p in pieces {
-                refs.push(PieceRef {
-                    shard: p.shard,
-                    worker,
-                    segment,
-                    offset: bytes.len() as u64,
-                    len: p.state.len() as u64,
-                });
-                bytes.extend_from_slice(&p.state);
-            }
-            self.cache_put(&name, &bytes);
-            uploads.push((self.child("segments", &name), bytes));
+            let (own, bytes) = segment(step, nonce, worker, &pieces);
+            refs.extend(piece_refs(&own, intern(&own.segment, &mut segments)));
+            self.cache_put(&own.segment, &bytes);
+            uploads.push((self.child("segments", &own.segment), bytes));
         }
         // Per (shard, worker): carried pieces first (oldest first), then
         // its own (a delta on top of them). The sort is stable.
@@ -710,12 +739,9 @@ impl ObjectCheckpointStore {
     /// below the oldest kept step that none of them references.
     fn collect(&self) -> Result<()> {
         let steps = self.steps()?;
-        if steps.is_empty() {
+        let Some((oldest_kept, referenced)) = self.kept(&steps)? else {
             return Ok(());
-        }
-        let kept = &steps[steps.len().saturating_sub(KEPT)..];
-        let oldest_kept = kept[0];
-        let referenced = self.referenced(kept)?;
+        };
         self.cache_collect(oldest_kept, &referenced);
         let mut doomed: Vec<Path> = steps
             .iter()
@@ -889,14 +915,11 @@ impl CheckpointStore for ObjectCheckpointStore {
                 pieces: Vec::new(),
             });
         }
-        let name = segment_name(step, nonce(), worker);
-        let mut bytes = Vec::with_capacity(pieces.iter().map(|(_, b)| b.len()).sum());
-        for (_, state) in pieces {
-            bytes.extend_from_slice(state);
-        }
-        self.cache_put(&name, &bytes);
+        let pieces: Vec<(u32, &[u8])> = pieces.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        let (staged, bytes) = segment(step, nonce(), worker, &pieces);
+        self.cache_put(&staged.segment, &bytes);
         let store = self.store.clone();
-        let path = self.child("segments", &name);
+        let path = self.child("segments", &staged.segment);
         self.run(async move {
             store
                 .put(&path, PutPayload::from(bytes))
@@ -909,27 +932,16 @@ impl CheckpointStore for ObjectCheckpointStore {
         let due =
             self.cache.is_some() && self.stage_collected.fetch_max(step, Ordering::Relaxed) < step;
         if due {
-            let collected = self.steps().and_then(|steps| {
-                let kept = &steps[steps.len().saturating_sub(KEPT)..];
-                let referenced = self.referenced(kept)?;
-                if let Some(oldest) = kept.first() {
-                    self.cache_collect(*oldest, &referenced);
+            let collected = self.steps().and_then(|steps| self.kept(&steps));
+            match collected {
+                Ok(Some((oldest, referenced))) => self.cache_collect(oldest, &referenced),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(store = %self.describe, error = %e, "collecting the local copy failed")
                 }
-                Ok(())
-            });
-            if let Err(e) = collected {
-                tracing::debug!(store = %self.describe, error = %e, "collecting the local copy failed");
             }
         }
-        Ok(Staged {
-            step,
-            worker,
-            segment: name,
-            pieces: pieces
-                .iter()
-                .map(|(shard, state)| (*shard, state.len() as u64))
-                .collect(),
-        })
+        Ok(staged)
     }
 
     fn local_bytes(&self, step: u64) -> Result<Vec<(u32, u64)>> {
@@ -1067,7 +1079,9 @@ mod tests {
     /// The S3-protocol server scripts/test.sh starts, or `None` (outside
     /// CI only) to skip.
     fn s3_endpoint() -> Option<String> {
-        let endpoint = std::env::var("SLUICE_S3_ENDPOINT").ok();
+        let endpoint = std::env::var("SLUICE_S3_ENDPOINT")
+            .ok()
+            .filter(|e| !e.is_empty());
         if endpoint.is_none() {
             assert!(
                 std::env::var_os("CI").is_none(),

@@ -1639,8 +1639,8 @@ pub(crate) fn read_batches(
             }
             .into());
         }
-        let batch = match batches.iter_mut().position(|b| b.port == r.id.input) {
-            Some(i) => &mut batches[i],
+        let i = match batches.iter().position(|b| b.port == r.id.input) {
+            Some(i) => i,
             None => {
                 batches.push(Batch {
                     port: r.id.input,
@@ -1648,9 +1648,10 @@ pub(crate) fn read_batches(
                     ends: Vec::new(),
                     weights: Vec::new(),
                 });
-                batches.last_mut().expect("just pushed")
+                batches.len() - 1
             }
         };
+        let batch = &mut batches[i];
         for e in events {
             batch.values.extend_from_slice(&e.value);
             batch.ends.push(batch.values.len() as u32);
