@@ -102,14 +102,30 @@ impl Cluster {
         assert!(ok, "kill {signal} {name}");
     }
 
-    /// Committed steps, as an independent consumer sees the step log.
+    /// Recorded steps, as an independent consumer sees the step log (a
+    /// step record's key is the step, 8 bytes; a worker's done record's,
+    /// 12, is not counted).
     fn steps(&self) -> usize {
         kcat(
             &self.brokers,
             &format!("{}.sluice-steps", self.pipeline),
-            "%o\n",
+            "%K\n",
         )
-        .len()
+        .iter()
+        .filter(|len| len.as_str() == "8")
+        .count()
+    }
+
+    /// Workers' done records (shares of divided steps) in the step log.
+    fn done_records(&self) -> usize {
+        kcat(
+            &self.brokers,
+            &format!("{}.sluice-steps", self.pipeline),
+            "%K\n",
+        )
+        .iter()
+        .filter(|len| len.as_str() == "12")
+        .count()
     }
 
     /// Waits until `done` holds, failing with the hosts' logs after `limit`.
@@ -390,11 +406,19 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
             seen.push(entry);
         }
     }
+    // The hosts committed their own workers' shares of the divided steps.
+    let done = c.done_records();
+    assert!(
+        done > seen.len() / 2,
+        "{done} done records for {} entries",
+        seen.len()
+    );
     let fenced = c.stderr("h1");
     let h3 = c.stderr("h3");
     let moves: Vec<&str> = h3.lines().filter(|l| l.contains(" live in ")).collect();
     eprintln!(
-        "hosts test: {} steps, {} output entries; h1's log after the stall:\n{}",
+        "hosts test: {} steps, {} output entries, {done} workers' done records; h1's log after \
+         the stall:\n{}",
         c.steps(),
         seen.len(),
         fenced

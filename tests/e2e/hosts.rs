@@ -68,11 +68,12 @@ async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
         .unwrap()
 }
 
-/// Every committed step's output hashes, by step.
+/// Every committed step's output hashes, by step (a divided step's from
+/// its workers' done records).
 fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
     let last = h.log.last_step().unwrap().unwrap();
     (0..=last)
-        .map(|s| (s, h.log.step_record(s).unwrap().unwrap().output_hashes))
+        .map(|s| (s, h.log.output_hashes(s).unwrap().unwrap()))
         .collect()
 }
 
@@ -163,11 +164,17 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
     );
     drop(c);
 
+    assert_eq!(one.divided_steps(), 0, "one host commits its steps whole");
+    assert!(
+        three.divided_steps() > 0,
+        "hosts writing to the logs commit their workers' shares"
+    );
     assert_eq!(
         hashes(&one),
         hashes(&three),
         "every step's output, worker by worker, is the same on one host and on three"
     );
+    three.audit();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
     assert_eq!(word_counts(&three), expected);
 }
@@ -210,6 +217,7 @@ async fn a_host_joining_takes_its_share_and_one_leaving_hands_over_only_its_own(
         hashes(&h),
         "every step's output is the same on one host and while hosts come and go"
     );
+    h.audit();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
     assert_eq!(word_counts(&h), expected);
 }
@@ -253,6 +261,8 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
     c.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
     assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert!(h.divided_steps() > 0);
+    h.audit();
 }
 
 /// Word count with `workers` workers in `dir/p`, its checkpoints in a

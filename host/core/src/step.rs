@@ -22,7 +22,9 @@ pub struct StepRecord {
     /// Frontier of each worker after this step, indexed by worker.
     pub frontiers: Vec<Frontier>,
     /// Hash of each worker's output in this step, indexed by worker
-    /// ([`hash_outputs`]).
+    /// ([`hash_outputs`]); empty for a divided step
+    /// ([`is_division`](Self::is_division)), whose hashes are in its
+    /// workers' done records.
     pub output_hashes: Vec<u128>,
     /// The deterministic limits the step ran under, which its replays get
     /// too (a replay under a lower fuel or memory limit could fail where the
@@ -40,6 +42,14 @@ pub struct StepRecord {
 }
 
 impl StepRecord {
+    /// Whether this is the record of a *divided* step: committed first,
+    /// with no hashes, each worker's output hash then in the done record
+    /// its holder commits with the worker's output (a step across hosts,
+    /// where each host commits its own workers' output).
+    pub fn is_division(&self) -> bool {
+        self.output_hashes.is_empty()
+    }
+
     /// The hash of everything in the record (including its own link), which
     /// the next record holds in `prev`.
     pub fn chain_hash(&self) -> u128 {

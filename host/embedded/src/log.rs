@@ -4,7 +4,10 @@
 //! - input:  `[name][partition u32][offset u64]` → postcard [`Event`]
 //! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`]
 //! - steps:  `[step u64]` → postcard [`StepRecord`]
-//! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark
+//! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark,
+//!   `log.done.[step u64][worker u32]` → a divided step's done record (the
+//!   worker's output hash, u128), `log.worker.[worker u32]` → the worker's
+//!   holder epoch (u64)
 //! - ingest: `[source]` → mark
 
 use crate::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS, rocks};
@@ -12,7 +15,7 @@ use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
 use sluice_storage::{
     AppendBatch, LogBackend, ProducerCheck, ProducerState, Result, StorageError as Error,
-    check_producer,
+    WorkerCommit, WorkerCommitter, WorkerDone, check_producer, check_worker_commit,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -51,6 +54,21 @@ pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
 }
 
 const EPOCH_KEY: &[u8] = b"log.epoch";
+
+/// The key of a divided step's done record of one worker.
+fn done_key(step: u64, worker: u32) -> Vec<u8> {
+    let mut k = b"log.done.".to_vec();
+    k.extend_from_slice(&step.to_be_bytes());
+    k.extend_from_slice(&worker.to_be_bytes());
+    k
+}
+
+/// The key of a worker's holder epoch ([`LogBackend::take_worker`]).
+fn worker_key(worker: u32) -> Vec<u8> {
+    let mut k = b"log.worker.".to_vec();
+    k.extend_from_slice(&worker.to_be_bytes());
+    k
+}
 
 /// The key of a producer's state on one input: ingest marks are named
 /// `file:…`, producers live in their own namespace.
@@ -142,6 +160,52 @@ impl EmbeddedLog {
         }
     }
 
+    /// A worker's done record of a divided step: its output hash.
+    fn done(&self, step: u64, worker: u32) -> Result<Option<u128>> {
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, done_key(step, worker))
+            .map_err(rocks("reading a done record"))?
+        {
+            Some(v) => {
+                let arr: [u8; 16] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
+                    what: format!("done record of step {step} worker {worker}"),
+                    message: format!("expected 16 bytes, found {}", v.len()),
+                })?;
+                Ok(Some(u128::from_be_bytes(arr)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The holder epoch of a worker (0: never taken).
+    fn worker_epoch(&self, worker: u32) -> Result<u64> {
+        let meta = db::cf(&self.db, CF_META)?;
+        match self
+            .db
+            .get_cf(meta, worker_key(worker))
+            .map_err(rocks("reading a worker's holder epoch"))?
+        {
+            Some(v) => be_u64(&v, "worker holder epoch"),
+            None => Ok(0),
+        }
+    }
+
+    /// The first step whose output is not visible (yet): past the last
+    /// recorded step, or the last step itself while it is a divided step
+    /// still missing a worker's share. Bounding a scan by it keeps steps
+    /// recorded while the scan runs out of it.
+    fn visible_end(&self) -> Result<u64> {
+        let Some(last) = *lock(&self.last_step) else {
+            return Ok(0);
+        };
+        Ok(match self.step_record(last)? {
+            Some(r) if r.is_division() && self.output_hashes(last)?.is_none() => last,
+            _ => last + 1,
+        })
+    }
+
     /// Like [`LogBackend::scan_output`], also passing the step and worker
     /// that each entry's key says it belongs to.
     pub fn scan_output_keyed(
@@ -154,6 +218,8 @@ impl EmbeddedLog {
         let mut prefix = Vec::new();
         db::push_name(&mut prefix, output);
         let start = output_key(output, from_step, 0);
+        // A divided step's shares are visible once all are.
+        let end = self.visible_end()?;
         for item in self
             .db
             .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
@@ -175,6 +241,9 @@ impl EmbeddedLog {
                     });
                 }
             };
+            if step >= end {
+                break;
+            }
             let entry = postcard::from_bytes(&v)
                 .map_err(Error::corrupt(format!("entry of output log `{output}`")))?;
             if f(step, worker, entry)?.is_break() {
@@ -230,6 +299,72 @@ impl EmbeddedLog {
         let m = self.load_marks(input, partition)?;
         cache.insert((input.to_owned(), partition), m);
         Ok(m)
+    }
+}
+
+/// One worker of an embedded pipeline's divided steps, taken at a holder
+/// epoch: its commits check that no later holder took the worker.
+struct EmbeddedWorker {
+    log: Arc<EmbeddedLog>,
+    worker: u32,
+    epoch: u64,
+}
+
+impl WorkerCommitter for EmbeddedWorker {
+    fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    fn commit(&mut self, commit: &WorkerCommit) -> Result<WorkerDone> {
+        let (step, worker) = (commit.step, commit.worker);
+        let log = &self.log;
+        if worker != self.worker {
+            return Err(Error::InvalidCommit {
+                step,
+                message: format!(
+                    "worker {worker}'s share offered to worker {}'s holder",
+                    self.worker
+                ),
+            });
+        }
+        // The commit lock makes the holder check and the write one action.
+        let _commits = lock(&log.last_step);
+        if log.worker_epoch(worker)? != self.epoch {
+            return Err(Error::WorkerTaken { worker, step });
+        }
+        let record = log.step_record(step)?.ok_or_else(|| Error::InvalidCommit {
+            step,
+            message: format!("worker {worker}'s share of a step whose division is not recorded"),
+        })?;
+        check_worker_commit(&record, commit)?;
+        if let Some(hash) = log.done(step, worker)? {
+            if hash != commit.hash {
+                return Err(Error::DoneDiffers {
+                    step,
+                    worker,
+                    committed: format!("{hash:032x}"),
+                    replayed: format!("{:032x}", commit.hash),
+                });
+            }
+            return Ok(WorkerDone::Already);
+        }
+        let out = db::cf(&log.db, CF_OUTPUT)?;
+        let mut wb = WriteBatch::default();
+        for (name, entry) in &commit.outputs {
+            let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
+            wb.put_cf(out, output_key(name, step, worker), value);
+        }
+        wb.put_cf(
+            db::cf(&log.db, CF_META)?,
+            done_key(step, worker),
+            commit.hash.to_be_bytes(),
+        );
+        log.db
+            .write_opt(wb, &log.commit_options())
+            .map_err(rocks(format!(
+                "committing worker {worker}'s share of step {step}"
+            )))?;
+        Ok(WorkerDone::Committed)
     }
 }
 
@@ -505,6 +640,37 @@ impl LogBackend for EmbeddedLog {
         f: &mut dyn FnMut(OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
         self.scan_output_keyed(output, from_step, &mut |_, _, e| f(e))
+    }
+
+    fn worker_commits(&self) -> bool {
+        true
+    }
+
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+        let epoch = {
+            let _commits = lock(&self.last_step);
+            let epoch = self.worker_epoch(worker)? + 1;
+            let meta = db::cf(&self.db, CF_META)?;
+            self.db
+                .put_cf_opt(meta, worker_key(worker), epoch.to_be_bytes(), &db::synced())
+                .map_err(rocks(format!("taking worker {worker}")))?;
+            epoch
+        };
+        Ok(Some(Box::new(EmbeddedWorker {
+            log: self,
+            worker,
+            epoch,
+        })))
+    }
+
+    fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
+        match self.step_record(step)? {
+            Some(r) if r.is_division() => (0..r.frontiers.len() as u32)
+                .map(|w| self.done(step, w))
+                .collect::<Result<Option<Vec<u128>>>>(),
+            Some(r) => Ok(Some(r.output_hashes)),
+            None => Ok(None),
+        }
     }
 
     fn trim_output(&self, output: &str, below_step: u64) -> Result<()> {

@@ -17,6 +17,15 @@
 //!   pipeline calls `init_transactions` with the same id, which bumps the
 //!   producer epoch, aborts the zombie's open transaction and makes its next
 //!   commit fail with [`StorageError::FencedProducer`].
+//! - **Divided steps** (a pipeline across hosts): the step record commits
+//!   first, with no hashes (the division), in that transaction; each
+//!   worker's share — its output records and a *done record*
+//!   `(step, worker, output hash)` on the step topic, keyed by step and
+//!   worker (12 bytes; a step record's key is the step, 8) — commits in a
+//!   transaction of the worker's holder, transactional id
+//!   `sluice.<pipeline>.w<worker>`, whose `init_transactions` fenced every
+//!   earlier holder ([`LogBackend::take_worker`]). A step's output is read
+//!   back once every done record is in.
 //! - **Ingest marks and producer sequence numbers** (appends through Sluice)
 //!   go to the pipeline's meta topic (`<pipeline>.sluice-meta`) in the same
 //!   transaction as the events they cover (transactional id
@@ -43,7 +52,8 @@ use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
 use sluice_storage::{
     AppendBatch, LogBackend, ProducerCheck, ProducerSeq, ProducerState, Result,
-    StorageError as Error, check_producer,
+    StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer,
+    check_worker_commit,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -282,6 +292,12 @@ struct StepState {
     epoch: u64,
     /// Every committed step record, once loaded.
     records: Option<BTreeMap<u64, StepRecord>>,
+    /// Every worker's done record of divided steps seen so far: the hash,
+    /// and the offset it was read at (`None`: committed through this
+    /// handle, not read back yet).
+    done: BTreeMap<(u64, u32), (u128, Option<u64>)>,
+    /// The step topic's offset up to which `records` and `done` are read.
+    read_to: u64,
 }
 
 /// Input, output and step logs of one pipeline in Kafka.
@@ -290,6 +306,10 @@ pub struct KafkaLog {
     admin: AdminClient<DefaultClientContext>,
     /// For metadata and watermark queries.
     client: BaseConsumer,
+    /// For the true end of the step topic (`read_uncommitted`: the high
+    /// watermark, past transactions still open), which a worker's new
+    /// holder must read to.
+    ends: BaseConsumer,
     partitions: Mutex<HashMap<String, u32>>,
     readers: Mutex<Readers>,
     /// The high watermark each partition had when last asked (they only
@@ -330,10 +350,18 @@ impl KafkaLog {
             .set("group.id", config.group())
             .create()
             .map_err(kafka("creating a Kafka client"))?;
+        let ends: BaseConsumer = config
+            .base()
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_uncommitted")
+            .set("group.id", config.group())
+            .create()
+            .map_err(kafka("creating a Kafka client"))?;
         let log = KafkaLog {
             config,
             admin,
             client,
+            ends,
             partitions: Mutex::new(HashMap::new()),
             readers: Mutex::new(HashMap::new()),
             highs: Mutex::new(HashMap::new()),
@@ -540,12 +568,19 @@ impl KafkaLog {
 
     fn new_producer(&self, role: &str) -> Result<TxnProducer> {
         let id = format!("sluice.{}.{role}", self.config.pipeline);
+        // A worker's share is small and quick: a dead holder's open
+        // transaction (which holds back `read_committed` readers of the
+        // step topic until the next holder aborts it) expires sooner.
+        let timeout = match role.starts_with('w') {
+            true => "15000",
+            false => "60000",
+        };
         let producer: TxnProducer = self
             .config
             .base()
             .set("transactional.id", &id)
             .set("enable.idempotence", "true")
-            .set("transaction.timeout.ms", "60000")
+            .set("transaction.timeout.ms", timeout)
             .set("linger.ms", "1")
             .set("queue.buffering.max.messages", "1000000")
             .create_with_context(Deliveries::default())
@@ -829,24 +864,288 @@ impl KafkaLog {
         Ok(())
     }
 
-    fn load_steps(&self) -> Result<BTreeMap<u64, StepRecord>> {
-        let mut records = BTreeMap::new();
+    /// Reads the step topic from where `s` was read up to its end
+    /// (committed records): step records (keyed by the step) and done
+    /// records (keyed by step and worker). A second done record of one
+    /// (step, worker) is corrupt: the worker's share was committed twice.
+    fn catch_up(&self, s: &mut StepState) -> Result<()> {
         let topic = self.config.steps_topic();
-        self.read_all(&topic, &mut |m| {
-            let record: StepRecord = postcard::from_bytes(m.payload().unwrap_or_default())
-                .map_err(Error::corrupt(format!("step record in `{topic}`")))?;
-            records.insert(record.step, record);
-            Ok(())
+        let (low, high) = self.topic_watermarks(&topic, 0)?;
+        let from = s.read_to.max(low);
+        let records = s.records.get_or_insert_with(BTreeMap::new);
+        let done = &mut s.done;
+        self.read_records(&topic, 0, from..high, &mut |m| {
+            step_topic_record(&topic, m, records, done)
         })?;
-        Ok(records)
+        s.read_to = s.read_to.max(high);
+        Ok(())
+    }
+
+    /// [`catch_up`](Self::catch_up) to the step topic's true end: past
+    /// every transaction open now, waiting until each is committed or
+    /// aborted. A worker's new holder reads this far before its first
+    /// commit, so it sees every done record any earlier holder of any
+    /// worker may still commit (a `read_committed` end stops at the first
+    /// open transaction, possibly another worker's, before a done record of
+    /// this one).
+    fn catch_up_to_end(&self, s: &mut StepState) -> Result<()> {
+        let topic = self.config.steps_topic();
+        let (_, end) = self
+            .ends
+            .fetch_watermarks(&topic, 0, self.config.timeout)
+            .map_err(kafka(format!("reading the end of {topic}")))?;
+        let end = end.max(0) as u64;
+        self.catch_up(s)?;
+        if s.read_to < end {
+            let records = s.records.get_or_insert_with(BTreeMap::new);
+            let done = &mut s.done;
+            let from = s.read_to;
+            self.read_records(&topic, 0, from..end, &mut |m| {
+                step_topic_record(&topic, m, records, done)
+            })?;
+            s.read_to = end;
+        }
+        Ok(())
     }
 
     fn with_steps<T>(&self, f: impl FnOnce(&mut StepState) -> Result<T>) -> Result<T> {
         let mut s = lock(&self.steps);
         if s.records.is_none() {
-            s.records = Some(self.load_steps()?);
+            s.read_to = 0;
+            s.done.clear();
+            if let Err(e) = self.catch_up(&mut s) {
+                s.records = None;
+                return Err(e);
+            }
         }
         f(&mut s)
+    }
+
+    /// Every worker's hash of step `step` if each done record is seen.
+    fn complete(s: &StepState, record: &StepRecord) -> Option<Vec<u128>> {
+        (0..record.frontiers.len() as u32)
+            .map(|w| s.done.get(&(record.step, w)).map(|(h, _)| *h))
+            .collect()
+    }
+
+    /// The output records of one entry (one per event) into `out`.
+    fn entry_records<'a>(
+        topic: &'a str,
+        partitions: u32,
+        entry: &'a OutputEntry,
+        texts: &'a EntryTexts,
+        out: &mut Vec<Outgoing<'a>>,
+    ) {
+        for (event, w) in entry.events.iter().zip(&texts.weights) {
+            let headers = OwnedHeaders::new_with_capacity(4)
+                .insert(Header {
+                    key: STEP_HEADER,
+                    value: Some(texts.step.as_bytes()),
+                })
+                .insert(Header {
+                    key: WORKER_HEADER,
+                    value: Some(texts.worker.as_bytes()),
+                })
+                .insert(Header {
+                    key: WEIGHT_HEADER,
+                    value: Some(w.as_bytes()),
+                })
+                .insert(Header {
+                    key: FRONTIER_HEADER,
+                    value: Some(texts.frontier.as_slice()),
+                });
+            out.push(Outgoing {
+                topic,
+                partition: (entry.worker % partitions) as i32,
+                key: None,
+                value: &event.value,
+                headers: Some(headers),
+            });
+        }
+    }
+}
+
+/// Takes in one record of the step topic: a step record (keyed by the
+/// step) or a worker's done record (keyed by step and worker). A second
+/// done record of one (step, worker) is corrupt: the worker's share was
+/// committed twice.
+fn step_topic_record(
+    topic: &str,
+    m: &OwnedMessage,
+    records: &mut BTreeMap<u64, StepRecord>,
+    done: &mut BTreeMap<(u64, u32), (u128, Option<u64>)>,
+) -> Result<()> {
+    let key = m.key().unwrap_or_default();
+    let offset = m.offset() as u64;
+    if key.len() == DONE_KEY_LEN {
+        let (step, worker, hash): (u64, u32, u128) =
+            postcard::from_bytes(m.payload().unwrap_or_default())
+                .map_err(Error::corrupt(format!("done record in `{topic}`")))?;
+        match done.get_mut(&(step, worker)) {
+            Some((h, at)) if *h == hash && at.is_none_or(|a| a == offset) => *at = Some(offset),
+            Some(_) => {
+                return Err(Error::Corrupt {
+                    what: format!("step topic `{topic}`"),
+                    message: format!(
+                        "a second done record of step {step} worker {worker} (offset {offset}): \
+                         the worker's share was committed twice (I1)"
+                    ),
+                });
+            }
+            None => {
+                done.insert((step, worker), (hash, Some(offset)));
+            }
+        }
+        return Ok(());
+    }
+    let record: StepRecord = postcard::from_bytes(m.payload().unwrap_or_default())
+        .map_err(Error::corrupt(format!("step record in `{topic}`")))?;
+    records.insert(record.step, record);
+    Ok(())
+}
+
+/// The header texts of one output entry.
+struct EntryTexts {
+    step: String,
+    worker: String,
+    frontier: Vec<u8>,
+    weights: Vec<String>,
+}
+
+impl EntryTexts {
+    fn of(entry: &OutputEntry) -> Self {
+        EntryTexts {
+            step: entry.step.to_string(),
+            worker: entry.worker.to_string(),
+            frontier: frontier_json(&entry.frontier),
+            weights: entry.events.iter().map(|e| e.weight.to_string()).collect(),
+        }
+    }
+}
+
+/// A done record's key: the step and the worker, big-endian (a step
+/// record's key is the step alone, 8 bytes).
+const DONE_KEY_LEN: usize = 12;
+
+fn done_key(step: u64, worker: u32) -> [u8; DONE_KEY_LEN] {
+    let mut key = [0; DONE_KEY_LEN];
+    key[..8].copy_from_slice(&step.to_be_bytes());
+    key[8..].copy_from_slice(&worker.to_be_bytes());
+    key
+}
+
+/// One worker of a Kafka pipeline's divided steps, taken: its producer
+/// (transactional id `sluice.<pipeline>.w<worker>`) was initialised after
+/// every earlier holder's, which fenced them.
+struct KafkaWorker {
+    log: Arc<KafkaLog>,
+    worker: u32,
+    /// `None` once a transaction failed: a holder never re-initialises
+    /// (that would fence whoever took the worker since); it is taken anew.
+    producer: Option<TxnProducer>,
+    /// Whether it read the step topic to its true end since it was taken.
+    synced: bool,
+}
+
+impl sluice_storage::WorkerCommitter for KafkaWorker {
+    fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    fn commit(&mut self, commit: &WorkerCommit) -> Result<WorkerDone> {
+        let (step, worker) = (commit.step, commit.worker);
+        if worker != self.worker {
+            return Err(Error::InvalidCommit {
+                step,
+                message: format!(
+                    "worker {worker}'s share offered to worker {}'s holder",
+                    self.worker
+                ),
+            });
+        }
+        let log = &self.log;
+        // Everything any earlier holder committed, once (taking the worker
+        // ended their transactions); then the division, read from the step
+        // topic if this handle has not seen it yet (another host recorded
+        // it).
+        let synced = self.synced;
+        let (record, done) = log.with_steps(|s| {
+            if !synced {
+                log.catch_up_to_end(s)?;
+            }
+            let known = s.records.as_ref().and_then(|r| r.get(&step)).is_some();
+            if !known {
+                log.catch_up(s)?;
+            }
+            Ok((
+                s.records.as_ref().and_then(|r| r.get(&step)).cloned(),
+                s.done.get(&(step, worker)).map(|(h, _)| *h),
+            ))
+        })?;
+        self.synced = true;
+        let record = record.ok_or_else(|| Error::InvalidCommit {
+            step,
+            message: format!("worker {worker}'s share of a step whose division is not recorded"),
+        })?;
+        check_worker_commit(&record, commit)?;
+        if let Some(hash) = done {
+            if hash != commit.hash {
+                return Err(Error::DoneDiffers {
+                    step,
+                    worker,
+                    committed: format!("{hash:032x}"),
+                    replayed: format!("{:032x}", commit.hash),
+                });
+            }
+            return Ok(WorkerDone::Already);
+        }
+        let role = format!("w{worker}");
+        if self.producer.is_none() {
+            return Err(Error::backend(
+                "Kafka",
+                format!("committing worker {worker}'s share of step {step}"),
+                true,
+                "an earlier transaction of this holder failed: the worker must be taken again",
+            ));
+        }
+        let mut topics = Vec::with_capacity(commit.outputs.len());
+        for (name, _) in &commit.outputs {
+            let topic = log.config.topic(name);
+            let n = log.ensure_topic(&topic, log.config.output_partitions, &[])?;
+            topics.push((topic, n));
+        }
+        let texts: Vec<EntryTexts> = commit
+            .outputs
+            .iter()
+            .map(|(_, e)| EntryTexts::of(e))
+            .collect();
+        let mut records = Vec::new();
+        for (((_, entry), (topic, n)), texts) in commit.outputs.iter().zip(&topics).zip(&texts) {
+            KafkaLog::entry_records(topic, *n, entry, texts, &mut records);
+        }
+        let value = postcard::to_allocvec(&(step, worker, commit.hash))
+            .map_err(Error::corrupt("done record"))?;
+        let key = done_key(step, worker);
+        let steps_topic = log.config.steps_topic();
+        records.push(Outgoing {
+            topic: &steps_topic,
+            partition: 0,
+            key: Some(&key),
+            value: &value,
+            headers: None,
+        });
+        log.transact(&mut self.producer, &role, Some(step), records, None)
+            .map_err(|e| match e {
+                // Another holder took the worker: this one is a zombie, the
+                // pipeline is not taken over (a recovery takes it anew).
+                Error::FencedProducer { .. } => Error::WorkerTaken { worker, step },
+                e => e,
+            })?;
+        log.with_steps(|s| {
+            s.done.entry((step, worker)).or_insert((commit.hash, None));
+            Ok(())
+        })?;
+        Ok(WorkerDone::Committed)
     }
 }
 
@@ -1160,10 +1459,21 @@ impl LogBackend for KafkaLog {
             meta.producer = Some(self.new_producer("ingest")?);
             meta.loaded = false;
         }
-        let records = self.load_steps()?;
-        let last_epoch = records.values().map(|r| r.epoch).max().unwrap_or(0);
+        s.records = None;
+        s.done.clear();
+        s.read_to = 0;
+        if let Err(e) = self.catch_up(&mut s) {
+            s.records = None;
+            return Err(e);
+        }
+        let last_epoch = s
+            .records
+            .iter()
+            .flat_map(|r| r.values())
+            .map(|r| r.epoch)
+            .max()
+            .unwrap_or(0);
         s.epoch = s.epoch.max(last_epoch) + 1;
-        s.records = Some(records);
         s.producer = Some(producer);
         Ok(s.epoch)
     }
@@ -1198,56 +1508,17 @@ impl LogBackend for KafkaLog {
                 let n = self.ensure_topic(&topic, self.config.output_partitions, &[])?;
                 topics.push((topic, n));
             }
-            let mut frontiers = Vec::new();
-            for (_, entries) in &commit.outputs {
-                frontiers.push(
-                    entries
-                        .iter()
-                        .map(|e| {
-                            (
-                                e.step.to_string(),
-                                e.worker.to_string(),
-                                frontier_json(&e.frontier),
-                                e.events
-                                    .iter()
-                                    .map(|ev| ev.weight.to_string())
-                                    .collect::<Vec<_>>(),
-                            )
-                        })
-                        .collect::<Vec<_>>(),
-                );
-            }
+            let texts: Vec<Vec<EntryTexts>> = commit
+                .outputs
+                .iter()
+                .map(|(_, entries)| entries.iter().map(EntryTexts::of).collect())
+                .collect();
             let mut records_out = Vec::new();
             for (((_, entries), (topic, n)), texts) in
-                commit.outputs.iter().zip(&topics).zip(&frontiers)
+                commit.outputs.iter().zip(&topics).zip(&texts)
             {
-                for (entry, (step_s, worker_s, frontier, weights)) in entries.iter().zip(texts) {
-                    for (event, w) in entry.events.iter().zip(weights) {
-                        let headers = OwnedHeaders::new_with_capacity(4)
-                            .insert(Header {
-                                key: STEP_HEADER,
-                                value: Some(step_s.as_bytes()),
-                            })
-                            .insert(Header {
-                                key: WORKER_HEADER,
-                                value: Some(worker_s.as_bytes()),
-                            })
-                            .insert(Header {
-                                key: WEIGHT_HEADER,
-                                value: Some(w.as_bytes()),
-                            })
-                            .insert(Header {
-                                key: FRONTIER_HEADER,
-                                value: Some(frontier.as_slice()),
-                            });
-                        records_out.push(Outgoing {
-                            topic,
-                            partition: (entry.worker % n) as i32,
-                            key: None,
-                            value: &event.value,
-                            headers: Some(headers),
-                        });
-                    }
+                for (entry, texts) in entries.iter().zip(texts) {
+                    Self::entry_records(topic, *n, entry, texts, &mut records_out);
                 }
             }
             let record =
@@ -1301,6 +1572,77 @@ impl LogBackend for KafkaLog {
         self.with_steps(|s| Ok(s.records.as_ref().and_then(|r| r.get(&step).cloned())))
     }
 
+    fn worker_commits(&self) -> bool {
+        true
+    }
+
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+        // Initialising the producer fences every earlier holder and resolves
+        // its open transaction; what it committed is read after.
+        // What they committed is read at the first commit, to the step
+        // topic's true end (so takes of several workers need not wait on
+        // each other's dead holders' open transactions).
+        let producer = self.new_producer(&format!("w{worker}"))?;
+        Ok(Some(Box::new(KafkaWorker {
+            log: self,
+            worker,
+            producer: Some(producer),
+            synced: false,
+        })))
+    }
+
+    fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
+        self.with_steps(|s| {
+            Ok(match s.records.as_ref().and_then(|r| r.get(&step)) {
+                Some(r) if r.is_division() => Self::complete(s, r),
+                Some(r) => Some(r.output_hashes.clone()),
+                None => None,
+            })
+        })
+    }
+
+    fn await_complete(&self, step: u64) -> Result<Vec<u128>> {
+        // The shares were committed before their holders answered, but a
+        // broker may show them a moment later: read until every one is
+        // there, for a while.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (hashes, missing) = self.with_steps(|s| {
+                let Some(r) = s.records.as_ref().and_then(|r| r.get(&step)).cloned() else {
+                    return Err(Error::InvalidCommit {
+                        step,
+                        message: "the step is not recorded".into(),
+                    });
+                };
+                if !r.is_division() {
+                    return Ok((Some(r.output_hashes), None));
+                }
+                if let Some(h) = Self::complete(s, &r) {
+                    return Ok((Some(h), None));
+                }
+                self.catch_up(s)?;
+                let missing =
+                    (0..r.frontiers.len() as u32).find(|w| !s.done.contains_key(&(step, *w)));
+                Ok((Self::complete(s, &r), missing))
+            })?;
+            if let Some(h) = hashes {
+                return Ok(h);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::backend(
+                    "Kafka",
+                    format!("completing step {step}"),
+                    true,
+                    format!(
+                        "worker {}'s done record is not in the step topic",
+                        missing.unwrap_or_default()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn scan_output(
         &self,
         output: &str,
@@ -1309,10 +1651,25 @@ impl LogBackend for KafkaLog {
     ) -> Result<()> {
         // The step records as they stand now: output of steps committed
         // while this read goes on is left for the next read.
-        let records = self.with_steps(|s| Ok(s.records.clone().unwrap_or_default()))?;
-        let Some(last) = records.keys().next_back().copied() else {
+        // A divided step not complete yet (the last one, at most) is left
+        // out: its shares are visible only once all are.
+        let (records, complete) = self.with_steps(|s| {
+            let records = s.records.clone().unwrap_or_default();
+            let complete = records
+                .values()
+                .next_back()
+                .is_none_or(|r| !r.is_division() || Self::complete(s, r).is_some());
+            Ok((records, complete))
+        })?;
+        let Some(mut last) = records.keys().next_back().copied() else {
             return Ok(());
         };
+        if !complete {
+            match last.checked_sub(1) {
+                Some(l) => last = l,
+                None => return Ok(()),
+            }
+        }
         let topic = self.config.topic(output);
         let Some(n) = self.topic_partitions(&topic)? else {
             return Ok(());

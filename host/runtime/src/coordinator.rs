@@ -29,8 +29,8 @@ use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::Exchange;
 use crate::remote::{
-    AnyWorker, MeshPlan, RemoteHost, RemoteWorker, coordinator_exchange, place_one,
-    replace_placement, round_robin,
+    AnyWorker, MeshPlan, RemoteHost, RemoteWorker, ShareSpec, Stepped, coordinator_exchange,
+    place_one, replace_placement, round_robin,
 };
 use crate::worker::{Worker, WorkerInfo};
 use serde::{Deserialize, Serialize};
@@ -39,7 +39,10 @@ use sluice_core::{
     ConfigError, Event, Frontier, Layout, OutputEntry, PartitionId, PipelineShape, SHARDS,
     StepCommit, StepLimits, StepRecord, hash_outputs,
 };
-use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Guarded, ReadBytes, Staged, StatePiece};
+use sluice_storage::{
+    Carried, Checkpoint, CheckpointMeta, Guarded, ReadBytes, Staged, StatePiece, WorkerCommit,
+    WorkerCommitter,
+};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -286,8 +289,9 @@ async fn restore_worker(
 enum StepInput {
     /// Its input, read here.
     Batches(Vec<Batch>),
-    /// The offsets its host reads.
-    Read(Vec<InputRange>),
+    /// The offsets its host reads; with a share, the host also commits the
+    /// worker's share of the (divided) step.
+    Read(Vec<InputRange>, Option<ShareSpec>),
 }
 
 /// What taking one worker's part of a checkpoint gave.
@@ -299,10 +303,13 @@ enum Taken {
 }
 
 /// One worker's output of one step.
-struct WorkerOutput {
+pub(crate) struct WorkerOutput {
     /// Events per output port.
-    ports: Vec<Vec<Event>>,
-    hash: u128,
+    pub ports: Vec<Vec<Event>>,
+    pub hash: u128,
+    /// Its host committed it, as the worker's share of a divided step:
+    /// `ports` is empty, this many events went out.
+    pub shared: Option<u64>,
 }
 
 /// A checkpoint being written in the background.
@@ -381,6 +388,10 @@ pub struct Coordinator {
     /// incremental checkpoints turned off).
     base: Option<Base>,
     stats: Stats,
+    /// This host's holders of workers whose shares of divided steps it
+    /// commits ([`LogBackend::take_worker`](sluice_storage::LogBackend::take_worker)),
+    /// taken on first use and dropped when the worker's host commits them.
+    committers: Vec<Option<Box<dyn WorkerCommitter>>>,
 }
 
 fn now_ms() -> u64 {
@@ -511,6 +522,7 @@ impl Coordinator {
             pending: None,
             base: None,
             stats: Stats::default(),
+            committers: Vec::new(),
         };
         if let Some(meta) = checkpoint {
             if meta.frontiers.len() != c.layout.workers as usize {
@@ -861,8 +873,26 @@ impl Coordinator {
                 self.relayout(next).await?;
             }
             self.set_limits(record.limits);
+            if record.is_division() {
+                // Every worker's share is committed unless its done record
+                // exists (then checked against it): a step its leader left
+                // incomplete completes here.
+                self.take_holders().await?;
+                let outputs = self
+                    .execute(&record.frontiers, step, record.time_ms, Commit::Now)
+                    .await?;
+                if let Err(e) = self.commit_shares(step, &record.frontiers, outputs).await {
+                    self.instances.iter_mut().for_each(|i| *i = None);
+                    return Err(e);
+                }
+                self.frontiers = record.frontiers;
+                self.next_step += 1;
+                self.stats.replayed_steps += 1;
+                crash_point(CrashPoint::DuringReplay);
+                continue;
+            }
             let outputs = self
-                .execute(&record.frontiers, step, record.time_ms)
+                .execute(&record.frontiers, step, record.time_ms, Commit::Whole)
                 .await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
                 if out.hash != *committed {
@@ -965,17 +995,22 @@ impl Coordinator {
         target: &[Frontier],
         step: u64,
         time_ms: u64,
+        commit: Commit,
     ) -> Result<Vec<WorkerOutput>> {
         // A worker whose host reads this pipeline's logs reads its own
         // input (only the offsets travel); the others' is read here.
         let ranges = input_ranges(&self.owned, &self.frontiers, target);
-        let location = self.storage.log().location();
-        let reads_there: Vec<bool> = self
-            .instances
-            .iter()
-            .map(|i| match i {
-                Some(AnyWorker::Remote(r)) => location.is_some() && r.log() == location.as_deref(),
-                _ => false,
+        let reads_there = self.reads_there();
+        // In a divided step, a worker whose host reads the logs also
+        // commits its share there (the host writes to the same logs).
+        let shares: Vec<Option<ShareSpec>> = (0..reads_there.len())
+            .map(|w| {
+                (commit != Commit::Whole && reads_there[w]).then(|| ShareSpec {
+                    frontier: target[w].clone(),
+                    outputs: self.outputs.clone(),
+                    checks: self.output_checks(),
+                    now: commit == Commit::Now,
+                })
             })
             .collect();
         let inputs: Vec<StepInput> = {
@@ -985,9 +1020,10 @@ impl Coordinator {
                 ranges
                     .into_iter()
                     .zip(reads_there)
-                    .map(|(ranges, there)| {
+                    .zip(shares)
+                    .map(|((ranges, there), share)| {
                         Ok(if there {
-                            StepInput::Read(ranges)
+                            StepInput::Read(ranges, share)
                         } else {
                             StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
                         })
@@ -1008,10 +1044,14 @@ impl Coordinator {
                         worker
                             .step(step, time_ms, batches)
                             .await
-                            .map(|o| (o, events))
+                            .map(|outputs| Stepped {
+                                outputs,
+                                events,
+                                shared: None,
+                            })
                     }
-                    StepInput::Read(ranges) => match &mut worker {
-                        AnyWorker::Remote(r) => r.step_reading(step, time_ms, ranges).await,
+                    StepInput::Read(ranges, share) => match &mut worker {
+                        AnyWorker::Remote(r) => r.step_reading(step, time_ms, ranges, share).await,
                         AnyWorker::Local(_) => Err(Error::WorkersLost),
                     },
                 };
@@ -1031,12 +1071,19 @@ impl Coordinator {
                 Ok((mut worker, r)) => {
                     self.stats.fuel_used += worker.take_fuel_used();
                     self.instances[w] = Some(worker);
-                    r.and_then(|(batches, events)| {
-                        self.events_read += events;
+                    r.and_then(|stepped| {
+                        self.events_read += stepped.events;
                         if reads_there[w] {
-                            self.events_read_there += events;
+                            self.events_read_there += stepped.events;
                         }
-                        self.convert(w as u32, step, batches)
+                        match stepped.shared {
+                            Some(done) => Ok(WorkerOutput {
+                                ports: Vec::new(),
+                                hash: done.hash,
+                                shared: Some(done.events),
+                            }),
+                            None => self.convert(w as u32, step, stepped.outputs),
+                        }
                     })
                 }
                 Err(e) => Err(Error::task(format!("worker {w}"))(e)),
@@ -1061,68 +1108,19 @@ impl Coordinator {
         Ok(outputs)
     }
 
-    /// Checks a worker's output batches (well-formed; with
-    /// [`PipelineOptions::check_output_json`], every value JSON) and hashes
-    /// them.
+    /// Checks a worker's output batches and hashes them
+    /// ([`convert_output`]).
     fn convert(&self, worker: u32, step: u64, batches: Vec<Batch>) -> Result<WorkerOutput> {
-        if let Some(limit) = self.options.max_output_per_step {
-            let attempted: u64 = batches.iter().map(|b| b.weights.len() as u64).sum();
-            if attempted > limit {
-                return Err(GuestError::OutputLimit {
-                    worker,
-                    step,
-                    limit,
-                    attempted,
-                }
-                .into());
-            }
+        convert_output(&self.output_checks(), worker, step, batches)
+    }
+
+    /// What a worker's output is checked against.
+    fn output_checks(&self) -> OutputChecks {
+        OutputChecks {
+            ports: self.outputs.len(),
+            max_output: self.options.max_output_per_step,
+            check_json: self.options.check_output_json,
         }
-        let refuse = |message: String| -> Error {
-            GuestError::Failed {
-                worker,
-                call: "step",
-                message,
-            }
-            .into()
-        };
-        let mut ports: Vec<Vec<Event>> = vec![Vec::new(); self.outputs.len()];
-        for batch in batches {
-            let port = ports.get_mut(batch.port as usize).ok_or_else(|| {
-                refuse(format!(
-                    "returned a batch for output port {}, but the circuit has {} output ports",
-                    batch.port,
-                    self.outputs.len()
-                ))
-            })?;
-            let values = crate::worker::slices(&batch.values, &batch.ends, batch.weights.len())
-                .ok_or_else(|| {
-                    refuse(format!(
-                        "returned a malformed batch for output port {} (ends out of order or \
-                         past the values, or as many ends as weights)",
-                        batch.port
-                    ))
-                })?;
-            port.reserve(values.len());
-            for (value, weight) in values.into_iter().zip(&batch.weights) {
-                if *weight == 0 {
-                    continue;
-                }
-                if self.options.check_output_json
-                    && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(value)
-                {
-                    return Err(refuse(format!(
-                        "output port {} got a value that is not JSON: {err}",
-                        batch.port
-                    )));
-                }
-                port.push(Event {
-                    value: value.to_vec(),
-                    weight: *weight,
-                });
-            }
-        }
-        let hash = hash_outputs(&ports);
-        Ok(WorkerOutput { ports, hash })
     }
 
     /// Runs and commits one step. Returns `false` (doing nothing) when no
@@ -1155,7 +1153,10 @@ impl Coordinator {
         crash_point(CrashPoint::AfterDivide);
         let step = self.next_step;
         let time_ms = now_ms().max(self.last_time_ms);
-        let mut outputs = self.execute(&target, step, time_ms).await?;
+        if self.divides() {
+            return self.step_divided(target, step, time_ms).await;
+        }
+        let mut outputs = self.execute(&target, step, time_ms, Commit::Whole).await?;
         crash_point(CrashPoint::MidStep);
         // Events, not offsets: Kafka's offsets include transaction markers.
         let events_in = self.events_read;
@@ -1206,9 +1207,21 @@ impl Coordinator {
             self.instances.iter_mut().for_each(|i| *i = None);
             return Err(e);
         }
-        tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         self.prev = link;
         self.relayout_pending = false;
+        self.committed(target, time_ms, events_in, events_out).await
+    }
+
+    /// Moves on past the step just committed.
+    async fn committed(
+        &mut self,
+        target: Vec<Frontier>,
+        time_ms: u64,
+        events_in: u64,
+        events_out: u64,
+    ) -> Result<bool> {
+        let step = self.next_step;
+        tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         self.frontiers = target;
         self.last_time_ms = time_ms;
         self.next_step += 1;
@@ -1220,6 +1233,233 @@ impl Coordinator {
             self.start_checkpoint().await?;
         }
         Ok(true)
+    }
+
+    /// Whether the next step is divided: the log takes divided steps and a
+    /// worker's host writes to the pipeline's logs (it reads them), so it
+    /// can commit its workers' output itself and the output need not come
+    /// back here.
+    fn divides(&self) -> bool {
+        self.storage.log().worker_commits() && self.reads_there().contains(&true)
+    }
+
+    /// Per worker, whether its host reads (and writes) this pipeline's
+    /// logs itself.
+    fn reads_there(&self) -> Vec<bool> {
+        let location = self.storage.log().location();
+        self.instances
+            .iter()
+            .map(|i| match i {
+                Some(AnyWorker::Remote(r)) => location.is_some() && r.log() == location.as_deref(),
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// Takes (before the step runs) every worker whose shares of divided
+    /// steps this host commits and does not hold yet: taking ends the
+    /// earlier holder's open transaction, which would hold back the other
+    /// holders' reads of the step log.
+    async fn take_holders(&mut self) -> Result<()> {
+        let here: Vec<u32> = self
+            .reads_there()
+            .iter()
+            .enumerate()
+            .filter(|(_, there)| !**there)
+            .map(|(w, _)| w as u32)
+            .collect();
+        self.committers.resize_with(self.instances.len(), || None);
+        let missing: Vec<u32> = here
+            .into_iter()
+            .filter(|w| self.committers[*w as usize].is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let storage = self.storage.clone();
+        let taken = blocking(move || {
+            missing
+                .into_iter()
+                .map(|w| Ok((w, storage.take_worker(w)?)))
+                .collect::<Result<Vec<_>>>()
+        })
+        .await?;
+        for (w, holder) in taken {
+            self.committers[w as usize] = holder;
+        }
+        Ok(())
+    }
+
+    /// Runs and commits a divided step: the division first (the step's
+    /// commit point, so a recovery replays exactly this step), then every
+    /// worker's share — by its host where the host writes to the logs,
+    /// here otherwise — and the step is complete when every share's done
+    /// record is in the log.
+    async fn step_divided(
+        &mut self,
+        target: Vec<Frontier>,
+        step: u64,
+        time_ms: u64,
+    ) -> Result<bool> {
+        let record = StepRecord {
+            step,
+            epoch: self.epoch,
+            time_ms,
+            frontiers: target.clone(),
+            output_hashes: Vec::new(),
+            limits: self.limits,
+            prev: self.prev,
+            layout: self.relayout_pending.then(|| self.layout.clone()),
+        };
+        let link = record.chain_hash();
+        // Every worker computes its share first (the hosts hold theirs):
+        // a step that fails (a guest, a limit, a host) is not recorded, so
+        // a recovery never replays a step that cannot run.
+        if let Err(e) = self.take_holders().await {
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        let outputs = self.execute(&target, step, time_ms, Commit::Hold).await?;
+        crash_point(CrashPoint::MidStep);
+        let storage = self.storage.clone();
+        let recorded = blocking(move || {
+            crash_point(CrashPoint::BeforeCommit);
+            storage.commit_step(&StepCommit {
+                record,
+                outputs: Vec::new(),
+            })?;
+            Ok::<_, Error>(())
+        });
+        if let Err(e) = recorded.await {
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        // From here on the step is recorded: a failure leaves its completion
+        // to recovery, which replays it.
+        self.prev = link;
+        self.relayout_pending = false;
+        let events_in = self.events_read;
+        let held: Vec<_> = outputs
+            .iter()
+            .zip(&self.instances)
+            .filter(|(o, _)| o.shared.is_some())
+            .filter_map(|(_, i)| match i {
+                Some(AnyWorker::Remote(r)) => Some(tokio::spawn(r.commit_share(step))),
+                _ => None,
+            })
+            .collect();
+        let mut failure = None;
+        for task in held {
+            let r = task
+                .await
+                .map_err(Error::task("committing a share"))
+                .and_then(|r| r);
+            if let (Err(e), None) = (r, &failure) {
+                failure = Some(e);
+            }
+        }
+        if let Some(e) = failure {
+            self.instances.iter_mut().for_each(|i| *i = None);
+            return Err(e);
+        }
+        let events_out = match self.commit_shares(step, &target, outputs).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.instances.iter_mut().for_each(|i| *i = None);
+                return Err(e);
+            }
+        };
+        crash_point(CrashPoint::AfterCommit);
+        self.committed(target, time_ms, events_in, events_out).await
+    }
+
+    /// Commits here the shares of divided step `step` that no host
+    /// committed (with this host's holders of those workers, taken on
+    /// first use), waits until every worker's done record is in the log,
+    /// and checks every worker's output against its done record. Returns
+    /// the output events.
+    async fn commit_shares(
+        &mut self,
+        step: u64,
+        frontiers: &[Frontier],
+        outputs: Vec<WorkerOutput>,
+    ) -> Result<u64> {
+        let mut events_out = 0;
+        self.committers.resize_with(outputs.len(), || None);
+        let hashes: Vec<u128> = outputs.iter().map(|o| o.hash).collect();
+        let mut shares = Vec::new();
+        for (w, out) in outputs.into_iter().enumerate() {
+            let worker = w as u32;
+            match out.shared {
+                Some(n) => {
+                    events_out += n;
+                    // Its host holds the worker now: a holder kept here
+                    // would be fenced.
+                    self.committers[w] = None;
+                }
+                None => {
+                    events_out += out.ports.iter().map(|p| p.len() as u64).sum::<u64>();
+                    let outputs = self
+                        .outputs
+                        .iter()
+                        .cloned()
+                        .zip(out.ports)
+                        .map(|(name, events)| {
+                            let entry = OutputEntry {
+                                step,
+                                worker,
+                                frontier: frontiers[w].clone(),
+                                events,
+                            };
+                            (name, entry)
+                        })
+                        .collect();
+                    let holder = self.committers[w].take();
+                    shares.push((
+                        WorkerCommit {
+                            step,
+                            worker,
+                            hash: out.hash,
+                            outputs,
+                        },
+                        holder,
+                    ));
+                }
+            }
+        }
+        let storage = self.storage.clone();
+        let (shares, recorded) = blocking(move || {
+            for (share, holder) in &mut shares {
+                let committer = match holder {
+                    Some(c) => c,
+                    None => holder.insert(storage.take_worker(share.worker)?.ok_or_else(|| {
+                        sluice_storage::StorageError::InvalidCommit {
+                            step: share.step,
+                            message: "the log does not take divided steps".into(),
+                        }
+                    })?),
+                };
+                committer.commit(share).map_err(share_error)?;
+            }
+            crash_point(CrashPoint::InsideTransaction);
+            let recorded = storage.log().await_complete(step)?;
+            Ok::<_, Error>((shares, recorded))
+        })
+        .await?;
+        for (share, holder) in shares {
+            self.committers[share.worker as usize] = holder;
+        }
+        if let Some(w) = (0..hashes.len()).find(|w| recorded.get(*w) != Some(&hashes[*w])) {
+            return Err(Error::Nondeterministic {
+                step,
+                worker: w as u32,
+                committed: recorded
+                    .get(w)
+                    .map_or("none".into(), |h| format!("{h:032x}")),
+                replayed: format!("{:032x}", hashes[w]),
+            });
+        }
+        Ok(events_out)
     }
 
     /// Whether a checkpoint is due (by steps or by time since the last).
@@ -1579,6 +1819,122 @@ pub(crate) struct InputRange {
     pub(crate) name: String,
     pub(crate) start: u64,
     pub(crate) end: u64,
+}
+
+/// How a step commits its workers' output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// Whole, here: every worker's output comes back.
+    Whole,
+    /// Divided, before the division is recorded: hosts that commit their
+    /// workers' shares hold them until told.
+    Hold,
+    /// Divided, the division recorded (a replay): hosts commit at once.
+    Now,
+}
+
+/// A worker share's commit error: a done record with another hash is a
+/// replay that computed other output.
+pub(crate) fn share_error(e: sluice_storage::StorageError) -> Error {
+    match e {
+        sluice_storage::StorageError::DoneDiffers {
+            step,
+            worker,
+            committed,
+            replayed,
+        } => Error::Nondeterministic {
+            step,
+            worker,
+            committed,
+            replayed,
+        },
+        e => e.into(),
+    }
+}
+
+/// What a worker's output is checked against: the circuit's output ports,
+/// [`PipelineOptions::max_output_per_step`] and
+/// [`PipelineOptions::check_output_json`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OutputChecks {
+    /// The circuit's output ports.
+    pub ports: usize,
+    /// At most this many output events per worker per step.
+    pub max_output: Option<u64>,
+    /// Every output value must be JSON.
+    pub check_json: bool,
+}
+
+/// Checks a worker's output batches (well-formed, within the limits) and
+/// hashes them: where the coordinator commits the output, and on a host
+/// that commits its workers' shares of divided steps.
+pub(crate) fn convert_output(
+    checks: &OutputChecks,
+    worker: u32,
+    step: u64,
+    batches: Vec<Batch>,
+) -> Result<WorkerOutput> {
+    if let Some(limit) = checks.max_output {
+        let attempted: u64 = batches.iter().map(|b| b.weights.len() as u64).sum();
+        if attempted > limit {
+            return Err(GuestError::OutputLimit {
+                worker,
+                step,
+                limit,
+                attempted,
+            }
+            .into());
+        }
+    }
+    let refuse = |message: String| -> Error {
+        GuestError::Failed {
+            worker,
+            call: "step",
+            message,
+        }
+        .into()
+    };
+    let mut ports: Vec<Vec<Event>> = vec![Vec::new(); checks.ports];
+    for batch in batches {
+        let port = ports.get_mut(batch.port as usize).ok_or_else(|| {
+            refuse(format!(
+                "returned a batch for output port {}, but the circuit has {} output ports",
+                batch.port, checks.ports
+            ))
+        })?;
+        let values = crate::worker::slices(&batch.values, &batch.ends, batch.weights.len())
+            .ok_or_else(|| {
+                refuse(format!(
+                    "returned a malformed batch for output port {} (ends out of order or \
+                         past the values, or as many ends as weights)",
+                    batch.port
+                ))
+            })?;
+        port.reserve(values.len());
+        for (value, weight) in values.into_iter().zip(&batch.weights) {
+            if *weight == 0 {
+                continue;
+            }
+            if checks.check_json
+                && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(value)
+            {
+                return Err(refuse(format!(
+                    "output port {} got a value that is not JSON: {err}",
+                    batch.port
+                )));
+            }
+            port.push(Event {
+                value: value.to_vec(),
+                weight: *weight,
+            });
+        }
+    }
+    let hash = hash_outputs(&ports);
+    Ok(WorkerOutput {
+        ports,
+        hash,
+        shared: None,
+    })
 }
 
 /// The input each worker reads in a step from frontiers `from` to `to`: one

@@ -40,7 +40,7 @@
 //! before (its workers are dropped).
 
 use crate::bindings::{Batch, KeyedEvents};
-use crate::coordinator::{InputRange, read_batches};
+use crate::coordinator::{InputRange, OutputChecks, convert_output, read_batches, share_error};
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, ExchangeError, Frame, FrameBody, Link, Placement};
@@ -50,7 +50,9 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use sluice_core::Layout;
 use sluice_core::StepLimits;
-use sluice_storage::{CheckpointStore, LogBackend, ReadBytes, Staged};
+use sluice_storage::{
+    CheckpointStore, LogBackend, ReadBytes, Staged, WorkerCommit, WorkerCommitter,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -70,7 +72,7 @@ pub const QUEUE: usize = 64;
 const MAX_FRAME: u64 = 8 << 30;
 
 /// The protocol version both ends must speak.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 
 /// A batch on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -244,6 +246,43 @@ struct WireMesh {
     owners: Vec<u32>,
 }
 
+/// What a worker's host needs to commit the worker's share of a divided
+/// step itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ShareSpec {
+    /// The worker's frontier after the step (its entries are tagged with
+    /// it).
+    pub frontier: sluice_core::Frontier,
+    /// The output logs, in the circuit's port order.
+    pub outputs: Vec<String>,
+    /// What the output is checked against before it is committed.
+    pub checks: OutputChecks,
+    /// Commit at once (the replay of a recorded division); else hold the
+    /// share until [`Call::CommitShare`] (the division is recorded once
+    /// every worker computed its share).
+    pub now: bool,
+}
+
+/// A worker's share of a divided step, committed by its host (or found
+/// committed, with the same hash).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct ShareDone {
+    /// The output's hash.
+    pub hash: u128,
+    /// Its events.
+    pub events: u64,
+}
+
+/// What a worker's step gave.
+pub(crate) struct Stepped {
+    /// Its output (none when its host committed the share).
+    pub outputs: Vec<Batch>,
+    /// The input events its host read.
+    pub events: u64,
+    /// The share its host committed.
+    pub shared: Option<ShareDone>,
+}
+
 /// A call the coordinator makes on one of a host's workers.
 #[derive(Debug, Serialize, Deserialize)]
 enum Call {
@@ -261,6 +300,13 @@ enum Call {
         time_ms: u64,
         inputs: Vec<WireBatch>,
         read: Vec<InputRange>,
+        /// In a divided step: commit the worker's share here (unless its
+        /// done record exists) instead of returning the output.
+        share: Option<ShareSpec>,
+    },
+    /// Commit the share of divided step `step` the worker holds.
+    CommitShare {
+        step: u64,
     },
     /// Snapshot; with `stage`, write the pieces to the host's checkpoint
     /// store for checkpoint `stage` instead of returning them.
@@ -305,11 +351,15 @@ enum Answer {
         fuel: u64,
         /// Input events the host read for the step.
         events: u64,
+        /// The share the host committed (then `outputs` is empty).
+        shared: Option<ShareDone>,
     },
     Snapshot {
         pieces: Vec<WirePiece>,
         changed: Option<Vec<u32>>,
     },
+    /// The held share is committed (or its done record was there).
+    Shared(ShareDone),
     Pieces(Vec<WirePiece>),
     /// The snapshot's pieces are in the host's checkpoint store.
     Staged {
@@ -1003,38 +1053,65 @@ impl RemoteWorker {
             time_ms,
             inputs: inputs.into_iter().map(Into::into).collect(),
             read: Vec::new(),
+            share: None,
         };
-        self.step_call(call).await.map(|(outputs, _)| outputs)
+        self.step_call(call).await.map(|s| s.outputs)
     }
 
-    /// Steps on the input its host reads itself: offsets `read`. Returns
-    /// the outputs and how many input events the host read.
+    /// Steps on the input its host reads itself: offsets `read`; with
+    /// `share`, the host commits the worker's share of the divided step
+    /// itself.
     pub(crate) async fn step_reading(
         &mut self,
         step: u64,
         time_ms: u64,
         read: Vec<InputRange>,
-    ) -> Result<(Vec<Batch>, u64)> {
+        share: Option<ShareSpec>,
+    ) -> Result<Stepped> {
         let call = Call::Step {
             step,
             time_ms,
             inputs: Vec::new(),
             read,
+            share,
         };
         self.step_call(call).await
     }
 
-    async fn step_call(&mut self, call: Call) -> Result<(Vec<Batch>, u64)> {
+    async fn step_call(&mut self, call: Call) -> Result<Stepped> {
         match self.host.call(self.worker, self.limits, call).await? {
             Answer::Stepped {
                 outputs,
                 fuel,
                 events,
+                shared,
             } => {
                 self.fuel_used += fuel;
-                Ok((outputs.into_iter().map(Into::into).collect(), events))
+                Ok(Stepped {
+                    outputs: outputs.into_iter().map(Into::into).collect(),
+                    events,
+                    shared,
+                })
             }
             _ => Err(unexpected(&self.host, "step")),
+        }
+    }
+
+    /// Has its host commit the share of divided step `step` it holds (a
+    /// future that borrows nothing, so the shares commit side by side).
+    pub(crate) fn commit_share(
+        &self,
+        step: u64,
+    ) -> impl Future<Output = Result<ShareDone>> + Send + use<> {
+        let (host, worker, limits) = (self.host.clone(), self.worker, self.limits);
+        async move {
+            match host
+                .call(worker, limits, Call::CommitShare { step })
+                .await?
+            {
+                Answer::Shared(done) => Ok(done),
+                _ => Err(unexpected(&host, "commit-share")),
+            }
         }
     }
 
@@ -1851,10 +1928,14 @@ impl WorkerHost {
         out: mpsc::Sender<FromHost>,
     ) {
         let mut worker: Option<Worker> = None;
+        let mut share = Share::default();
         while let Some((id, limits, call)) = calls.recv().await {
-            let result = self.answer(index, &mut worker, limits, call, &out).await;
+            let result = self
+                .answer(index, &mut worker, &mut share, limits, call, &out)
+                .await;
             let result = result.map_err(|e| CallError {
-                guest: matches!(e, Error::Guest(_)),
+                // Either would fail again anywhere.
+                guest: matches!(e, Error::Guest(_) | Error::Nondeterministic { .. }),
                 exchange: e.kind() == "exchange",
                 message: e.to_string(),
             });
@@ -1868,6 +1949,7 @@ impl WorkerHost {
         &self,
         index: u32,
         worker: &mut Option<Worker>,
+        share: &mut Share,
         limits: StepLimits,
         call: Call,
         out: &mpsc::Sender<FromHost>,
@@ -1899,6 +1981,8 @@ impl WorkerHost {
                 started.set_step_limits(limits);
             }
             *worker = Some(started);
+            // A new session: the worker is taken anew when it first commits.
+            *share = Share::default();
             return Ok(Answer::Started {
                 store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
                 log: self.reach.log.as_ref().and_then(|l| l.location()),
@@ -1915,6 +1999,7 @@ impl WorkerHost {
                 time_ms,
                 inputs,
                 read,
+                share: spec,
             } => {
                 let exchange = w.exchange();
                 if let Some(x) = &exchange {
@@ -1941,11 +2026,36 @@ impl WorkerHost {
                         x.worker_failed(index, &e.to_string());
                     }
                 }
-                Answer::Stepped {
-                    outputs: stepped?.into_iter().map(Into::into).collect(),
-                    fuel: w.take_fuel_used(),
-                    events,
+                let fuel = w.take_fuel_used();
+                match spec {
+                    None => Answer::Stepped {
+                        outputs: stepped?.into_iter().map(Into::into).collect(),
+                        fuel,
+                        events,
+                        shared: None,
+                    },
+                    Some(spec) => {
+                        let now = spec.now;
+                        let (commit, done) = share_of(index, step, spec, stepped?)?;
+                        // Taken now (which ends an earlier holder's open
+                        // transaction), committed now or when told.
+                        self.take(index, step, share).await?;
+                        share.held = Some(commit);
+                        if now {
+                            self.commit_held(index, step, share).await?;
+                        }
+                        Answer::Stepped {
+                            outputs: Vec::new(),
+                            fuel,
+                            events,
+                            shared: Some(done),
+                        }
+                    }
                 }
+            }
+            Call::CommitShare { step } => {
+                let done = self.commit_held(index, step, share).await?;
+                Answer::Shared(done)
             }
             Call::Snapshot {
                 changed_only,
@@ -2025,9 +2135,65 @@ impl WorkerHost {
 }
 
 impl WorkerHost {
-    /// Reads a worker's input ranges from the pipeline's logs.
-    async fn read_input(&self, read: Vec<InputRange>) -> Result<Vec<Batch>> {
-        let log = self.reach.log.clone().ok_or_else(|| {
+    /// Takes the worker for its shares of divided steps, unless this
+    /// session took it already: fences every earlier holder.
+    async fn take(&self, index: u32, step: u64, share: &mut Share) -> Result<()> {
+        if share.holder.is_some() {
+            return Ok(());
+        }
+        let log = self.log()?;
+        let taken = tokio::task::spawn_blocking(move || log.take_worker(index))
+            .await
+            .map_err(Error::task("taking a worker"))??;
+        let holder = taken.ok_or_else(|| {
+            Error::Storage(sluice_storage::StorageError::InvalidCommit {
+                step,
+                message: "this host's log does not take divided steps".into(),
+            })
+        })?;
+        share.holder = Some(holder);
+        Ok(())
+    }
+
+    /// Commits the share of divided step `step` the worker holds (unless
+    /// its done record exists: then checked against it).
+    async fn commit_held(&self, index: u32, step: u64, share: &mut Share) -> Result<ShareDone> {
+        let Some(commit) = share.held.take().filter(|c| c.step == step) else {
+            return Err(Error::Storage(
+                sluice_storage::StorageError::InvalidCommit {
+                    step,
+                    message: format!("worker {index} holds no share of step {step}"),
+                },
+            ));
+        };
+        self.take(index, step, share).await?;
+        let Some(mut holder) = share.holder.take() else {
+            return Err(Error::WorkersLost);
+        };
+        let done = ShareDone {
+            hash: commit.hash,
+            events: commit
+                .outputs
+                .iter()
+                .map(|(_, e)| e.events.len() as u64)
+                .sum(),
+        };
+        let (holder, committed) = tokio::task::spawn_blocking(move || {
+            let committed = holder.commit(&commit);
+            (holder, committed)
+        })
+        .await
+        .map_err(Error::task("committing a worker's share"))?;
+        // Kept whatever happened: a holder that failed stays failed (it
+        // never takes the worker back by itself); a new session takes anew.
+        share.holder = Some(holder);
+        committed.map_err(share_error)?;
+        Ok(done)
+    }
+
+    /// The pipeline's logs, or why a call that needs them fails.
+    fn log(&self) -> Result<Arc<dyn LogBackend>> {
+        self.reach.log.clone().ok_or_else(|| {
             Error::Storage(sluice_storage::StorageError::Config(
                 sluice_core::ConfigError::Invalid(
                     "this host reads none of the pipeline's logs (start it with the pipeline's \
@@ -2035,7 +2201,12 @@ impl WorkerHost {
                         .into(),
                 ),
             ))
-        })?;
+        })
+    }
+
+    /// Reads a worker's input ranges from the pipeline's logs.
+    async fn read_input(&self, read: Vec<InputRange>) -> Result<Vec<Batch>> {
+        let log = self.log()?;
         tokio::task::spawn_blocking(move || read_batches(&*log, &read, true))
             .await
             .map_err(Error::task("reading input"))?
@@ -2052,6 +2223,50 @@ impl WorkerHost {
             ))
         })
     }
+}
+
+/// A worker's share of divided steps on its host: the holder of the
+/// worker (taken at the session's first divided step) and the share
+/// computed but not committed yet.
+#[derive(Default)]
+struct Share {
+    holder: Option<Box<dyn WorkerCommitter>>,
+    held: Option<WorkerCommit>,
+}
+
+/// A worker's output of divided step `step` as its share: checked, hashed,
+/// its entries tagged with the step, the worker and its frontier.
+fn share_of(
+    index: u32,
+    step: u64,
+    spec: ShareSpec,
+    batches: Vec<Batch>,
+) -> Result<(WorkerCommit, ShareDone)> {
+    let out = convert_output(&spec.checks, index, step, batches)?;
+    let done = ShareDone {
+        hash: out.hash,
+        events: out.ports.iter().map(|p| p.len() as u64).sum(),
+    };
+    let commit = WorkerCommit {
+        step,
+        worker: index,
+        hash: out.hash,
+        outputs: spec
+            .outputs
+            .into_iter()
+            .zip(out.ports)
+            .map(|(name, events)| {
+                let entry = sluice_core::OutputEntry {
+                    step,
+                    worker: index,
+                    frontier: spec.frontier.clone(),
+                    events,
+                };
+                (name, entry)
+            })
+            .collect(),
+    };
+    Ok((commit, done))
 }
 
 /// Aborts a task when dropped.

@@ -14,7 +14,9 @@
 //!   step's layout (I1), tagged with that step's frontier;
 //! - no output exists for a step without a record (I3: the division is
 //!   durable no later than the outputs);
-//! - each worker's outputs of a step hash to the hash in the step record;
+//! - each worker's outputs of a step hash to the hash in the step record
+//!   (for a divided step, in the worker's done record); every step but the
+//!   last is complete (a divided step has every worker's done record);
 //! - committed checkpoints cover committed steps, with those steps'
 //!   frontiers and layouts, and pieces only of that layout's workers;
 //! - no input partition is trimmed above the newest committed checkpoint's
@@ -115,6 +117,10 @@ fn high_watermarks(
 /// The step records with the layout each ran under.
 struct Steps {
     records: Vec<StepRecord>,
+    /// Every worker's output hash per step (from the record, or from a
+    /// divided step's done records); `None` for the last step when it is
+    /// a divided step not complete yet.
+    hashes: Vec<Option<Vec<u128>>>,
     /// Every layout, in epoch order.
     layouts: Vec<Layout>,
     /// Per step, its layout's index in `layouts`.
@@ -137,6 +143,7 @@ fn step_records(
 ) -> Check<Steps> {
     let mut steps = Steps {
         records: Vec::new(),
+        hashes: Vec::new(),
         layouts: vec![Layout::initial(shape)],
         layout_of: Vec::new(),
     };
@@ -168,7 +175,12 @@ fn step_records(
         steps.layout_of.push(steps.layouts.len() - 1);
         let layout = steps.layouts.last().expect("the initial layout");
         let w = layout.workers as usize;
-        if record.frontiers.len() != w || record.output_hashes.len() != w {
+        // A divided step's hashes are in its workers' done records.
+        let hashes = match record.is_division() {
+            true => w,
+            false => record.output_hashes.len(),
+        };
+        if record.frontiers.len() != w || hashes != w {
             violation!(
                 "step {step}: {} frontiers and {} hashes for the {w} workers of its layout",
                 record.frontiers.len(),
@@ -229,6 +241,20 @@ fn step_records(
             );
         }
         previous = now;
+        let hashes = log.output_hashes(step)?;
+        match &hashes {
+            None if step != last => violation!(
+                "step {step} is a divided step missing a worker's share (done record), but step \
+                 {} was recorded after it: a step is recorded only after the one before completes",
+                step + 1
+            ),
+            Some(h) if h.len() != w => violation!(
+                "step {step}: {} output hashes for the {w} workers of its layout",
+                h.len()
+            ),
+            _ => {}
+        }
+        steps.hashes.push(hashes);
         steps.records.push(record);
     }
     Ok(steps)
@@ -286,7 +312,10 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
         if let Some(p) = problem {
             violation!("{p}");
         }
-        for step in low..records.len() as u64 {
+        // A divided step not complete yet shows no output.
+        let visible =
+            records.len() as u64 - u64::from(steps.hashes.last().is_some_and(Option::is_none));
+        for step in low..visible {
             for worker in 0..steps.layout(step).workers {
                 if !seen.contains_key(&(step, worker)) {
                     violation!(
@@ -297,7 +326,15 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
         }
     }
     for ((step, worker), ports) in &outputs {
-        let recorded = records[*step as usize].output_hashes[*worker as usize];
+        let Some(recorded) = steps.hashes[*step as usize]
+            .as_ref()
+            .map(|h| h[*worker as usize])
+        else {
+            violation!(
+                "step {step} worker {worker}: output of a divided step that is not complete is \
+                 visible (a step's shares become visible together)"
+            );
+        };
         if hash_outputs(ports) != recorded {
             violation!(
                 "step {step} worker {worker}: the stored outputs do not hash to the hash in the step record (altered or lost output)"

@@ -10,9 +10,11 @@ use crate::checkpoint::KEPT;
 use crate::error::StorageError as Error;
 use crate::{
     AppendBatch, Checkpoint, CheckpointMeta, CheckpointStore, IngestMark, LogBackend, ProducerSeq,
-    StatePiece,
+    StatePiece, WorkerCommit, WorkerDone,
 };
-use sluice_core::{Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
+use sluice_core::{
+    Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord, hash_outputs,
+};
 use std::sync::Arc;
 
 /// What a log backend supports.
@@ -83,6 +85,7 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     output_retention_trims_old_steps(&*make(), flags);
     trim_moves_low_watermark(&*make(), flags);
     unknown_input_is_an_error(&*make());
+    divided_steps_commit_per_worker(make());
 }
 
 /// Appends return the offsets their events got; reads return what was
@@ -353,6 +356,165 @@ pub fn commit_step_once_and_in_order(log: &dyn LogBackend) {
         seen,
         vec![(0, 0), (1, 0)],
         "exactly one entry per step per worker"
+    );
+}
+
+/// The division of step `step` for two workers (frontiers at `offset`).
+pub fn sample_division(step: u64, offset: u64, prev: u128) -> StepRecord {
+    StepRecord {
+        step,
+        epoch: 1,
+        time_ms: 1_700_000_000_000 + step,
+        frontiers: vec![frontier(0, 0, offset), frontier(0, 1, offset)],
+        output_hashes: Vec::new(),
+        limits: Default::default(),
+        prev,
+        layout: None,
+    }
+}
+
+/// Worker `worker`'s share of a divided step with `events`.
+pub fn sample_share(record: &StepRecord, worker: u32, events: Vec<Event>) -> WorkerCommit {
+    WorkerCommit {
+        step: record.step,
+        worker,
+        hash: hash_outputs(std::slice::from_ref(&events)),
+        outputs: vec![(
+            "out".into(),
+            OutputEntry {
+                step: record.step,
+                worker,
+                frontier: record.frontiers[worker as usize].clone(),
+                events,
+            },
+        )],
+    }
+}
+
+/// A log that takes divided steps: the division commits first and shows no
+/// output; each worker's share commits once, by its current holder (a
+/// second take fences the first); a share whose done record exists is
+/// answered `Already` with the same hash and refused with another; a share
+/// that does not fit its division is refused; the step's output becomes
+/// visible, and its hashes known, when every share is in. A log that
+/// commits steps whole says so and takes no worker.
+pub fn divided_steps_commit_per_worker(log: Arc<dyn LogBackend>) {
+    if !log.worker_commits() {
+        assert!(log.clone().take_worker(0).unwrap().is_none());
+        return;
+    }
+    log.fence().unwrap();
+    let entries = |log: &Arc<dyn LogBackend>| {
+        let mut seen = Vec::new();
+        log.scan_output("out", 0, &mut |e| {
+            seen.push((e.step, e.worker, e.events.len()));
+            Ok(std::ops::ControlFlow::Continue(()))
+        })
+        .unwrap();
+        seen
+    };
+    let division = sample_division(0, 5, 0);
+    log.commit_step(&StepCommit {
+        record: division.clone(),
+        outputs: Vec::new(),
+    })
+    .unwrap();
+    assert_eq!(log.last_step().unwrap(), Some(0));
+    assert_eq!(log.step_record(0).unwrap(), Some(division.clone()));
+    assert_eq!(log.output_hashes(0).unwrap(), None, "no share is in yet");
+    assert!(entries(&log).is_empty(), "a division shows no output");
+
+    let share0 = sample_share(&division, 0, vec![ev(1), ev(2)]);
+    let share1 = sample_share(&division, 1, vec![ev(3)]);
+    let mut holder0 = log.clone().take_worker(0).unwrap().unwrap();
+    assert_eq!(holder0.worker(), 0);
+    assert_eq!(holder0.commit(&share0).unwrap(), WorkerDone::Committed);
+    assert_eq!(
+        log.output_hashes(0).unwrap(),
+        None,
+        "worker 1's share is missing"
+    );
+    assert!(entries(&log).is_empty(), "shares show together");
+
+    // Taking a worker fences its earlier holder.
+    let mut zombie = log.clone().take_worker(1).unwrap().unwrap();
+    let mut holder1 = log.clone().take_worker(1).unwrap().unwrap();
+    assert!(
+        zombie.commit(&share1).is_err(),
+        "a fenced holder commits nothing"
+    );
+    assert_eq!(holder1.commit(&share1).unwrap(), WorkerDone::Committed);
+    assert_eq!(
+        log.await_complete(0).unwrap(),
+        vec![share0.hash, share1.hash]
+    );
+    assert_eq!(
+        log.output_hashes(0).unwrap(),
+        Some(vec![share0.hash, share1.hash])
+    );
+    assert_eq!(entries(&log), vec![(0, 0, 2), (0, 1, 1)]);
+
+    // A replayed share: once, checked against the done record.
+    assert_eq!(holder0.commit(&share0).unwrap(), WorkerDone::Already);
+    let mut again = log.clone().take_worker(0).unwrap().unwrap();
+    assert_eq!(again.commit(&share0).unwrap(), WorkerDone::Already);
+    assert!(matches!(
+        again.commit(&sample_share(&division, 0, vec![ev(7)])),
+        Err(Error::DoneDiffers {
+            step: 0,
+            worker: 0,
+            ..
+        })
+    ));
+    assert_eq!(
+        entries(&log),
+        vec![(0, 0, 2), (0, 1, 1)],
+        "nothing written twice"
+    );
+
+    // Shares that do not fit their division.
+    let mut wrong_hash = sample_share(&division, 0, vec![ev(1), ev(2)]);
+    wrong_hash.hash ^= 1;
+    assert!(matches!(
+        again.commit(&wrong_hash),
+        Err(Error::InvalidCommit { .. })
+    ));
+    let mut wrong_frontier = share0.clone();
+    wrong_frontier.outputs[0].1.frontier = frontier(0, 0, 99);
+    assert!(matches!(
+        again.commit(&wrong_frontier),
+        Err(Error::InvalidCommit { .. })
+    ));
+    let unrecorded = sample_share(&sample_division(1, 6, 0), 0, vec![ev(1)]);
+    assert!(
+        again.commit(&unrecorded).is_err(),
+        "a share of an unrecorded step"
+    );
+    let mut other = log.clone().take_worker(1).unwrap().unwrap();
+    assert!(
+        other.commit(&share0).is_err(),
+        "worker 0's share offered to worker 1's holder"
+    );
+
+    // The next step, divided again, after the complete one.
+    let next = sample_division(1, 6, division.chain_hash());
+    log.commit_step(&StepCommit {
+        record: next.clone(),
+        outputs: Vec::new(),
+    })
+    .unwrap();
+    assert_eq!(
+        again.commit(&sample_share(&next, 0, vec![])).unwrap(),
+        WorkerDone::Committed
+    );
+    assert_eq!(entries(&log).len(), 2, "step 1 is not complete");
+    assert_eq!(
+        other.commit(&sample_share(&next, 1, vec![ev(4)])).unwrap(),
+        WorkerDone::Committed
+    );
+    assert_eq!(
+        entries(&log),
+        vec![(0, 0, 2), (0, 1, 1), (1, 0, 0), (1, 1, 1)]
     );
 }
 

@@ -105,6 +105,38 @@ pub enum StorageError {
         message: String,
     },
 
+    /// A worker's commit of a step whose done record already exists with
+    /// another output hash: the replay computed other output than the run
+    /// that committed it.
+    #[error(
+        "step {step} worker {worker}: the output hashes to {replayed}, but the worker's committed \
+         done record says {committed} (a replay must produce what was committed)"
+    )]
+    DoneDiffers {
+        /// The step.
+        step: u64,
+        /// The worker.
+        worker: u32,
+        /// The hash in the done record.
+        committed: String,
+        /// The hash of the output offered now.
+        replayed: String,
+    },
+
+    /// A worker's commit after another holder took the worker
+    /// ([`LogBackend::take_worker`](crate::LogBackend::take_worker)): this
+    /// holder is a zombie and must stop.
+    #[error(
+        "fenced: worker {worker} was taken by another holder, so this one must stop (its commit of \
+         step {step} was refused)"
+    )]
+    WorkerTaken {
+        /// The worker.
+        worker: u32,
+        /// The step whose commit was refused.
+        step: u64,
+    },
+
     /// A checkpoint the store or the invariant checks refuse.
     #[error("refusing a checkpoint of step {step}: {message}")]
     InvalidCheckpoint {
@@ -246,6 +278,8 @@ impl StorageError {
         match self {
             StorageError::Backend { transient, .. } => *transient,
             StorageError::Io { .. } => true,
+            // A worker's holder was fenced: a recovery takes it anew.
+            StorageError::WorkerTaken { .. } => true,
             _ => false,
         }
     }

@@ -180,6 +180,24 @@ impl LogBackend for FaultyLog {
         self.faults
             .read("step_record", || self.inner.step_record(step))
     }
+    fn worker_commits(&self) -> bool {
+        self.inner.worker_commits()
+    }
+    fn take_worker(
+        self: Arc<Self>,
+        worker: u32,
+    ) -> Result<Option<Box<dyn crate::WorkerCommitter>>> {
+        self.faults
+            .write("take_worker", || self.inner.clone().take_worker(worker))
+    }
+    fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
+        self.faults
+            .read("output_hashes", || self.inner.output_hashes(step))
+    }
+    fn await_complete(&self, step: u64) -> Result<Vec<u128>> {
+        self.faults
+            .read("await_complete", || self.inner.await_complete(step))
+    }
     fn trim_output(&self, output: &str, below_step: u64) -> Result<()> {
         self.faults
             .write("trim_output", || self.inner.trim_output(output, below_step))

@@ -11,7 +11,9 @@
 //!   holds the hash of the one before it (the chain the audit checks).
 
 use crate::error::{Result, StorageError};
-use crate::{Carried, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, Staged};
+use crate::{
+    Carried, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, Staged, WorkerCommitter,
+};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord};
 use std::collections::BTreeMap;
@@ -133,6 +135,14 @@ impl Guarded {
         &*self.log
     }
 
+    /// Takes worker `worker` of divided steps
+    /// ([`LogBackend::take_worker`]); `None` where the log commits steps
+    /// whole. The shares it commits are checked against their divisions by
+    /// the log ([`check_worker_commit`](crate::check_worker_commit)).
+    pub fn take_worker(&self, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+        self.log.clone().take_worker(worker)
+    }
+
     /// The checkpoint store, for reads.
     pub fn checkpoints(&self) -> &dyn CheckpointStore {
         &*self.checkpoints
@@ -168,19 +178,41 @@ impl Guarded {
             None => &tip.layout,
         };
         let workers = layout.workers as usize;
-        if rec.frontiers.len() != workers || rec.output_hashes.len() != workers {
+        if rec.is_division() {
+            // A divided step: its record first, each worker's share later,
+            // from whoever holds the worker.
+            if !self.log.worker_commits() {
+                return Err(invalid(
+                    "a divided step (no output hashes), but this log commits steps whole".into(),
+                ));
+            }
+            if rec.frontiers.len() != workers || !commit.outputs.is_empty() {
+                return Err(invalid(format!(
+                    "a division must have one frontier per worker ({} for {workers}) and no \
+                     outputs",
+                    rec.frontiers.len()
+                )));
+            }
+        } else if rec.frontiers.len() != workers || rec.output_hashes.len() != workers {
             return Err(invalid(format!(
                 "{} frontiers and {} hashes for {workers} workers",
                 rec.frontiers.len(),
                 rec.output_hashes.len(),
             )));
         }
-        if commit.outputs.len() != self.shape.outputs.len()
-            || commit
-                .outputs
-                .iter()
-                .zip(&self.shape.outputs)
-                .any(|((a, _), b)| a != b)
+        // No step is recorded after an incomplete one (a worker's share
+        // missing): the log is read until every done record is there.
+        if let Some(prev) = tip.record.as_ref().filter(|p| p.is_division()) {
+            self.log.await_complete(prev.step)?;
+        }
+        // A division has no outputs (checked above).
+        if !rec.is_division()
+            && (commit.outputs.len() != self.shape.outputs.len()
+                || commit
+                    .outputs
+                    .iter()
+                    .zip(&self.shape.outputs)
+                    .any(|((a, _), b)| a != b))
         {
             return Err(invalid(
                 "outputs do not match the pipeline's output logs".into(),

@@ -42,6 +42,7 @@ pub use checkpoint::{
 pub use error::{BoxError, Result, StorageError};
 pub use invariants::{Guarded, layout_after};
 pub use log::{
-    AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, check_producer,
+    AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, WorkerCommit,
+    WorkerCommitter, WorkerDone, check_producer, check_worker_commit,
 };
 pub use read::read_output;

@@ -8,8 +8,9 @@
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
 use crate::error::{Result, StorageError};
-use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord};
+use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, hash_outputs};
 use std::ops::{ControlFlow, Range};
+use std::sync::Arc;
 
 /// Events to append to input logs, made durable together.
 #[derive(Debug, Clone, Default)]
@@ -152,7 +153,105 @@ pub fn not_visible(input: &str, partition: u32, end: u64, high: u64) -> StorageE
     )
 }
 
-/// The durable, partitioned logs of one pipeline.
+/// One worker's share of a *divided* step: its entry in every output log
+/// (in the pipeline's output order) and the hash of its output, committed
+/// with the worker's done record by whoever holds the worker
+/// ([`LogBackend::take_worker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommit {
+    /// The step.
+    pub step: u64,
+    /// The worker.
+    pub worker: u32,
+    /// [`hash_outputs`] of the entries' events, port by port.
+    pub hash: u128,
+    /// `(output log, entry)`, one per output log.
+    pub outputs: Vec<(String, OutputEntry)>,
+}
+
+/// What [`WorkerCommitter::commit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerDone {
+    /// The entries and the done record are committed.
+    Committed,
+    /// The worker's done record for the step already existed, with the
+    /// same hash: nothing was written (a replay of a completed share).
+    Already,
+}
+
+/// The right to commit one worker's shares of divided steps, got from
+/// [`LogBackend::take_worker`]. Taking a worker fences every earlier holder
+/// of it: their commits fail from then on, so a zombie host still running
+/// the worker can commit nothing.
+pub trait WorkerCommitter: Send {
+    /// The worker it commits for.
+    fn worker(&self) -> u32;
+
+    /// Commits the worker's share of a divided step — its entries and its
+    /// done record, atomically — unless the done record exists: then
+    /// compares the hash ([`StorageError::DoneDiffers`] if it differs) and
+    /// writes nothing. Fails if the step's division is not recorded, if the
+    /// share does not fit it ([`check_worker_commit`]), or if another
+    /// holder took the worker since ([`StorageError::WorkerTaken`], or the
+    /// backend's fencing error).
+    fn commit(&mut self, commit: &WorkerCommit) -> Result<WorkerDone>;
+}
+
+/// Checks a worker's share against its step's division record: the record
+/// is a division (its hashes are in done records), the worker is one of
+/// the step's, every entry is tagged with the step, the worker and the
+/// worker's frontier, no output log appears twice, and the hash is the
+/// entries' hash.
+pub fn check_worker_commit(record: &StepRecord, commit: &WorkerCommit) -> Result<()> {
+    let invalid = |message: String| StorageError::InvalidCommit {
+        step: commit.step,
+        message,
+    };
+    if !record.is_division() || record.step != commit.step {
+        return Err(invalid(format!(
+            "worker {}'s share commits to step {}, which is not a divided step",
+            commit.worker, commit.step
+        )));
+    }
+    let Some(frontier) = record.frontiers.get(commit.worker as usize) else {
+        return Err(invalid(format!(
+            "worker {} is not one of the step's {} workers",
+            commit.worker,
+            record.frontiers.len()
+        )));
+    };
+    let mut names: Vec<&str> = commit.outputs.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(invalid(
+            "an output log appears twice in a worker's share".into(),
+        ));
+    }
+    for (name, entry) in &commit.outputs {
+        if entry.step != commit.step || entry.worker != commit.worker || &entry.frontier != frontier
+        {
+            return Err(invalid(format!(
+                "worker {}'s entry in `{name}` must be tagged with this step, the worker and its \
+                 frontier",
+                commit.worker
+            )));
+        }
+    }
+    let ports: Vec<Vec<Event>> = commit
+        .outputs
+        .iter()
+        .map(|(_, e)| e.events.clone())
+        .collect();
+    if hash_outputs(&ports) != commit.hash {
+        return Err(invalid(format!(
+            "worker {}'s share does not hash to the hash it names",
+            commit.worker
+        )));
+    }
+    Ok(())
+}
+
+/// The durable, partitioned logs of one pipeline./// The durable, partitioned logs of one pipeline.
 ///
 /// Implementations are shared between tasks (`Send + Sync`) and may block:
 /// callers on an async runtime run them on its blocking pool.
@@ -228,7 +327,50 @@ pub trait LogBackend: Send + Sync {
     /// the current one. The epoch check and the write are one atomic action.
     fn commit_step(&self, commit: &StepCommit) -> Result<()>;
 
-    /// The last committed step, if any.
+    /// Whether this log takes *divided* steps: a step whose record is
+    /// committed first as its division ([`StepRecord::is_division`],
+    /// through [`commit_step`](Self::commit_step) with no outputs), each
+    /// worker's share then committed by whoever holds the worker
+    /// ([`take_worker`](Self::take_worker)). `false` (the default): every
+    /// step commits whole.
+    fn worker_commits(&self) -> bool {
+        false
+    }
+
+    /// Takes worker `worker` of divided steps: fences every earlier holder
+    /// (its commits fail from now on) and returns the right to commit the
+    /// worker's shares. `None` where the log does not take divided steps.
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+        let _ = worker;
+        Ok(None)
+    }
+
+    /// The hash of every worker's output in step `step`: the record's for a
+    /// step committed whole; for a divided step, its workers' done records
+    /// once every one is visible here (`None` before: the step is not
+    /// complete). `None` for a step not recorded.
+    fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
+        Ok(self
+            .step_record(step)?
+            .filter(|r| !r.is_division())
+            .map(|r| r.output_hashes))
+    }
+
+    /// Waits until divided step `step` is complete as seen here (every
+    /// worker's done record visible, reading those committed elsewhere);
+    /// fails if one is still missing at the log's end.
+    fn await_complete(&self, step: u64) -> Result<Vec<u128>> {
+        self.output_hashes(step)?
+            .ok_or_else(|| StorageError::InvalidCommit {
+                step,
+                message: "the step is not complete (a worker's share is missing): no step is \
+                      recorded after an incomplete one"
+                    .into(),
+            })
+    }
+
+    /// The last committed step, if any (for divided steps: the last
+    /// recorded division, which may not be complete yet).
     fn last_step(&self) -> Result<Option<u64>>;
 
     /// The record of a committed step (the seed's `get_frontier`).

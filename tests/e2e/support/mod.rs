@@ -150,6 +150,32 @@ impl Harness {
         self.pipeline.coordinator_with(options).await
     }
 
+    /// Runs the offline audit of the pipeline's logs and checkpoints and
+    /// panics on a violation; returns how many steps it checked.
+    pub fn audit(&self) -> u64 {
+        let verdict = sluice_storage::audit::audit(
+            &*self.log,
+            self.storage.checkpoints(),
+            self.pipeline.shape(),
+        )
+        .unwrap();
+        match verdict {
+            sluice_storage::audit::Verdict::Consistent(summary) => summary.steps,
+            sluice_storage::audit::Verdict::Violation(v) => panic!("audit: {v}"),
+        }
+    }
+
+    /// How many of the committed steps were divided (each worker's share
+    /// committed by whoever held the worker).
+    pub fn divided_steps(&self) -> u64 {
+        let Some(last) = self.log.last_step().unwrap() else {
+            return 0;
+        };
+        (0..=last)
+            .filter(|s| self.log.step_record(*s).unwrap().unwrap().is_division())
+            .count() as u64
+    }
+
     /// Integrated contents of output `name`: JSON value → weight.
     pub fn integrated(&self, name: &str) -> BTreeMap<String, i64> {
         let mut z = BTreeMap::new();
