@@ -10,6 +10,7 @@
 
 use crate::kafka::{brokers, fresh_name};
 use crate::support::{component, recount, s3_endpoint, sluice_cmd};
+use sluice_storage::LogBackend;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -389,22 +390,44 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
             counts == expected
         },
     );
-    // Each (step, worker) entry once: the records of one step and worker
-    // are contiguous and no (step, worker) appears in two runs.
-    let mut seen: Vec<(u64, u32)> = Vec::new();
-    for line in kcat(&brokers, &topic, "%h\n") {
-        let header = |key: &str| -> u64 {
-            line.split(',')
+    // Each (step, worker) entry once. Workers' shares commit in
+    // transactions of their own, so two shares' records may interleave in
+    // a partition; but word count's entry holds each (value, weight) at most
+    // once (its output is consolidated), so an entry committed twice would
+    // repeat every record of it.
+    let mut seen: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    let mut records: std::collections::BTreeSet<(u64, u32, String, String)> = Default::default();
+    for line in kcat(&brokers, &topic, "%h\t%s\n") {
+        let (headers, value) = line.split_once('\t').unwrap();
+        let header = |key: &str| -> String {
+            headers
+                .split(',')
                 .find_map(|h| h.strip_prefix(&format!("{key}=")))
                 .unwrap()
-                .parse()
-                .unwrap()
+                .to_owned()
         };
-        let entry = (header("sluice-step"), header("sluice-worker") as u32);
-        if seen.last() != Some(&entry) {
-            assert!(!seen.contains(&entry), "entry {entry:?} committed twice");
-            seen.push(entry);
-        }
+        let (step, worker) = (
+            header("sluice-step").parse::<u64>().unwrap(),
+            header("sluice-worker").parse::<u32>().unwrap(),
+        );
+        *seen.entry((step, worker)).or_default() += 1;
+        let record = (step, worker, header("sluice-weight"), value.to_owned());
+        assert!(
+            records.insert(record.clone()),
+            "a record of step {step} worker {worker} committed twice: {record:?}"
+        );
+    }
+    // The step log as a fresh reader loads it: a second done record of
+    // one (step, worker) would be refused as corrupt; every step but the
+    // last is complete.
+    let log =
+        sluice_kafka::KafkaLog::open(sluice_kafka::KafkaConfig::new(&brokers, &pipeline)).unwrap();
+    let last = log.last_step().unwrap().unwrap();
+    for step in 0..last {
+        assert!(
+            log.output_hashes(step).unwrap().is_some(),
+            "step {step} is complete"
+        );
     }
     // The hosts committed their own workers' shares of the divided steps.
     let done = c.done_records();
