@@ -37,4 +37,5 @@ pub use name::{InvalidName, validate_name};
 pub use shape::{CircuitPorts, InputLog, PipelineShape};
 pub use step::{
     OutputEntry, OutputPosition, PositionedEvent, StepCommit, StepLimits, StepRecord, hash_outputs,
+    hash_ports,
 };

@@ -173,8 +173,14 @@ pub struct PositionedEvent {
 /// Each event's 128-bit hash is summed (wrapping) per port, a commutative
 /// combination; the count and the port index are hashed in.
 pub fn hash_outputs(ports: &[Vec<Event>]) -> u128 {
+    hash_ports(ports.iter().map(Vec::as_slice))
+}
+
+/// [`hash_outputs`] of ports given one by one (in port order), for callers
+/// that hold them elsewhere than in one slice.
+pub fn hash_ports<'a>(ports: impl IntoIterator<Item = &'a [Event]>) -> u128 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for (port, events) in ports.iter().enumerate() {
+    for (port, events) in ports.into_iter().enumerate() {
         let mut sum = 0u128;
         for e in events {
             let mut eh = xxhash_rust::xxh3::Xxh3::new();

@@ -8,7 +8,7 @@
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
 use crate::error::{Result, StorageError};
-use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, hash_outputs};
+use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, hash_ports};
 use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
@@ -163,7 +163,8 @@ pub struct WorkerCommit {
     pub step: u64,
     /// The worker.
     pub worker: u32,
-    /// [`hash_outputs`] of the entries' events, port by port.
+    /// [`hash_outputs`](sluice_core::hash_outputs) of the entries' events,
+    /// port by port.
     pub hash: u128,
     /// `(output log, entry)`, one per output log.
     pub outputs: Vec<(String, OutputEntry)>,
@@ -237,12 +238,7 @@ pub fn check_worker_commit(record: &StepRecord, commit: &WorkerCommit) -> Result
             )));
         }
     }
-    let ports: Vec<Vec<Event>> = commit
-        .outputs
-        .iter()
-        .map(|(_, e)| e.events.clone())
-        .collect();
-    if hash_outputs(&ports) != commit.hash {
+    if hash_ports(commit.outputs.iter().map(|(_, e)| e.events.as_slice())) != commit.hash {
         return Err(invalid(format!(
             "worker {}'s share does not hash to the hash it names",
             commit.worker
@@ -251,7 +247,7 @@ pub fn check_worker_commit(record: &StepRecord, commit: &WorkerCommit) -> Result
     Ok(())
 }
 
-/// The durable, partitioned logs of one pipeline./// The durable, partitioned logs of one pipeline.
+/// The durable, partitioned logs of one pipeline.
 ///
 /// Implementations are shared between tasks (`Send + Sync`) and may block:
 /// callers on an async runtime run them on its blocking pool.
