@@ -52,6 +52,87 @@ async fn i1_a_committed_step_is_never_written_again() {
     assert_eq!(h.log.last_step().unwrap(), Some(0));
 }
 
+/// A divided step (its division recorded first, each worker's share
+/// later by the worker's holder) is refused a successor until every share
+/// is in; a worker's share commits once, and only by its current holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 2, Limits::default()).await;
+    h.append("in", 0, &["a", "b"]);
+    let mut c = h.coordinator(manual_checkpoints()).await.unwrap();
+    assert!(c.step().await.unwrap());
+    drop(c);
+    let whole = h.log.step_record(0).unwrap().unwrap();
+    let division = |step: u64, prev: u128| sluice_core::StepRecord {
+        step,
+        output_hashes: Vec::new(),
+        prev,
+        ..whole.clone()
+    };
+    let record = |r: &sluice_core::StepRecord| sluice_core::StepCommit {
+        record: r.clone(),
+        outputs: Vec::new(),
+    };
+    let share = |r: &sluice_core::StepRecord, worker: u32| {
+        let ports = vec![Vec::new(); h.outputs.len()];
+        sluice_storage::WorkerCommit {
+            step: r.step,
+            worker,
+            hash: sluice_core::hash_outputs(&ports),
+            outputs: h
+                .outputs
+                .iter()
+                .map(|name| {
+                    let entry = sluice_core::OutputEntry {
+                        step: r.step,
+                        worker,
+                        frontier: r.frontiers[worker as usize].clone(),
+                        events: Vec::new(),
+                    };
+                    (name.clone(), entry)
+                })
+                .collect(),
+        }
+    };
+    let one = division(1, whole.chain_hash());
+    h.storage.commit_step(&record(&one)).unwrap();
+    let two = division(2, one.chain_hash());
+    assert!(
+        matches!(
+            h.storage.commit_step(&record(&two)),
+            Err(StorageError::InvalidCommit { step: 2, .. })
+        ),
+        "no step is recorded after an incomplete one"
+    );
+    let mut zero = h.storage.take_worker(0).unwrap().unwrap();
+    assert_eq!(
+        zero.commit(&share(&one, 0)).unwrap(),
+        sluice_storage::WorkerDone::Committed
+    );
+    assert!(
+        h.storage.commit_step(&record(&two)).is_err(),
+        "worker 1's share is missing"
+    );
+    let mut zombie = h.storage.take_worker(1).unwrap().unwrap();
+    let mut holder = h.storage.take_worker(1).unwrap().unwrap();
+    assert!(matches!(
+        zombie.commit(&share(&one, 1)),
+        Err(StorageError::WorkerTaken { worker: 1, step: 1 })
+    ));
+    assert_eq!(
+        holder.commit(&share(&one, 1)).unwrap(),
+        sluice_storage::WorkerDone::Committed
+    );
+    assert_eq!(
+        holder.commit(&share(&one, 1)).unwrap(),
+        sluice_storage::WorkerDone::Already,
+        "a share commits once"
+    );
+    h.storage.commit_step(&record(&two)).unwrap();
+    assert_eq!(h.audit(), 3, "an incomplete last step passes the audit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_a_superseded_coordinator_cannot_commit() {
     let dir = tempfile::tempdir().unwrap();

@@ -203,7 +203,16 @@ impl Guarded {
         // No step is recorded after an incomplete one (a worker's share
         // missing): the log is read until every done record is there.
         if let Some(prev) = tip.record.as_ref().filter(|p| p.is_division()) {
-            self.log.await_complete(prev.step)?;
+            match self.log.await_complete(prev.step) {
+                Ok(_) => {}
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    return Err(invalid(format!(
+                        "step {} before it is not complete: {e}",
+                        prev.step
+                    )));
+                }
+            }
         }
         // A division has no outputs (checked above).
         if !rec.is_division()

@@ -359,9 +359,7 @@ pub trait LogBackend: Send + Sync {
         self.output_hashes(step)?
             .ok_or_else(|| StorageError::InvalidCommit {
                 step,
-                message: "the step is not complete (a worker's share is missing): no step is \
-                      recorded after an incomplete one"
-                    .into(),
+                message: "the step is not complete: a worker's share is missing".into(),
             })
     }
 
