@@ -107,26 +107,21 @@ impl Cluster {
     /// step record's key is the step, 8 bytes; a worker's done record's,
     /// 12, is not counted).
     fn steps(&self) -> usize {
-        kcat(
-            &self.brokers,
-            &format!("{}.sluice-steps", self.pipeline),
-            "%K\n",
-        )
-        .iter()
-        .filter(|len| len.as_str() == "8")
-        .count()
+        self.step_log_records(8)
     }
 
     /// Workers' done records (shares of divided steps) in the step log.
     fn done_records(&self) -> usize {
-        kcat(
-            &self.brokers,
-            &format!("{}.sluice-steps", self.pipeline),
-            "%K\n",
-        )
-        .iter()
-        .filter(|len| len.as_str() == "12")
-        .count()
+        self.step_log_records(12)
+    }
+
+    /// Records of the step log whose key is `key_len` bytes long.
+    fn step_log_records(&self, key_len: usize) -> usize {
+        let topic = format!("{}.sluice-steps", self.pipeline);
+        kcat(&self.brokers, &topic, "%K\n")
+            .iter()
+            .filter(|len| **len == key_len.to_string())
+            .count()
     }
 
     /// Waits until `done` holds, failing with the hosts' logs after `limit`.

@@ -15,7 +15,7 @@ use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
 use sluice_storage::{
     AppendBatch, LogBackend, ProducerCheck, ProducerState, Result, StorageError as Error,
-    WorkerCommit, WorkerCommitter, WorkerDone, check_producer, check_worker_commit,
+    WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -318,35 +318,22 @@ impl WorkerCommitter for EmbeddedWorker {
     fn commit(&mut self, commit: &WorkerCommit) -> Result<WorkerDone> {
         let (step, worker) = (commit.step, commit.worker);
         let log = &self.log;
-        if worker != self.worker {
-            return Err(Error::InvalidCommit {
-                step,
-                message: format!(
-                    "worker {worker}'s share offered to worker {}'s holder",
-                    self.worker
-                ),
-            });
-        }
         // The commit lock makes the holder check and the write one action.
         let _commits = lock(&log.last_step);
-        if log.worker_epoch(worker)? != self.epoch {
-            return Err(Error::WorkerTaken { worker, step });
+        if log.worker_epoch(self.worker)? != self.epoch {
+            return Err(Error::WorkerTaken {
+                worker: self.worker,
+                step,
+            });
         }
-        let record = log.step_record(step)?.ok_or_else(|| Error::InvalidCommit {
-            step,
-            message: format!("worker {worker}'s share of a step whose division is not recorded"),
-        })?;
-        check_worker_commit(&record, commit)?;
-        if let Some(hash) = log.done(step, worker)? {
-            if hash != commit.hash {
-                return Err(Error::DoneDiffers {
-                    step,
-                    worker,
-                    committed: format!("{hash:032x}"),
-                    replayed: format!("{:032x}", commit.hash),
-                });
-            }
-            return Ok(WorkerDone::Already);
+        let record = log.step_record(step)?;
+        if let Some(done) = decide_share(
+            self.worker,
+            record.as_ref(),
+            log.done(step, worker)?,
+            commit,
+        )? {
+            return Ok(done);
         }
         let out = db::cf(&log.db, CF_OUTPUT)?;
         let mut wb = WriteBatch::default();

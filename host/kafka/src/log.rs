@@ -52,8 +52,7 @@ use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
 use sluice_storage::{
     AppendBatch, LogBackend, ProducerCheck, ProducerSeq, ProducerState, Result,
-    StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer,
-    check_worker_commit,
+    StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -343,20 +342,17 @@ impl KafkaLog {
         // step is divided before another producer's open transaction and
         // never waits for it (a broker that answers the high watermark
         // instead makes the reads wait).
-        let client: BaseConsumer = config
-            .base()
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("group.id", config.group())
-            .create()
-            .map_err(kafka("creating a Kafka client"))?;
-        let ends: BaseConsumer = config
-            .base()
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_uncommitted")
-            .set("group.id", config.group())
-            .create()
-            .map_err(kafka("creating a Kafka client"))?;
+        let query_client = |isolation: &str| -> Result<BaseConsumer> {
+            config
+                .base()
+                .set("enable.auto.commit", "false")
+                .set("isolation.level", isolation)
+                .set("group.id", config.group())
+                .create()
+                .map_err(kafka("creating a Kafka client"))
+        };
+        let client = query_client("read_committed")?;
+        let ends = query_client("read_uncommitted")?;
         let log = KafkaLog {
             config,
             admin,
@@ -1054,15 +1050,6 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
 
     fn commit(&mut self, commit: &WorkerCommit) -> Result<WorkerDone> {
         let (step, worker) = (commit.step, commit.worker);
-        if worker != self.worker {
-            return Err(Error::InvalidCommit {
-                step,
-                message: format!(
-                    "worker {worker}'s share offered to worker {}'s holder",
-                    self.worker
-                ),
-            });
-        }
         let log = &self.log;
         // Everything any earlier holder committed, once (taking the worker
         // ended their transactions); then the division, read from the step
@@ -1083,21 +1070,8 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
             ))
         })?;
         self.synced = true;
-        let record = record.ok_or_else(|| Error::InvalidCommit {
-            step,
-            message: format!("worker {worker}'s share of a step whose division is not recorded"),
-        })?;
-        check_worker_commit(&record, commit)?;
-        if let Some(hash) = done {
-            if hash != commit.hash {
-                return Err(Error::DoneDiffers {
-                    step,
-                    worker,
-                    committed: format!("{hash:032x}"),
-                    replayed: format!("{:032x}", commit.hash),
-                });
-            }
-            return Ok(WorkerDone::Already);
+        if let Some(done) = decide_share(self.worker, record.as_ref(), done, commit)? {
+            return Ok(done);
         }
         let role = format!("w{worker}");
         if self.producer.is_none() {

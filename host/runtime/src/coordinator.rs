@@ -1192,12 +1192,22 @@ impl Coordinator {
             },
             outputs: logs,
         };
+        self.commit_record(commit).await?;
+        self.committed(target, time_ms, events_in, events_out).await
+    }
+
+    /// Commits a step's record — whole, with every worker's output, or a
+    /// division — and links the next record to it.
+    async fn commit_record(&mut self, commit: StepCommit) -> Result<()> {
+        let whole = !commit.record.is_division();
         let link = commit.record.chain_hash();
         let storage = self.storage.clone();
         let committed = blocking(move || {
             crash_point(CrashPoint::BeforeCommit);
             storage.commit_step(&commit)?;
-            crash_point(CrashPoint::AfterCommit);
+            if whole {
+                crash_point(CrashPoint::AfterCommit);
+            }
             Ok::<_, Error>(())
         });
         if let Err(e) = committed.await {
@@ -1209,7 +1219,7 @@ impl Coordinator {
         }
         self.prev = link;
         self.relayout_pending = false;
-        self.committed(target, time_ms, events_in, events_out).await
+        Ok(())
     }
 
     /// Moves on past the step just committed.
@@ -1311,7 +1321,6 @@ impl Coordinator {
             prev: self.prev,
             layout: self.relayout_pending.then(|| self.layout.clone()),
         };
-        let link = record.chain_hash();
         // Every worker computes its share first (the hosts hold theirs):
         // a step that fails (a guest, a limit, a host) is not recorded, so
         // a recovery never replays a step that cannot run.
@@ -1321,23 +1330,13 @@ impl Coordinator {
         }
         let outputs = self.execute(&target, step, time_ms, Commit::Hold).await?;
         crash_point(CrashPoint::MidStep);
-        let storage = self.storage.clone();
-        let recorded = blocking(move || {
-            crash_point(CrashPoint::BeforeCommit);
-            storage.commit_step(&StepCommit {
-                record,
-                outputs: Vec::new(),
-            })?;
-            Ok::<_, Error>(())
-        });
-        if let Err(e) = recorded.await {
-            self.instances.iter_mut().for_each(|i| *i = None);
-            return Err(e);
-        }
+        self.commit_record(StepCommit {
+            record,
+            outputs: Vec::new(),
+        })
+        .await?;
         // From here on the step is recorded: a failure leaves its completion
         // to recovery, which replays it.
-        self.prev = link;
-        self.relayout_pending = false;
         let events_in = self.events_read;
         let held: Vec<_> = outputs
             .iter()

@@ -43,6 +43,6 @@ pub use error::{BoxError, Result, StorageError};
 pub use invariants::{Guarded, layout_after};
 pub use log::{
     AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, WorkerCommit,
-    WorkerCommitter, WorkerDone, check_producer, check_worker_commit,
+    WorkerCommitter, WorkerDone, check_producer, check_worker_commit, decide_share,
 };
 pub use read::read_output;

@@ -247,6 +247,49 @@ pub fn check_worker_commit(record: &StepRecord, commit: &WorkerCommit) -> Result
     Ok(())
 }
 
+/// Decides a worker's share, offered to the holder of worker `holder`,
+/// from what the log holds of its step: the division (`None`: not
+/// recorded) and the hash in the worker's done record, if it has one.
+/// `Ok(None)`: commit the share;
+/// `Ok(Some(WorkerDone::Already))`: its done record exists with the same
+/// hash, write nothing. Fails for a share of an unrecorded step, one that
+/// does not fit its division ([`check_worker_commit`]) and one whose done
+/// record has another hash ([`StorageError::DoneDiffers`]).
+pub fn decide_share(
+    holder: u32,
+    record: Option<&StepRecord>,
+    done: Option<u128>,
+    commit: &WorkerCommit,
+) -> Result<Option<WorkerDone>> {
+    if commit.worker != holder {
+        return Err(StorageError::InvalidCommit {
+            step: commit.step,
+            message: format!(
+                "worker {}'s share offered to worker {holder}'s holder",
+                commit.worker
+            ),
+        });
+    }
+    let record = record.ok_or_else(|| StorageError::InvalidCommit {
+        step: commit.step,
+        message: format!(
+            "worker {}'s share of a step whose division is not recorded",
+            commit.worker
+        ),
+    })?;
+    check_worker_commit(record, commit)?;
+    match done {
+        None => Ok(None),
+        Some(hash) if hash == commit.hash => Ok(Some(WorkerDone::Already)),
+        Some(hash) => Err(StorageError::DoneDiffers {
+            step: commit.step,
+            worker: commit.worker,
+            committed: format!("{hash:032x}"),
+            replayed: format!("{:032x}", commit.hash),
+        }),
+    }
+}
+
 /// The durable, partitioned logs of one pipeline.
 ///
 /// Implementations are shared between tasks (`Send + Sync`) and may block:
