@@ -105,7 +105,7 @@ async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once
         ),
         "no step is recorded after an incomplete one"
     );
-    let mut zero = h.storage.take_worker(0).unwrap().unwrap();
+    let mut zero = h.storage.take_worker(0).unwrap();
     assert_eq!(
         zero.commit(&share(&one, 0)).unwrap(),
         sluice_storage::WorkerDone::Committed
@@ -114,8 +114,8 @@ async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once
         h.storage.commit_step(&record(&two)).is_err(),
         "worker 1's share is missing"
     );
-    let mut zombie = h.storage.take_worker(1).unwrap().unwrap();
-    let mut holder = h.storage.take_worker(1).unwrap().unwrap();
+    let mut zombie = h.storage.take_worker(1).unwrap();
+    let mut holder = h.storage.take_worker(1).unwrap();
     assert!(matches!(
         zombie.commit(&share(&one, 1)),
         Err(StorageError::WorkerTaken { worker: 1, step: 1 })

@@ -149,47 +149,51 @@ impl EmbeddedLog {
     }
 
     fn current_epoch(&self) -> Result<u64> {
+        Ok(match self.meta(EPOCH_KEY, "the epoch")? {
+            Some(v) => be_u64(&v, "epoch")?,
+            None => 0,
+        })
+    }
+
+    /// The value of `key` in the meta column family.
+    fn meta(&self, key: &[u8], what: &str) -> Result<Option<Vec<u8>>> {
         let meta = db::cf(&self.db, CF_META)?;
-        match self
-            .db
-            .get_cf(meta, EPOCH_KEY)
-            .map_err(rocks("reading the epoch"))?
-        {
-            Some(v) => be_u64(&v, "epoch"),
-            None => Ok(0),
-        }
+        self.db
+            .get_cf(meta, key)
+            .map_err(rocks(format!("reading {what}")))
     }
 
     /// A worker's done record of a divided step: its output hash.
     fn done(&self, step: u64, worker: u32) -> Result<Option<u128>> {
-        let meta = db::cf(&self.db, CF_META)?;
-        match self
-            .db
-            .get_cf(meta, done_key(step, worker))
-            .map_err(rocks("reading a done record"))?
-        {
-            Some(v) => {
-                let arr: [u8; 16] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
-                    what: format!("done record of step {step} worker {worker}"),
-                    message: format!("expected 16 bytes, found {}", v.len()),
-                })?;
-                Ok(Some(u128::from_be_bytes(arr)))
-            }
-            None => Ok(None),
-        }
+        let Some(v) = self.meta(&done_key(step, worker), "a done record")? else {
+            return Ok(None);
+        };
+        let arr: [u8; 16] = v.as_slice().try_into().map_err(|_| Error::Corrupt {
+            what: format!("done record of step {step} worker {worker}"),
+            message: format!("expected 16 bytes, found {}", v.len()),
+        })?;
+        Ok(Some(u128::from_be_bytes(arr)))
     }
 
     /// The holder epoch of a worker (0: never taken).
     fn worker_epoch(&self, worker: u32) -> Result<u64> {
-        let meta = db::cf(&self.db, CF_META)?;
-        match self
-            .db
-            .get_cf(meta, worker_key(worker))
-            .map_err(rocks("reading a worker's holder epoch"))?
-        {
-            Some(v) => be_u64(&v, "worker holder epoch"),
-            None => Ok(0),
+        Ok(
+            match self.meta(&worker_key(worker), "a worker's holder epoch")? {
+                Some(v) => be_u64(&v, "worker holder epoch")?,
+                None => 0,
+            },
+        )
+    }
+
+    /// Every worker's output hash of a recorded step (`None` while a
+    /// divided step misses a worker's done record).
+    fn hashes_of(&self, record: StepRecord) -> Result<Option<Vec<u128>>> {
+        if !record.is_division() {
+            return Ok(Some(record.output_hashes));
         }
+        (0..record.frontiers.len() as u32)
+            .map(|w| self.done(record.step, w))
+            .collect()
     }
 
     /// The first step whose output is not visible (yet): past the last
@@ -200,10 +204,11 @@ impl EmbeddedLog {
         let Some(last) = *lock(&self.last_step) else {
             return Ok(0);
         };
-        Ok(match self.step_record(last)? {
-            Some(r) if r.is_division() && self.output_hashes(last)?.is_none() => last,
-            _ => last + 1,
-        })
+        let complete = match self.step_record(last)? {
+            Some(r) => self.hashes_of(r)?.is_some(),
+            None => true,
+        };
+        Ok(if complete { last + 1 } else { last })
     }
 
     /// Like [`LogBackend::scan_output`], also passing the step and worker
@@ -633,7 +638,7 @@ impl LogBackend for EmbeddedLog {
         true
     }
 
-    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Box<dyn WorkerCommitter>> {
         let epoch = {
             let _commits = lock(&self.last_step);
             let epoch = self.worker_epoch(worker)? + 1;
@@ -643,19 +648,16 @@ impl LogBackend for EmbeddedLog {
                 .map_err(rocks(format!("taking worker {worker}")))?;
             epoch
         };
-        Ok(Some(Box::new(EmbeddedWorker {
+        Ok(Box::new(EmbeddedWorker {
             log: self,
             worker,
             epoch,
-        })))
+        }))
     }
 
     fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
         match self.step_record(step)? {
-            Some(r) if r.is_division() => (0..r.frontiers.len() as u32)
-                .map(|w| self.done(step, w))
-                .collect::<Result<Option<Vec<u128>>>>(),
-            Some(r) => Ok(Some(r.output_hashes)),
+            Some(r) => self.hashes_of(r),
             None => Ok(None),
         }
     }

@@ -229,6 +229,18 @@ struct Outgoing<'a> {
 }
 
 impl<'a> Outgoing<'a> {
+    /// A record of the step log (one partition): a step record or a
+    /// worker's done record.
+    fn step_log(topic: &'a str, key: &'a [u8], value: &'a [u8]) -> Self {
+        Outgoing {
+            topic,
+            partition: 0,
+            key: Some(key),
+            value,
+            headers: None,
+        }
+    }
+
     fn into_record(self, index: usize) -> BaseRecord<'a, [u8], [u8], usize> {
         let mut record = BaseRecord::with_opaque_to(self.topic, index)
             .partition(self.partition)
@@ -866,15 +878,8 @@ impl KafkaLog {
     /// (step, worker) is corrupt: the worker's share was committed twice.
     fn catch_up(&self, s: &mut StepState) -> Result<()> {
         let topic = self.config.steps_topic();
-        let (low, high) = self.topic_watermarks(&topic, 0)?;
-        let from = s.read_to.max(low);
-        let records = s.records.get_or_insert_with(BTreeMap::new);
-        let done = &mut s.done;
-        self.read_records(&topic, 0, from..high, &mut |m| {
-            step_topic_record(&topic, m, records, done)
-        })?;
-        s.read_to = s.read_to.max(high);
-        Ok(())
+        let bounds = self.topic_watermarks(&topic, 0)?;
+        self.read_steps(s, &topic, bounds)
     }
 
     /// [`catch_up`](Self::catch_up) to the step topic's true end: past
@@ -886,33 +891,43 @@ impl KafkaLog {
     /// this one).
     fn catch_up_to_end(&self, s: &mut StepState) -> Result<()> {
         let topic = self.config.steps_topic();
-        let (_, end) = self
+        let (low, end) = self
             .ends
             .fetch_watermarks(&topic, 0, self.config.timeout)
             .map_err(kafka(format!("reading the end of {topic}")))?;
-        let end = end.max(0) as u64;
-        self.catch_up(s)?;
-        if s.read_to < end {
-            let records = s.records.get_or_insert_with(BTreeMap::new);
-            let done = &mut s.done;
-            let from = s.read_to;
-            self.read_records(&topic, 0, from..end, &mut |m| {
-                step_topic_record(&topic, m, records, done)
-            })?;
-            s.read_to = end;
-        }
+        self.read_steps(s, &topic, (low.max(0) as u64, end.max(0) as u64))
+    }
+
+    /// Reads the step topic from where `s` was read (or its low watermark)
+    /// up to `end`, with the `read_committed` reader.
+    fn read_steps(&self, s: &mut StepState, topic: &str, (low, end): (u64, u64)) -> Result<()> {
+        let from = s.read_to.max(low);
+        let records = s.records.get_or_insert_with(BTreeMap::new);
+        let done = &mut s.done;
+        self.read_records(topic, 0, from..end, &mut |m| {
+            step_topic_record(topic, m, records, done)
+        })?;
+        s.read_to = s.read_to.max(end);
         Ok(())
+    }
+
+    /// Forgets what `s` holds of the step topic and reads it again from the
+    /// start (left unloaded if that fails).
+    fn reload_steps(&self, s: &mut StepState) -> Result<()> {
+        s.records = None;
+        s.done.clear();
+        s.read_to = 0;
+        let read = self.catch_up(s);
+        if read.is_err() {
+            s.records = None;
+        }
+        read
     }
 
     fn with_steps<T>(&self, f: impl FnOnce(&mut StepState) -> Result<T>) -> Result<T> {
         let mut s = lock(&self.steps);
         if s.records.is_none() {
-            s.read_to = 0;
-            s.done.clear();
-            if let Err(e) = self.catch_up(&mut s) {
-                s.records = None;
-                return Err(e);
-            }
+            self.reload_steps(&mut s)?;
         }
         f(&mut s)
     }
@@ -921,6 +936,20 @@ impl KafkaLog {
     fn complete(s: &StepState, record: &StepRecord) -> Option<Vec<u128>> {
         (0..record.frontiers.len() as u32)
             .map(|w| s.done.get(&(record.step, w)).map(|(h, _)| *h))
+            .collect()
+    }
+
+    /// Each output log's topic (created if missing) and its partitions.
+    fn output_topics<'n>(
+        &self,
+        names: impl Iterator<Item = &'n str>,
+    ) -> Result<Vec<(String, u32)>> {
+        names
+            .map(|name| {
+                let topic = self.config.topic(name);
+                let n = self.ensure_topic(&topic, self.config.output_partitions, &[])?;
+                Ok((topic, n))
+            })
             .collect()
     }
 
@@ -1082,12 +1111,7 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
                 "an earlier transaction of this holder failed: the worker must be taken again",
             ));
         }
-        let mut topics = Vec::with_capacity(commit.outputs.len());
-        for (name, _) in &commit.outputs {
-            let topic = log.config.topic(name);
-            let n = log.ensure_topic(&topic, log.config.output_partitions, &[])?;
-            topics.push((topic, n));
-        }
+        let topics = log.output_topics(commit.outputs.iter().map(|(name, _)| name.as_str()))?;
         let texts: Vec<EntryTexts> = commit
             .outputs
             .iter()
@@ -1101,13 +1125,7 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
             .map_err(Error::corrupt("done record"))?;
         let key = done_key(step, worker);
         let steps_topic = log.config.steps_topic();
-        records.push(Outgoing {
-            topic: &steps_topic,
-            partition: 0,
-            key: Some(&key),
-            value: &value,
-            headers: None,
-        });
+        records.push(Outgoing::step_log(&steps_topic, &key, &value));
         log.transact(&mut self.producer, &role, Some(step), records, None)
             .map_err(|e| match e {
                 // Another holder took the worker: this one is a zombie, the
@@ -1433,13 +1451,7 @@ impl LogBackend for KafkaLog {
             meta.producer = Some(self.new_producer("ingest")?);
             meta.loaded = false;
         }
-        s.records = None;
-        s.done.clear();
-        s.read_to = 0;
-        if let Err(e) = self.catch_up(&mut s) {
-            s.records = None;
-            return Err(e);
-        }
+        self.reload_steps(&mut s)?;
         let last_epoch = s
             .records
             .iter()
@@ -1476,12 +1488,8 @@ impl LogBackend for KafkaLog {
             if Some(step) != last.map_or(Some(0), |l| l.checked_add(1)) {
                 return Err(Error::StepGap { step, last });
             }
-            let mut topics = Vec::with_capacity(commit.outputs.len());
-            for (name, _) in &commit.outputs {
-                let topic = self.config.topic(name);
-                let n = self.ensure_topic(&topic, self.config.output_partitions, &[])?;
-                topics.push((topic, n));
-            }
+            let topics =
+                self.output_topics(commit.outputs.iter().map(|(name, _)| name.as_str()))?;
             let texts: Vec<Vec<EntryTexts>> = commit
                 .outputs
                 .iter()
@@ -1499,13 +1507,7 @@ impl LogBackend for KafkaLog {
                 postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
             let key = step.to_be_bytes();
             let steps_topic = self.config.steps_topic();
-            records_out.push(Outgoing {
-                topic: &steps_topic,
-                partition: 0,
-                key: Some(&key),
-                value: &record,
-                headers: None,
-            });
+            records_out.push(Outgoing::step_log(&steps_topic, &key, &record));
             let positions = self.positions(&commit.record)?;
             let result = self.transact(
                 &mut s.producer,
@@ -1550,19 +1552,19 @@ impl LogBackend for KafkaLog {
         true
     }
 
-    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Box<dyn WorkerCommitter>> {
         // Initialising the producer fences every earlier holder and resolves
         // its open transaction; what it committed is read after.
         // What they committed is read at the first commit, to the step
         // topic's true end (so takes of several workers need not wait on
         // each other's dead holders' open transactions).
         let producer = self.new_producer(&format!("w{worker}"))?;
-        Ok(Some(Box::new(KafkaWorker {
+        Ok(Box::new(KafkaWorker {
             log: self,
             worker,
             producer: Some(producer),
             synced: false,
-        })))
+        }))
     }
 
     fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {

@@ -881,10 +881,8 @@ impl Coordinator {
                 let outputs = self
                     .execute(&record.frontiers, step, record.time_ms, Commit::Now)
                     .await?;
-                if let Err(e) = self.commit_shares(step, &record.frontiers, outputs).await {
-                    self.instances.iter_mut().for_each(|i| *i = None);
-                    return Err(e);
-                }
+                self.commit_shares(step, &record.frontiers, outputs, Commit::Now)
+                    .await?;
                 self.frontiers = record.frontiers;
                 self.next_step += 1;
                 self.stats.replayed_steps += 1;
@@ -1295,7 +1293,7 @@ impl Coordinator {
         })
         .await?;
         for (w, holder) in taken {
-            self.committers[w as usize] = holder;
+            self.committers[w as usize] = Some(holder);
         }
         Ok(())
     }
@@ -1338,51 +1336,60 @@ impl Coordinator {
         // From here on the step is recorded: a failure leaves its completion
         // to recovery, which replays it.
         let events_in = self.events_read;
-        let held: Vec<_> = outputs
-            .iter()
-            .zip(&self.instances)
-            .filter(|(o, _)| o.shared.is_some())
-            .filter_map(|(_, i)| match i {
-                Some(AnyWorker::Remote(r)) => Some(tokio::spawn(r.commit_share(step))),
-                _ => None,
-            })
-            .collect();
-        let mut failure = None;
-        for task in held {
-            let r = task
-                .await
-                .map_err(Error::task("committing a share"))
-                .and_then(|r| r);
-            if let (Err(e), None) = (r, &failure) {
-                failure = Some(e);
-            }
-        }
-        if let Some(e) = failure {
-            self.instances.iter_mut().for_each(|i| *i = None);
-            return Err(e);
-        }
-        let events_out = match self.commit_shares(step, &target, outputs).await {
-            Ok(n) => n,
-            Err(e) => {
-                self.instances.iter_mut().for_each(|i| *i = None);
-                return Err(e);
-            }
-        };
+        let events_out = self
+            .commit_shares(step, &target, outputs, Commit::Hold)
+            .await?;
         crash_point(CrashPoint::AfterCommit);
         self.committed(target, time_ms, events_in, events_out).await
     }
 
-    /// Commits here the shares of divided step `step` that no host
-    /// committed (with this host's holders of those workers, taken on
-    /// first use), waits until every worker's done record is in the log,
-    /// and checks every worker's output against its done record. Returns
-    /// the output events.
+    /// Commits every share of divided step `step`: with [`Commit::Hold`]
+    /// the hosts commit the shares they hold; the shares no host commits
+    /// are committed here (with this host's holders of those workers).
+    /// Then waits until every worker's done record is in the log and checks
+    /// every worker's output against its done record. Returns the output
+    /// events. On failure the instances are dropped (recovery finds out
+    /// which shares committed).
     async fn commit_shares(
         &mut self,
         step: u64,
         frontiers: &[Frontier],
         outputs: Vec<WorkerOutput>,
+        commit: Commit,
     ) -> Result<u64> {
+        let r = self
+            .commit_shares_inner(step, frontiers, outputs, commit)
+            .await;
+        if r.is_err() {
+            // Whether the shares committed is for recovery to find out.
+            self.instances.iter_mut().for_each(|i| *i = None);
+        }
+        r
+    }
+
+    async fn commit_shares_inner(
+        &mut self,
+        step: u64,
+        frontiers: &[Frontier],
+        outputs: Vec<WorkerOutput>,
+        commit: Commit,
+    ) -> Result<u64> {
+        if commit == Commit::Hold {
+            // The hosts that hold their workers' shares commit them, side
+            // by side.
+            let held: Vec<_> = outputs
+                .iter()
+                .zip(&self.instances)
+                .filter(|(o, _)| o.shared.is_some())
+                .filter_map(|(_, i)| match i {
+                    Some(AnyWorker::Remote(r)) => Some(tokio::spawn(r.commit_share(step))),
+                    _ => None,
+                })
+                .collect();
+            for task in held {
+                task.await.map_err(Error::task("committing a share"))??;
+            }
+        }
         let mut events_out = 0;
         self.committers.resize_with(outputs.len(), || None);
         let hashes: Vec<u128> = outputs.iter().map(|o| o.hash).collect();
@@ -1397,32 +1404,10 @@ impl Coordinator {
                     self.committers[w] = None;
                 }
                 None => {
-                    events_out += out.ports.iter().map(|p| p.len() as u64).sum::<u64>();
-                    let outputs = self
-                        .outputs
-                        .iter()
-                        .cloned()
-                        .zip(out.ports)
-                        .map(|(name, events)| {
-                            let entry = OutputEntry {
-                                step,
-                                worker,
-                                frontier: frontiers[w].clone(),
-                                events,
-                            };
-                            (name, entry)
-                        })
-                        .collect();
-                    let holder = self.committers[w].take();
-                    shares.push((
-                        WorkerCommit {
-                            step,
-                            worker,
-                            hash: out.hash,
-                            outputs,
-                        },
-                        holder,
-                    ));
+                    let outputs = self.outputs.iter().cloned().zip(out.ports);
+                    let share = WorkerCommit::new(step, worker, &frontiers[w], outputs, out.hash);
+                    events_out += share.events();
+                    shares.push((share, self.committers[w].take()));
                 }
             }
         }
@@ -1431,12 +1416,7 @@ impl Coordinator {
             for (share, holder) in &mut shares {
                 let committer = match holder {
                     Some(c) => c,
-                    None => holder.insert(storage.take_worker(share.worker)?.ok_or_else(|| {
-                        sluice_storage::StorageError::InvalidCommit {
-                            step: share.step,
-                            message: "the log does not take divided steps".into(),
-                        }
-                    })?),
+                    None => holder.insert(storage.take_worker(share.worker)?),
                 };
                 committer.commit(share).map_err(share_error)?;
             }

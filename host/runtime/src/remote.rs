@@ -2036,10 +2036,11 @@ impl WorkerHost {
                     },
                     Some(spec) => {
                         let now = spec.now;
-                        let (commit, done) = share_of(index, step, spec, stepped?)?;
+                        let commit = share_of(index, step, spec, stepped?)?;
+                        let done = ShareDone::of(&commit);
                         // Taken now (which ends an earlier holder's open
                         // transaction), committed now or when told.
-                        self.take(index, step, share).await?;
+                        self.take(index, share).await?;
                         share.held = Some(commit);
                         if now {
                             self.commit_held(index, step, share).await?;
@@ -2137,20 +2138,14 @@ impl WorkerHost {
 impl WorkerHost {
     /// Takes the worker for its shares of divided steps, unless this
     /// session took it already: fences every earlier holder.
-    async fn take(&self, index: u32, step: u64, share: &mut Share) -> Result<()> {
+    async fn take(&self, index: u32, share: &mut Share) -> Result<()> {
         if share.holder.is_some() {
             return Ok(());
         }
         let log = self.log()?;
-        let taken = tokio::task::spawn_blocking(move || log.take_worker(index))
+        let holder = tokio::task::spawn_blocking(move || log.take_worker(index))
             .await
             .map_err(Error::task("taking a worker"))??;
-        let holder = taken.ok_or_else(|| {
-            Error::Storage(sluice_storage::StorageError::InvalidCommit {
-                step,
-                message: "this host's log does not take divided steps".into(),
-            })
-        })?;
         share.holder = Some(holder);
         Ok(())
     }
@@ -2166,18 +2161,11 @@ impl WorkerHost {
                 },
             ));
         };
-        self.take(index, step, share).await?;
+        // The step that computed the share took the worker.
         let Some(mut holder) = share.holder.take() else {
             return Err(Error::WorkersLost);
         };
-        let done = ShareDone {
-            hash: commit.hash,
-            events: commit
-                .outputs
-                .iter()
-                .map(|(_, e)| e.events.len() as u64)
-                .sum(),
-        };
+        let done = ShareDone::of(&commit);
         let (holder, committed) = tokio::task::spawn_blocking(move || {
             let committed = holder.commit(&commit);
             (holder, committed)
@@ -2236,37 +2224,26 @@ struct Share {
 
 /// A worker's output of divided step `step` as its share: checked, hashed,
 /// its entries tagged with the step, the worker and its frontier.
-fn share_of(
-    index: u32,
-    step: u64,
-    spec: ShareSpec,
-    batches: Vec<Batch>,
-) -> Result<(WorkerCommit, ShareDone)> {
+fn share_of(index: u32, step: u64, spec: ShareSpec, batches: Vec<Batch>) -> Result<WorkerCommit> {
     let out = convert_output(&spec.checks, index, step, batches)?;
-    let done = ShareDone {
-        hash: out.hash,
-        events: out.ports.iter().map(|p| p.len() as u64).sum(),
-    };
-    let commit = WorkerCommit {
+    let outputs = spec.outputs.into_iter().zip(out.ports);
+    Ok(WorkerCommit::new(
         step,
-        worker: index,
-        hash: out.hash,
-        outputs: spec
-            .outputs
-            .into_iter()
-            .zip(out.ports)
-            .map(|(name, events)| {
-                let entry = sluice_core::OutputEntry {
-                    step,
-                    worker: index,
-                    frontier: spec.frontier.clone(),
-                    events,
-                };
-                (name, entry)
-            })
-            .collect(),
-    };
-    Ok((commit, done))
+        index,
+        &spec.frontier,
+        outputs,
+        out.hash,
+    ))
+}
+
+impl ShareDone {
+    /// What a share reports back: its hash and its events.
+    fn of(commit: &WorkerCommit) -> Self {
+        ShareDone {
+            hash: commit.hash,
+            events: commit.events(),
+        }
+    }
 }
 
 /// Aborts a task when dropped.

@@ -183,10 +183,7 @@ impl LogBackend for FaultyLog {
     fn worker_commits(&self) -> bool {
         self.inner.worker_commits()
     }
-    fn take_worker(
-        self: Arc<Self>,
-        worker: u32,
-    ) -> Result<Option<Box<dyn crate::WorkerCommitter>>> {
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Box<dyn crate::WorkerCommitter>> {
         self.faults
             .write("take_worker", || self.inner.clone().take_worker(worker))
     }

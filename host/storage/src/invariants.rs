@@ -136,10 +136,10 @@ impl Guarded {
     }
 
     /// Takes worker `worker` of divided steps
-    /// ([`LogBackend::take_worker`]); `None` where the log commits steps
+    /// ([`LogBackend::take_worker`]); fails where the log commits steps
     /// whole. The shares it commits are checked against their divisions by
     /// the log ([`check_worker_commit`](crate::check_worker_commit)).
-    pub fn take_worker(&self, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
+    pub fn take_worker(&self, worker: u32) -> Result<Box<dyn WorkerCommitter>> {
         self.log.clone().take_worker(worker)
     }
 

@@ -8,7 +8,7 @@
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
 use crate::error::{Result, StorageError};
-use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, hash_ports};
+use sluice_core::{ConfigError, Event, Frontier, OutputEntry, StepCommit, StepRecord, hash_ports};
 use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
@@ -168,6 +168,46 @@ pub struct WorkerCommit {
     pub hash: u128,
     /// `(output log, entry)`, one per output log.
     pub outputs: Vec<(String, OutputEntry)>,
+}
+
+impl WorkerCommit {
+    /// Worker `worker`'s share of step `step`: its events per output log
+    /// (in port order), each entry tagged with the step, the worker and its
+    /// `frontier`, and their `hash`.
+    pub fn new(
+        step: u64,
+        worker: u32,
+        frontier: &Frontier,
+        outputs: impl IntoIterator<Item = (String, Vec<Event>)>,
+        hash: u128,
+    ) -> Self {
+        let outputs = outputs
+            .into_iter()
+            .map(|(name, events)| {
+                let entry = OutputEntry {
+                    step,
+                    worker,
+                    frontier: frontier.clone(),
+                    events,
+                };
+                (name, entry)
+            })
+            .collect();
+        WorkerCommit {
+            step,
+            worker,
+            hash,
+            outputs,
+        }
+    }
+
+    /// Its output events, over every output log.
+    pub fn events(&self) -> u64 {
+        self.outputs
+            .iter()
+            .map(|(_, e)| e.events.len() as u64)
+            .sum()
+    }
 }
 
 /// What [`WorkerCommitter::commit`] did.
@@ -378,10 +418,13 @@ pub trait LogBackend: Send + Sync {
 
     /// Takes worker `worker` of divided steps: fences every earlier holder
     /// (its commits fail from now on) and returns the right to commit the
-    /// worker's shares. `None` where the log does not take divided steps.
-    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Option<Box<dyn WorkerCommitter>>> {
-        let _ = worker;
-        Ok(None)
+    /// worker's shares. Fails where the log does not take divided steps
+    /// (the default; see [`worker_commits`](Self::worker_commits)).
+    fn take_worker(self: Arc<Self>, worker: u32) -> Result<Box<dyn WorkerCommitter>> {
+        Err(ConfigError::Invalid(format!(
+            "this log commits every step whole: it takes no worker (worker {worker})"
+        ))
+        .into())
     }
 
     /// The hash of every worker's output in step `step`: the record's for a
