@@ -19,11 +19,19 @@
 //!   to the segment an earlier checkpoint wrote, so it is stored once.
 //!   Written last, in one PUT (atomic on S3 and on a local file system,
 //!   which writes a temporary file and renames it).
+//! - `manifests/{step:020}-{nonce:016x}`, instead, for a store whose commits
+//!   a [`CheckpointLedger`] decides ([`ObjectCheckpointStore::with_ledger`]:
+//!   a pipeline on Kafka). The PUT then commits nothing: the checkpoint is
+//!   committed when the ledger records that manifest's name, which a
+//!   committer another host has fenced cannot do. Names are never reused,
+//!   so a fenced committer's late manifest overwrites nothing; it is an
+//!   orphan, collected like the segments of a write that crashed.
 //!
 //! # Collection
 //!
 //! After committing a manifest, the store keeps the [`KEPT`] newest
-//! manifests, deletes the others, then deletes every segment of a step
+//! manifests, deletes the others (and, with a ledger, every manifest of an
+//! older step, recorded or not), then deletes every segment of a step
 //! below the oldest kept checkpoint that no kept manifest references — the
 //! segments of dropped checkpoints, and those of a write that crashed
 //! before its manifest. Segments of newer steps are never collected: they
@@ -41,8 +49,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use sluice_storage::checkpoint::KEPT;
 use sluice_storage::{
-    Carried, Checkpoint, CheckpointMeta, CheckpointStore, ReadBytes, Result, Staged, StatePiece,
-    StorageError,
+    Carried, Checkpoint, CheckpointLedger, CheckpointMeta, CheckpointStore, ReadBytes, Result,
+    Staged, StatePiece, StorageError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -100,6 +108,8 @@ pub struct ObjectCheckpointStore {
     cache: Option<PathBuf>,
     /// The last step whose staging collected the copy (once per step).
     stage_collected: AtomicU64,
+    /// Where commits are recorded, if not by the manifest's PUT.
+    ledger: Option<Arc<dyn CheckpointLedger>>,
 }
 
 impl std::fmt::Debug for ObjectCheckpointStore {
@@ -296,6 +306,7 @@ impl ObjectCheckpointStore {
             location: None,
             cache: None,
             stage_collected: AtomicU64::new(0),
+            ledger: None,
         })
         .map(|mut s: ObjectCheckpointStore| {
             s.location = match s.identify() {
@@ -374,6 +385,18 @@ impl ObjectCheckpointStore {
         std::fs::create_dir_all(&dir).map_err(StorageError::io(&dir))?;
         self.cache = Some(dir);
         Ok(self)
+    }
+
+    /// Commits checkpoints through `ledger`: a checkpoint is committed when
+    /// the ledger records its manifest (written first, under a name of its
+    /// own), and only recorded checkpoints are read — so a committer that
+    /// the ledger fenced commits nothing, whatever it writes to the store.
+    /// Every host of a pipeline must open its store with the same ledger
+    /// (manifests written without one are not read with one, nor the other
+    /// way round).
+    pub fn with_ledger(mut self, ledger: Arc<dyn CheckpointLedger>) -> Self {
+        self.ledger = Some(ledger);
+        self
     }
 
     /// Keeps `bytes` as this host's copy of segment `name` (best effort: a
@@ -471,8 +494,13 @@ impl ObjectCheckpointStore {
         self.prefix.clone().join(dir).join(name)
     }
 
-    fn manifest_path(&self, step: u64) -> Path {
-        self.child("manifests", &format!("{step:020}"))
+    /// The name of committed checkpoint `step`'s manifest: the ledger's
+    /// record, else the step's own name (`None`: not committed).
+    fn manifest_name(&self, step: u64) -> Result<Option<String>> {
+        match &self.ledger {
+            Some(ledger) => ledger.recorded_checkpoint(step),
+            None => Ok(Some(format!("{step:020}"))),
+        }
     }
 
     /// Names of the objects directly in `dir` (under the prefix).
@@ -493,8 +521,16 @@ impl ObjectCheckpointStore {
         })
     }
 
-    /// Steps of the committed checkpoints, oldest first.
+    /// Steps of the committed checkpoints, oldest first (with a ledger,
+    /// the [`KEPT`] newest it recorded: older ones are being collected).
     fn steps(&self) -> Result<Vec<u64>> {
+        if let Some(ledger) = &self.ledger {
+            return Ok(ledger
+                .recorded_checkpoints(KEPT)?
+                .into_iter()
+                .map(|(step, _)| step)
+                .collect());
+        }
         let mut steps: Vec<u64> = self
             .names("manifests")?
             .iter()
@@ -506,8 +542,11 @@ impl ObjectCheckpointStore {
     }
 
     fn manifest(&self, step: u64) -> Result<Option<Manifest>> {
+        let Some(name) = self.manifest_name(step)? else {
+            return Ok(None);
+        };
         let store = self.store.clone();
-        let path = self.manifest_path(step);
+        let path = self.child("manifests", &name);
         let bytes = self.run(async move {
             match store.get(&path).await {
                 Ok(got) => Ok(Some(
@@ -677,7 +716,11 @@ impl ObjectCheckpointStore {
             "manifest of checkpoint {step}"
         )))?;
         let store = self.store.clone();
-        let manifest_path = self.manifest_path(step);
+        let manifest_name = match self.ledger {
+            Some(_) => format!("{step:020}-{nonce:016x}"),
+            None => format!("{step:020}"),
+        };
+        let manifest_path = self.child("manifests", &manifest_name);
         self.run(async move {
             // The segments in parallel (and the staged ones checked), then
             // the manifest: the commit.
@@ -727,6 +770,11 @@ impl ObjectCheckpointStore {
                 )))?;
             Ok(())
         })?;
+        // With a ledger, the commit: refused to a fenced committer, whose
+        // manifest is then an orphan (never read, collected later).
+        if let Some(ledger) = &self.ledger {
+            ledger.record_checkpoint(step, &manifest_name)?;
+        }
         // Collection: a failure here leaves garbage, never a wrong
         // checkpoint; the next commit collects it.
         if let Err(e) = self.collect() {
@@ -735,18 +783,20 @@ impl ObjectCheckpointStore {
         Ok(())
     }
 
-    /// Deletes all but the [`KEPT`] newest manifests, then every segment
-    /// below the oldest kept step that none of them references.
+    /// Deletes all but the [`KEPT`] newest manifests (every manifest of an
+    /// older step), then every segment below the oldest kept step that none
+    /// of them references.
     fn collect(&self) -> Result<()> {
         let steps = self.steps()?;
         let Some((oldest_kept, referenced)) = self.kept(&steps)? else {
             return Ok(());
         };
         self.cache_collect(oldest_kept, &referenced);
-        let mut doomed: Vec<Path> = steps
-            .iter()
-            .filter(|s| **s < oldest_kept)
-            .map(|s| self.manifest_path(*s))
+        let mut doomed: Vec<Path> = self
+            .names("manifests")?
+            .into_iter()
+            .filter(|n| step_of(n).is_some_and(|s| s < oldest_kept))
+            .map(|n| self.child("manifests", &n))
             .collect();
         let manifests = doomed.len();
         doomed.extend(
@@ -1031,6 +1081,65 @@ mod tests {
         conformance::checkpoint_store(&|| {
             Arc::new(ObjectCheckpointStore::open("memory:///").unwrap())
         });
+    }
+
+    #[test]
+    fn passes_the_checkpoint_conformance_suite_with_a_ledger() {
+        conformance::checkpoint_store(&|| {
+            Arc::new(
+                ObjectCheckpointStore::open("memory:///")
+                    .unwrap()
+                    .with_ledger(Arc::new(sluice_storage::MemoryLedger::default())),
+            )
+        });
+    }
+
+    /// Two committers of one pipeline on one store: once the ledger has
+    /// fenced the first, it commits no checkpoint whatever it writes, its
+    /// manifest overwrites nothing of the second's, and is collected.
+    #[test]
+    fn a_committer_the_ledger_fenced_commits_no_checkpoint() {
+        let shared: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let ledger = sluice_storage::MemoryLedger::default();
+        let open = |ledger: &sluice_storage::MemoryLedger| {
+            ObjectCheckpointStore::new(shared.clone(), Path::default(), "memory")
+                .unwrap()
+                .with_ledger(Arc::new(ledger.fence()))
+        };
+        let old = open(&ledger);
+        old.put(&checkpoint(1, vec![piece(0, 0, b"one")])).unwrap();
+        let new = open(&ledger);
+        assert_eq!(new.list().unwrap(), vec![1]);
+        // The old committer wakes and writes checkpoint 2: refused.
+        let stale = checkpoint(2, vec![piece(0, 0, b"stale")]);
+        let err = old.put(&stale).unwrap_err();
+        assert!(matches!(err, StorageError::FencedProducer { .. }), "{err}");
+        assert_eq!(new.list().unwrap(), vec![1]);
+        assert_eq!(new.latest_meta().unwrap().map(|m| m.step), Some(1));
+        // The new committer writes step 2 too; the stale manifest (also of
+        // step 2) changes nothing of it, before or after.
+        let fresh = checkpoint(2, vec![piece(0, 0, b"fresh")]);
+        new.put(&fresh).unwrap();
+        assert_eq!(old.put(&stale).unwrap_err().to_string(), err.to_string());
+        assert_eq!(new.get(2).unwrap(), Some(fresh.clone()));
+        assert_eq!(
+            old.get(2).unwrap(),
+            Some(fresh),
+            "every reader reads the record"
+        );
+        // A reader without the ledger reads none of them.
+        let unledgered =
+            ObjectCheckpointStore::new(shared.clone(), Path::default(), "memory").unwrap();
+        assert_eq!(unledgered.list().unwrap(), Vec::<u64>::new());
+        // Once the kept checkpoints are past step 2, its manifests (the
+        // stale one too) are collected.
+        new.put(&checkpoint(3, vec![piece(0, 0, b"three")]))
+            .unwrap();
+        new.put(&checkpoint(4, vec![piece(0, 0, b"four")])).unwrap();
+        let manifests = new.names("manifests").unwrap();
+        assert_eq!(manifests.len(), 2, "{manifests:?}");
+        assert!(manifests.iter().all(|n| step_of(n).is_some_and(|s| s >= 3)));
+        assert_eq!(new.list().unwrap(), vec![3, 4]);
     }
 
     #[test]
@@ -1449,7 +1558,7 @@ mod tests {
         let store = ObjectCheckpointStore::open("memory:///").unwrap();
         store.put(&checkpoint(1, vec![piece(1, 0, b"a")])).unwrap();
         let s = store.store.clone();
-        let path = store.manifest_path(1);
+        let path = store.child("manifests", &format!("{:020}", 1));
         store
             .run(async move {
                 s.put(&path, PutPayload::from(b"\xff\xff junk".to_vec()))

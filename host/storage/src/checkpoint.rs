@@ -89,6 +89,87 @@ impl Staged {
     }
 }
 
+/// Where a shared store's checkpoint commits are decided when the store
+/// cannot decide them safely itself: a record in the pipeline's log,
+/// written by its fenced step committer.
+///
+/// An object store's PUT cannot be fenced: a committer that stalls after
+/// uploading a checkpoint and wakes after another host took over could
+/// still write it. With a ledger, a store writes each checkpoint's manifest
+/// under a name of its own (never overwriting one) and the checkpoint is
+/// committed only when the ledger has recorded that name — which a
+/// superseded committer cannot do. The Kafka log is one: its marks are
+/// records on the step topic in a transaction of the step producer,
+/// fenced by `init_transactions` like every step.
+pub trait CheckpointLedger: Send + Sync {
+    /// Records checkpoint `step` as committed by the manifest `manifest`
+    /// (the store's own name for it); a later record of the same step
+    /// replaces it. Fails, recording nothing, if this handle is not (or no
+    /// longer) the pipeline's committer.
+    fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()>;
+
+    /// The `newest` most recently committed checkpoints (by step, oldest
+    /// first) with their manifests, as recorded up to now.
+    fn recorded_checkpoints(&self, newest: usize) -> Result<Vec<(u64, String)>>;
+
+    /// The manifest recorded for checkpoint `step`, if any.
+    fn recorded_checkpoint(&self, step: u64) -> Result<Option<String>>;
+}
+
+/// A [`CheckpointLedger`] in memory, for tests: one committer at a time,
+/// and [`fence`](MemoryLedger::fence) hands the right to commit to a new
+/// handle, refusing every earlier one from then on.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLedger {
+    shared: std::sync::Arc<std::sync::Mutex<(u64, std::collections::BTreeMap<u64, String>)>>,
+    epoch: u64,
+}
+
+impl MemoryLedger {
+    /// A handle on the same records that takes the right to commit from
+    /// every earlier handle.
+    pub fn fence(&self) -> MemoryLedger {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.0 += 1;
+        MemoryLedger {
+            shared: self.shared.clone(),
+            epoch: shared.0,
+        }
+    }
+}
+
+impl CheckpointLedger for MemoryLedger {
+    fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()> {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.0 != self.epoch {
+            return Err(crate::StorageError::FencedProducer {
+                step: None,
+                transactional_id: "a memory ledger".into(),
+            });
+        }
+        shared.1.insert(step, manifest.to_owned());
+        Ok(())
+    }
+
+    fn recorded_checkpoints(&self, newest: usize) -> Result<Vec<(u64, String)>> {
+        let shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(u64, String)> = shared
+            .1
+            .iter()
+            .rev()
+            .take(newest)
+            .map(|(s, m)| (*s, m.clone()))
+            .collect();
+        out.reverse();
+        Ok(out)
+    }
+
+    fn recorded_checkpoint(&self, step: u64) -> Result<Option<String>> {
+        let shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(shared.1.get(&step).cloned())
+    }
+}
+
 /// Bytes of pieces a read took: from this host's own copy, and fetched
 /// from the shared store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -37,7 +37,8 @@ pub mod log;
 pub mod read;
 
 pub use checkpoint::{
-    Carried, Checkpoint, CheckpointMeta, CheckpointStore, ReadBytes, Staged, StatePiece,
+    Carried, Checkpoint, CheckpointLedger, CheckpointMeta, CheckpointStore, MemoryLedger,
+    ReadBytes, Staged, StatePiece,
 };
 pub use error::{BoxError, Result, StorageError};
 pub use invariants::{Guarded, layout_after};
