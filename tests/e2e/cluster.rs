@@ -10,7 +10,7 @@
 
 use crate::kafka::{brokers, fresh_name};
 use crate::support::{component, recount, s3_endpoint, sluice_cmd};
-use sluice_storage::LogBackend;
+use sluice_storage::{CheckpointLedger, LogBackend};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -423,6 +423,35 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
             log.output_hashes(step).unwrap().is_some(),
             "step {step} is complete"
         );
+    }
+    // Checkpoints commit as records in the step log (the leader's fenced
+    // transactions), and every recovery restored a recorded one.
+    let recorded = log.recorded_checkpoints(usize::MAX).unwrap();
+    assert!(
+        !recorded.is_empty(),
+        "no checkpoint recorded in the step log"
+    );
+    let topic_steps = format!("{pipeline}.sluice-steps");
+    let marks = kcat(&brokers, &topic_steps, "%K\n")
+        .iter()
+        .filter(|k| k.starts_with("checkpoint:"))
+        .count();
+    assert!(
+        marks >= recorded.len(),
+        "{marks} marks, {} recorded",
+        recorded.len()
+    );
+    for host in ["h1", "h2", "h3", "h4", "h5"] {
+        for line in c.stderr(host).lines() {
+            if let Some(rest) = line.split("restored checkpoint ").nth(1)
+                && let Some(step) = rest.split(' ').next().and_then(|s| s.parse::<u64>().ok())
+            {
+                assert!(
+                    recorded.iter().any(|(s, _)| *s == step),
+                    "{host} restored checkpoint {step}, which the step log does not record"
+                );
+            }
+        }
     }
     // The hosts committed their own workers' shares of the divided steps.
     let done = c.done_records();

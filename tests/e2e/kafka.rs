@@ -576,6 +576,76 @@ fn output_reads_while_steps_commit() {
     );
 }
 
+/// Checkpoints on a shared store commit through the step topic: a host
+/// whose step producer another host fenced records no checkpoint, and the
+/// manifest it wrote to the store anyway is never read (here on a shared
+/// directory: the store is the same for both, only the ledger fences).
+#[test]
+fn a_fenced_host_commits_no_checkpoint() {
+    use sluice_storage::{CheckpointLedger, StorageError};
+    let Some(brokers) = brokers() else { return };
+    let name = fresh_name("ckpt");
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("store").display());
+    let open = |fence: bool| {
+        let log = Arc::new(KafkaLog::open(KafkaConfig::new(&brokers, &name)).unwrap());
+        if fence {
+            log.fence().unwrap();
+        }
+        let store = sluice_objstore::ObjectCheckpointStore::open(&url)
+            .unwrap()
+            .with_ledger(log.clone());
+        (log, store)
+    };
+    let (old_log, old) = open(true);
+    old.put(&conformance::sample_checkpoint(3, 2)).unwrap();
+    let (new_log, new) = open(true);
+    assert_eq!(
+        new.list().unwrap(),
+        vec![3],
+        "the new host reads the record"
+    );
+    // The old host wakes: its manifest is written, its record refused.
+    let err = old.put(&conformance::sample_checkpoint(5, 2)).unwrap_err();
+    assert!(matches!(err, StorageError::FencedProducer { .. }), "{err}");
+    let err = old_log.record_checkpoint(5, "anything").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StorageError::InvalidCommit { .. } | StorageError::FencedProducer { .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(new.list().unwrap(), vec![3]);
+    assert_eq!(new_log.recorded_checkpoint(5).unwrap(), None);
+    // The new host commits its own checkpoint of that step.
+    let fresh = conformance::sample_checkpoint(5, 2);
+    new.put(&fresh).unwrap();
+    let (_, reader) = open(false);
+    assert_eq!(reader.list().unwrap(), vec![3, 5]);
+    assert_eq!(reader.get(5).unwrap(), Some(fresh));
+    let manifests = std::fs::read_dir(dir.path().join("store/manifests"))
+        .unwrap()
+        .count();
+    assert_eq!(manifests, 3, "the fenced host's manifest is there, unread");
+    // The step log holding these records is kept whatever the broker's
+    // default retention.
+    let topic = format!("{name}.sluice-steps");
+    let described = futures_executor::block_on(admin(&brokers).describe_configs(
+        [&rdkafka::admin::ResourceSpecifier::Topic(&topic)],
+        &rdkafka::admin::AdminOptions::new(),
+    ))
+    .unwrap();
+    let config = described.into_iter().next().unwrap().unwrap();
+    for key in ["retention.ms", "retention.bytes"] {
+        assert_eq!(
+            config.get(key).and_then(|e| e.value.clone()).as_deref(),
+            Some("-1"),
+            "{topic} {key}"
+        );
+    }
+}
+
 /// Trim deletes records only on the pipeline's own input topics: an input
 /// topic the user named (`--topic`) may have other readers and keeps its
 /// records unless `--trim-named-topics` says otherwise.

@@ -38,7 +38,15 @@
 //!   the step read every input partition as the offsets of the consumer
 //!   group `sluice.<pipeline>`, so Kafka's tools show the pipeline's lag.
 //!
-//! Checkpoints stay in the data directory's RocksDB (`sluice-embedded`).
+//! - **Checkpoint records** (a pipeline whose checkpoints are in a shared
+//!   store): the store's commits are decided here ([`CheckpointLedger`]): a
+//!   record keyed `checkpoint:<step>` naming the manifest, on the step
+//!   topic in a transaction of the step producer — fenced like the steps.
+//! - The step topic is created with unlimited retention: it is the
+//!   pipeline's history. (A topic created by hand needs the same.)
+//!
+//! Without a shared store, checkpoints stay in the data directory's RocksDB
+//! (`sluice-embedded`).
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -51,7 +59,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{ConfigError, Event, Frontier, OutputEntry, PartitionId, StepCommit, StepRecord};
 use sluice_storage::{
-    AppendBatch, LogBackend, ProducerCheck, ProducerSeq, ProducerState, Result,
+    AppendBatch, CheckpointLedger, LogBackend, ProducerCheck, ProducerSeq, ProducerState, Result,
     StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -307,7 +315,11 @@ struct StepState {
     /// and the offset it was read at (`None`: committed through this
     /// handle, not read back yet).
     done: BTreeMap<(u64, u32), (u128, Option<u64>)>,
-    /// The step topic's offset up to which `records` and `done` are read.
+    /// Every checkpoint recorded as committed ([`CheckpointLedger`]): its
+    /// manifest, by step.
+    checkpoints: BTreeMap<u64, String>,
+    /// The step topic's offset up to which `records`, `done` and
+    /// `checkpoints` are read.
     read_to: u64,
 }
 
@@ -376,7 +388,14 @@ impl KafkaLog {
             meta: Mutex::new(MetaState::default()),
             steps: Mutex::new(StepState::default()),
         };
-        log.ensure_topic(&log.config.steps_topic(), 1, &[])?;
+        // The step topic is the pipeline's history: kept whatever the
+        // broker's default retention (a pipeline idle for a week must not
+        // lose its step records and start again at step 0).
+        log.ensure_topic(
+            &log.config.steps_topic(),
+            1,
+            &[("retention.ms", "-1"), ("retention.bytes", "-1")],
+        )?;
         log.ensure_topic(
             &log.config.meta_topic(),
             1,
@@ -903,9 +922,9 @@ impl KafkaLog {
     fn read_steps(&self, s: &mut StepState, topic: &str, (low, end): (u64, u64)) -> Result<()> {
         let from = s.read_to.max(low);
         let records = s.records.get_or_insert_with(BTreeMap::new);
-        let done = &mut s.done;
+        let (done, checkpoints) = (&mut s.done, &mut s.checkpoints);
         self.read_records(topic, 0, from..end, &mut |m| {
-            step_topic_record(topic, m, records, done)
+            step_topic_record(topic, m, records, done, checkpoints)
         })?;
         s.read_to = s.read_to.max(end);
         Ok(())
@@ -916,6 +935,7 @@ impl KafkaLog {
     fn reload_steps(&self, s: &mut StepState) -> Result<()> {
         s.records = None;
         s.done.clear();
+        s.checkpoints.clear();
         s.read_to = 0;
         let read = self.catch_up(s);
         if read.is_err() {
@@ -928,6 +948,18 @@ impl KafkaLog {
         let mut s = lock(&self.steps);
         if s.records.is_none() {
             self.reload_steps(&mut s)?;
+        }
+        f(&mut s)
+    }
+
+    /// [`with_steps`](Self::with_steps), having read what other hosts
+    /// committed since.
+    fn with_fresh_steps<T>(&self, f: impl FnOnce(&mut StepState) -> Result<T>) -> Result<T> {
+        let mut s = lock(&self.steps);
+        if s.records.is_none() {
+            self.reload_steps(&mut s)?;
+        } else {
+            self.catch_up(&mut s)?;
         }
         f(&mut s)
     }
@@ -991,17 +1023,25 @@ impl KafkaLog {
 }
 
 /// Takes in one record of the step topic: a step record (keyed by the
-/// step) or a worker's done record (keyed by step and worker). A second
-/// done record of one (step, worker) is corrupt: the worker's share was
+/// step), a worker's done record (keyed by step and worker) or a
+/// checkpoint's commit (keyed `checkpoint:` and the step). A second done
+/// record of one (step, worker) is corrupt: the worker's share was
 /// committed twice.
 fn step_topic_record(
     topic: &str,
     m: &OwnedMessage,
     records: &mut BTreeMap<u64, StepRecord>,
     done: &mut BTreeMap<(u64, u32), (u128, Option<u64>)>,
+    checkpoints: &mut BTreeMap<u64, String>,
 ) -> Result<()> {
     let key = m.key().unwrap_or_default();
     let offset = m.offset() as u64;
+    if key.starts_with(CHECKPOINT_KEY) {
+        let (step, manifest): (u64, String) = postcard::from_bytes(m.payload().unwrap_or_default())
+            .map_err(Error::corrupt(format!("checkpoint record in `{topic}`")))?;
+        checkpoints.insert(step, manifest);
+        return Ok(());
+    }
     if key.len() == DONE_KEY_LEN {
         let (step, worker, hash): (u64, u32, u128) =
             postcard::from_bytes(m.payload().unwrap_or_default())
@@ -1051,6 +1091,10 @@ impl EntryTexts {
 /// A done record's key: the step and the worker, big-endian (a step
 /// record's key is the step alone, 8 bytes).
 const DONE_KEY_LEN: usize = 12;
+
+/// How a checkpoint record's key starts (the step follows, in decimal: the
+/// record is meant to be read with Kafka's tools too).
+const CHECKPOINT_KEY: &[u8] = b"checkpoint:";
 
 fn done_key(step: u64, worker: u32) -> [u8; DONE_KEY_LEN] {
     let mut key = [0; DONE_KEY_LEN];
@@ -1264,6 +1308,66 @@ pub fn parse_frontier(bytes: &[u8]) -> Option<Frontier> {
             })
             .collect(),
     )
+}
+
+/// Checkpoint commits as records on the step topic (key `checkpoint:` and
+/// the step, value `(step, manifest)`), each in a transaction of the step
+/// producer: a host whose producer another's `init_transactions` fenced
+/// records none ([`StorageError::FencedProducer`](Error::FencedProducer)),
+/// exactly as it commits no step.
+impl CheckpointLedger for KafkaLog {
+    fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()> {
+        self.with_steps(|s| {
+            if s.epoch == 0 || s.producer.is_none() {
+                return Err(Error::InvalidCommit {
+                    step,
+                    message: "the Kafka log was not fenced (call `fence` first), so it records \
+                              no checkpoint"
+                        .into(),
+                });
+            }
+            let value = postcard::to_allocvec(&(step, manifest))
+                .map_err(Error::corrupt("checkpoint record"))?;
+            let key = format!("{}{step}", String::from_utf8_lossy(CHECKPOINT_KEY));
+            let topic = self.config.steps_topic();
+            let record = Outgoing::step_log(&topic, key.as_bytes(), &value);
+            match self.transact(&mut s.producer, "steps", None, vec![record], None) {
+                Ok(_) => {
+                    s.checkpoints.insert(step, manifest.to_owned());
+                    Ok(())
+                }
+                Err(e) => {
+                    // Like a failed step commit: the next `fence` learns
+                    // whether it took effect.
+                    s.records = None;
+                    s.epoch = 0;
+                    s.producer = None;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn recorded_checkpoints(&self, newest: usize) -> Result<Vec<(u64, String)>> {
+        self.with_fresh_steps(|s| {
+            let mut out: Vec<(u64, String)> = s
+                .checkpoints
+                .iter()
+                .rev()
+                .take(newest)
+                .map(|(step, m)| (*step, m.clone()))
+                .collect();
+            out.reverse();
+            Ok(out)
+        })
+    }
+
+    fn recorded_checkpoint(&self, step: u64) -> Result<Option<String>> {
+        if let Some(m) = lock(&self.steps).checkpoints.get(&step) {
+            return Ok(Some(m.clone()));
+        }
+        self.with_fresh_steps(|s| Ok(s.checkpoints.get(&step).cloned()))
+    }
 }
 
 impl LogBackend for KafkaLog {

@@ -159,27 +159,24 @@ pub async fn run_host(
             .into());
         }
     };
-    // The shared checkpoint store, with this host's copy of the segments
-    // its workers write: they write their own pieces and, when this host
-    // survives a failover, restore from its own disk.
-    let checkpoints: Option<Arc<dyn sluice_storage::CheckpointStore>> =
-        match &config.pipeline.checkpoint_store {
-            Some(url) => Some(Arc::new(
-                sluice_objstore::ObjectCheckpointStore::open(url)?
-                    .with_cache(crate::storage::segment_cache(&config.pipeline.data))?,
-            )),
-            None => None,
-        };
     // The pipeline's logs: its workers read their own input. A host that
     // cannot reach Kafka now still serves workers (the leader then sends
     // their input).
-    let log: Option<Arc<dyn sluice_storage::LogBackend>> = match &config.pipeline.log {
+    // (With the log where the store's checkpoint commits are recorded.)
+    type Reached = (
+        Arc<dyn sluice_storage::LogBackend>,
+        Arc<dyn sluice_storage::CheckpointLedger>,
+    );
+    let log: Option<Reached> = match &config.pipeline.log {
         #[cfg(feature = "kafka")]
         crate::LogConfig::Kafka { config: kafka } => {
             let mut kafka = kafka.clone();
             kafka.inputs = engine.describe(&component).await?.inputs;
             match tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka)).await {
-                Ok(Ok(log)) => Some(Arc::new(log)),
+                Ok(Ok(log)) => {
+                    let log = Arc::new(log);
+                    Some((log.clone(), log))
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "the pipeline's logs are out of reach: the leader will send this host's workers their input");
                     None
@@ -192,6 +189,21 @@ pub async fn run_host(
         }
         crate::LogConfig::Embedded { .. } => None,
     };
+    // The shared checkpoint store, with this host's copy of the segments
+    // its workers write: they write their own pieces and, when this host
+    // survives a failover, restore from its own disk. Which checkpoints are
+    // committed is recorded in the pipeline's log: a host that cannot read
+    // it leaves its workers' pieces to the leader.
+    let checkpoints: Option<Arc<dyn sluice_storage::CheckpointStore>> =
+        match (&config.pipeline.checkpoint_store, &log) {
+            (Some(url), Some((_, ledger))) => Some(Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(url)?
+                    .with_cache(crate::storage::segment_cache(&config.pipeline.data))?
+                    .with_ledger(ledger.clone()),
+            )),
+            _ => None,
+        };
+    let log = log.map(|(log, _)| log);
     let (reads_input, writes_checkpoints) = (
         log.is_some(),
         checkpoints.as_ref().is_some_and(|c| c.location().is_some()),

@@ -6,7 +6,7 @@ use crate::config::{LogConfig, PipelineConfig};
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_embedded::meta::{self, LogMeta};
 use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
-use sluice_storage::{CheckpointStore, Guarded, LogBackend, Result};
+use sluice_storage::{CheckpointLedger, CheckpointStore, Guarded, LogBackend, Result};
 use std::sync::Arc;
 
 /// A pipeline's open storage. While it exists, the data directory is
@@ -33,6 +33,11 @@ impl Storage {
     /// layout change, which the coordinator makes.)
     pub fn open(config: &PipelineConfig, ports: &CircuitPorts, component: &str) -> Result<Storage> {
         let database = db::open(&config.data)?;
+        // Where a shared store's checkpoint commits are recorded: the Kafka
+        // log's step topic, fenced like the steps (an embedded log's data
+        // directory is this host's alone: its lock is the fence).
+        #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
+        let mut ledger: Option<Arc<dyn CheckpointLedger>> = None;
         let (log, id, log_meta): (Arc<dyn LogBackend>, String, LogMeta) = match &config.log {
             LogConfig::Embedded { sync_commits } => {
                 let log = if *sync_commits {
@@ -51,7 +56,8 @@ impl Storage {
             LogConfig::Kafka { config: kafka, .. } => {
                 let mut kafka = kafka.clone();
                 kafka.inputs = ports.inputs.clone();
-                let log = sluice_kafka::KafkaLog::open(kafka.clone())?;
+                let log = Arc::new(sluice_kafka::KafkaLog::open(kafka.clone())?);
+                ledger = Some(log.clone());
                 // Every host running this pipeline must seed its guests
                 // alike: the identity is the pipeline's Kafka name.
                 let log_meta = LogMeta::Kafka {
@@ -62,7 +68,7 @@ impl Storage {
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect(),
                 };
-                (Arc::new(log), kafka.pipeline.clone(), log_meta)
+                (log, kafka.pipeline.clone(), log_meta)
             }
         };
         let shape = PipelineShape::new(ports, config.workers, |name| {
@@ -82,10 +88,14 @@ impl Storage {
             None => Arc::new(RocksCheckpointStore::open(database.clone())),
             // The shared store, with this host's copy of what it wrote
             // beside its RocksDB (a surviving host restores from it).
-            Some(url) => Arc::new(
-                sluice_objstore::ObjectCheckpointStore::open(url)?
-                    .with_cache(segment_cache(&config.data))?,
-            ),
+            Some(url) => {
+                let store = sluice_objstore::ObjectCheckpointStore::open(url)?
+                    .with_cache(segment_cache(&config.data))?;
+                Arc::new(match ledger {
+                    Some(ledger) => store.with_ledger(ledger),
+                    None => store,
+                })
+            }
         };
         Ok(Storage {
             log,

@@ -204,6 +204,8 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
 struct Offline {
     meta: PipelineMeta,
     log: Arc<dyn LogBackend>,
+    /// Where a shared store's checkpoint commits are recorded (Kafka).
+    ledger: Option<Arc<dyn sluice_storage::CheckpointLedger>>,
     database: Arc<db::PipelineDb>,
 }
 
@@ -213,6 +215,8 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     }
     let database = db::open(data)?;
     let meta = meta::load(&database)?.context("no pipeline metadata")?;
+    #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
+    let mut ledger: Option<Arc<dyn sluice_storage::CheckpointLedger>> = None;
     let log: Arc<dyn LogBackend> = match &meta.log {
         LogMeta::Embedded => Arc::new(EmbeddedLog::open(database.clone())?),
         #[cfg(feature = "kafka")]
@@ -225,7 +229,9 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
             })?;
             let mut config = sluice_kafka::KafkaConfig::new(brokers, pipeline.clone());
             config.topics = topics.clone().into_iter().collect();
-            Arc::new(sluice_kafka::KafkaLog::open(config)?)
+            let log = Arc::new(sluice_kafka::KafkaLog::open(config)?);
+            ledger = Some(log.clone());
+            log
         }
         #[cfg(not(feature = "kafka"))]
         LogMeta::Kafka { .. } => {
@@ -236,6 +242,7 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     Ok(Offline {
         meta,
         log,
+        ledger,
         database,
     })
 }
@@ -249,11 +256,14 @@ pub async fn verify(
     let verdict = tokio::task::spawn_blocking(move || -> anyhow::Result<Verdict> {
         let offline = open_offline(&data, brokers)?;
         Ok(match (offline.meta.log, store) {
-            (_, Some(url)) => audit(
-                &*offline.log,
-                &sluice_objstore::ObjectCheckpointStore::open(&url)?,
-                &offline.meta.shape,
-            )?,
+            (_, Some(url)) => {
+                let store = sluice_objstore::ObjectCheckpointStore::open(&url)?;
+                let store = match offline.ledger {
+                    Some(ledger) => store.with_ledger(ledger),
+                    None => store,
+                };
+                audit(&*offline.log, &store, &offline.meta.shape)?
+            }
             (LogMeta::Embedded, None) => sluice_embedded::audit::audit_embedded(&offline.database)?,
             (LogMeta::Kafka { .. }, None) => audit(
                 &*offline.log,
