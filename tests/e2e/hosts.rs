@@ -36,6 +36,7 @@ async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::
     let reach = Reach {
         checkpoints: None,
         log: Some(harness.log.clone()),
+        read_only_log: false,
     };
     start_host_reaching(harness, pipeline, reach).await
 }
@@ -322,6 +323,7 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
         let reach = Reach {
             checkpoints: Some(checkpoints),
             log: None,
+            read_only_log: false,
         };
         let (addr, task) = start_host_reaching(&h, &name, reach).await;
         addrs.push(addr);
@@ -455,6 +457,7 @@ async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
     let reach = Reach {
         checkpoints: Some(Arc::new(Denied(location))),
         log: Some(h.log.clone()),
+        read_only_log: false,
     };
     let (addr, _serving) = start_host_reaching(&h, &name, reach).await;
     let mut c = h
@@ -566,4 +569,57 @@ async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
     );
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
     assert_eq!(word_counts(&h), expected);
+}
+
+/// A host that may read the pipeline's logs but not write them (Kafka ACLs
+/// granting it no transactional id) reads its workers' input itself and
+/// leaves their output to the leader, which commits those shares; the
+/// hosts that may write commit their own. Without saying so, the same host
+/// fails the step (its log refuses the take).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_that_may_not_write_the_logs_reads_and_the_leader_commits_for_it() {
+    use sluice_storage::faults::{FaultConfig, FaultyLog};
+    let wasm = component("examples/wordcount");
+    let input = lines(3_000);
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 3, Limits::default()).await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    // Its log refuses every write, as Kafka refuses a transactional id the
+    // ACLs do not grant; reads pass.
+    let refusing = FaultConfig {
+        fail_before: 1.0,
+        ..FaultConfig::default()
+    };
+    let read_only = |declared: bool| Reach {
+        checkpoints: None,
+        log: Some(Arc::new(FaultyLog::new(h.log.clone(), refusing))),
+        read_only_log: declared,
+    };
+    let (a, _ta) = start_host(&h, &name).await;
+    let (undeclared, _tu) = start_host_reaching(&h, &name, read_only(false)).await;
+    let hosts = vec![connect(&a, &name).await, connect(&undeclared, &name).await];
+    let mut c = h.pipeline.coordinator_on(options(), hosts).await.unwrap();
+    let err = c.step().await.unwrap_err();
+    assert!(err.to_string().contains(&undeclared), "{err}");
+    drop(c);
+
+    let (b, _tb) = start_host_reaching(&h, &name, read_only(true)).await;
+    let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+    let mut c = h.pipeline.coordinator_on(options(), hosts).await.unwrap();
+    let placed = c.placement_addrs();
+    assert!(placed.contains(&b) && placed.contains(&a), "{placed:?}");
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    let stats = c.stats().clone();
+    // Every remote worker read its own input, b's included.
+    let remote = placed.iter().filter(|p| !p.is_empty()).count() as u64;
+    assert!(stats.events_in_read_by_hosts > 0, "{stats:?}");
+    if remote == 3 {
+        assert_eq!(stats.events_in_read_by_hosts, stats.events_in, "{stats:?}");
+    }
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert!(h.divided_steps() > 0, "a commits its own shares");
+    h.audit();
 }

@@ -450,6 +450,12 @@ pub struct HostArgs {
     /// of checkpoints).
     #[arg(long)]
     pub data: PathBuf,
+    /// This host may read the pipeline's Kafka topics but not write them
+    /// (ACLs granting it no `sluice.NAME.` transactional id): its workers
+    /// read their own input, the leader commits their output, and it never
+    /// leads.
+    #[arg(long)]
+    pub read_only_log: bool,
     /// Number of workers W across all hosts (of a new pipeline; an
     /// existing one with another W changes layout).
     #[arg(long, default_value_t = 1)]

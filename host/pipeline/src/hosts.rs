@@ -53,6 +53,10 @@ pub struct HostConfig {
     /// `(input port, file)` a leader appends (exactly once across hosts and
     /// runs: the ingest marks are in Kafka).
     pub inputs: Vec<(String, PathBuf)>,
+    /// This host may read the pipeline's Kafka topics but not write them
+    /// (ACLs): its workers read their own input, and the leader commits
+    /// their output. (It cannot lead: a leader writes.)
+    pub read_only_log: bool,
 }
 
 /// What a host reports as it goes.
@@ -106,6 +110,9 @@ pub enum HostEvent {
     /// The membership lapsed (the host stalled or was cut off): joined
     /// again, at the end of the order.
     Rejoined,
+    /// It was next to lead but may not write the pipeline's logs
+    /// (`read_only_log`): it left and joined again, at the end of the order.
+    SteppedAside,
 }
 
 /// How often the group is read while nothing else happens.
@@ -214,7 +221,11 @@ pub async fn run_host(
         &identity,
         &config.secret,
         config.tls.clone(),
-        Reach { checkpoints, log },
+        Reach {
+            checkpoints,
+            log,
+            read_only_log: config.read_only_log,
+        },
     );
     // Served until this returns: dropping the set aborts the server.
     let mut serving = tokio::task::JoinSet::new();
@@ -256,6 +267,24 @@ pub async fn run_host(
             // if we led before, and serve workers.
             pipeline = None;
             hint.clear();
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        if config.read_only_log {
+            // A leader writes the logs, which this host may not: it goes to
+            // the back of the group, behind the hosts that can lead.
+            if view.members.len() > 1 {
+                session.leave().await?;
+                session = membership.join(me.clone()).await?;
+                report(HostEvent::SteppedAside);
+            } else {
+                tracing::warn!(
+                    "the only host of the pipeline may not write its logs (--read-only-log): nothing runs until a host that may joins"
+                );
+            }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}

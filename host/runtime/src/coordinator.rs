@@ -1000,10 +1000,11 @@ impl Coordinator {
         let ranges = input_ranges(&self.owned, &self.frontiers, target);
         let reads_there = self.reads_there();
         // In a divided step, a worker whose host reads the logs also
-        // commits its share there (the host writes to the same logs).
+        // commits its share there, if the host may write them.
+        let commits_there = self.commits_there();
         let shares: Vec<Option<ShareSpec>> = (0..reads_there.len())
             .map(|w| {
-                (commit != Commit::Whole && reads_there[w]).then(|| ShareSpec {
+                (commit != Commit::Whole && commits_there[w]).then(|| ShareSpec {
                     frontier: target[w].clone(),
                     outputs: self.outputs.clone(),
                     checks: self.output_checks(),
@@ -1248,11 +1249,21 @@ impl Coordinator {
     /// can commit its workers' output itself and the output need not come
     /// back here.
     fn divides(&self) -> bool {
-        self.storage.log().worker_commits() && self.reads_there().contains(&true)
+        self.storage.log().worker_commits() && self.commits_there().contains(&true)
     }
 
-    /// Per worker, whether its host reads (and writes) this pipeline's
-    /// logs itself.
+    /// Per worker, whether its host commits the worker's shares of
+    /// divided steps: it reads this pipeline's logs and may write them.
+    fn commits_there(&self) -> Vec<bool> {
+        let reads = self.reads_there();
+        self.instances
+            .iter()
+            .zip(reads)
+            .map(|(i, reads)| reads && matches!(i, Some(AnyWorker::Remote(r)) if r.commits()))
+            .collect()
+    }
+
+    /// Per worker, whether its host reads this pipeline's logs itself.
     fn reads_there(&self) -> Vec<bool> {
         let location = self.storage.log().location();
         self.instances
@@ -1270,7 +1281,7 @@ impl Coordinator {
     /// holders' reads of the step log.
     async fn take_holders(&mut self) -> Result<()> {
         let here: Vec<u32> = self
-            .reads_there()
+            .commits_there()
             .iter()
             .enumerate()
             .filter(|(_, there)| !**there)

@@ -72,7 +72,7 @@ pub const QUEUE: usize = 64;
 const MAX_FRAME: u64 = 8 << 30;
 
 /// The protocol version both ends must speak.
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 
 /// A batch on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -345,6 +345,9 @@ enum Answer {
         store: Option<String>,
         /// Where its host reads the pipeline's logs, if it does.
         log: Option<String>,
+        /// Whether its host may also write them (commit the worker's
+        /// shares of divided steps); else the coordinator's host does.
+        commits: bool,
     },
     Stepped {
         outputs: Vec<WireBatch>,
@@ -994,6 +997,8 @@ pub struct RemoteWorker {
     store: Option<String>,
     /// Where its host reads the pipeline's logs, if it does.
     log: Option<String>,
+    /// Its host may write the logs too: it commits the worker's shares.
+    commits: bool,
 }
 
 fn unexpected(host: &RemoteHost, call: &str) -> Error {
@@ -1024,7 +1029,12 @@ impl RemoteWorker {
                 },
             )
             .await?;
-        let Answer::Started { store, log } = started else {
+        let Answer::Started {
+            store,
+            log,
+            commits,
+        } = started
+        else {
             return Err(unexpected(&host, "start"));
         };
         Ok(RemoteWorker {
@@ -1033,6 +1043,7 @@ impl RemoteWorker {
             limits,
             fuel_used: 0,
             store,
+            commits: commits && log.is_some(),
             log,
         })
     }
@@ -1118,6 +1129,12 @@ impl RemoteWorker {
     /// Where its host reads the pipeline's logs, if it does.
     pub(crate) fn log(&self) -> Option<&str> {
         self.log.as_deref()
+    }
+
+    /// Whether its host commits the worker's shares of divided steps (it
+    /// may write the logs it reads).
+    pub(crate) fn commits(&self) -> bool {
+        self.commits
     }
 
     pub(crate) fn set_step_limits(&mut self, limits: StepLimits) {
@@ -1645,8 +1662,12 @@ pub struct Reach {
     /// copy first).
     pub checkpoints: Option<Arc<dyn CheckpointStore>>,
     /// The pipeline's logs: its workers read their own input (the
-    /// coordinator sends offsets).
+    /// coordinator sends offsets) and commit their shares of divided steps.
     pub log: Option<Arc<dyn LogBackend>>,
+    /// This host may read the logs but not write them (Kafka ACLs that
+    /// grant it no transactional id): its workers still read their own
+    /// input, and the coordinator's host commits their shares.
+    pub read_only_log: bool,
 }
 
 impl std::fmt::Debug for Reach {
@@ -1657,6 +1678,7 @@ impl std::fmt::Debug for Reach {
                 &self.checkpoints.as_ref().map(|c| c.location()),
             )
             .field("log", &self.log.as_ref().map(|l| l.location()))
+            .field("read_only_log", &self.read_only_log)
             .finish()
     }
 }
@@ -1986,6 +2008,7 @@ impl WorkerHost {
             return Ok(Answer::Started {
                 store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
                 log: self.reach.log.as_ref().and_then(|l| l.location()),
+                commits: !self.reach.read_only_log,
             });
         }
         let w = worker.as_mut().ok_or(Error::WorkersLost)?;
@@ -2141,6 +2164,14 @@ impl WorkerHost {
     async fn take(&self, index: u32, share: &mut Share) -> Result<()> {
         if share.holder.is_some() {
             return Ok(());
+        }
+        if self.reach.read_only_log {
+            return Err(Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(format!(
+                    "worker {index}'s share was sent to a host that may not write the \
+                     pipeline's logs (--read-only-log)"
+                )),
+            )));
         }
         let log = self.log()?;
         let holder = tokio::task::spawn_blocking(move || log.take_worker(index))

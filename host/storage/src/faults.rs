@@ -183,6 +183,9 @@ impl LogBackend for FaultyLog {
     fn worker_commits(&self) -> bool {
         self.inner.worker_commits()
     }
+    fn location(&self) -> Option<String> {
+        self.inner.location()
+    }
     fn take_worker(self: Arc<Self>, worker: u32) -> Result<Box<dyn crate::WorkerCommitter>> {
         self.faults
             .write("take_worker", || self.inner.clone().take_worker(worker))

@@ -1215,6 +1215,7 @@ async fn hosts_cost(
             Ok(Reach {
                 checkpoints: None,
                 log: Some(log.clone()),
+                read_only_log: false,
             })
         };
         let (hosts, served) = worker_hosts(engine, &wc.component, &name, n - 1, reach).await?;
@@ -1289,6 +1290,7 @@ async fn hosts_cost(
                     .with_cache(dir.path().join(format!("host{n}")))?,
             )),
             log: Some(log.clone()),
+            read_only_log: false,
         })
     };
     let (two, _t2) = worker_hosts(engine, &wc.component, &name, 1, reach).await?;

@@ -267,6 +267,7 @@ async fn trial(
                     .with_cache(dir.path().join(format!("host{n}")))?,
             )),
             log: Some(log.clone()),
+            read_only_log: false,
         })
     };
 

@@ -128,6 +128,7 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             _ => None,
         },
         inputs: a.inputs.clone(),
+        read_only_log: a.read_only_log,
     };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -193,6 +194,9 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
+            HostEvent::SteppedAside => eprintln!(
+                "host {name}: may not write the pipeline's logs, so it does not lead: joined again behind the others"
+            ),
         },
     )
     .await?;
