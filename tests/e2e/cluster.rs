@@ -61,6 +61,11 @@ impl Cluster {
 
     /// Starts host `name` on a free loopback port.
     fn start(&mut self, name: &str) {
+        self.start_with(name, &[]);
+    }
+
+    /// [`start`](Self::start) with `extra` arguments.
+    fn start_with(&mut self, name: &str, extra: &[&str]) {
         let log = std::fs::File::create(self.log(name)).unwrap();
         let child = sluice_cmd()
             .arg("host")
@@ -84,6 +89,7 @@ impl Cluster {
             .arg(format!("--store={}", self.store))
             .arg(format!("--brokers={}", self.brokers))
             .arg(format!("--pipeline={}", self.pipeline))
+            .args(extra)
             .env("SLUICE_HOST_SECRET", "a secret the hosts share")
             .env("SLUICE_LOG", "sluice=info")
             .stdout(Stdio::null())
@@ -138,6 +144,28 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The pipeline's output as an independent `read_committed` consumer
+    /// integrates it: count by word.
+    fn counts(&self) -> BTreeMap<String, i64> {
+        let topic = format!("{}.counts", self.pipeline);
+        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+        for line in kcat(&self.brokers, &topic, "%h\t%s\n") {
+            let (headers, value) = line.split_once('\t').unwrap();
+            let weight: i64 = headers
+                .split(',')
+                .find_map(|h| h.strip_prefix("sluice-weight="))
+                .unwrap()
+                .parse()
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(value).unwrap();
+            *counts
+                .entry(v["word"].as_str().unwrap().to_owned())
+                .or_default() += weight * v["count"].as_i64().unwrap();
+        }
+        counts.retain(|_, n| *n != 0);
+        counts
     }
 
     /// Waits for `more` committed steps past now.
@@ -366,24 +394,7 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     c.wait(
         "the output to reach the recount",
         Duration::from_secs(180),
-        |c| {
-            let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-            for line in kcat(&c.brokers, &topic, "%h\t%s\n") {
-                let (headers, value) = line.split_once('\t').unwrap();
-                let weight: i64 = headers
-                    .split(',')
-                    .find_map(|h| h.strip_prefix("sluice-weight="))
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                let v: serde_json::Value = serde_json::from_str(value).unwrap();
-                *counts
-                    .entry(v["word"].as_str().unwrap().to_owned())
-                    .or_default() += weight * v["count"].as_i64().unwrap();
-            }
-            counts.retain(|_, n| *n != 0);
-            counts == expected
-        },
+        |c| c.counts() == expected,
     );
     // Each (step, worker) entry once. Workers' shares commit in
     // transactions of their own, so two shares' records may interleave in
@@ -475,4 +486,49 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
             .join("\n")
     );
     eprintln!("h3's live moves:\n{}", moves.join("\n"));
+}
+
+/// A host that may read the pipeline's topics but not write them
+/// (`--read-only-log`, for Kafka ACLs that grant it no transactional id)
+/// never leads: started first, it steps aside for the next host, which
+/// leads, runs a worker on it (reading its own input) and commits that
+/// worker's output itself.
+#[test]
+fn a_host_that_may_not_write_the_logs_steps_aside() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = fresh_name("readonly");
+    let input_file = dir.path().join("lines.jsonl");
+    let expected = input(&input_file, 3_000);
+    let mut c = Cluster {
+        dir: dir.path().to_owned(),
+        wasm: component("examples/wordcount"),
+        brokers: brokers.clone(),
+        etcd,
+        store: format!("s3://sluice-tests/{pipeline}"),
+        pipeline: pipeline.clone(),
+        input: input_file,
+        hosts: BTreeMap::new(),
+    };
+    c.start_with("r1", &["--read-only-log"]);
+    c.wait("r1 to join", Duration::from_secs(60), |c| {
+        c.stderr("r1").contains("r1: joined")
+    });
+    c.start("w2");
+    c.wait("w2 to lead on both", Duration::from_secs(60), |c| {
+        c.leads_on("w2", &["w2", "r1"])
+    });
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(120),
+        |c| c.counts() == expected,
+    );
+    let r1 = c.stderr("r1");
+    assert!(r1.contains("does not lead"), "{r1}");
+    assert!(!r1.contains("r1: leading"), "{r1}");
+    assert!(r1.contains("reading their input from Kafka"), "{r1}");
 }
