@@ -532,3 +532,155 @@ fn a_host_that_may_not_write_the_logs_steps_aside() {
     assert!(!r1.contains("r1: leading"), "{r1}");
     assert!(r1.contains("reading their input from Kafka"), "{r1}");
 }
+
+/// `sluice serve` runs a pipeline across hosts: two servers given the same
+/// `--hosts-*` settings, on each of which the tenant creates the pipeline
+/// with `"across_hosts": true`, run it together — one leads, both run
+/// workers — on input written to its Kafka topic. The leading server is
+/// SIGKILLed; the other takes over, and the output equals the recount.
+#[test]
+fn servers_run_a_pipeline_across_hosts() {
+    use crate::support::server::Server;
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "a secret the servers share").unwrap();
+    let store = format!("s3://sluice-tests/{}", fresh_name("servers"));
+    let tenant = fresh_name("t").replace('-', "");
+    let start = |name: &str| {
+        Server::start_with(
+            &dir.path().join(name),
+            &[
+                format!("--kafka-brokers={brokers}"),
+                format!("--hosts-etcd={etcd}"),
+                format!("--hosts-store={store}"),
+                format!("--hosts-secret-file={}", secret.display()),
+                format!("--hosts-name={name}"),
+                format!("--hosts-session-timeout-ms={SESSION_MS}"),
+            ],
+        )
+    };
+    let bytes = std::fs::read(component("examples/wordcount")).unwrap();
+    let spec = serde_json::json!({
+        "name": "wc", "component": "wc", "workers": 3, "partitions": 6, "log": "kafka",
+        "across_hosts": true, "max_batch": 20, "checkpoint_every_steps": 4,
+    });
+    let (mut servers, mut clients) = (Vec::new(), Vec::new());
+    for name in ["a", "b"] {
+        let server = start(name);
+        let client = server.tenant(&tenant);
+        let (s, body) = server.upload(client.token(), "wc", &bytes);
+        assert_eq!(s, 201, "{body}");
+        let (s, body) = server.create(client.token(), &spec);
+        assert_eq!(s, 201, "{body}");
+        servers.push(server);
+        clients.push(client);
+    }
+    let hosts = |client: &sluice::client::Client| -> serde_json::Value {
+        let status: serde_json::Value =
+            serde_json::from_str(&client.status(Some("wc")).unwrap()).unwrap();
+        status["hosts"].clone()
+    };
+    let wait = |what: &str, limit: Duration, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            if start.elapsed() > limit {
+                let statuses: Vec<String> = clients
+                    .iter()
+                    .map(|c| c.status(Some("wc")).unwrap_or_else(|e| e.to_string()))
+                    .collect();
+                panic!(
+                    "timed out waiting for {what}; the servers say:\n{}",
+                    statuses.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait(
+        "a to lead on both servers",
+        Duration::from_secs(60),
+        &|| {
+            let h = hosts(&clients[0]);
+            h["leading"] == true && h["group"].as_array().is_some_and(|g| g.len() == 2)
+        },
+    );
+    assert_eq!(hosts(&clients[1])["leading"], false);
+    // Input goes to the pipeline's Kafka topic, not through the API.
+    let file = dir.path().join("lines.jsonl");
+    let expected = input(&file, 4_000);
+    let err = clients[1]
+        .push("wc", "lines", &file, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("across hosts"), "{err}");
+    let kafka_name = format!("sl.{tenant}.wc");
+    // As Kafka records: a line's JSON; a deletion is the deleted line with
+    // the header `sluice-weight: -1`.
+    let (inserts, deletes) = (dir.path().join("inserts"), dir.path().join("deletes"));
+    {
+        let (mut ins, mut del) = (String::new(), String::new());
+        for line in std::fs::read_to_string(&file).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            match v.get("delete") {
+                Some(victim) => del.push_str(&format!("{victim}\n")),
+                None => ins.push_str(&format!("{line}\n")),
+            }
+        }
+        std::fs::write(&inserts, ins).unwrap();
+        std::fs::write(&deletes, del).unwrap();
+    }
+    let produce = || {
+        for (records, headers) in [
+            (&inserts, &[][..]),
+            (&deletes, &["-H", "sluice-weight=-1"][..]),
+        ] {
+            // One record per line (kcat reads stdin line by line; a file
+            // argument would be one record).
+            let ok = std::process::Command::new("kcat")
+                .args(["-P", "-b", &brokers, "-t", &format!("{kafka_name}.lines")])
+                .args(headers)
+                .stdin(std::fs::File::open(records).unwrap())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kcat -P");
+        }
+    };
+    produce();
+    let reader = Cluster {
+        dir: dir.path().to_owned(),
+        wasm: PathBuf::new(),
+        brokers: brokers.clone(),
+        etcd: String::new(),
+        pipeline: kafka_name.clone(),
+        store: store.clone(),
+        input: file.clone(),
+        hosts: BTreeMap::new(),
+    };
+    wait(
+        "the output to reach the recount",
+        Duration::from_secs(120),
+        &|| reader.counts() == expected,
+    );
+    // The leader dies; b takes over and counts the input written again.
+    servers[0].kill();
+    produce();
+    let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
+    wait("b to lead", Duration::from_secs(60), &|| {
+        hosts(&clients[1])["leading"] == true
+    });
+    wait(
+        "the output to reach the recount of both",
+        Duration::from_secs(120),
+        &|| reader.counts() == doubled,
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&clients[1].status(Some("wc")).unwrap()).unwrap();
+    assert!(status["steps"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["last_checkpoint"].as_u64().is_some(), "{status}");
+}

@@ -149,6 +149,9 @@ pub enum Command {
         #[arg(long, default_value_t = 1)]
         kafka_replication: i32,
         #[command(flatten)]
+        /// Pipelines across hosts.
+        hosts: ServeHostsArgs,
+        #[command(flatten)]
         /// Timeouts, connection and concurrency bounds, memory budget.
         limits: ServerLimitArgs,
     },
@@ -409,6 +412,36 @@ impl StepArgs {
             ..sluice_runtime::PipelineOptions::default()
         }
     }
+}
+
+/// Arguments of `sluice serve` for pipelines across hosts.
+#[derive(Debug, clap::Args)]
+pub struct ServeHostsArgs {
+    /// etcd endpoints, URL[,URL…]: the server runs pipelines created with
+    /// `"across_hosts": true` as one of their hosts, with every server
+    /// given the same settings (needs --kafka-brokers and --hosts-store).
+    #[arg(long, env = "SLUICE_HOSTS_ETCD", value_delimiter = ',')]
+    pub hosts_etcd: Vec<String>,
+    /// The checkpoint store every server reaches (s3://bucket/prefix, or
+    /// file:///dir on shared storage); each pipeline's under its Kafka name.
+    #[arg(long, env = "SLUICE_HOSTS_STORE")]
+    pub hosts_store: Option<String>,
+    /// The secret the servers share, from this file (else
+    /// `SLUICE_HOST_SECRET`); at least 16 bytes.
+    #[arg(long)]
+    pub hosts_secret_file: Option<std::path::PathBuf>,
+    /// The address the other servers reach this one at: each pipeline's
+    /// worker server binds it (on a port of its own).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub hosts_bind: std::net::IpAddr,
+    /// This server's name in the pipelines' groups (stable across restarts;
+    /// default: its --listen address).
+    #[arg(long)]
+    pub hosts_name: Option<String>,
+    /// A server that renews nothing for this long leaves a pipeline's
+    /// group, in milliseconds; at least 2000.
+    #[arg(long, default_value_t = 3_000)]
+    pub hosts_session_timeout_ms: u64,
 }
 
 /// Arguments of `sluice host`.

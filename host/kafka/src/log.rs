@@ -409,6 +409,16 @@ impl KafkaLog {
         &self.config
     }
 
+    /// The last committed step as of now (read to the step topic's end:
+    /// another host may be committing the steps).
+    pub fn latest_step(&self) -> Result<Option<u64>> {
+        self.with_fresh_steps(|s| {
+            Ok(s.records
+                .as_ref()
+                .and_then(|r| r.keys().next_back().copied()))
+        })
+    }
+
     /// Reads offsets `range` of a partition, clipped to its end (reading
     /// past it would wait for records that may never come) — or, `exact`,
     /// failing when the range goes past it. The broker is asked for the

@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
+#[cfg(feature = "kafka")]
+mod hosted;
+
 /// Where the server's Kafka pipelines keep their logs (set by the admin
 /// with `sluice serve --kafka-brokers`).
 #[derive(Debug, Clone)]
@@ -30,6 +33,44 @@ pub struct KafkaSettings {
     pub brokers: String,
     /// Replication factor of the topics the server creates.
     pub replication: i32,
+    /// How the server runs pipelines across hosts, if it does.
+    pub hosts: Option<HostsSettings>,
+}
+
+/// How the server runs pipelines across hosts (`sluice serve --hosts-etcd
+/// …`): every server given the same settings on which a tenant creates a
+/// pipeline with `"across_hosts": true` runs it as one host of it, like
+/// `sluice host`.
+#[derive(Clone)]
+pub struct HostsSettings {
+    /// etcd endpoints for the pipelines' groups.
+    pub etcd: Vec<String>,
+    /// The checkpoint store every server reaches (a URL); each pipeline's
+    /// checkpoints are under `<store>/<its Kafka name>`.
+    pub store: String,
+    /// The secret the servers share (they accept coordinators that prove
+    /// it).
+    pub secret: Vec<u8>,
+    /// The address this server's worker listeners bind (any port), which
+    /// the other servers dial.
+    pub bind: std::net::IpAddr,
+    /// This server's name in every pipeline's group (stable across
+    /// restarts).
+    pub name: String,
+    /// A host that renews nothing for this long leaves a group.
+    pub session_timeout: Duration,
+}
+
+impl std::fmt::Debug for HostsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostsSettings")
+            .field("etcd", &self.etcd)
+            .field("store", &self.store)
+            .field("bind", &self.bind)
+            .field("name", &self.name)
+            .field("session_timeout", &self.session_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the tenant wants, with a generation so that `start` on a failed
@@ -55,7 +96,12 @@ enum Shutdown {
 
 /// A pipeline loaded on the server.
 pub struct PipelineHandle {
-    pipeline: Arc<Pipeline>,
+    /// The pipeline, when this server runs it alone (`None`: this server
+    /// is one host of a pipeline across hosts).
+    pipeline: Option<Arc<Pipeline>>,
+    ports: CircuitPorts,
+    shape: PipelineShape,
+    log: Arc<dyn LogBackend>,
     status: Arc<Mutex<PipelineStatus>>,
     /// Recent figures for the console.
     history: Arc<Mutex<History>>,
@@ -89,6 +135,19 @@ impl PipelineHandle {
         kafka: Option<KafkaSettings>,
     ) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
         let engine = Arc::new(base.with_limits(limits.instance));
+        if spec.across_hosts {
+            #[cfg(feature = "kafka")]
+            if let Some(kafka) = kafka {
+                return hosted::open(
+                    engine, tenant, spec, component, ports, limits, dir, desired, kafka,
+                )
+                .await;
+            }
+            return Err(sluice_core::ConfigError::Invalid(
+                "a pipeline across hosts needs a server with Kafka brokers and --hosts-etcd".into(),
+            )
+            .into());
+        }
         let log = match kafka {
             None => LogConfig::default(),
             #[cfg(feature = "kafka")]
@@ -124,19 +183,7 @@ impl PipelineHandle {
             log,
             // The server keeps checkpoints in each pipeline's directory.
             checkpoint_store: None,
-            options: PipelineOptions {
-                name: String::new(),
-                max_batch: spec.max_batch.max(1),
-                checkpoint_every_steps: spec.checkpoint_every_steps.max(1),
-                checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms.max(10)),
-                inherit_guest_stderr: false,
-                config: Vec::new(),
-                max_output_per_step: Some(limits.max_output),
-                incremental_checkpoints: true,
-                // Output is served to clients as JSON lines.
-                check_output_json: true,
-                placement_hint: Vec::new(),
-            },
+            options: options(&spec, &limits),
             id_prefix: format!("{tenant}/{}/", spec.name),
         };
         let pipeline = Arc::new(Pipeline::open_described(engine, component, ports, config).await?);
@@ -180,6 +227,7 @@ impl PipelineHandle {
             last_checkpoint,
             fuel_used: 0,
             last_error: None,
+            hosts: None,
         }));
         let (control, control_rx) = watch::channel(Control {
             desired,
@@ -206,7 +254,10 @@ impl PipelineHandle {
         };
         let task = tokio::spawn(runner.run());
         Ok(Arc::new(PipelineHandle {
-            pipeline,
+            ports: pipeline.ports().clone(),
+            shape: pipeline.shape().clone(),
+            log: pipeline.storage().log.clone(),
+            pipeline: Some(pipeline),
             status,
             history,
             control,
@@ -229,17 +280,24 @@ impl PipelineHandle {
 
     /// The circuit's ports.
     pub fn ports(&self) -> &CircuitPorts {
-        self.pipeline.ports()
+        &self.ports
     }
 
     /// The pipeline's shape.
     pub fn shape(&self) -> &PipelineShape {
-        self.pipeline.shape()
+        &self.shape
     }
 
-    /// The pipeline's logs.
+    /// The pipeline's logs (for a pipeline across hosts, a reader of them).
     pub fn log(&self) -> Arc<dyn LogBackend> {
-        self.pipeline.storage().log.clone()
+        self.log.clone()
+    }
+
+    /// Whether this server is one host of a pipeline across hosts (its
+    /// input is written to Kafka directly; it cannot pause or rescale from
+    /// here).
+    pub fn across_hosts(&self) -> bool {
+        self.pipeline.is_none()
     }
 
     /// The number of committed steps, changing as steps commit.
@@ -286,6 +344,24 @@ impl PipelineHandle {
         if let Some(task) = task {
             let _ = task.await;
         }
+    }
+}
+
+/// How a server pipeline runs: the spec's settings and the tenant's
+/// limits.
+fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> PipelineOptions {
+    PipelineOptions {
+        name: String::new(),
+        max_batch: spec.max_batch.max(1),
+        checkpoint_every_steps: spec.checkpoint_every_steps.max(1),
+        checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms.max(10)),
+        inherit_guest_stderr: false,
+        config: Vec::new(),
+        max_output_per_step: Some(limits.max_output),
+        incremental_checkpoints: true,
+        // Output is served to clients as JSON lines.
+        check_output_json: true,
+        placement_hint: Vec::new(),
     }
 }
 

@@ -124,6 +124,14 @@ pub struct PipelineSpec {
     /// covers is deleted); omitted: keep all output.
     #[serde(default)]
     pub output_retention_steps: Option<u64>,
+    /// Run it across hosts: every server started with the same
+    /// `--hosts-*` settings on which the tenant creates this pipeline runs
+    /// some of its workers, one of them leads, and a server that dies is
+    /// taken over from (its logs in Kafka, `"log": "kafka"`; checkpoints in
+    /// the servers' shared store). Its input is written to its Kafka topics
+    /// directly, not pushed through the API.
+    #[serde(default)]
+    pub across_hosts: bool,
 }
 
 impl PipelineSpec {
@@ -138,6 +146,12 @@ impl PipelineSpec {
         MAX_BATCH.check(self.max_batch)?;
         CHECKPOINT_EVERY_STEPS.check(self.checkpoint_every_steps)?;
         CHECKPOINT_INTERVAL_MS.check(self.checkpoint_interval_ms)?;
+        if self.across_hosts && self.log != sluice_pipeline::LogKind::Kafka {
+            return Err(crate::service::ServiceError::invalid(
+                "across_hosts_needs_kafka",
+                "a pipeline across hosts keeps its logs in Kafka: add \"log\": \"kafka\"",
+            ));
+        }
         if let Some(steps) = self.output_retention_steps {
             OUTPUT_RETENTION_STEPS.check(steps)?;
         }
@@ -266,6 +280,20 @@ pub struct PipelineStatus {
     pub fuel_used: u64,
     /// Why the pipeline failed (or the last error it recovered from).
     pub last_error: Option<String>,
+    /// For a pipeline across hosts: this server's part in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<HostsStatus>,
+}
+
+/// This server's part in a pipeline across hosts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HostsStatus {
+    /// This server's name in the pipeline's group.
+    pub host: String,
+    /// Whether this server leads the pipeline now (runs its coordinator).
+    pub leading: bool,
+    /// While leading: the hosts the coordinator runs on, itself first.
+    pub group: Vec<String>,
 }
 
 /// `POST /tenants`.

@@ -75,21 +75,28 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The secret a pipeline's hosts share: from `file`, else
+/// `SLUICE_HOST_SECRET`; at least 16 bytes.
+fn read_host_secret(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
+    let secret = match file {
+        Some(f) => std::fs::read(f).with_context(|| format!("reading {}", f.display()))?,
+        None => std::env::var("SLUICE_HOST_SECRET")
+            .context("the hosts' secret: pass its file (--secret-file, --hosts-secret-file) or set SLUICE_HOST_SECRET")?
+            .into_bytes(),
+    };
+    if secret.len() < 16 {
+        bail!("the hosts' secret must be at least 16 bytes");
+    }
+    Ok(secret)
+}
+
 /// `sluice host`.
 pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
     use sluice_pipeline::{HostConfig, HostEvent};
     if a.etcd.is_empty() {
         bail!("sluice host needs --etcd URL (or SLUICE_ETCD): the group of the pipeline's hosts");
     }
-    let secret = match &a.secret_file {
-        Some(f) => std::fs::read(f).with_context(|| format!("reading {}", f.display()))?,
-        None => std::env::var("SLUICE_HOST_SECRET")
-            .context("sluice host needs --secret-file FILE or SLUICE_HOST_SECRET")?
-            .into_bytes(),
-    };
-    if secret.len() < 16 {
-        bail!("the hosts' secret must be at least 16 bytes");
-    }
+    let secret = read_host_secret(a.secret_file.as_deref())?;
     let log = a.kafka.log_config(sluice_pipeline::LogKind::Kafka)?;
     let group = a
         .kafka
@@ -344,8 +351,31 @@ pub async fn serve(
     pool: u32,
     kafka_brokers: Option<String>,
     kafka_replication: i32,
+    hosts: crate::cli::ServeHostsArgs,
     limits: sluice_server::limits::ServerLimits,
 ) -> anyhow::Result<()> {
+    let hosts = match (hosts.hosts_etcd.is_empty(), &kafka_brokers) {
+        (true, _) => None,
+        (false, None) => bail!(
+            "pipelines across hosts keep their logs in Kafka: --hosts-etcd needs --kafka-brokers"
+        ),
+        (false, Some(_)) => {
+            let store = hosts.hosts_store.clone().context(
+                "--hosts-etcd needs --hosts-store URL: the checkpoint store every server reaches",
+            )?;
+            let secret = read_host_secret(hosts.hosts_secret_file.as_deref())?;
+            Some(sluice_server::runner::HostsSettings {
+                etcd: hosts.hosts_etcd,
+                store,
+                secret,
+                bind: hosts.hosts_bind,
+                name: hosts
+                    .hosts_name
+                    .unwrap_or_else(|| listen.to_string().replace(':', "-")),
+                session_timeout: Duration::from_millis(hosts.hosts_session_timeout_ms.max(2_000)),
+            })
+        }
+    };
     let admin_token = match admin_token_file {
         Some(f) => std::fs::read_to_string(&f)
             .with_context(|| format!("reading the admin token from {}", f.display()))?,
@@ -364,6 +394,7 @@ pub async fn serve(
         kafka: kafka_brokers.map(|brokers| sluice_server::runner::KafkaSettings {
             brokers,
             replication: kafka_replication,
+            hosts,
         }),
         limits,
     })

@@ -31,6 +31,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             pool,
             kafka_brokers,
             kafka_replication,
+            hosts,
             limits,
         } => {
             local::serve(
@@ -40,6 +41,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 pool,
                 kafka_brokers,
                 kafka_replication,
+                hosts,
                 limits.limits(),
             )
             .await

@@ -149,6 +149,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         crate::history::WorkerFigures,
         crate::types::PipelineState,
         crate::types::PipelineStatus,
+        crate::types::HostsStatus,
         crate::types::PushAck,
         crate::types::ProducerInfo,
         crate::types::PartitionRange,

@@ -50,6 +50,16 @@ impl Service {
             .ports()
             .input(port)
             .map_err(|_| ServiceError::not_found("input port", port))?;
+        if h.across_hosts() {
+            return Err(ServiceError::invalid(
+                "across_hosts",
+                format!(
+                    "pipeline {name} runs across hosts: write its input to its Kafka topic \
+                     for `{port}` (the pipeline's Kafka name, then `.{port}`) with any Kafka \
+                     producer"
+                ),
+            ));
+        }
         let partitions = h.shape().inputs[index].partitions;
         let n = events.len() as u64;
         let (producer, mark) = match producer {

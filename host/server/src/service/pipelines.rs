@@ -50,6 +50,13 @@ impl Service {
         validate_name("pipeline", &spec.name)?;
         validate_name("component", &spec.component)?;
         spec.validate()?;
+        if spec.across_hosts && self.kafka.as_ref().and_then(|k| k.hosts.as_ref()).is_none() {
+            return Err(ServiceError::invalid(
+                "no_hosts",
+                "this server runs no pipelines across hosts (start it with --kafka-brokers, \
+                 --hosts-etcd, --hosts-store and the hosts' secret)",
+            ));
+        }
         let key = (tenant.to_owned(), spec.name.clone());
         // Every quota is checked and the pipeline counted in one critical
         // section: parallel creates cannot all pass one check.
@@ -184,6 +191,15 @@ impl Service {
             "stop" => Desired::Stopped,
             _ => return Err(ServiceError::not_found("action", action)),
         };
+        if desired == Desired::Paused && h.across_hosts() {
+            return Err(ServiceError::invalid(
+                "across_hosts",
+                format!(
+                    "pipeline {name} runs across hosts: it can be started and stopped on this \
+                     server (joining and leaving its group), not paused"
+                ),
+            ));
+        }
         self.update(|reg| {
             let t = reg.tenant(tenant)?;
             let entry = t
@@ -218,6 +234,15 @@ impl Service {
     ) -> Result<PipelineStatus> {
         let h = self.pipeline(tenant, name)?;
         crate::limits::pipeline::WORKERS.check(workers.into())?;
+        if h.across_hosts() {
+            return Err(ServiceError::invalid(
+                "across_hosts",
+                format!(
+                    "pipeline {name} runs across hosts: its workers spread over the servers that \
+                     run it; add or remove a server instead"
+                ),
+            ));
+        }
         self.update(|reg| {
             let t = reg.tenant(tenant)?;
             if workers > t.limits.max_workers {
@@ -254,8 +279,11 @@ impl Service {
             .update(|reg| Ok(reg.tenant_mut(tenant)?.pipelines.remove(name)))
             .await?;
         // The task has ended; its database closes when the last handle goes.
+        let across_hosts = h.across_hosts();
         drop(h);
-        if let Some(entry) = entry {
+        // The topics of a pipeline across hosts stay: the other servers
+        // that run it still read them.
+        if let Some(entry) = entry.filter(|_| !across_hosts) {
             self.delete_topics(tenant, &entry.spec).await;
         }
         self.remove_dir(&format!("{}/pipelines/{name}", tenant_dir(tenant)))

@@ -1,0 +1,309 @@
+//! A pipeline across hosts, as one of its hosts: the server runs
+//! [`sluice_pipeline::run_host`] for it — the same as `sluice host` — and
+//! reports what that host does in the pipeline's status.
+//!
+//! Every server started with the same `--hosts-*` settings on which the
+//! tenant creates the pipeline joins its group in etcd (named after the
+//! pipeline's Kafka name); the first to join leads and runs the coordinator
+//! over all of them, the others run workers. Their input is the pipeline's
+//! Kafka topics, written by the tenant's producers (the server's push API
+//! would need the pipeline's ingest producer, which only one host may hold).
+//! Output is read through the API as for any Kafka pipeline, from the
+//! topics.
+
+use super::{Control, KafkaSettings, PipelineHandle, lock};
+use crate::service::EffectiveLimits;
+use crate::types::{Desired, HostsStatus, PipelineSpec, PipelineState, PipelineStatus};
+use sluice_core::{CircuitPorts, PipelineShape};
+use sluice_pipeline::{HostConfig, HostEvent, LogConfig, PipelineConfig};
+use sluice_runtime::{LoadedComponent, SluiceEngine};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+/// Opens this server's part of pipeline `spec` across hosts and starts its
+/// task in state `desired`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn open(
+    engine: Arc<SluiceEngine>,
+    tenant: &str,
+    spec: PipelineSpec,
+    component: LoadedComponent,
+    ports: CircuitPorts,
+    limits: EffectiveLimits,
+    dir: PathBuf,
+    desired: Desired,
+    kafka: KafkaSettings,
+) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
+    let Some(hosts) = kafka.hosts.clone() else {
+        return Err(sluice_core::ConfigError::Invalid(
+            "this server runs no pipelines across hosts (start it with --hosts-etcd, \
+             --hosts-store and the hosts' secret)"
+                .into(),
+        )
+        .into());
+    };
+    let name = spec
+        .kafka_name
+        .clone()
+        .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+    let mut topics = sluice_kafka::KafkaConfig::new(kafka.brokers.clone(), name.clone());
+    topics.replication = kafka.replication;
+    topics.output_partitions = spec.workers;
+    let pipeline = PipelineConfig {
+        rescale_to: Some(spec.workers),
+        partitions: spec.partitions,
+        log: LogConfig::Kafka {
+            config: topics.clone(),
+        },
+        checkpoint_store: Some(format!("{}/{name}", hosts.store.trim_end_matches('/'))),
+        options: super::options(&spec, &limits),
+        id_prefix: format!("{tenant}/{}/", spec.name),
+        ..PipelineConfig::new(dir, spec.workers)
+    };
+    // A reader of the pipeline's logs: its output for the API, its steps
+    // for the status.
+    let reader = {
+        let mut config = topics;
+        config.inputs = ports.inputs.clone();
+        tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(config))
+            .await
+            .map_err(|source| {
+                sluice_pipeline::Error::Runtime(sluice_runtime::Error::Task {
+                    what: "opening the pipeline's Kafka logs".into(),
+                    source,
+                })
+            })??
+    };
+    let reader = Arc::new(reader);
+    let shape = PipelineShape::new(&ports, spec.workers, |input| {
+        sluice_storage::LogBackend::partitions(&*reader, input)
+            .unwrap_or(pipeline.input_partitions())
+    })?;
+    let status = Arc::new(Mutex::new(PipelineStatus {
+        name: spec.name.clone(),
+        component: spec.component.clone(),
+        component_hash: component.hash.clone(),
+        state: PipelineState::Starting,
+        workers: spec.workers,
+        inputs: shape.input_names(),
+        outputs: shape.outputs.clone(),
+        steps: 0,
+        events_in: 0,
+        events_out: 0,
+        frontiers: Vec::new(),
+        input_lag: 0,
+        events_in_per_sec: 0.0,
+        events_out_per_sec: 0.0,
+        steps_per_sec: 0.0,
+        last_checkpoint_age_ms: None,
+        last_checkpoint: None,
+        fuel_used: 0,
+        last_error: None,
+        hosts: Some(HostsStatus {
+            host: hosts.name.clone(),
+            leading: false,
+            group: Vec::new(),
+        }),
+    }));
+    let (control, control_rx) = watch::channel(Control {
+        desired,
+        workers: spec.workers,
+        generation: 0,
+        shutdown: None,
+    });
+    let (committed_tx, committed) = watch::channel(0);
+    let host = Host {
+        engine,
+        component,
+        config: HostConfig {
+            pipeline,
+            name: hosts.name.clone(),
+            listen: std::net::SocketAddr::new(hosts.bind, 0),
+            secret: hosts.secret.clone(),
+            session_timeout: hosts.session_timeout,
+            tls: None,
+            inputs: Vec::new(),
+            read_only_log: false,
+        },
+        etcd: hosts.etcd.clone(),
+        group: name,
+        reader: reader.clone(),
+        status: status.clone(),
+        control: control_rx,
+        committed: committed_tx,
+    };
+    let task = tokio::spawn(host.run());
+    Ok(Arc::new(PipelineHandle {
+        pipeline: None,
+        ports,
+        shape,
+        log: reader,
+        status,
+        history: Arc::default(),
+        control,
+        input: Arc::new(Notify::new()),
+        committed,
+        task: Mutex::new(Some(task)),
+        next_partition: AtomicU32::new(0),
+    }))
+}
+
+/// The task of this server's host of a pipeline across hosts.
+struct Host {
+    engine: Arc<SluiceEngine>,
+    component: LoadedComponent,
+    config: HostConfig,
+    etcd: Vec<String>,
+    group: String,
+    reader: Arc<sluice_kafka::KafkaLog>,
+    status: Arc<Mutex<PipelineStatus>>,
+    control: watch::Receiver<Control>,
+    committed: watch::Sender<u64>,
+}
+
+/// How often the status reads the pipeline's progress from Kafka.
+const POLL: Duration = Duration::from_millis(500);
+
+impl Host {
+    /// Joins the pipeline's group while the tenant wants it running; a
+    /// failure (etcd or Kafka out of reach, the host's own error) is
+    /// reported and tried again with a growing pause — the other hosts may
+    /// carry the pipeline meanwhile.
+    async fn run(mut self) {
+        let mut failures = 0u32;
+        loop {
+            let ctl = *self.control.borrow_and_update();
+            if ctl.shutdown.is_some() {
+                return;
+            }
+            if ctl.desired != Desired::Running {
+                self.set(|s| {
+                    s.state = PipelineState::Stopped;
+                    if let Some(h) = &mut s.hosts {
+                        h.leading = false;
+                        h.group.clear();
+                    }
+                });
+                if self.control.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            match self.join_and_run().await {
+                Ok(()) => failures = 0,
+                Err(message) => {
+                    failures += 1;
+                    tracing::warn!(pipeline = %self.group, error = %message, failures, "this host of the pipeline failed; joining again");
+                    self.set(|s| {
+                        s.state = PipelineState::Failed;
+                        s.last_error = Some(message);
+                        if let Some(h) = &mut s.hosts {
+                            h.leading = false;
+                            h.group.clear();
+                        }
+                    });
+                    let pause = Duration::from_millis(250 << failures.min(5));
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        changed = self.control.changed() => if changed.is_err() { return },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the host until the tenant stops the pipeline (or the server
+    /// shuts down: a leader then checkpoints and leaves the group).
+    async fn join_and_run(&mut self) -> Result<(), String> {
+        let membership = sluice_cluster::EtcdMembership::connect(
+            &self.etcd,
+            &self.group,
+            self.config.session_timeout,
+        )
+        .await
+        .map_err(|e| format!("joining the pipeline's group in etcd: {e}"))?;
+        let (stop_tx, stop) = watch::channel(false);
+        let status = self.status.clone();
+        let report = move |event: HostEvent| {
+            let mut s = lock(&status);
+            let Some(h) = s.hosts.as_mut() else { return };
+            match event {
+                HostEvent::Joined { .. } => {}
+                HostEvent::Leading {
+                    hosts, restored, ..
+                } => {
+                    h.leading = true;
+                    h.group = hosts;
+                    s.last_checkpoint = s.last_checkpoint.max(restored);
+                }
+                HostEvent::Moved { hosts, .. } => h.group = hosts,
+                HostEvent::LeadEnded { reason } => {
+                    h.leading = false;
+                    h.group.clear();
+                    s.last_error = Some(reason);
+                }
+                HostEvent::Rejoined | HostEvent::SteppedAside => {
+                    h.leading = false;
+                    h.group.clear();
+                }
+            }
+        };
+        self.set(|s| s.state = PipelineState::Running);
+        let host = sluice_pipeline::run_host(
+            self.engine.clone(),
+            self.component.clone(),
+            Arc::new(membership),
+            self.config.clone(),
+            stop,
+            report,
+        );
+        tokio::pin!(host);
+        let mut poll = tokio::time::interval(POLL);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                ended = &mut host => return ended.map_err(|e| e.to_string()),
+                changed = self.control.changed(), if !stopping => {
+                    let ctl = *self.control.borrow();
+                    if changed.is_err() || ctl.shutdown.is_some() || ctl.desired != Desired::Running {
+                        stopping = true;
+                        let _ = stop_tx.send(true);
+                    }
+                }
+                _ = poll.tick() => self.poll().await,
+            }
+        }
+    }
+
+    /// Reads the pipeline's progress (whoever leads it) into the status,
+    /// and wakes readers waiting for output.
+    async fn poll(&self) {
+        let reader = self.reader.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            use sluice_storage::CheckpointLedger;
+            let last = reader.latest_step()?;
+            let checkpoint = reader.recorded_checkpoints(1)?.pop().map(|(s, _)| s);
+            Ok::<_, sluice_storage::StorageError>((last, checkpoint))
+        })
+        .await;
+        if let Ok(Ok((last, checkpoint))) = read {
+            let steps = last.map_or(0, |l| l + 1);
+            self.set(|s| {
+                s.steps = steps;
+                s.last_checkpoint = s.last_checkpoint.max(checkpoint);
+            });
+            self.committed.send_if_modified(|c| {
+                let changed = *c != steps;
+                *c = steps;
+                changed
+            });
+        }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut PipelineStatus)) {
+        f(&mut lock(&self.status));
+    }
+}
