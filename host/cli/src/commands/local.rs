@@ -344,6 +344,7 @@ pub async fn read(
 }
 
 /// `sluice serve`.
+#[allow(clippy::too_many_arguments)] // one per flag group of `sluice serve`
 pub async fn serve(
     data: PathBuf,
     listen: std::net::SocketAddr,
