@@ -667,6 +667,12 @@ fn servers_run_a_pipeline_across_hosts() {
         Duration::from_secs(120),
         &|| reader.counts() == expected,
     );
+    // Either server reads the output back through the API.
+    let read = clients[1].read("wc", "counts", None, 0).unwrap();
+    assert!(
+        !read.is_empty() && read[0].starts_with("{\"position\":\"0:"),
+        "{read:?}"
+    );
     // The leader dies; b takes over and counts the input written again.
     servers[0].kill();
     produce();

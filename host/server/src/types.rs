@@ -152,6 +152,13 @@ impl PipelineSpec {
                 "a pipeline across hosts keeps its logs in Kafka: add \"log\": \"kafka\"",
             ));
         }
+        if self.across_hosts && self.output_retention_steps.is_some() {
+            return Err(crate::service::ServiceError::invalid(
+                "across_hosts_retention",
+                "a pipeline across hosts keeps all its output (its Kafka topics' own retention \
+                 applies): drop \"output_retention_steps\"",
+            ));
+        }
         if let Some(steps) = self.output_retention_steps {
             OUTPUT_RETENTION_STEPS.check(steps)?;
         }
