@@ -67,6 +67,12 @@ impl Cluster {
     /// [`start`](Self::start) with `extra` arguments.
     fn start_with(&mut self, name: &str, extra: &[&str]) {
         let log = std::fs::File::create(self.log(name)).unwrap();
+        // The leader appends the input (a host that may not write the logs
+        // cannot, and never leads).
+        let input = match extra.contains(&"--read-only-log") {
+            true => Vec::new(),
+            false => vec![format!("--input=lines={}", self.input.display())],
+        };
         let child = sluice_cmd()
             .arg("host")
             .arg(&self.wasm)
@@ -85,7 +91,7 @@ impl Cluster {
                 "--checkpoint-every",
                 "6",
             ])
-            .arg(format!("--input=lines={}", self.input.display()))
+            .args(input)
             .arg(format!("--store={}", self.store))
             .arg(format!("--brokers={}", self.brokers))
             .arg(format!("--pipeline={}", self.pipeline))
@@ -560,6 +566,7 @@ fn servers_run_a_pipeline_across_hosts() {
                 format!("--hosts-store={store}"),
                 format!("--hosts-secret-file={}", secret.display()),
                 format!("--hosts-name={name}"),
+                "--hosts-bind=127.0.0.1".to_owned(),
                 format!("--hosts-session-timeout-ms={SESSION_MS}"),
             ],
         )

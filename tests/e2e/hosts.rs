@@ -623,3 +623,36 @@ async fn a_host_that_may_not_write_the_logs_reads_and_the_leader_commits_for_it(
     assert!(h.divided_steps() > 0, "a commits its own shares");
     h.audit();
 }
+
+/// Every host of a pipeline must run the coordinator's component: a host
+/// started with another one (an older version, say) refuses its workers,
+/// naming both, rather than run a second circuit in the pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_running_another_component_refuses_the_workers() {
+    let wasm = component("examples/wordcount");
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 2, Limits::default()).await;
+    fill(&h, &lines(100)).await;
+    let name = h.pipeline.options().name.clone();
+    let other = h
+        .engine()
+        .load_file(&component("examples/orders-join"))
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let host = WorkerHost::new_with(h.engine(), &other, &name, SECRET, None, Reach::default());
+    let _serving = tokio::spawn(async move {
+        let _ = host.serve(listener).await;
+    });
+    let Err(err) = h
+        .pipeline
+        .coordinator_on(options(), vec![connect(&addr, &name).await])
+        .await
+    else {
+        panic!("a host of another component ran the pipeline's workers");
+    };
+    let err = err.to_string();
+    assert!(err.contains("must run the same"), "{err}");
+    assert!(err.contains(&h.pipeline.component().hash), "{err}");
+    assert!(err.contains(&other.hash), "{err}");
+}

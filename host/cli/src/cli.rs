@@ -430,12 +430,13 @@ pub struct ServeHostsArgs {
     /// `SLUICE_HOST_SECRET`); at least 16 bytes.
     #[arg(long)]
     pub hosts_secret_file: Option<std::path::PathBuf>,
-    /// The address the other servers reach this one at: each pipeline's
-    /// worker server binds it (on a port of its own).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub hosts_bind: std::net::IpAddr,
-    /// This server's name in the pipelines' groups (stable across restarts;
-    /// default: its --listen address).
+    /// The address the other servers reach this one at (required with
+    /// --hosts-etcd): each pipeline's worker server binds it, on a port of
+    /// its own.
+    #[arg(long)]
+    pub hosts_bind: Option<std::net::IpAddr>,
+    /// This server's name in the pipelines' groups, unique among the
+    /// servers and stable across restarts (required with --hosts-etcd).
     #[arg(long)]
     pub hosts_name: Option<String>,
     /// A server that renews nothing for this long leaves a pipeline's

@@ -321,6 +321,10 @@ struct StepState {
     /// The step topic's offset up to which `records`, `done` and
     /// `checkpoints` are read.
     read_to: u64,
+    /// The step producer was lost in a failed checkpoint record (`true`:
+    /// fenced): the next step commit says so instead of committing, and
+    /// the next `fence` starts over.
+    lost: Option<bool>,
 }
 
 /// Input, output and step logs of one pipeline in Kafka.
@@ -391,11 +395,26 @@ impl KafkaLog {
         // The step topic is the pipeline's history: kept whatever the
         // broker's default retention (a pipeline idle for a week must not
         // lose its step records and start again at step 0).
+        let steps_topic = log.config.steps_topic();
         log.ensure_topic(
-            &log.config.steps_topic(),
+            &steps_topic,
             1,
             &[("retention.ms", "-1"), ("retention.bytes", "-1")],
         )?;
+        // A topic created before (by hand, or by an older Sluice) may still
+        // have a finite retention: say so, it would lose the history.
+        match log.topic_config(&steps_topic, "retention.ms") {
+            Ok(Some(ms)) if ms != "-1" => tracing::warn!(
+                topic = %steps_topic,
+                retention_ms = %ms,
+                "the pipeline's step topic has a finite retention: its step and checkpoint \
+                 records would expire (set retention.ms=-1 and retention.bytes=-1 on it)"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(topic = %steps_topic, error = %e, "reading the step topic's retention")
+            }
+        }
         log.ensure_topic(
             &log.config.meta_topic(),
             1,
@@ -963,12 +982,16 @@ impl KafkaLog {
     }
 
     /// [`with_steps`](Self::with_steps), having read what other hosts
-    /// committed since.
+    /// committed since — unless this handle is the committer: its view is
+    /// whole (it read everything when it fenced, and no one else commits
+    /// steps or records checkpoints without fencing it), and a committer
+    /// that was fenced unawares must keep its own view, so that its next
+    /// commit fails as fenced rather than as a gap.
     fn with_fresh_steps<T>(&self, f: impl FnOnce(&mut StepState) -> Result<T>) -> Result<T> {
         let mut s = lock(&self.steps);
         if s.records.is_none() {
             self.reload_steps(&mut s)?;
-        } else {
+        } else if s.epoch == 0 {
             self.catch_up(&mut s)?;
         }
         f(&mut s)
@@ -1095,6 +1118,24 @@ impl EntryTexts {
             frontier: frontier_json(&entry.frontier),
             weights: entry.events.iter().map(|e| e.weight.to_string()).collect(),
         }
+    }
+}
+
+/// The error for a commit through a step producer a failed checkpoint
+/// record lost: fenced, or a transient failure (a recovery fences again).
+fn lost_producer(config: &KafkaConfig, step: Option<u64>, fenced: bool) -> Error {
+    let transactional_id = format!("sluice.{}.steps", config.pipeline);
+    match fenced {
+        true => Error::FencedProducer {
+            step,
+            transactional_id,
+        },
+        false => Error::backend(
+            "Kafka",
+            format!("a transaction of `{transactional_id}`"),
+            true,
+            "the step producer was lost with a failed checkpoint record; reopen to fence again",
+        ),
     }
 }
 
@@ -1328,6 +1369,9 @@ pub fn parse_frontier(bytes: &[u8]) -> Option<Frontier> {
 impl CheckpointLedger for KafkaLog {
     fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()> {
         self.with_steps(|s| {
+            if let Some(fenced) = s.lost {
+                return Err(lost_producer(&self.config, None, fenced));
+            }
             if s.epoch == 0 || s.producer.is_none() {
                 return Err(Error::InvalidCommit {
                     step,
@@ -1347,10 +1391,11 @@ impl CheckpointLedger for KafkaLog {
                     Ok(())
                 }
                 Err(e) => {
-                    // Like a failed step commit: the next `fence` learns
-                    // whether it took effect.
-                    s.records = None;
-                    s.epoch = 0;
+                    // The producer is gone (whether the record took effect
+                    // the next `fence` learns): the steps this coordinator
+                    // still tries fail the same way — fenced, or worth a
+                    // recovery — rather than as a misuse.
+                    s.lost = Some(matches!(e, Error::FencedProducer { .. }));
                     s.producer = None;
                     Err(e)
                 }
@@ -1558,6 +1603,7 @@ impl LogBackend for KafkaLog {
         // a dead host's open ingest transaction cannot hold back reads.
         let mut s = lock(&self.steps);
         s.producer = None;
+        s.lost = None;
         let producer = self.new_producer("steps")?;
         {
             let mut meta = lock(&self.meta);
@@ -1583,6 +1629,9 @@ impl LogBackend for KafkaLog {
         self.with_steps(|s| {
             let records = s.records.as_ref().expect("loaded by with_steps");
             let last = records.keys().next_back().copied();
+            if let Some(fenced) = s.lost {
+                return Err(lost_producer(&self.config, Some(step), fenced));
+            }
             if s.epoch == 0 || s.producer.is_none() {
                 return Err(Error::InvalidCommit {
                     step,

@@ -133,6 +133,14 @@ pub async fn run_host(
     mut stop: watch::Receiver<bool>,
     mut report: impl FnMut(HostEvent) + Send,
 ) -> Result<()> {
+    if config.read_only_log && !config.inputs.is_empty() {
+        return Err(sluice_core::ConfigError::Invalid(
+            "a host that may not write the pipeline's logs (--read-only-log) cannot append \
+             --input files: give them to a host that may"
+                .into(),
+        )
+        .into());
+    }
     if config.pipeline.checkpoint_store.is_none() {
         return Err(sluice_core::ConfigError::Invalid(
             "a pipeline across hosts keeps its checkpoints where every host reaches them: \
@@ -246,6 +254,7 @@ pub async fn run_host(
     let mut hint: Vec<String> = Vec::new();
     let mut ingested = false;
     let mut failures = 0u32;
+    let mut alone_warned = false;
     loop {
         if *stop.borrow() {
             break;
@@ -275,18 +284,25 @@ pub async fn run_host(
         }
         if config.read_only_log {
             // A leader writes the logs, which this host may not: it goes to
-            // the back of the group, behind the hosts that can lead.
+            // the back of the group, behind the hosts that can lead. (When
+            // no member may, they take turns at the back, each once per
+            // TTL.)
             if view.members.len() > 1 {
-                session.leave().await?;
+                if let Err(e) = session.leave().await {
+                    tracing::debug!(error = %e, "leaving the group to step aside");
+                }
                 session = membership.join(me.clone()).await?;
                 report(HostEvent::SteppedAside);
-            } else {
+                alone_warned = false;
+            } else if !alone_warned {
+                alone_warned = true;
                 tracing::warn!(
-                    "the only host of the pipeline may not write its logs (--read-only-log): nothing runs until a host that may joins"
+                    "the only host of the pipeline may not write its logs (--read-only-log): \
+                     nothing runs until a host that may joins"
                 );
             }
             tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(membership.ttl()) => {}
                 _ = stop.changed() => {}
             }
             continue;

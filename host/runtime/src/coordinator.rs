@@ -667,7 +667,15 @@ impl Coordinator {
         if slot > 0 {
             let host = hosts[slot - 1].clone();
             return Ok(AnyWorker::Remote(
-                RemoteWorker::start(host, info, mesh, limits, options.inherit_guest_stderr).await?,
+                RemoteWorker::start(
+                    host,
+                    info,
+                    &component.hash,
+                    mesh,
+                    limits,
+                    options.inherit_guest_stderr,
+                )
+                .await?,
             ));
         }
         Ok(AnyWorker::Local(Box::new(

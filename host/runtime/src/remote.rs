@@ -292,6 +292,10 @@ enum Call {
         config: Vec<(String, String)>,
         inherit_stderr: bool,
         mesh: WireMesh,
+        /// The SHA-256 of the coordinator's component: a host running
+        /// another refuses (two versions of a circuit in one pipeline
+        /// would route and compute differently).
+        component: String,
     },
     /// Step on `inputs`, after reading `read` (offsets of the logs the
     /// host reads itself) into batches in front of them.
@@ -1011,6 +1015,7 @@ impl RemoteWorker {
     pub(crate) async fn start(
         host: Arc<RemoteHost>,
         info: WorkerInfo,
+        component: &str,
         mesh: &MeshPlan,
         limits: StepLimits,
         inherit_stderr: bool,
@@ -1026,6 +1031,7 @@ impl RemoteWorker {
                     config: info.config,
                     inherit_stderr,
                     mesh: mesh.for_worker(worker),
+                    component: component.to_owned(),
                 },
             )
             .await?;
@@ -1982,8 +1988,16 @@ impl WorkerHost {
             config,
             inherit_stderr,
             mesh,
+            component,
         } = call
         {
+            if component != self.component.hash {
+                return Err(Error::Config(sluice_core::ConfigError::Invalid(format!(
+                    "this host runs component {}, the coordinator {component}: every host of \
+                     a pipeline must run the same",
+                    self.component.hash
+                ))));
+            }
             let info = WorkerInfo {
                 worker: index,
                 workers,

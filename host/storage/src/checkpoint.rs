@@ -105,7 +105,9 @@ pub trait CheckpointLedger: Send + Sync {
     /// Records checkpoint `step` as committed by the manifest `manifest`
     /// (the store's own name for it); a later record of the same step
     /// replaces it. Fails, recording nothing, if this handle is not (or no
-    /// longer) the pipeline's committer.
+    /// longer) the pipeline's committer; a failure of the transport may
+    /// leave it unknown whether the record took effect (it is then either
+    /// recorded whole or not at all).
     fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()>;
 
     /// The `newest` most recently committed checkpoints (by step, oldest

@@ -365,14 +365,21 @@ pub async fn serve(
                 "--hosts-etcd needs --hosts-store URL: the checkpoint store every server reaches",
             )?;
             let secret = read_host_secret(hosts.hosts_secret_file.as_deref())?;
+            // No defaults: two servers with the same name would pass for
+            // one member, and a loopback address reaches no other machine.
+            let bind = hosts.hosts_bind.context(
+                "--hosts-etcd needs --hosts-bind IP: the address the other servers reach this one at",
+            )?;
+            let name = hosts.hosts_name.context(
+                "--hosts-etcd needs --hosts-name NAME: this server's name in the pipelines' groups, \
+                 unique among the servers",
+            )?;
             Some(sluice_server::runner::HostsSettings {
                 etcd: hosts.hosts_etcd,
                 store,
                 secret,
-                bind: hosts.hosts_bind,
-                name: hosts
-                    .hosts_name
-                    .unwrap_or_else(|| listen.to_string().replace(':', "-")),
+                bind,
+                name,
                 session_timeout: Duration::from_millis(hosts.hosts_session_timeout_ms.max(2_000)),
             })
         }

@@ -48,7 +48,7 @@ pub(super) async fn open(
     let name = spec
         .kafka_name
         .clone()
-        .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+        .unwrap_or_else(|| crate::service::kafka_name(tenant, &spec.name));
     let mut topics = sluice_kafka::KafkaConfig::new(kafka.brokers.clone(), name.clone());
     topics.replication = kafka.replication;
     topics.output_partitions = spec.workers;
@@ -133,7 +133,7 @@ pub(super) async fn open(
         reader: reader.clone(),
         status: status.clone(),
         control: control_rx,
-        committed: committed_tx,
+        committed: Arc::new(committed_tx),
     };
     let task = tokio::spawn(host.run());
     Ok(Arc::new(PipelineHandle {
@@ -161,11 +161,46 @@ struct Host {
     reader: Arc<sluice_kafka::KafkaLog>,
     status: Arc<Mutex<PipelineStatus>>,
     control: watch::Receiver<Control>,
-    committed: watch::Sender<u64>,
+    committed: Arc<watch::Sender<u64>>,
 }
 
 /// How often the status reads the pipeline's progress from Kafka.
 const POLL: Duration = Duration::from_millis(500);
+
+/// Reads the pipeline's progress (whoever leads it) into the status every
+/// [`POLL`], and wakes readers waiting for output; until aborted.
+async fn progress(
+    reader: Arc<sluice_kafka::KafkaLog>,
+    status: Arc<Mutex<PipelineStatus>>,
+    committed: Arc<watch::Sender<u64>>,
+) {
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let reader = reader.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            use sluice_storage::CheckpointLedger;
+            let last = reader.latest_step()?;
+            let checkpoint = reader.recorded_checkpoints(1)?.pop().map(|(s, _)| s);
+            Ok::<_, sluice_storage::StorageError>((last, checkpoint))
+        })
+        .await;
+        if let Ok(Ok((last, checkpoint))) = read {
+            let steps = last.map_or(0, |l| l + 1);
+            {
+                let mut s = lock(&status);
+                s.steps = steps;
+                s.last_checkpoint = s.last_checkpoint.max(checkpoint);
+            }
+            committed.send_if_modified(|c| {
+                let changed = *c != steps;
+                *c = steps;
+                changed
+            });
+        }
+    }
+}
 
 impl Host {
     /// Joins the pipeline's group while the tenant wants it running; a
@@ -261,11 +296,17 @@ impl Host {
             report,
         );
         tokio::pin!(host);
-        let mut poll = tokio::time::interval(POLL);
+        // The progress is read beside the host (a slow broker never holds
+        // the coordinator back).
+        let poller = tokio::spawn(progress(
+            self.reader.clone(),
+            self.status.clone(),
+            self.committed.clone(),
+        ));
         let mut stopping = false;
-        loop {
+        let ended = loop {
             tokio::select! {
-                ended = &mut host => return ended.map_err(|e| e.to_string()),
+                ended = &mut host => break ended,
                 changed = self.control.changed(), if !stopping => {
                     let ctl = *self.control.borrow();
                     if changed.is_err() || ctl.shutdown.is_some() || ctl.desired != Desired::Running {
@@ -273,34 +314,10 @@ impl Host {
                         let _ = stop_tx.send(true);
                     }
                 }
-                _ = poll.tick() => self.poll().await,
             }
-        }
-    }
-
-    /// Reads the pipeline's progress (whoever leads it) into the status,
-    /// and wakes readers waiting for output.
-    async fn poll(&self) {
-        let reader = self.reader.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            use sluice_storage::CheckpointLedger;
-            let last = reader.latest_step()?;
-            let checkpoint = reader.recorded_checkpoints(1)?.pop().map(|(s, _)| s);
-            Ok::<_, sluice_storage::StorageError>((last, checkpoint))
-        })
-        .await;
-        if let Ok(Ok((last, checkpoint))) = read {
-            let steps = last.map_or(0, |l| l + 1);
-            self.set(|s| {
-                s.steps = steps;
-                s.last_checkpoint = s.last_checkpoint.max(checkpoint);
-            });
-            self.committed.send_if_modified(|c| {
-                let changed = *c != steps;
-                *c = steps;
-                changed
-            });
-        }
+        };
+        poller.abort();
+        ended.map_err(|e| e.to_string())
     }
 
     fn set(&self, f: impl FnOnce(&mut PipelineStatus)) {

@@ -369,9 +369,13 @@ impl Service {
     /// Checkpoints every running pipeline and ends its task (host shutdown).
     pub async fn shutdown(&self) {
         let handles: Vec<Arc<PipelineHandle>> = lock(&self.pipelines).values().cloned().collect();
+        // Side by side: a host of a pipeline across hosts may wait for its
+        // leader to move its workers away.
+        let mut ending = tokio::task::JoinSet::new();
         for h in handles {
-            h.shutdown(true).await;
+            ending.spawn(async move { h.shutdown(true).await });
         }
+        while ending.join_next().await.is_some() {}
     }
 
     // ----------------------------------------------------------- callers --
