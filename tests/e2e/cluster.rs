@@ -51,6 +51,31 @@ fn free_port() -> u16 {
 }
 
 impl Cluster {
+    /// A cluster of no hosts yet for a fresh pipeline named `what-…`, word
+    /// count on `lines` lines of input in `dir`; with the recount.
+    fn new(
+        dir: &Path,
+        what: &str,
+        lines: usize,
+        brokers: &str,
+        etcd: String,
+    ) -> (Cluster, BTreeMap<String, i64>) {
+        let pipeline = fresh_name(what);
+        let input_file = dir.join("lines.jsonl");
+        let expected = input(&input_file, lines);
+        let cluster = Cluster {
+            dir: dir.to_owned(),
+            wasm: component("examples/wordcount"),
+            brokers: brokers.to_owned(),
+            etcd,
+            store: format!("s3://sluice-tests/{pipeline}"),
+            pipeline,
+            input: input_file,
+            hosts: BTreeMap::new(),
+        };
+        (cluster, expected)
+    }
+
     fn log(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
     }
@@ -294,19 +319,8 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = fresh_name("hosts");
-    let input_file = dir.path().join("lines.jsonl");
-    let expected = input(&input_file, 30_000);
-    let mut c = Cluster {
-        dir: dir.path().to_owned(),
-        wasm: component("examples/wordcount"),
-        brokers: brokers.clone(),
-        etcd,
-        store: format!("s3://sluice-tests/{pipeline}"),
-        pipeline: pipeline.clone(),
-        input: input_file,
-        hosts: BTreeMap::new(),
-    };
+    let (mut c, expected) = Cluster::new(dir.path(), "hosts", 30_000, &brokers, etcd);
+    let pipeline = c.pipeline.clone();
     c.start("h1");
     c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
     c.start("h2");
@@ -507,19 +521,7 @@ fn a_host_that_may_not_write_the_logs_steps_aside() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = fresh_name("readonly");
-    let input_file = dir.path().join("lines.jsonl");
-    let expected = input(&input_file, 3_000);
-    let mut c = Cluster {
-        dir: dir.path().to_owned(),
-        wasm: component("examples/wordcount"),
-        brokers: brokers.clone(),
-        etcd,
-        store: format!("s3://sluice-tests/{pipeline}"),
-        pipeline: pipeline.clone(),
-        input: input_file,
-        hosts: BTreeMap::new(),
-    };
+    let (mut c, expected) = Cluster::new(dir.path(), "readonly", 3_000, &brokers, etcd);
     c.start_with("r1", &["--read-only-log"]);
     c.wait("r1 to join", Duration::from_secs(60), |c| {
         c.stderr("r1").contains("r1: joined")

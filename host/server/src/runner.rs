@@ -207,28 +207,13 @@ impl PipelineHandle {
             })
         })??;
         let shape = pipeline.shape().clone();
-        let status = Arc::new(Mutex::new(PipelineStatus {
-            name: spec.name.clone(),
-            component: spec.component.clone(),
-            component_hash: pipeline.component().hash.clone(),
-            state: PipelineState::Starting,
-            workers: shape.workers,
-            inputs: shape.input_names(),
-            outputs: shape.outputs.clone(),
+        let status = Arc::new(Mutex::new(PipelineStatus::starting(
+            &spec,
+            &pipeline.component().hash,
+            &shape,
             steps,
-            events_in: 0,
-            events_out: 0,
-            frontiers: Vec::new(),
-            input_lag: 0,
-            events_in_per_sec: 0.0,
-            events_out_per_sec: 0.0,
-            steps_per_sec: 0.0,
-            last_checkpoint_age_ms: None,
             last_checkpoint,
-            fuel_used: 0,
-            last_error: None,
-            hosts: None,
-        }));
+        )));
         let (control, control_rx) = watch::channel(Control {
             desired,
             workers: spec.workers,

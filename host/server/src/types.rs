@@ -292,6 +292,41 @@ pub struct PipelineStatus {
     pub hosts: Option<HostsStatus>,
 }
 
+impl PipelineStatus {
+    /// The status of pipeline `spec` as it opens: `steps` committed, its
+    /// newest checkpoint `last_checkpoint`, nothing run yet.
+    pub fn starting(
+        spec: &PipelineSpec,
+        component_hash: &str,
+        shape: &sluice_core::PipelineShape,
+        steps: u64,
+        last_checkpoint: Option<u64>,
+    ) -> Self {
+        PipelineStatus {
+            name: spec.name.clone(),
+            component: spec.component.clone(),
+            component_hash: component_hash.to_owned(),
+            state: PipelineState::Starting,
+            workers: shape.workers,
+            inputs: shape.input_names(),
+            outputs: shape.outputs.clone(),
+            steps,
+            events_in: 0,
+            events_out: 0,
+            frontiers: Vec::new(),
+            input_lag: 0,
+            events_in_per_sec: 0.0,
+            events_out_per_sec: 0.0,
+            steps_per_sec: 0.0,
+            last_checkpoint_age_ms: None,
+            last_checkpoint,
+            fuel_used: 0,
+            last_error: None,
+            hosts: None,
+        }
+    }
+}
+
 /// This server's part in a pipeline across hosts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HostsStatus {

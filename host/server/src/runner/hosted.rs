@@ -83,30 +83,12 @@ pub(super) async fn open(
             .unwrap_or(pipeline.input_partitions())
     })?;
     let status = Arc::new(Mutex::new(PipelineStatus {
-        name: spec.name.clone(),
-        component: spec.component.clone(),
-        component_hash: component.hash.clone(),
-        state: PipelineState::Starting,
-        workers: spec.workers,
-        inputs: shape.input_names(),
-        outputs: shape.outputs.clone(),
-        steps: 0,
-        events_in: 0,
-        events_out: 0,
-        frontiers: Vec::new(),
-        input_lag: 0,
-        events_in_per_sec: 0.0,
-        events_out_per_sec: 0.0,
-        steps_per_sec: 0.0,
-        last_checkpoint_age_ms: None,
-        last_checkpoint: None,
-        fuel_used: 0,
-        last_error: None,
         hosts: Some(HostsStatus {
             host: hosts.name.clone(),
             leading: false,
             group: Vec::new(),
         }),
+        ..PipelineStatus::starting(&spec, &component.hash, &shape, 0, None)
     }));
     let (control, control_rx) = watch::channel(Control {
         desired,
