@@ -559,6 +559,7 @@ fn servers_run_a_pipeline_across_hosts() {
     std::fs::write(&secret, "a secret the servers share").unwrap();
     let store = format!("s3://sluice-tests/{}", fresh_name("servers"));
     let tenant = fresh_name("t").replace('-', "");
+    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/fixtures/tls");
     let start = |name: &str| {
         Server::start_with(
             &dir.path().join(name),
@@ -570,6 +571,11 @@ fn servers_run_a_pipeline_across_hosts() {
                 format!("--hosts-name={name}"),
                 "--hosts-bind=127.0.0.1".to_owned(),
                 format!("--hosts-session-timeout-ms={SESSION_MS}"),
+                // Mutual TLS between the servers (the fixtures' certificate
+                // names 127.0.0.1).
+                format!("--hosts-tls-cert={}", tls.join("sluice-host.pem").display()),
+                format!("--hosts-tls-key={}", tls.join("sluice-host.key").display()),
+                format!("--hosts-tls-ca={}", tls.join("sluice-ca.pem").display()),
             ],
         )
     };

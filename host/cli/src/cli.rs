@@ -443,6 +443,18 @@ pub struct ServeHostsArgs {
     /// group, in milliseconds; at least 2000.
     #[arg(long, default_value_t = 3_000)]
     pub hosts_session_timeout_ms: u64,
+    /// This server's TLS certificate chain (PEM): with `--hosts-tls-key`
+    /// and `--hosts-tls-ca`, every connection between the servers of a
+    /// pipeline is mutual TLS. The certificate must name `--hosts-bind`.
+    #[arg(long, requires_all = ["hosts_tls_key", "hosts_tls_ca"])]
+    pub hosts_tls_cert: Option<std::path::PathBuf>,
+    /// This server's TLS private key (PEM).
+    #[arg(long, requires_all = ["hosts_tls_cert", "hosts_tls_ca"])]
+    pub hosts_tls_key: Option<std::path::PathBuf>,
+    /// The certificate authority (PEM) every server's certificate must
+    /// chain to.
+    #[arg(long, requires_all = ["hosts_tls_cert", "hosts_tls_key"])]
+    pub hosts_tls_ca: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `sluice host`.

@@ -59,6 +59,8 @@ pub struct HostsSettings {
     pub name: String,
     /// A host that renews nothing for this long leaves a group.
     pub session_timeout: Duration,
+    /// Mutual TLS on every connection between the servers, if set.
+    pub tls: Option<sluice_runtime::Tls>,
 }
 
 impl std::fmt::Debug for HostsSettings {
@@ -69,6 +71,7 @@ impl std::fmt::Debug for HostsSettings {
             .field("bind", &self.bind)
             .field("name", &self.name)
             .field("session_timeout", &self.session_timeout)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }

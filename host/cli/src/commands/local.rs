@@ -381,6 +381,16 @@ pub async fn serve(
                 bind,
                 name,
                 session_timeout: Duration::from_millis(hosts.hosts_session_timeout_ms.max(2_000)),
+                tls: match (
+                    &hosts.hosts_tls_cert,
+                    &hosts.hosts_tls_key,
+                    &hosts.hosts_tls_ca,
+                ) {
+                    (Some(cert), Some(key), Some(ca)) => {
+                        Some(sluice_runtime::Tls::from_pem_files(cert, key, ca)?)
+                    }
+                    _ => None,
+                },
             })
         }
     };

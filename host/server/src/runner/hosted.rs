@@ -106,7 +106,7 @@ pub(super) async fn open(
             listen: std::net::SocketAddr::new(hosts.bind, 0),
             secret: hosts.secret.clone(),
             session_timeout: hosts.session_timeout,
-            tls: None,
+            tls: hosts.tls.clone(),
             inputs: Vec::new(),
             read_only_log: false,
         },
