@@ -1069,7 +1069,7 @@ fn step_topic_record(
 ) -> Result<()> {
     let key = m.key().unwrap_or_default();
     let offset = m.offset() as u64;
-    if key.starts_with(CHECKPOINT_KEY) {
+    if key.starts_with(CHECKPOINT_KEY.as_bytes()) {
         let (step, manifest): (u64, String) = postcard::from_bytes(m.payload().unwrap_or_default())
             .map_err(Error::corrupt(format!("checkpoint record in `{topic}`")))?;
         checkpoints.insert(step, manifest);
@@ -1145,7 +1145,7 @@ const DONE_KEY_LEN: usize = 12;
 
 /// How a checkpoint record's key starts (the step follows, in decimal: the
 /// record is meant to be read with Kafka's tools too).
-const CHECKPOINT_KEY: &[u8] = b"checkpoint:";
+const CHECKPOINT_KEY: &str = "checkpoint:";
 
 fn done_key(step: u64, worker: u32) -> [u8; DONE_KEY_LEN] {
     let mut key = [0; DONE_KEY_LEN];
@@ -1382,7 +1382,7 @@ impl CheckpointLedger for KafkaLog {
             }
             let value = postcard::to_allocvec(&(step, manifest))
                 .map_err(Error::corrupt("checkpoint record"))?;
-            let key = format!("{}{step}", String::from_utf8_lossy(CHECKPOINT_KEY));
+            let key = format!("{CHECKPOINT_KEY}{step}");
             let topic = self.config.steps_topic();
             let record = Outgoing::step_log(&topic, key.as_bytes(), &value);
             match self.transact(&mut s.producer, "steps", None, vec![record], None) {

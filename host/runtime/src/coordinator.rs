@@ -1009,7 +1009,7 @@ impl Coordinator {
         let reads_there = self.reads_there();
         // In a divided step, a worker whose host reads the logs also
         // commits its share there, if the host may write them.
-        let commits_there = self.commits_there();
+        let commits_there = self.commits_there(&reads_there);
         let shares: Vec<Option<ShareSpec>> = (0..reads_there.len())
             .map(|w| {
                 (commit != Commit::Whole && commits_there[w]).then(|| ShareSpec {
@@ -1257,17 +1257,18 @@ impl Coordinator {
     /// can commit its workers' output itself and the output need not come
     /// back here.
     fn divides(&self) -> bool {
-        self.storage.log().worker_commits() && self.commits_there().contains(&true)
+        self.storage.log().worker_commits()
+            && self.commits_there(&self.reads_there()).contains(&true)
     }
 
     /// Per worker, whether its host commits the worker's shares of
     /// divided steps: it reads this pipeline's logs and may write them.
-    fn commits_there(&self) -> Vec<bool> {
-        let reads = self.reads_there();
+    /// `reads` is [`reads_there`](Self::reads_there).
+    fn commits_there(&self, reads: &[bool]) -> Vec<bool> {
         self.instances
             .iter()
             .zip(reads)
-            .map(|(i, reads)| reads && matches!(i, Some(AnyWorker::Remote(r)) if r.commits()))
+            .map(|(i, reads)| *reads && matches!(i, Some(AnyWorker::Remote(r)) if r.commits()))
             .collect()
     }
 
@@ -1289,7 +1290,7 @@ impl Coordinator {
     /// holders' reads of the step log.
     async fn take_holders(&mut self) -> Result<()> {
         let here: Vec<u32> = self
-            .commits_there()
+            .commits_there(&self.reads_there())
             .iter()
             .enumerate()
             .filter(|(_, there)| !**there)
