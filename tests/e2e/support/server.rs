@@ -182,6 +182,19 @@ pub fn raw(
     content_type: &str,
     body: &[u8],
 ) -> (u16, String) {
+    raw_or_gone(method, url, token, content_type, body)
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// [`raw`], or the transport's error when the server went away before it
+/// answered (a crash point it was armed with may strike first).
+pub fn raw_or_gone(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String), ureq::Error> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -215,7 +228,7 @@ pub fn raw(
             r.send(body)
         }
     };
-    let mut response = response.unwrap();
+    let mut response = response?;
     let status = response.status().as_u16();
     let text = response
         .body_mut()
@@ -223,7 +236,7 @@ pub fn raw(
         .limit(1 << 30)
         .read_to_string()
         .unwrap_or_default();
-    (status, text)
+    Ok((status, text))
 }
 
 /// Sends a whole request (a server that answers early and closes makes the
