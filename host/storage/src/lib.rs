@@ -8,9 +8,9 @@
 //!   default) and `sluice-kafka`.
 //! - [`CheckpointStore`] ([`checkpoint`]): all workers' state at a step
 //!   boundary, committed at once.
-//! - [`Guarded`] ([`invariants`]): the host's enforcement of I1–I3 over any
-//!   pair of backends, including **the trim rule** ([`Guarded::trim`]); the
-//!   runtime talks to storage only through it.
+//! - [`Guarded`] ([`guarded`]): storage behind the host's enforcement of
+//!   I1–I3 over any pair of backends, including **the trim rule**
+//!   ([`Guarded::trim`]); the runtime talks to storage only through it.
 //! - [`audit`]: the offline check behind `sluice verify`, from what any
 //!   backend stores.
 //! - [`ingest`]: appending JSON-lines files to input logs exactly once.
@@ -31,8 +31,8 @@ pub mod checkpoint;
 pub mod conformance;
 pub mod error;
 pub mod faults;
+pub mod guarded;
 pub mod ingest;
-pub mod invariants;
 pub mod log;
 pub mod read;
 
@@ -41,7 +41,7 @@ pub use checkpoint::{
     ReadBytes, Staged, StatePiece,
 };
 pub use error::{BoxError, Result, StorageError};
-pub use invariants::{Guarded, layout_after};
+pub use guarded::{Guarded, layout_after};
 pub use log::{
     AppendBatch, IngestMark, LogBackend, ProducerCheck, ProducerSeq, ProducerState, WorkerCommit,
     WorkerCommitter, WorkerDone, check_producer, check_worker_commit, decide_share,

@@ -1,5 +1,5 @@
-//! Where the host enforces the storage invariants, whatever the guest or a
-//! backend does:
+//! [`Guarded`]: a pipeline's storage behind the checks by which the host
+//! enforces the storage invariants, whatever the guest or a backend does:
 //!
 //! - **I1 replay safety**: a step is committed at most once (the backend's
 //!   commit refuses a step that exists; this layer refuses malformed ones).
