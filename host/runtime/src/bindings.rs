@@ -13,7 +13,7 @@ wasmtime::component::bindgen!({
     // A failed shuffle is the host's typed error: the worker turns it into
     // the WIT `exchange-error` the guest sees, and remembers the cause.
     trappable_error_type: {
-        "sluice:circuit/exchange.exchange-error" => crate::exchange::ExchangeError,
+        "sluice:circuit/exchange.exchange-error" => crate::error::ExchangeError,
     },
 });
 

@@ -6,9 +6,8 @@
 use crate::bindings::{CIRCUIT_EXPORT, PipelineWorker, PipelineWorkerPre, WORLD};
 use crate::determinism::StepClocks;
 use crate::error::{Error, Result};
-use crate::worker::{Worker, WorkerInfo, WorkerState};
+use crate::instance::WorkerState;
 use sha2::{Digest, Sha256};
-use sluice_core::CircuitPorts;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -219,19 +218,6 @@ impl SluiceEngine {
             message: format!("cannot read it: {e}"),
         })?;
         self.load(path, &bytes)
-    }
-
-    /// Learns a component's ports and snapshot version from a throwaway
-    /// instance (`init`, then `describe`).
-    pub async fn describe(&self, component: &LoadedComponent) -> Result<CircuitPorts> {
-        let info = WorkerInfo {
-            worker: 0,
-            workers: 1,
-            pipeline: "describe".into(),
-            config: vec![],
-        };
-        let mut worker = Worker::start(self, component, info, None, false).await?;
-        worker.describe().await
     }
 
     /// The cheap checks of a component, before anything is compiled: the

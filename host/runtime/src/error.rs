@@ -1,10 +1,10 @@
 //! The runtime's errors: what a guest did ([`GuestError`], each naming the
 //! worker, the call and the limit), what storage reported
 //! ([`StorageError`]), what the configuration got wrong ([`ConfigError`]),
-//! and the runtime's own ([`Error`]). Whether a retry may help is decided
+//! the runtime's own ([`Error`]), and why a shuffle failed
+//! ([`ExchangeError`]). Whether a retry may help is decided
 //! by the layer that made the error ([`Error::is_transient`]).
 
-use crate::exchange::ExchangeError;
 use sluice_core::ConfigError;
 use sluice_storage::{BoxError, StorageError};
 use std::path::PathBuf;
@@ -12,6 +12,18 @@ use std::time::Duration;
 
 /// Result with the runtime's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a shuffle failed; the guest sees it as the WIT `exchange-error`, the
+/// host reports it as the step's failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExchangeError {
+    /// A worker broke the exchange's calling contract.
+    #[error("{0}")]
+    ContractViolation(String),
+    /// The step was abandoned before every worker contributed.
+    #[error("{0}")]
+    Aborted(String),
+}
 
 /// What can stop a pipeline's runtime.
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +184,23 @@ impl Error {
     pub(crate) fn task(what: impl Into<String>) -> impl FnOnce(tokio::task::JoinError) -> Error {
         let what = what.into();
         move |source| Error::Task { what, source }
+    }
+
+    /// A host (or the network to it) failed: [`Error::Remote`], not the
+    /// guest's doing.
+    pub(crate) fn remote(host: &str, message: impl Into<String>) -> Error {
+        Error::Remote {
+            host: host.to_owned(),
+            message: message.into(),
+            guest: false,
+            exchange: false,
+        }
+    }
+
+    /// [`remote`](Self::remote) for an I/O error talking to `what`.
+    pub(crate) fn remote_io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |e| Error::remote(&what, e.to_string())
     }
 }
 

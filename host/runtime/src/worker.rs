@@ -2,19 +2,19 @@
 //! its limits and its end of the exchange. Every call into the guest goes
 //! through here, and every way it can fail becomes a typed [`Error`].
 
-use crate::bindings::{
-    self, Batch, CircuitError, KeyedEvents, PipelineWorker, ShardState, WitExchangeError, sluice,
-};
-use crate::determinism::{GuestEnvironment, StepClock, StepClockView, seed};
+use crate::bindings::{self, Batch, CircuitError, PipelineWorker, ShardState};
+use crate::determinism::{GuestEnvironment, StepClock, seed};
 use crate::engine::{Limits, LoadedComponent, SluiceEngine};
 use crate::error::{Error, GuestError, Result};
-use crate::exchange::{Exchange, ExchangeError};
+use crate::exchange::Exchange;
+use crate::instance::{InstanceLimiter, WorkerState};
+use crate::packed::{pack_batch, slices};
 use sluice_core::CircuitPorts;
 use sluice_core::layout::SHARDS;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use std::time::Instant;
+use wasmtime::{Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{ResourceTable, WasiCtxBuilder};
 
 /// Who an instance is within its pipeline; fixed for its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,192 +40,19 @@ impl From<WorkerInfo> for bindings::WorkerInfo {
     }
 }
 
-/// Core instances one component instance may create (a Rust component
-/// has a handful: its own module, the WASI adapter, shims).
-pub const MAX_INSTANCES: usize = 32;
-/// Linear memories one component instance may create.
-pub const MAX_MEMORIES: usize = 8;
-/// Tables one component instance may create.
-pub const MAX_TABLES: usize = 32;
-/// What one table element counts for against the memory limit.
-pub const TABLE_ELEMENT_BYTES: usize = 16;
-
-/// Bounds what one instance holds: **all** its linear memories and tables
-/// together (so a component with several memories gets no more than one
-/// would), and how many instances, memories and tables it creates.
-/// Remembers a refused growth, so the failure is reported as the memory
-/// limit.
-struct InstanceLimiter {
-    /// The limit, in bytes.
-    max: usize,
-    /// Bytes of linear memory and table the instance holds.
-    used: usize,
-    /// The total a refused growth asked for.
-    refused: Option<usize>,
-}
-
-impl InstanceLimiter {
-    fn new(max: usize) -> Self {
-        InstanceLimiter {
-            max,
-            used: 0,
-            refused: None,
-        }
-    }
-
-    fn grow(&mut self, current: usize, desired: usize) -> bool {
-        let total = (self.used + desired).saturating_sub(current);
-        if total > self.max {
-            self.refused = Some(total);
-            return false;
-        }
-        self.used = total;
-        true
-    }
-}
-
-impl ResourceLimiter for InstanceLimiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.grow(current, desired))
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.grow(
-            current.saturating_mul(TABLE_ELEMENT_BYTES),
-            desired.saturating_mul(TABLE_ELEMENT_BYTES),
-        ))
-    }
-
-    fn instances(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn memories(&self) -> usize {
-        MAX_MEMORIES
-    }
-
-    fn tables(&self) -> usize {
-        MAX_TABLES
-    }
-}
-
-/// The host state of one instance.
-pub struct WorkerState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limiter: InstanceLimiter,
-    exchange: Option<Arc<Exchange>>,
-    worker: u32,
-    /// The step being run (rounds of the exchange are per step).
-    step: u64,
-    call_started: Instant,
-    deadline: Duration,
-    deadline_hit: bool,
-    exchange_error: Option<ExchangeError>,
-    /// The clock the guest sees (its timers follow it).
-    clock: StepClock,
-}
-
-impl WorkerState {
-    /// The guest's `wasi:clocks/monotonic-clock`.
-    pub(crate) fn clock_view(&mut self) -> StepClockView<'_> {
-        StepClockView {
-            clock: &self.clock,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiView for WorkerState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl sluice::circuit::types::Host for WorkerState {}
-
-impl sluice::circuit::exchange::Host for WorkerState {
-    async fn shuffle(
-        &mut self,
-        channel: u32,
-        events: KeyedEvents,
-    ) -> std::result::Result<KeyedEvents, ExchangeError> {
-        let result = match self.exchange.clone() {
-            Some(exchange) => {
-                exchange
-                    .shuffle(self.worker, self.step, channel, events)
-                    .await
-            }
-            None => Err(ExchangeError::ContractViolation(
-                "exchange.shuffle called outside a step".into(),
-            )),
+impl SluiceEngine {
+    /// Learns a component's ports and snapshot version from a throwaway
+    /// instance (`init`, then `describe`).
+    pub async fn describe(&self, component: &LoadedComponent) -> Result<CircuitPorts> {
+        let info = WorkerInfo {
+            worker: 0,
+            workers: 1,
+            pipeline: "describe".into(),
+            config: vec![],
         };
-        if let Err(e) = &result {
-            self.exchange_error.get_or_insert_with(|| e.clone());
-        }
-        result
+        let mut worker = Worker::start(self, component, info, None, false).await?;
+        worker.describe().await
     }
-
-    /// A failed shuffle is an error the guest sees (and the host reports
-    /// whatever the guest does next), never a trap.
-    fn convert_exchange_error(&mut self, err: ExchangeError) -> wasmtime::Result<WitExchangeError> {
-        Ok(match err {
-            ExchangeError::ContractViolation(m) => WitExchangeError::ContractViolation(m),
-            ExchangeError::Aborted(m) => WitExchangeError::Aborted(m),
-        })
-    }
-}
-
-/// Packs events into one port's batch: the values back to back, where each
-/// ends, the weights.
-pub(crate) fn pack_batch(port: u32, events: &[sluice_core::Event]) -> Batch {
-    let mut values = Vec::with_capacity(events.iter().map(|e| e.value.len()).sum());
-    let mut ends = Vec::with_capacity(events.len());
-    let mut weights = Vec::with_capacity(events.len());
-    for e in events {
-        values.extend_from_slice(&e.value);
-        ends.push(values.len() as u32);
-        weights.push(e.weight);
-    }
-    Batch {
-        port,
-        values,
-        ends,
-        weights,
-    }
-}
-
-/// The `count` slices of a packed buffer (`ends[i]`: where slice `i`
-/// ends), or `None` if the packing is malformed: not `count` ends, or ends
-/// that descend or overrun the bytes.
-pub(crate) fn slices<'a>(bytes: &'a [u8], ends: &[u32], count: usize) -> Option<Vec<&'a [u8]>> {
-    if ends.len() != count {
-        return None;
-    }
-    let mut out = Vec::with_capacity(count);
-    let mut start = 0usize;
-    for &end in ends {
-        let end = end as usize;
-        if end < start || end > bytes.len() {
-            return None;
-        }
-        out.push(&bytes[start..end]);
-        start = end;
-    }
-    Some(out)
 }
 
 /// At most this many bytes of pieces per `restore` call (see
@@ -733,53 +560,4 @@ fn classify(
         }
     };
     guest.into()
-}
-
-#[cfg(test)]
-mod limiter_tests {
-    use super::*;
-
-    /// A core module with `n` memories of `pages` 64 KiB pages each.
-    fn memories(n: u32, pages: u64) -> Vec<u8> {
-        let mut module = wasm_encoder::Module::new();
-        let mut section = wasm_encoder::MemorySection::new();
-        for _ in 0..n {
-            section.memory(wasm_encoder::MemoryType {
-                minimum: pages,
-                maximum: None,
-                memory64: false,
-                shared: false,
-                page_size_log2: None,
-            });
-        }
-        module.section(&section);
-        module.finish()
-    }
-
-    fn instantiate(bytes: &[u8], max: usize) -> std::result::Result<(), String> {
-        let engine = wasmtime::Engine::default();
-        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| e.to_string())?;
-        let mut store = Store::new(&engine, InstanceLimiter::new(max));
-        store.limiter(|l| l);
-        wasmtime::Instance::new(&mut store, &module, &[])
-            .map(|_| ())
-            .map_err(|e| format!("{e:#}"))
-    }
-
-    #[test]
-    fn the_memory_limit_covers_all_memories_together() {
-        // One memory of 1 MiB under a 2 MiB limit: fine.
-        instantiate(&memories(1, 16), 2 << 20).unwrap();
-        // Two: 2 MiB, still fine.
-        instantiate(&memories(2, 16), 2 << 20).unwrap();
-        // Three memories of 1 MiB each: 3 MiB, over the limit, although
-        // each alone is under it.
-        assert!(instantiate(&memories(3, 16), 2 << 20).is_err());
-    }
-
-    #[test]
-    fn memories_are_counted() {
-        instantiate(&memories(MAX_MEMORIES as u32, 0), 1 << 20).unwrap();
-        assert!(instantiate(&memories(MAX_MEMORIES as u32 + 1, 0), 1 << 20).is_err());
-    }
 }

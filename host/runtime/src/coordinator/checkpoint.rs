@@ -1,0 +1,225 @@
+//! Checkpoints: snapshot every instance after a committed step (each
+//! worker's host writing its own pieces where it reaches the store, the
+//! unchanged shards carried from the last checkpoint), write the
+//! checkpoint and trim the input it covers in the background while steps
+//! go on.
+
+use super::workers::AnyWorker;
+use super::{Base, Coordinator, PendingCheckpoint};
+use crate::error::{Error, Result};
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Staged, StatePiece};
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+/// What taking one worker's part of a checkpoint gave.
+enum Taken {
+    /// Its pieces, here.
+    Pieces(crate::worker::Snapshot),
+    /// Its host wrote them to the store.
+    Staged(Staged, Option<Vec<u32>>),
+}
+
+impl Coordinator {
+    /// Whether a checkpoint is due (by steps or by time since the last).
+    pub fn checkpoint_due(&self) -> bool {
+        let last = self
+            .checkpoints
+            .pending
+            .as_ref()
+            .map(|p| p.step)
+            .or(self.checkpoints.step);
+        let since = self.position.next_step - last.map_or(0, |s| s + 1);
+        since >= self.options.checkpoint_every_steps.max(1)
+            || self.checkpoints.last_at.elapsed() >= self.options.checkpoint_interval
+    }
+
+    /// Checkpoints the state after the last committed step (if not yet
+    /// checkpointed), then trims the input it covers.
+    pub async fn checkpoint(&mut self) -> Result<()> {
+        self.start_checkpoint().await?;
+        self.await_checkpoint().await
+    }
+
+    /// Takes the snapshots of a checkpoint of the last committed step and
+    /// starts writing it (then trimming) in the background. One write at a
+    /// time: a previous one is waited for first.
+    pub(super) async fn start_checkpoint(&mut self) -> Result<()> {
+        self.await_checkpoint().await?;
+        let Some(step) = self.position.next_step.checked_sub(1) else {
+            return Ok(());
+        };
+        if self.checkpoints.step == Some(step) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        // Taking snapshots resets what the instances count as changed: from
+        // here until this checkpoint commits, nothing is a base.
+        let base = self
+            .checkpoints
+            .base
+            .take()
+            .filter(|_| self.options.incremental_checkpoints);
+        let incremental = base.is_some();
+        // A worker whose host reaches this pipeline's checkpoint store
+        // writes its pieces there itself (they never travel here); the
+        // others' pieces come here and are written with the manifest.
+        let location = self.storage.checkpoints().location();
+        let mut tasks = Vec::with_capacity(self.placement.instances.len());
+        for slot in self.placement.instances.iter_mut() {
+            let mut worker = slot.take().ok_or(Error::WorkersLost)?;
+            let location = location.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = match &mut worker {
+                    AnyWorker::Remote(r)
+                        if location.is_some() && r.store() == location.as_deref() =>
+                    {
+                        match r.stage(incremental, step).await {
+                            Ok((staged, changed)) => Ok(Taken::Staged(staged, changed)),
+                            // Its host could not write the store (the
+                            // snapshot was taken: what changed is reset):
+                            // its whole state comes here instead.
+                            Err(e @ Error::Remote { guest: false, .. })
+                                if r.host().closed().is_none() =>
+                            {
+                                tracing::warn!(host = %r.host().addr(), error = %e, "a host could not write its checkpoint pieces: they come to the coordinator");
+                                r.snapshot(false).await.map(Taken::Pieces)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    w => w.snapshot(incremental).await.map(Taken::Pieces),
+                };
+                (worker, r)
+            }));
+        }
+        let mut pieces = Vec::new();
+        let mut staged = Vec::new();
+        let mut carried = Vec::new();
+        let mut failure = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            match task.await {
+                Ok((worker, r)) => {
+                    self.placement.instances[w] = Some(worker);
+                    let w = w as u32;
+                    let changed = match r {
+                        Ok(Taken::Pieces(snap)) => {
+                            pieces.extend(snap.pieces.into_iter().map(|(shard, state)| {
+                                StatePiece {
+                                    shard,
+                                    worker: w,
+                                    state,
+                                }
+                            }));
+                            snap.changed
+                        }
+                        Ok(Taken::Staged(s, changed)) => {
+                            staged.push(s);
+                            changed
+                        }
+                        Err(e) => {
+                            failure = failure.or(Some(e));
+                            continue;
+                        }
+                    };
+                    if let (Some(base), Some(changed)) = (&base, &changed) {
+                        carried.extend(
+                            base.pieces
+                                .iter()
+                                .copied()
+                                .filter(|(s, bw)| *bw == w && changed.binary_search(s).is_err()),
+                        );
+                    }
+                }
+                Err(e) => failure = failure.or(Some(Error::task(format!("worker {w}"))(e))),
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let snapshots = started.elapsed();
+        pieces.sort_by_key(|p| (p.shard, p.worker));
+        let all: BTreeSet<(u32, u32)> = pieces
+            .iter()
+            .map(|p| (p.shard, p.worker))
+            .chain(
+                staged
+                    .iter()
+                    .flat_map(|s| s.pieces.iter().map(|(shard, _)| (*shard, s.worker))),
+            )
+            .chain(carried.iter().copied())
+            .collect();
+        let staged_bytes: u64 = staged.iter().map(Staged::bytes).sum();
+        self.stats.checkpoint_bytes_staged += staged_bytes;
+        self.stats.checkpoint_bytes_written +=
+            pieces.iter().map(|p| p.state.len() as u64).sum::<u64>() + staged_bytes;
+        let carried = base.map(|b| Carried {
+            from: b.step,
+            pieces: carried,
+        });
+        let checkpoint = Checkpoint {
+            meta: CheckpointMeta {
+                step,
+                frontiers: self.position.frontiers.clone(),
+                snapshot_version: self.shape.snapshot_version,
+                layout: self.placement.layout.clone(),
+            },
+            pieces,
+        };
+        let storage = self.storage.clone();
+        let write = tokio::task::spawn_blocking(move || -> Result<()> {
+            crash_point(CrashPoint::MidCheckpoint);
+            let carried = carried.as_ref().filter(|c| !c.pieces.is_empty());
+            storage.checkpoint_staged(&checkpoint, &staged, carried)?;
+            crash_point(CrashPoint::AfterCheckpoint);
+            storage.trim_to_checkpoint()?;
+            Ok(())
+        });
+        self.checkpoints.pending = Some(PendingCheckpoint {
+            step,
+            started,
+            snapshots,
+            pieces: all,
+            write,
+        });
+        self.checkpoints.last_at = Instant::now();
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any, and records it.
+    pub(super) async fn await_checkpoint(&mut self) -> Result<()> {
+        let Some(p) = self.checkpoints.pending.take() else {
+            return Ok(());
+        };
+        p.write
+            .await
+            .map_err(Error::task("the checkpoint write"))??;
+        tracing::debug!(
+            pipeline = %self.options.name,
+            step = p.step,
+            snapshots = ?p.snapshots,
+            total = ?p.started.elapsed(),
+            "checkpoint committed, input trimmed"
+        );
+        self.checkpoints.step = Some(p.step);
+        self.checkpoints.base = Some(Base {
+            step: p.step,
+            pieces: p.pieces,
+        });
+        self.checkpoints.last_took = p.started.elapsed();
+        self.checkpoints.last_snapshots = p.snapshots;
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Waits for a checkpoint still being written in the background (before
+    /// dropping a coordinator whose storage is about to go away).
+    pub async fn settle(&mut self) -> Result<()> {
+        self.await_checkpoint().await
+    }
+
+    /// Graceful stop: checkpoints the last committed step.
+    pub async fn finish(&mut self) -> Result<()> {
+        self.checkpoint().await
+    }
+}

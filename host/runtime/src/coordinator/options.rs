@@ -1,0 +1,120 @@
+//! What a pipeline runs with and what it reports: [`PipelineOptions`],
+//! what a layout change moved ([`Relayout`]) and what a coordinator did
+//! since it opened ([`Stats`]).
+
+use std::time::Duration;
+
+/// How a pipeline runs.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// The pipeline's identity: names it in logs and seeds its guests'
+    /// random numbers (every host running the pipeline must use the same).
+    pub name: String,
+    /// At most this many events per input partition per step.
+    pub max_batch: u64,
+    /// Checkpoint after this many committed steps…
+    pub checkpoint_every_steps: u64,
+    /// …or this much time, whichever comes first.
+    pub checkpoint_interval: Duration,
+    /// Let guests write to the host's stderr (panic messages); for local
+    /// runs only, never for a shared host.
+    pub inherit_guest_stderr: bool,
+    /// Settings handed to the circuit in `worker-info.config`.
+    pub config: Vec<(String, String)>,
+    /// At most this many output events per worker per step (all ports);
+    /// more fails the step with [`GuestError::OutputLimit`](crate::GuestError::OutputLimit).
+    pub max_output_per_step: Option<u64>,
+    /// Write only the shards changed since the previous checkpoint (and
+    /// carry the others' pieces from it) when the instances can say which
+    /// changed; off, every checkpoint is written whole.
+    pub incremental_checkpoints: bool,
+    /// Parse every output value as JSON before committing it, failing the
+    /// step on one that is not (a host serving output to clients wants
+    /// this; a local run trusts its own circuit and skips the cost).
+    pub check_output_json: bool,
+    /// Where each worker ran before, across hosts: the address of its host
+    /// (as [`RemoteHost::addr`](crate::RemoteHost::addr)), empty for the coordinator's own process —
+    /// what [`Coordinator::placement_addrs`](crate::Coordinator::placement_addrs) returned. Opening on hosts
+    /// then keeps every worker whose host is among them where it was (its
+    /// host restores it from its own copy of the checkpoint) and spreads
+    /// only the others, as [`Coordinator::replace_hosts`](crate::Coordinator::replace_hosts) does. Empty (or
+    /// of another W): workers are dealt round robin.
+    pub placement_hint: Vec<String>,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            name: "pipeline".into(),
+            max_batch: 10_000,
+            checkpoint_every_steps: 100,
+            checkpoint_interval: Duration::from_secs(10),
+            inherit_guest_stderr: false,
+            config: Vec::new(),
+            max_output_per_step: None,
+            incremental_checkpoints: true,
+            check_output_json: false,
+            placement_hint: Vec::new(),
+        }
+    }
+}
+
+/// What a layout change moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Relayout {
+    /// W before.
+    pub from: u32,
+    /// W after.
+    pub to: u32,
+    /// Shards that changed owner.
+    pub shards_moved: u32,
+    /// Bytes of state handed from one worker to another.
+    pub bytes_moved: u64,
+    /// From the last step under the old layout to the first under the new
+    /// one committed (the hand-off and that step).
+    pub pause: Duration,
+}
+
+/// What a coordinator has done since it was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Checkpoint restored on open, if any.
+    pub restored_checkpoint: Option<u64>,
+    /// Steps replayed during recovery (outputs dropped as duplicates).
+    pub replayed_steps: u64,
+    /// Steps committed.
+    pub steps: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Input events consumed by committed steps.
+    pub events_in: u64,
+    /// Of those, events the workers' hosts read from the logs themselves
+    /// (only their offsets travelled).
+    pub events_in_read_by_hosts: u64,
+    /// Output events committed.
+    pub events_out: u64,
+    /// Fuel the guests burned in steps (committed or not).
+    pub fuel_used: u64,
+    /// Layout changes made live (not replayed).
+    pub relayouts: u64,
+    /// Bytes of state pieces checkpoints wrote (carried pieces not
+    /// counted).
+    pub checkpoint_bytes_written: u64,
+    /// Workers moved live to another host ([`Coordinator::replace_hosts`](crate::Coordinator::replace_hosts)).
+    pub workers_moved: u64,
+    /// How long opening took to restore the checkpoint (starting the
+    /// instances included).
+    pub restore_took: Duration,
+    /// How long opening took to replay the steps after it.
+    pub replay_took: Duration,
+    /// Bytes of state the restore on open read where the worker runs,
+    /// from that host's own copy (no download, no transfer).
+    pub restored_local_bytes: u64,
+    /// Bytes of state the restore on open fetched from the checkpoint
+    /// store (or sent from this host to the worker's).
+    pub restored_fetched_bytes: u64,
+    /// Bytes of state checkpoints had other hosts write to the store
+    /// themselves (part of `checkpoint_bytes_written`; they never reached
+    /// this host).
+    pub checkpoint_bytes_staged: u64,
+}

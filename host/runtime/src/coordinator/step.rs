@@ -1,0 +1,361 @@
+//! The step, on one host or with every worker's output committed here:
+//! divide (each worker's end offsets), run (every worker reads its input
+//! and steps, exchanging keyed events), commit (all outputs and the step
+//! record at once), then move on — and start a checkpoint if one is due.
+
+use super::Coordinator;
+use super::workers::AnyWorker;
+use crate::bindings::Batch;
+use crate::error::{Error, GuestError, Result};
+use crate::hosts::{ShareSpec, Stepped};
+use crate::step_io::{
+    InputRange, OutputChecks, WorkerOutput, blocking, convert_output, input_ranges, read_batches,
+};
+use sluice_core::crash::{CrashPoint, crash_point};
+use sluice_core::{Frontier, OutputEntry, StepCommit, StepLimits, StepRecord};
+
+/// What a worker steps on.
+enum StepInput {
+    /// Its input, read here.
+    Batches(Vec<Batch>),
+    /// The offsets its host reads; with a share, the host also commits the
+    /// worker's share of the (divided) step.
+    Read(Vec<InputRange>, Option<ShareSpec>),
+}
+
+/// How a step commits its workers' output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Commit {
+    /// Whole, here: every worker's output comes back.
+    Whole,
+    /// Divided, before the division is recorded: hosts that commit their
+    /// workers' shares hold them until told.
+    Hold,
+    /// Divided, the division recorded (a replay): hosts commit at once.
+    Now,
+}
+
+/// The wall clock, in milliseconds since the epoch: a new step's time.
+pub(super) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Coordinator {
+    /// Runs and commits one step. Returns `false` (doing nothing) when no
+    /// worker has new input. A checkpoint that falls due is started: its
+    /// snapshots pause the pipeline, its write overlaps the next steps.
+    pub async fn step(&mut self) -> Result<bool> {
+        self.step_with(false).await
+    }
+
+    /// [`step`](Self::step); with `force`, commits a step even when no
+    /// worker has new input (to commit a layout change).
+    pub(super) async fn step_with(&mut self, force: bool) -> Result<bool> {
+        if self
+            .checkpoints
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.write.is_finished())
+        {
+            self.await_checkpoint().await?;
+        }
+        let r = self.step_inner(force).await;
+        if r.is_err() {
+            // Leave no write behind a failure: recovery must see the
+            // checkpoint store and the input as they will stay.
+            let _ = self.await_checkpoint().await;
+        }
+        r
+    }
+
+    pub(super) async fn step_inner(&mut self, force: bool) -> Result<bool> {
+        let target = self.divide().await?;
+        if target == self.position.frontiers && !force {
+            return Ok(false);
+        }
+        crash_point(CrashPoint::AfterDivide);
+        let step = self.position.next_step;
+        let time_ms = now_ms().max(self.position.last_time_ms);
+        if self.divides() {
+            return self.step_divided(target, step, time_ms).await;
+        }
+        let mut outputs = self.execute(&target, step, time_ms, Commit::Whole).await?;
+        crash_point(CrashPoint::MidStep);
+        // Events, not offsets: Kafka's offsets include transaction markers.
+        let events_in = self.position.events_read;
+        let mut events_out = 0;
+        let mut logs = Vec::with_capacity(self.shape.outputs.len());
+        for (port, name) in self.shape.outputs.iter().enumerate() {
+            let entries: Vec<OutputEntry> = outputs
+                .iter_mut()
+                .enumerate()
+                .map(|(w, out)| {
+                    let events = std::mem::take(&mut out.ports[port]);
+                    events_out += events.len() as u64;
+                    OutputEntry {
+                        step,
+                        worker: w as u32,
+                        frontier: target[w].clone(),
+                        events,
+                    }
+                })
+                .collect();
+            logs.push((name.clone(), entries));
+        }
+        let commit = StepCommit {
+            record: StepRecord {
+                step,
+                epoch: self.epoch,
+                time_ms,
+                frontiers: target.clone(),
+                output_hashes: outputs.iter().map(|o| o.hash).collect(),
+                limits: self.limits,
+                prev: self.position.prev,
+                layout: self
+                    .placement
+                    .relayout_pending
+                    .then(|| self.placement.layout.clone()),
+            },
+            outputs: logs,
+        };
+        self.commit_record(commit).await?;
+        self.committed(target, time_ms, events_in, events_out).await
+    }
+
+    /// Fixes the next step's division: each worker's end offsets. An input
+    /// that now ends below where the pipeline has read it (a topic deleted
+    /// and made again, truncated) is an error, never skipped.
+    pub(super) async fn divide(&mut self) -> Result<Vec<Frontier>> {
+        let (storage, owned, mut target) = (
+            self.storage.clone(),
+            self.placement.owned.clone(),
+            self.position.frontiers.clone(),
+        );
+        let max = self.options.max_batch.max(1);
+        blocking(move || {
+            for (w, parts) in owned.iter().enumerate() {
+                for (id, name) in parts {
+                    let (_, high) = storage.log().watermarks(name, id.partition)?;
+                    let at = target[w].entry(*id).or_insert(0);
+                    if high < *at {
+                        return Err(sluice_storage::StorageError::InputShrank {
+                            input: name.clone(),
+                            partition: id.partition,
+                            end: high,
+                            frontier: *at,
+                        }
+                        .into());
+                    }
+                    *at = high.min(*at + max);
+                }
+            }
+            Ok::<_, Error>(target)
+        })
+        .await
+    }
+
+    /// Runs one step on every worker: the input between the current
+    /// frontiers and `target`. Does not commit.
+    pub(super) async fn execute(
+        &mut self,
+        target: &[Frontier],
+        step: u64,
+        time_ms: u64,
+        commit: Commit,
+    ) -> Result<Vec<WorkerOutput>> {
+        // A worker whose host reads this pipeline's logs reads its own
+        // input (only the offsets travel); the others' is read here.
+        let ranges = input_ranges(&self.placement.owned, &self.position.frontiers, target);
+        let host_reads = self.hosts_read_input();
+        // In a divided step, a worker whose host reads the logs also
+        // commits its share there, if the host may write them.
+        let host_commits = self.hosts_commit_shares(&host_reads);
+        let shares: Vec<Option<ShareSpec>> = (0..host_reads.len())
+            .map(|w| {
+                (commit != Commit::Whole && host_commits[w]).then(|| ShareSpec {
+                    frontier: target[w].clone(),
+                    outputs: self.shape.outputs.clone(),
+                    checks: self.output_checks(),
+                    now: commit == Commit::Now,
+                })
+            })
+            .collect();
+        let inputs: Vec<StepInput> = {
+            let storage = self.storage.clone();
+            let host_reads = host_reads.clone();
+            blocking(move || {
+                ranges
+                    .into_iter()
+                    .zip(host_reads)
+                    .zip(shares)
+                    .map(|((ranges, there), share)| {
+                        Ok(if there {
+                            StepInput::Read(ranges, share)
+                        } else {
+                            StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .await?
+        };
+        self.placement.exchange.begin_step(step);
+        let mut tasks = Vec::with_capacity(inputs.len());
+        for (w, input) in inputs.into_iter().enumerate() {
+            let mut worker = self.placement.instances[w]
+                .take()
+                .ok_or(Error::WorkersLost)?;
+            let exchange = self.placement.exchange.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = match input {
+                    StepInput::Batches(batches) => {
+                        let events = batches.iter().map(|b| b.weights.len() as u64).sum();
+                        worker
+                            .step(step, time_ms, batches)
+                            .await
+                            .map(|outputs| Stepped {
+                                outputs,
+                                events,
+                                shared: None,
+                            })
+                    }
+                    StepInput::Read(ranges, share) => match &mut worker {
+                        AnyWorker::Remote(r) => r.step_reading(step, time_ms, ranges, share).await,
+                        AnyWorker::Local(_) => Err(Error::WorkersLost),
+                    },
+                };
+                exchange.worker_finished(w as u32);
+                if let Err(e) = &r {
+                    exchange.worker_failed(w as u32, &e.to_string());
+                }
+                (worker, r)
+            }));
+        }
+        self.position.events_read = 0;
+        self.position.events_read_by_hosts = 0;
+        let mut outputs = Vec::with_capacity(tasks.len());
+        let mut failure: Option<Error> = None;
+        for (w, task) in tasks.into_iter().enumerate() {
+            let result = match task.await {
+                Ok((mut worker, r)) => {
+                    self.stats.fuel_used += worker.take_fuel_used();
+                    self.placement.instances[w] = Some(worker);
+                    r.and_then(|stepped| {
+                        self.position.events_read += stepped.events;
+                        if host_reads[w] {
+                            self.position.events_read_by_hosts += stepped.events;
+                        }
+                        match stepped.shared {
+                            Some(done) => Ok(WorkerOutput {
+                                ports: Vec::new(),
+                                hash: done.hash,
+                                shared: Some(done.events),
+                            }),
+                            None => self.convert(w as u32, step, stepped.outputs),
+                        }
+                    })
+                }
+                Err(e) => Err(Error::task(format!("worker {w}"))(e)),
+            };
+            match result {
+                Ok(out) => outputs.push(out),
+                // An exchange failure is usually the echo of another worker's
+                // failure: report the root cause.
+                Err(e) => match &failure {
+                    None
+                    | Some(Error::Guest(GuestError::Exchange { .. }))
+                    | Some(Error::Remote { exchange: true, .. }) => failure = Some(e),
+                    Some(_) => {}
+                },
+            }
+        }
+        if let Some(e) = failure {
+            // Instances stopped mid-step cannot be trusted (or re-entered).
+            self.placement.drop_instances();
+            return Err(e);
+        }
+        Ok(outputs)
+    }
+
+    /// Checks a worker's output batches and hashes them
+    /// ([`convert_output`]).
+    pub(super) fn convert(
+        &self,
+        worker: u32,
+        step: u64,
+        batches: Vec<Batch>,
+    ) -> Result<WorkerOutput> {
+        convert_output(&self.output_checks(), worker, step, batches)
+    }
+
+    /// What a worker's output is checked against.
+    pub(super) fn output_checks(&self) -> OutputChecks {
+        OutputChecks {
+            ports: self.shape.outputs.len(),
+            max_output: self.options.max_output_per_step,
+            check_json: self.options.check_output_json,
+        }
+    }
+
+    /// Commits a step's record — whole, with every worker's output, or a
+    /// division — and links the next record to it.
+    pub(super) async fn commit_record(&mut self, commit: StepCommit) -> Result<()> {
+        let whole = !commit.record.is_division();
+        let link = commit.record.chain_hash();
+        let storage = self.storage.clone();
+        let committed = blocking(move || {
+            crash_point(CrashPoint::BeforeCommit);
+            storage.commit_step(&commit)?;
+            if whole {
+                crash_point(CrashPoint::AfterCommit);
+            }
+            Ok::<_, Error>(())
+        });
+        if let Err(e) = committed.await {
+            // The instances already hold this step's effects: continuing with
+            // them after a failed (or ambiguous) commit could lose or repeat
+            // it. Recovery (reopening) restores a state that matches the log.
+            self.placement.drop_instances();
+            return Err(e);
+        }
+        self.position.prev = link;
+        self.placement.relayout_pending = false;
+        Ok(())
+    }
+
+    /// Moves on past the step just committed.
+    pub(super) async fn committed(
+        &mut self,
+        target: Vec<Frontier>,
+        time_ms: u64,
+        events_in: u64,
+        events_out: u64,
+    ) -> Result<bool> {
+        let step = self.position.next_step;
+        tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
+        self.position.frontiers = target;
+        self.position.last_time_ms = time_ms;
+        self.position.next_step += 1;
+        self.stats.steps += 1;
+        self.stats.events_in += events_in;
+        self.stats.events_in_read_by_hosts += self.position.events_read_by_hosts;
+        self.stats.events_out += events_out;
+        if self.checkpoint_due() {
+            self.start_checkpoint().await?;
+        }
+        Ok(true)
+    }
+
+    /// Sets the deterministic limits of every instance (a record without
+    /// them, all zero, keeps the current ones).
+    pub(super) fn set_limits(&mut self, limits: StepLimits) {
+        if limits == StepLimits::default() {
+            return;
+        }
+        for worker in self.placement.instances.iter_mut().flatten() {
+            worker.set_step_limits(limits);
+        }
+    }
+}

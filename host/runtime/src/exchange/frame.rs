@@ -1,0 +1,55 @@
+//! What crosses between hosts' exchanges: a round's [`Frame`] (a host's
+//! contribution, or its abort), the [`Link`] it travels over, and the
+//! [`Placement`] of the workers on hosts that says where each goes.
+
+use crate::bindings::KeyedEvents;
+use crate::error::ExchangeError;
+use std::sync::Arc;
+
+/// One host's contribution to one round (or its abort), for another host.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    /// The exchange it belongs to (one per coordinator, layout and
+    /// placement): frames of any other are stale and dropped.
+    pub session: u64,
+    /// The step.
+    pub step: u64,
+    /// The channel (the round within the step).
+    pub channel: u32,
+    /// The slot that sent it.
+    pub from: u32,
+    /// What it carries.
+    pub body: FrameBody,
+}
+
+/// What a [`Frame`] carries.
+#[derive(Debug)]
+pub(crate) enum FrameBody {
+    /// `(source worker, destination worker, events)`: everything the
+    /// sender's workers sent the receiver's on this channel (pairs with no
+    /// events left out).
+    Parts(Vec<(u32, u32, KeyedEvents)>),
+    /// The step failed on the sender.
+    Abort(ExchangeError),
+}
+
+/// The way to another host's exchange. Sending waits while the link's queue
+/// is full (backpressure); an error means the host cannot be reached.
+#[async_trait::async_trait]
+pub(crate) trait Link: Send + Sync {
+    async fn send(&self, frame: Frame) -> Result<(), String>;
+}
+
+/// Where the workers run: the slot of each, this exchange's slot, and the
+/// links to the other slots.
+pub(crate) struct Placement {
+    /// Tells this exchange's frames from stale ones.
+    pub session: u64,
+    /// This host's slot.
+    pub slot: u32,
+    /// The slot of each worker.
+    pub slots: Vec<u32>,
+    /// `links[s]`: the way to slot `s` (`None` for this slot and slots
+    /// without workers).
+    pub links: Vec<Option<Arc<dyn Link>>>,
+}

@@ -1,0 +1,364 @@
+//! What a worker's calls do on its host: start, step (reading its own
+//! input, holding or committing its share of a divided step), snapshot
+//! (to the host's checkpoint store, or back to the coordinator), restore,
+//! hand shards off, change layout. One task per worker takes its calls in
+//! order.
+
+use super::server::WorkerHost;
+use super::wire::{Answer, Call, CallError, FromHost, ShareDone, ShareSpec, from_wire, to_wire};
+use crate::bindings::Batch;
+use crate::error::{Error, Result};
+use crate::step_io::{InputRange, convert_output, read_batches, share_error};
+use crate::worker::{Worker, WorkerInfo};
+use sluice_core::StepLimits;
+use sluice_storage::{CheckpointStore, LogBackend, ReadBytes, WorkerCommit, WorkerCommitter};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+impl WorkerHost {
+    /// Runs one worker's calls in order until the coordinator stops it or
+    /// goes away.
+    pub(super) async fn run_worker(
+        self: Arc<Self>,
+        index: u32,
+        mut calls: mpsc::UnboundedReceiver<(u64, StepLimits, Call)>,
+        out: mpsc::Sender<FromHost>,
+    ) {
+        let mut worker: Option<Worker> = None;
+        let mut share = Share::default();
+        while let Some((id, limits, call)) = calls.recv().await {
+            let result = self
+                .answer(index, &mut worker, &mut share, limits, call, &out)
+                .await;
+            let result = result.map_err(|e| CallError {
+                // Either would fail again anywhere.
+                guest: matches!(e, Error::Guest(_) | Error::Nondeterministic { .. }),
+                exchange: e.kind() == "exchange",
+                message: e.to_string(),
+            });
+            if out.send(FromHost::Answer { id, result }).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn answer(
+        &self,
+        index: u32,
+        worker: &mut Option<Worker>,
+        share: &mut Share,
+        limits: StepLimits,
+        call: Call,
+        out: &mpsc::Sender<FromHost>,
+    ) -> Result<Answer> {
+        if let Call::Start {
+            workers,
+            pipeline,
+            config,
+            inherit_stderr,
+            mesh,
+            component,
+        } = call
+        {
+            if component != self.component.hash {
+                return Err(Error::Config(sluice_core::ConfigError::Invalid(format!(
+                    "this host runs component {}, the coordinator {component}: every host of \
+                     a pipeline must run the same",
+                    self.component.hash
+                ))));
+            }
+            let info = WorkerInfo {
+                worker: index,
+                workers,
+                pipeline,
+                config,
+            };
+            let exchange = self.exchange_for(mesh, out);
+            let mut started = Worker::start(
+                &self.engine,
+                &self.component,
+                info,
+                Some(exchange),
+                inherit_stderr,
+            )
+            .await?;
+            if limits != StepLimits::default() {
+                started.set_step_limits(limits);
+            }
+            *worker = Some(started);
+            // A new session: the worker is taken anew when it first commits.
+            *share = Share::default();
+            return Ok(Answer::Started {
+                store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
+                log: self.reach.log.as_ref().and_then(|l| l.location()),
+                commits: !self.reach.read_only_log,
+            });
+        }
+        let w = worker.as_mut().ok_or(Error::WorkersLost)?;
+        if limits != StepLimits::default() {
+            w.set_step_limits(limits);
+        }
+        Ok(match call {
+            Call::Start { .. } | Call::Stop => Answer::Done,
+            Call::Step {
+                step,
+                time_ms,
+                inputs,
+                read,
+                share: spec,
+            } => {
+                let exchange = w.exchange();
+                if let Some(x) = &exchange {
+                    x.begin_step(step);
+                }
+                let mut batches: Vec<Batch> = Vec::new();
+                let mut read_failed = None;
+                if !read.is_empty() {
+                    match self.read_input(read).await {
+                        Ok(b) => batches = b,
+                        Err(e) => read_failed = Some(e),
+                    }
+                }
+                let events: u64 = batches.iter().map(|b| b.weights.len() as u64).sum();
+                batches.extend(inputs.into_iter().map(Into::into));
+                let stepped = match read_failed {
+                    // The exchange learns of it below, like a step failure.
+                    Some(e) => Err(e),
+                    None => w.step(step, time_ms, batches).await,
+                };
+                if let Some(x) = &exchange {
+                    x.worker_finished(index);
+                    if let Err(e) = &stepped {
+                        x.worker_failed(index, &e.to_string());
+                    }
+                }
+                let fuel = w.take_fuel_used();
+                match spec {
+                    None => Answer::Stepped {
+                        outputs: stepped?.into_iter().map(Into::into).collect(),
+                        fuel,
+                        events,
+                        shared: None,
+                    },
+                    Some(spec) => {
+                        let now = spec.now;
+                        let commit = share_of(index, step, spec, stepped?)?;
+                        let done = ShareDone::of(&commit);
+                        // Taken now (which ends an earlier holder's open
+                        // transaction), committed now or when told.
+                        self.take(index, share).await?;
+                        share.held = Some(commit);
+                        if now {
+                            self.commit_held(index, step, share).await?;
+                        }
+                        Answer::Stepped {
+                            outputs: Vec::new(),
+                            fuel,
+                            events,
+                            shared: Some(done),
+                        }
+                    }
+                }
+            }
+            Call::CommitShare { step } => {
+                let done = self.commit_held(index, step, share).await?;
+                Answer::Shared(done)
+            }
+            Call::Snapshot {
+                changed_only,
+                stage: None,
+            } => {
+                let s = w.snapshot(changed_only).await?;
+                Answer::Snapshot {
+                    pieces: to_wire(s.pieces),
+                    changed: s.changed,
+                }
+            }
+            Call::Snapshot {
+                changed_only,
+                stage: Some(step),
+            } => {
+                let store = self.store()?;
+                let s = w.snapshot(changed_only).await?;
+                let staged =
+                    tokio::task::spawn_blocking(move || store.stage(step, index, &s.pieces))
+                        .await
+                        .map_err(Error::task("staging a checkpoint"))??;
+                Answer::Staged {
+                    staged,
+                    changed: s.changed,
+                }
+            }
+            Call::RestoreFrom { step } => {
+                // A read that fails leaves the instance untouched: say so,
+                // and the coordinator sends the pieces instead.
+                let read = match self.store() {
+                    Ok(store) => {
+                        tokio::task::spawn_blocking(move || store.worker_pieces(step, index))
+                            .await
+                            .map_err(Error::task("reading a checkpoint"))
+                            .and_then(|r| r.map_err(Error::from))
+                    }
+                    Err(e) => Err(e),
+                };
+                let (pieces, ReadBytes { local, fetched }) = match read {
+                    Ok(Some(read)) => read,
+                    Ok(None) => {
+                        return Ok(Answer::Unread {
+                            message: format!(
+                                "checkpoint {step} is not in this host's checkpoint store"
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        return Ok(Answer::Unread {
+                            message: e.to_string(),
+                        });
+                    }
+                };
+                let pieces: Vec<(u32, Vec<u8>)> =
+                    pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+                if !pieces.is_empty() {
+                    w.restore(pieces).await?;
+                }
+                Answer::Restored { local, fetched }
+            }
+            Call::Restore { pieces } => {
+                w.restore(from_wire(pieces)).await?;
+                Answer::Done
+            }
+            Call::Export { shards } => Answer::Pieces(to_wire(w.export_shards(&shards).await?)),
+            Call::Relayout { workers, mesh } => {
+                let exchange = self.exchange_for(mesh, out);
+                w.relayout(workers, exchange).await?;
+                Answer::Done
+            }
+            Call::Rewire { mesh } => {
+                w.rewire(self.exchange_for(mesh, out));
+                Answer::Done
+            }
+        })
+    }
+
+    /// Takes the worker for its shares of divided steps, unless this
+    /// session took it already: fences every earlier holder.
+    async fn take(&self, index: u32, share: &mut Share) -> Result<()> {
+        if share.holder.is_some() {
+            return Ok(());
+        }
+        if self.reach.read_only_log {
+            return Err(Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(format!(
+                    "worker {index}'s share was sent to a host that may not write the \
+                     pipeline's logs (--read-only-log)"
+                )),
+            )));
+        }
+        let log = self.log()?;
+        let holder = tokio::task::spawn_blocking(move || log.take_worker(index))
+            .await
+            .map_err(Error::task("taking a worker"))??;
+        share.holder = Some(holder);
+        Ok(())
+    }
+
+    /// Commits the share of divided step `step` the worker holds (unless
+    /// its done record exists: then checked against it).
+    async fn commit_held(&self, index: u32, step: u64, share: &mut Share) -> Result<ShareDone> {
+        let Some(commit) = share.held.take().filter(|c| c.step == step) else {
+            return Err(Error::Storage(
+                sluice_storage::StorageError::InvalidCommit {
+                    step,
+                    message: format!("worker {index} holds no share of step {step}"),
+                },
+            ));
+        };
+        // The step that computed the share took the worker.
+        let Some(mut holder) = share.holder.take() else {
+            return Err(Error::WorkersLost);
+        };
+        let done = ShareDone::of(&commit);
+        let (holder, committed) = tokio::task::spawn_blocking(move || {
+            let committed = holder.commit(&commit);
+            (holder, committed)
+        })
+        .await
+        .map_err(Error::task("committing a worker's share"))?;
+        // Kept whatever happened: a holder that failed stays failed (it
+        // never takes the worker back by itself); a new session takes anew.
+        share.holder = Some(holder);
+        committed.map_err(share_error)?;
+        Ok(done)
+    }
+
+    /// The pipeline's logs, or why a call that needs them fails.
+    fn log(&self) -> Result<Arc<dyn LogBackend>> {
+        self.reach.log.clone().ok_or_else(|| {
+            Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(
+                    "this host reads none of the pipeline's logs (start it with the pipeline's \
+                     --brokers)"
+                        .into(),
+                ),
+            ))
+        })
+    }
+
+    /// Reads a worker's input ranges from the pipeline's logs.
+    async fn read_input(&self, read: Vec<InputRange>) -> Result<Vec<Batch>> {
+        let log = self.log()?;
+        tokio::task::spawn_blocking(move || read_batches(&*log, &read, true))
+            .await
+            .map_err(Error::task("reading input"))?
+    }
+
+    /// The checkpoint store, or why a call that needs one fails.
+    fn store(&self) -> Result<Arc<dyn CheckpointStore>> {
+        self.reach.checkpoints.clone().ok_or_else(|| {
+            Error::Storage(sluice_storage::StorageError::Config(
+                sluice_core::ConfigError::Invalid(
+                    "this host reaches no checkpoint store (start it with the pipeline's --store)"
+                        .into(),
+                ),
+            ))
+        })
+    }
+}
+
+/// A worker's share of divided steps on its host: the holder of the
+/// worker (taken at the session's first divided step) and the share
+/// computed but not committed yet.
+#[derive(Default)]
+pub(super) struct Share {
+    holder: Option<Box<dyn WorkerCommitter>>,
+    held: Option<WorkerCommit>,
+}
+
+/// A worker's output of divided step `step` as its share: checked, hashed,
+/// its entries tagged with the step, the worker and its frontier.
+pub(super) fn share_of(
+    index: u32,
+    step: u64,
+    spec: ShareSpec,
+    batches: Vec<Batch>,
+) -> Result<WorkerCommit> {
+    let out = convert_output(&spec.checks, index, step, batches)?;
+    let outputs = spec.outputs.into_iter().zip(out.ports);
+    Ok(WorkerCommit::new(
+        step,
+        index,
+        &spec.frontier,
+        outputs,
+        out.hash,
+    ))
+}
+
+impl ShareDone {
+    /// What a share reports back: its hash and its events.
+    fn of(commit: &WorkerCommit) -> Self {
+        ShareDone {
+            hash: commit.hash,
+            events: commit.events(),
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! A host that serves workers for a pipeline's coordinator
+//! ([`WorkerHost`]): it accepts the coordinator's connection (one at a
+//! time: a new coordinator replaces the one before) and other hosts' peer
+//! links, routes exchange frames to the exchange of their session, and
+//! runs each worker's calls on a task of its own
+//! ([`calls`](super::calls)). What it reaches of the pipeline's storage is
+//! its [`Reach`].
+
+use super::links::{HostToCoordinator, PeerDial, PeerLink};
+use super::transport::{
+    HEARTBEAT, QUEUE, Reader, Tls, Writer, answer_on, handshake, read_frame, write_frame,
+};
+use super::wire::{Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh};
+use crate::engine::{LoadedComponent, SluiceEngine};
+use crate::error::{Error, Result};
+use crate::exchange::{Exchange, Link, Placement};
+use sluice_core::StepLimits;
+use sluice_storage::{CheckpointStore, LogBackend};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// A host that runs workers for the coordinator of a pipeline: the other
+/// hosts' end of [`RemoteHost`].
+pub struct WorkerHost {
+    pub(super) engine: SluiceEngine,
+    pub(super) component: LoadedComponent,
+    pipeline: String,
+    secret: Vec<u8>,
+    /// How its peer links dial the other hosts.
+    dial: PeerDial,
+    /// The connection being served: a new coordinator replaces it.
+    current: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The exchanges of this host's workers, by session: where frames from
+    /// other hosts go.
+    exchanges: Mutex<HashMap<u64, Weak<Exchange>>>,
+    /// Bytes sent to other hosts over peer links.
+    peer_bytes: Arc<AtomicU64>,
+    /// Mutual TLS on every connection, if set.
+    tls: Option<Tls>,
+    /// What this host reaches of the pipeline's storage.
+    pub(super) reach: Reach,
+}
+
+/// What a worker host reaches of its pipeline's storage. A coordinator
+/// whose own storage has the same location
+/// ([`CheckpointStore::location`], [`LogBackend::location`]) lets the
+/// host's workers use it directly, so their input and state never travel
+/// through the coordinator.
+#[derive(Clone, Default)]
+pub struct Reach {
+    /// The pipeline's shared checkpoint store: its workers write their
+    /// pieces there themselves and restore from it (from this host's own
+    /// copy first).
+    pub checkpoints: Option<Arc<dyn CheckpointStore>>,
+    /// The pipeline's logs: its workers read their own input (the
+    /// coordinator sends offsets) and commit their shares of divided steps.
+    pub log: Option<Arc<dyn LogBackend>>,
+    /// This host may read the logs but not write them (Kafka ACLs that
+    /// grant it no transactional id): its workers still read their own
+    /// input, and the coordinator's host commits their shares.
+    pub read_only_log: bool,
+}
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach")
+            .field(
+                "checkpoints",
+                &self.checkpoints.as_ref().map(|c| c.location()),
+            )
+            .field("log", &self.log.as_ref().map(|l| l.location()))
+            .field("read_only_log", &self.read_only_log)
+            .finish()
+    }
+}
+
+impl WorkerHost {
+    /// A host running `component`'s workers for `pipeline`, for
+    /// coordinators that know `secret`.
+    pub fn new(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+        secret: &[u8],
+    ) -> Arc<WorkerHost> {
+        Self::new_with(engine, component, pipeline, secret, None, Reach::default())
+    }
+
+    /// [`new`](Self::new), speaking mutual TLS on every connection (those
+    /// it accepts and the links it opens to other hosts) when `tls` is
+    /// given, its workers using what it `reach`es of the pipeline's
+    /// storage directly (see [`Reach`]).
+    pub fn new_with(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+        secret: &[u8],
+        tls: Option<Tls>,
+        reach: Reach,
+    ) -> Arc<WorkerHost> {
+        let peer_bytes: Arc<AtomicU64> = Arc::default();
+        Arc::new(WorkerHost {
+            dial: PeerDial {
+                pipeline: pipeline.to_owned(),
+                secret: secret.to_vec(),
+                tls: tls.clone(),
+                sent: peer_bytes.clone(),
+            },
+            tls,
+            reach,
+            engine: engine.with_limits(engine.limits()),
+            component: component.clone(),
+            pipeline: pipeline.to_owned(),
+            secret: secret.to_vec(),
+            current: Mutex::new(None),
+            exchanges: Mutex::default(),
+            peer_bytes,
+        })
+    }
+
+    /// Bytes this host sent other hosts' exchanges directly (frames with
+    /// their length prefixes), so far.
+    pub fn peer_traffic(&self) -> u64 {
+        self.peer_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Serves coordinators connecting to `listener`, until the listener
+    /// fails. Dropping (aborting) the future ends every connection and
+    /// drops every worker: the host is gone.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) -> Result<()> {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => {
+                    accepted.map_err(Error::remote_io("accepting a coordinator"))?
+                }
+                Some(_) = connections.join_next() => continue,
+            };
+            let host = self.clone();
+            connections.spawn(async move {
+                if let Err(e) = host.clone().accept(stream).await {
+                    tracing::warn!(%peer, error = %e, "a connection failed");
+                }
+            });
+        }
+    }
+
+    async fn accept(self: Arc<Self>, stream: TcpStream) -> Result<()> {
+        let (mut r, mut w) = tokio::time::timeout(
+            Duration::from_secs(10),
+            answer_on(stream, self.tls.as_ref()),
+        )
+        .await
+        .map_err(|_| Error::remote("a coordinator", "the TLS handshake timed out"))?
+        .map_err(Error::remote_io("a coordinator"))?;
+        let role = tokio::time::timeout(
+            Duration::from_secs(10),
+            handshake(&mut r, &mut w, &self.secret, &self.pipeline, "host"),
+        )
+        .await
+        .map_err(|_| Error::remote("a coordinator", "the handshake timed out"))?
+        .map_err(Error::remote_io("a coordinator"))?;
+        if role == "peer" {
+            return self.serve_peer(r).await;
+        }
+        let served = tokio::spawn(self.clone().serve_connection(r, w));
+        let _served = AbortOnDrop(served.abort_handle());
+        let previous = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(served.abort_handle());
+        if let Some(previous) = previous {
+            previous.abort();
+            tracing::info!(pipeline = %self.pipeline, "a new coordinator replaced the one before");
+        }
+        match served.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => Err(Error::task("a coordinator's connection")(e)),
+        }
+    }
+
+    /// Takes another host's exchange frames until it goes quiet for a
+    /// while or closes the link.
+    async fn serve_peer(&self, mut r: Reader) -> Result<()> {
+        loop {
+            let msg = match tokio::time::timeout(HEARTBEAT * 20, read_frame::<ToPeer>(&mut r)).await
+            {
+                Ok(Ok(m)) => m,
+                Ok(Err(_)) | Err(_) => return Ok(()),
+            };
+            if let ToPeer::Mesh(frame) = msg {
+                self.route(frame);
+            }
+        }
+    }
+
+    /// Hands a frame to the exchange of its session (a frame of a session
+    /// this host no longer has is stale).
+    fn route(&self, frame: WireFrame) {
+        let x = self
+            .exchanges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&frame.session)
+            .and_then(Weak::upgrade);
+        if let Some(x) = x {
+            x.receive(frame.into());
+        }
+    }
+
+    /// The exchange of `mesh`'s session on this host, made (with its links
+    /// to the other hosts) by the first of its workers to ask.
+    pub(super) fn exchange_for(
+        &self,
+        mesh: WireMesh,
+        to_coordinator: &mpsc::Sender<FromHost>,
+    ) -> Arc<Exchange> {
+        let mut all = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(x) = all.get(&mesh.session).and_then(Weak::upgrade) {
+            return x;
+        }
+        all.retain(|_, x| x.strong_count() > 0);
+        let cell: Arc<OnceLock<Weak<Exchange>>> = Arc::default();
+        let links: Vec<Option<Arc<dyn Link>>> = mesh
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(slot, addr)| -> Option<Arc<dyn Link>> {
+                let slot = slot as u32;
+                if slot == mesh.slot || !mesh.slots.contains(&slot) {
+                    None
+                } else if slot == 0 {
+                    Some(Arc::new(HostToCoordinator {
+                        out: to_coordinator.clone(),
+                    }))
+                } else {
+                    Some(PeerLink::open(addr.clone(), &self.dial, cell.clone()))
+                }
+            })
+            .collect();
+        let x = Exchange::with_owners(
+            mesh.slots.len() as u32,
+            mesh.owners,
+            Some(Placement {
+                session: mesh.session,
+                slot: mesh.slot,
+                slots: mesh.slots,
+                links,
+            }),
+        );
+        let _ = cell.set(Arc::downgrade(&x));
+        all.insert(mesh.session, Arc::downgrade(&x));
+        x
+    }
+
+    async fn serve_connection(self: Arc<Self>, mut r: Reader, mut w: Writer) -> Result<()> {
+        let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
+        let writer = tokio::spawn(async move {
+            let mut beat = tokio::time::interval(HEARTBEAT);
+            loop {
+                let msg = tokio::select! {
+                    m = queue.recv() => match m { Some(m) => m, None => return },
+                    _ = beat.tick() => FromHost::Heartbeat,
+                };
+                if write_frame(&mut w, &msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let _writer = AbortOnDrop(writer.abort_handle());
+        // One task per worker, taking its calls in order.
+        let mut workers: HashMap<u32, mpsc::UnboundedSender<(u64, StepLimits, Call)>> =
+            HashMap::new();
+        let mut tasks = Vec::new();
+        loop {
+            let msg: ToHost = match read_frame(&mut r).await {
+                Ok(m) => m,
+                Err(_) => break,
+            };
+            match msg {
+                ToHost::Mesh(frame) => self.route(frame),
+                ToHost::Locality { id, step } => {
+                    let (store, out) = (self.reach.checkpoints.clone(), out.clone());
+                    tokio::spawn(async move {
+                        let held = match store {
+                            Some(s) => tokio::task::spawn_blocking(move || s.local_bytes(step))
+                                .await
+                                .ok()
+                                .and_then(|r| r.ok())
+                                .unwrap_or_default(),
+                            None => Vec::new(),
+                        };
+                        let answer = FromHost::Answer {
+                            id,
+                            result: Ok(Answer::Locality(held)),
+                        };
+                        let _ = out.send(answer).await;
+                    });
+                }
+                ToHost::Call {
+                    id,
+                    worker,
+                    limits,
+                    call,
+                } => {
+                    if let Call::Stop = call {
+                        workers.remove(&worker);
+                        continue;
+                    }
+                    if let Call::Start { .. } = call {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        workers.insert(worker, tx);
+                        let task = tokio::spawn(self.clone().run_worker(worker, rx, out.clone()));
+                        tasks.push(AbortOnDrop(task.abort_handle()));
+                    }
+                    match workers.get(&worker) {
+                        Some(tx) => {
+                            let _ = tx.send((id, limits, call));
+                        }
+                        None => {
+                            let answer = FromHost::Answer {
+                                id,
+                                result: Err(CallError {
+                                    message: format!("worker {worker} is not running here"),
+                                    guest: false,
+                                    exchange: false,
+                                }),
+                            };
+                            if out.send(answer).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Aborts a task when dropped.
+pub(super) struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
