@@ -15,9 +15,32 @@
 //! # Ok::<_, sluice_storage::StorageError>(())
 //! ```
 
+/// Topic creation and description, and deleting a pipeline's topics.
+mod admin;
+/// [`KafkaConfig`]: brokers, topic names, client settings; topic name checks.
+mod config;
+/// Kafka client failures as transient storage errors.
+mod errors;
+/// The [`KafkaLog`] handle, the state behind its locks, and opening it.
+mod handle;
+/// Ingest marks and producer sequence numbers on the meta topic.
+mod ingest;
+/// The checkpoint ledger: checkpoint records on the step topic.
+mod ledger;
+/// The topics and headers, and `LogBackend` for [`KafkaLog`].
 pub mod log;
+/// Reads: partition readers, watermarks, consumer-group offsets.
+mod read;
+/// Record headers, event decoding, output-entry encoding, frontier JSON.
+mod records;
+/// The step topic as read: step, done and checkpoint records.
+mod steps;
+/// Transactional producers, delivery reports, fencing detection.
+mod transaction;
+/// A worker's holder committing its share of divided steps.
+mod worker;
 
-pub use log::{
-    FRONTIER_HEADER, KafkaConfig, KafkaLog, STEP_HEADER, WEIGHT_HEADER, WORKER_HEADER,
-    delete_topics, parse_frontier, validate_topic,
-};
+pub use admin::delete_topics;
+pub use config::{KafkaConfig, validate_topic};
+pub use handle::KafkaLog;
+pub use records::{FRONTIER_HEADER, STEP_HEADER, WEIGHT_HEADER, WORKER_HEADER, parse_frontier};

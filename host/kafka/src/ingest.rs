@@ -1,0 +1,135 @@
+//! Appends through Sluice: the meta topic's ingest marks and producer
+//! sequence numbers, and an append that commits a producer's new state in
+//! the transaction of its events.
+
+use crate::handle::{KafkaLog, MetaState, lock};
+use crate::transaction::{Outgoing, await_deliveries, delivered, send};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, Producer};
+use sluice_storage::{AppendBatch, ProducerSeq, ProducerState, Result, StorageError as Error};
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// How an ingest mark's key starts on the meta topic (the source follows).
+pub(crate) const META_MARK: &str = "mark:";
+/// How a producer state's key starts on the meta topic (`<input>/<id>`
+/// follows).
+pub(crate) const META_PRODUCER: &str = "producer:";
+
+impl KafkaLog {
+    /// Reads the ingest marks and producer states from the meta topic, once
+    /// (after the ingest producer is initialised).
+    pub(crate) fn load_meta(&self, meta: &mut MetaState) -> Result<()> {
+        if meta.loaded {
+            return Ok(());
+        }
+        // The pipeline's ingest producer first: its `init_transactions`
+        // aborts a dead predecessor's open ingest transaction, which would
+        // otherwise hold back this read until the broker times it out.
+        if meta.producer.is_none() {
+            meta.producer = Some(self.new_producer("ingest")?);
+        }
+        let (mut marks, mut producers) = (HashMap::new(), HashMap::new());
+        let topic = self.config.meta_topic();
+        self.read_all(&topic, &mut |m| {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = m.payload().unwrap_or_default();
+            if let Some(source) = key.strip_prefix(META_MARK) {
+                marks.insert(source.to_owned(), value.to_vec());
+            } else if let Some((input, id)) = key
+                .strip_prefix(META_PRODUCER)
+                .and_then(|k| k.split_once('/'))
+            {
+                let (epoch, last_seq, pairs): (u64, u64, Vec<(u64, u64)>) =
+                    postcard::from_bytes(value).map_err(Error::corrupt(format!(
+                        "state of producer `{id}` on input `{input}` in `{topic}`"
+                    )))?;
+                producers.insert(
+                    (id.to_owned(), input.to_owned()),
+                    ProducerState {
+                        epoch,
+                        last_seq,
+                        ranges: pairs.into_iter().map(|(a, b)| a..b).collect(),
+                    },
+                );
+            }
+            Ok(())
+        })?;
+        meta.marks = marks;
+        meta.producers = producers;
+        meta.loaded = true;
+        Ok(())
+    }
+
+    /// An append by a producer with a sequence number: the events and the
+    /// producer's new state in one transaction. The state records the
+    /// offsets the events got, which Kafka assigns on delivery, so the events
+    /// are sent and delivered first, inside the same open transaction.
+    pub(crate) fn append_with_producer_state(
+        &self,
+        meta: &mut MetaState,
+        records: Vec<Outgoing<'_>>,
+        n_events: usize,
+        p: &ProducerSeq,
+        key: &str,
+        batch: &AppendBatch,
+    ) -> Result<Vec<(i32, i64)>> {
+        let producer = match meta.producer.take() {
+            Some(p) => p,
+            None => self.new_producer("ingest")?,
+        };
+        let meta_topic = self.config.meta_topic();
+        let run = || -> std::result::Result<Vec<(i32, i64)>, KafkaError> {
+            let n = records.len();
+            *lock(&producer.context().results) = vec![None; n + 1];
+            producer.begin_transaction()?;
+            for (i, r) in records.into_iter().enumerate() {
+                send(&producer, r.into_record(i))?;
+            }
+            await_deliveries(&producer, n, self.config.timeout)?;
+            let offsets = delivered(&producer, n)?;
+            let ranges = ranges_of(batch, &offsets[..n_events]);
+            let state = postcard::to_allocvec(&(
+                p.epoch,
+                p.seq,
+                ranges.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>(),
+            ))
+            .unwrap_or_default();
+            let record: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(&meta_topic, n)
+                    .partition(0)
+                    .key(key.as_bytes())
+                    .payload(&state);
+            send(&producer, record)?;
+            await_deliveries(&producer, n + 1, self.config.timeout)?;
+            delivered(&producer, n + 1)?;
+            producer.commit_transaction(self.config.timeout)?;
+            Ok(offsets[..n_events].to_vec())
+        };
+        match run() {
+            Ok(o) => {
+                meta.producer = Some(producer);
+                Ok(o)
+            }
+            Err(e) => Err(self.failed(&producer, e, "ingest", None)),
+        }
+    }
+}
+/// Per append entry, the offsets its events got: from the first event's
+/// offset to one past the last's (offsets within a transaction may skip).
+pub(crate) fn ranges_of(batch: &AppendBatch, offsets: &[(i32, i64)]) -> Vec<Range<u64>> {
+    let mut i = 0;
+    batch
+        .appends
+        .iter()
+        .map(|(_, _, events)| {
+            let got = &offsets[i..i + events.len()];
+            i += events.len();
+            match (got.first(), got.last()) {
+                (Some(a), Some(b)) => a.1 as u64..b.1 as u64 + 1,
+                _ => 0..0,
+            }
+        })
+        .collect()
+}
