@@ -571,7 +571,7 @@ impl LogBackend for EmbeddedLog {
         let mut last = lock(&self.last_step);
         let current = self.current_epoch()?;
         if commit.record.epoch != current {
-            return Err(Error::Fenced {
+            return Err(Error::HostEpochSuperseded {
                 step,
                 epoch: commit.record.epoch,
                 current,

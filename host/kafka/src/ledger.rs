@@ -11,7 +11,7 @@ use sluice_storage::{CheckpointLedger, Result, StorageError as Error};
 /// Checkpoint commits as records on the step topic (key `checkpoint:` and
 /// the step, value `(step, manifest)`), each in a transaction of the step
 /// producer: a host whose producer another's `init_transactions` fenced
-/// records none ([`StorageError::FencedProducer`](Error::FencedProducer)),
+/// records none ([`StorageError::TransactionalProducerSuperseded`](Error::TransactionalProducerSuperseded)),
 /// exactly as it commits no step.
 impl CheckpointLedger for KafkaLog {
     fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()> {
@@ -42,7 +42,7 @@ impl CheckpointLedger for KafkaLog {
                     // the next `fence` learns): the steps this coordinator
                     // still tries fail the same way — fenced, or worth a
                     // recovery — rather than as a misuse.
-                    s.lost = Some(matches!(e, Error::FencedProducer { .. }));
+                    s.lost = Some(matches!(e, Error::TransactionalProducerSuperseded { .. }));
                     s.producer = None;
                     Err(e)
                 }

@@ -16,7 +16,7 @@
 //!   transactional id `sluice.<pipeline>.steps`: a second host opening the
 //!   pipeline calls `init_transactions` with the same id, which bumps the
 //!   producer epoch, aborts the zombie's open transaction and makes its next
-//!   commit fail with [`StorageError::FencedProducer`].
+//!   commit fail with [`StorageError::TransactionalProducerSuperseded`].
 //! - **Divided steps** (a pipeline across hosts): the step record commits
 //!   first, with no hashes (the division), in that transaction; each
 //!   worker's share — its output records and a *done record*
@@ -48,7 +48,7 @@
 //! Without a shared store, checkpoints stay in the data directory's RocksDB
 //! (`sluice-embedded`).
 //!
-//! [`StorageError::FencedProducer`]: sluice_storage::StorageError::FencedProducer
+//! [`StorageError::TransactionalProducerSuperseded`]: sluice_storage::StorageError::TransactionalProducerSuperseded
 //! [`LogBackend::take_worker`]: sluice_storage::LogBackend::take_worker
 //! [`KafkaConfig::trim_named_topics`]: crate::KafkaConfig::trim_named_topics
 //! [`CheckpointLedger`]: sluice_storage::CheckpointLedger
@@ -287,7 +287,7 @@ impl LogBackend for KafkaLog {
                 });
             }
             if commit.record.epoch != s.epoch {
-                return Err(Error::Fenced {
+                return Err(Error::HostEpochSuperseded {
                     step,
                     epoch: commit.record.epoch,
                     current: s.epoch,

@@ -165,7 +165,7 @@ fn step_topic_record(
 pub(crate) fn lost_producer(config: &KafkaConfig, step: Option<u64>, fenced: bool) -> Error {
     let transactional_id = format!("sluice.{}.steps", config.pipeline);
     match fenced {
-        true => Error::FencedProducer {
+        true => Error::TransactionalProducerSuperseded {
             step,
             transactional_id,
         },

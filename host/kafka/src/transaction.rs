@@ -105,7 +105,7 @@ impl KafkaLog {
     /// commits. Returns each record's `(partition, offset)`. On any failure
     /// the producer is dropped (the next use starts a fresh one, whose
     /// `init_transactions` resolves whatever this one left open), except that
-    /// a fenced producer fails with [`StorageError::FencedProducer`](Error::FencedProducer).
+    /// a fenced producer fails with [`StorageError::TransactionalProducerSuperseded`](Error::TransactionalProducerSuperseded).
     pub(crate) fn transact(
         &self,
         slot: &mut Option<TxnProducer>,
@@ -146,7 +146,7 @@ impl KafkaLog {
             || fatal.is_some_and(|(code, message)| is_fenced(Some(code), &message));
         let transactional_id = format!("sluice.{}.{role}", self.config.pipeline);
         if fenced {
-            return Error::FencedProducer {
+            return Error::TransactionalProducerSuperseded {
                 step,
                 transactional_id,
             };

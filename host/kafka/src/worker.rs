@@ -84,7 +84,9 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
             .map_err(|e| match e {
                 // Another holder took the worker: this one is a zombie, the
                 // pipeline is not taken over (a recovery takes it anew).
-                Error::FencedProducer { .. } => Error::WorkerTaken { worker, step },
+                Error::TransactionalProducerSuperseded { .. } => {
+                    Error::WorkerTaken { worker, step }
+                }
                 e => e,
             })?;
         log.with_steps(|s| {

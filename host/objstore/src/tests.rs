@@ -51,7 +51,10 @@ fn a_committer_the_ledger_fenced_commits_no_checkpoint() {
     // The old committer wakes and writes checkpoint 2: refused.
     let stale = checkpoint(2, vec![piece(0, 0, b"stale")]);
     let err = old.put(&stale).unwrap_err();
-    assert!(matches!(err, StorageError::FencedProducer { .. }), "{err}");
+    assert!(
+        matches!(err, StorageError::TransactionalProducerSuperseded { .. }),
+        "{err}"
+    );
     assert_eq!(new.list().unwrap(), vec![1]);
     assert_eq!(new.latest_meta().unwrap().map(|m| m.step), Some(1));
     // The new committer writes step 2 too; the stale manifest (also of

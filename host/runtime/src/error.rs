@@ -160,9 +160,10 @@ impl Error {
             Error::Guest(g) => g.kind(),
             Error::Nondeterministic { .. } => "nondeterministic",
             Error::Storage(e) if e.is_transient() => "storage",
-            Error::Storage(StorageError::Fenced { .. } | StorageError::FencedProducer { .. }) => {
-                "fenced"
-            }
+            Error::Storage(
+                StorageError::HostEpochSuperseded { .. }
+                | StorageError::TransactionalProducerSuperseded { .. },
+            ) => "fenced",
             Error::Storage(_) => "storage_refused",
             Error::Config(_) | Error::InvalidComponent { .. } => "config",
             Error::PoolExhausted { .. } => "capacity",

@@ -118,6 +118,8 @@ pub(crate) struct OutputChecks {
 pub(crate) struct WorkerOutput {
     /// Events per output port.
     pub ports: Vec<Vec<Event>>,
+    /// Their hash ([`hash_outputs`]), which the step record or the done
+    /// record keeps and a replay must reproduce.
     pub hash: u128,
     /// Its host committed it, as the worker's share of a divided step:
     /// `ports` is empty, this many events went out.

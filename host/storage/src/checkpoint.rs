@@ -144,7 +144,7 @@ impl CheckpointLedger for MemoryLedger {
     fn record_checkpoint(&self, step: u64, manifest: &str) -> Result<()> {
         let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         if shared.0 != self.epoch {
-            return Err(crate::StorageError::FencedProducer {
+            return Err(crate::StorageError::TransactionalProducerSuperseded {
                 step: None,
                 transactional_id: "a memory ledger".into(),
             });

@@ -213,7 +213,7 @@ pub fn fencing_refuses_an_older_epoch(log: &dyn LogBackend) {
     zombie.record.epoch = first;
     assert!(matches!(
         log.commit_step(&zombie),
-        Err(Error::Fenced { step: 1, epoch, current }) if epoch == first && current == second
+        Err(Error::HostEpochSuperseded { step: 1, epoch, current }) if epoch == first && current == second
     ));
     assert_eq!(
         log.last_step().unwrap(),
@@ -303,7 +303,7 @@ pub fn producers_follow_the_idempotence_rules(log: &dyn LogBackend, flags: LogFl
     // ... which fences the older session.
     assert!(matches!(
         log.append(batch("orders", "x", 0, 4, vec![ev(6)])),
-        Err(Error::ProducerFenced {
+        Err(Error::InputProducerSuperseded {
             epoch: 0,
             current: 1,
             ..

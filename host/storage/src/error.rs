@@ -51,12 +51,14 @@ pub enum StorageError {
         holder: String,
     },
 
-    /// A commit from a host whose epoch was superseded (a zombie).
+    /// A commit from a host whose fencing epoch was superseded (a zombie):
+    /// another host took the pipeline over with a newer epoch (the embedded
+    /// log's fencing). (Called `Fenced` before.)
     #[error(
         "fenced: this host's epoch {epoch} was superseded by epoch {current}; another host has taken over \
          the pipeline, so this one must stop (its commit of step {step} was refused)"
     )]
-    Fenced {
+    HostEpochSuperseded {
         /// The step whose commit was refused.
         step: u64,
         /// This host's epoch.
@@ -65,15 +67,16 @@ pub enum StorageError {
         current: u64,
     },
 
-    /// A transactional log (Kafka) fenced this host's producer: another host
-    /// opened the pipeline with the same transactional id, so this one must
-    /// stop. Its open transaction was aborted.
+    /// A transactional log (Kafka) fenced this host's transactional
+    /// producer: another host opened the pipeline with the same
+    /// transactional id and a newer producer epoch, so this one must stop.
+    /// Its open transaction was aborted. (Called `FencedProducer` before.)
     #[error(
         "fenced: another host has taken over the pipeline (Kafka transactional id `{transactional_id}` \
          has a newer producer epoch), so this one must stop{}",
         .step.map(|s| format!("; its commit of step {s} was aborted")).unwrap_or_default()
     )]
-    FencedProducer {
+    TransactionalProducerSuperseded {
         /// The step whose commit was aborted, if a step commit.
         step: Option<u64>,
         /// The transactional id both hosts use.
@@ -249,12 +252,14 @@ pub enum StorageError {
         expected: u64,
     },
 
-    /// An append from a producer session older than the current one.
+    /// An append from an input producer's session older than the current
+    /// one (exactly-once ingest): nothing was appended. (Called
+    /// `ProducerFenced` before; the HTTP error code stays `producer_fenced`.)
     #[error(
         "fenced producer: producer `{producer}` on input `{input}` sent epoch {epoch}, but a newer \
          session (epoch {current}) has started; nothing was appended"
     )]
-    ProducerFenced {
+    InputProducerSuperseded {
         /// The producer.
         producer: String,
         /// The input log.

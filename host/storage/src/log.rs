@@ -71,7 +71,7 @@ pub enum ProducerCheck {
 /// [`StorageError::DuplicateSequence`]; `seq > last + 1` with
 /// [`StorageError::OutOfOrderSequence`]. An epoch above the stored one
 /// starts a new session (`seq` must then be 1); one below fails with
-/// [`StorageError::ProducerFenced`]. Nothing is acknowledged that was not
+/// [`StorageError::InputProducerSuperseded`]. Nothing is acknowledged that was not
 /// appended.
 pub fn check_producer(
     p: &ProducerSeq,
@@ -82,7 +82,7 @@ pub fn check_producer(
     let state = state.unwrap_or(&fresh);
     let last = match p.epoch.cmp(&state.epoch) {
         std::cmp::Ordering::Less => {
-            return Err(StorageError::ProducerFenced {
+            return Err(StorageError::InputProducerSuperseded {
                 producer: p.id.clone(),
                 input: input.to_owned(),
                 epoch: p.epoch,
@@ -392,7 +392,7 @@ pub trait LogBackend: Send + Sync {
 
     /// Starts a new fencing epoch and returns it: from now on, commits whose
     /// record carries an older epoch fail with
-    /// [`StorageError::Fenced`]. A host calls this once when
+    /// [`StorageError::HostEpochSuperseded`]. A host calls this once when
     /// it takes over a pipeline, so a zombie predecessor can no longer
     /// commit. Durable before it returns.
     fn fence(&self) -> Result<u64>;
@@ -402,7 +402,7 @@ pub trait LogBackend: Send + Sync {
     /// [`StorageError::StepExists`] if the step is already
     /// committed (I1), [`StorageError::StepGap`] if it does
     /// not follow the last committed step, and
-    /// [`StorageError::Fenced`] if the record's epoch is not
+    /// [`StorageError::HostEpochSuperseded`] if the record's epoch is not
     /// the current one. The epoch check and the write are one atomic action.
     fn commit_step(&self, commit: &StepCommit) -> Result<()>;
 

@@ -38,6 +38,12 @@
 //! fails the step — when nothing arrived for its session timeout. A host
 //! accepts one coordinator at a time: a new connection replaces the one
 //! before (its workers are dropped).
+//!
+//! The files, bottom up: `wire` (every message), `transport` (TLS, frames,
+//! the handshake), `links` (the exchange's ways between hosts),
+//! `placement` (which slot each worker runs on), `client` (the
+//! coordinator's [`RemoteHost`] and [`RemoteWorker`]), `server`
+//! ([`WorkerHost`]) and `calls` (what each call does to a worker there).
 
 mod calls;
 mod client;
