@@ -6,8 +6,14 @@
 //!
 //! Concurrency bounds are [`Gate`]s: a semaphore in total and one per
 //! tenant, so one tenant cannot take the whole server's share.
+//!
+//! **Tenant limits** live here whole: their ranges and checks, and the
+//! limits a pipeline runs with ([`EffectiveLimits`]: its own, each at most
+//! its tenant's), which admission and the runners use.
 
-use crate::service::ServiceError;
+use crate::error::ServiceError;
+use crate::types::{PipelineSpec, TenantLimits};
+use sluice_runtime::Limits;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -185,6 +191,113 @@ impl ServerLimits {
         Ok(())
     }
 }
+
+impl TenantLimits {
+    /// Checks every limit against its range.
+    pub fn validate(&self) -> Result<(), ServiceError> {
+        use tenant::*;
+        MEMORY_MIB.check(self.memory_mib)?;
+        FUEL_PER_STEP.check(self.fuel_per_step)?;
+        DEADLINE_MS.check(self.deadline_ms)?;
+        MAX_PIPELINES.check(self.max_pipelines.into())?;
+        MAX_WORKERS.check(self.max_workers.into())?;
+        MAX_COMPONENT_BYTES.check(self.max_component_bytes)?;
+        MAX_OUTPUT_PER_STEP.check(self.max_output_per_step)?;
+        MAX_PUSH_BYTES.check(self.max_push_bytes)?;
+        MAX_PUSH_EVENTS.check(self.max_push_events)?;
+        MAX_CONCURRENT_PUSHES.check(self.max_concurrent_pushes.into())?;
+        MAX_STREAMS.check(self.max_streams.into())?;
+        DISK_QUOTA_MIB.check(self.disk_quota_mib)?;
+        Ok(())
+    }
+}
+
+impl PipelineSpec {
+    /// Checks every setting against its range (workers against the
+    /// tenant's `max_workers` happens with the tenant's other limits).
+    pub fn validate(&self) -> Result<(), ServiceError> {
+        use pipeline::*;
+        WORKERS.check(self.workers.into())?;
+        if let Some(p) = self.partitions {
+            PARTITIONS.check(p.into())?;
+        }
+        MAX_BATCH.check(self.max_batch)?;
+        CHECKPOINT_EVERY_STEPS.check(self.checkpoint_every_steps)?;
+        CHECKPOINT_INTERVAL_MS.check(self.checkpoint_interval_ms)?;
+        if self.across_hosts && self.log != sluice_pipeline::LogKind::Kafka {
+            return Err(ServiceError::invalid(
+                "across_hosts_needs_kafka",
+                "a pipeline across hosts keeps its logs in Kafka: add \"log\": \"kafka\"",
+            ));
+        }
+        if self.across_hosts && self.output_retention_steps.is_some() {
+            return Err(ServiceError::invalid(
+                "across_hosts_retention",
+                "a pipeline across hosts keeps all its output (its Kafka topics' own retention \
+                 applies): drop \"output_retention_steps\"",
+            ));
+        }
+        if let Some(steps) = self.output_retention_steps {
+            OUTPUT_RETENTION_STEPS.check(steps)?;
+        }
+        Ok(())
+    }
+}
+
+/// The limits a pipeline runs with: its own, checked against its tenant's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveLimits {
+    /// Per-instance limits.
+    pub instance: Limits,
+    /// Output events per worker per step.
+    pub max_output: u64,
+}
+
+/// The limits `spec` runs with, or which of them exceeds the tenant's.
+pub fn effective_limits(
+    spec: &PipelineSpec,
+    tenant: &TenantLimits,
+) -> Result<EffectiveLimits, ServiceError> {
+    let own = spec.limits.unwrap_or_default();
+    let pick = |name: &'static str, asked: Option<u64>, max: u64| match asked {
+        Some(0) => Err(ServiceError::invalid(
+            "invalid_limit",
+            format!("limit `{name}` must be above 0"),
+        )),
+        Some(v) if v > max => Err(ServiceError::LimitExceeded {
+            limit: name,
+            value: max,
+            attempted: v,
+        }),
+        Some(v) => Ok(v),
+        None => Ok(max),
+    };
+    Ok(EffectiveLimits {
+        instance: Limits {
+            memory: (pick("memory_mib", own.memory_mib, tenant.memory_mib)? << 20) as usize,
+            fuel_per_call: pick("fuel_per_step", own.fuel_per_step, tenant.fuel_per_step)?,
+            deadline: Duration::from_millis(pick(
+                "deadline_ms",
+                own.deadline_ms,
+                tenant.deadline_ms,
+            )?),
+        },
+        max_output: pick(
+            "max_output_per_step",
+            own.max_output_per_step,
+            tenant.max_output_per_step,
+        )?,
+    })
+}
+
+/// The limits every `init`/`describe` probe of an upload runs with: small
+/// and fixed, whatever the tenant may use (a probe only builds the circuit
+/// and names its ports).
+pub const PROBE_LIMITS: Limits = Limits {
+    memory: 64 << 20,
+    fuel_per_call: 1_000_000_000,
+    deadline: Duration::from_secs(5),
+};
 
 /// A bound on concurrent work: so many in total, so many per tenant.
 pub struct Gate {

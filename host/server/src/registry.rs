@@ -2,7 +2,7 @@
 //! tenant's pipelines (their specs and whether they should be running),
 //! persisted as one JSON file replaced atomically on every change.
 
-use crate::service::ServiceError;
+use crate::error::ServiceError;
 use crate::types::{Desired, PipelineSpec, TenantLimits};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

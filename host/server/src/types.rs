@@ -56,26 +56,6 @@ impl Default for TenantLimits {
     }
 }
 
-impl TenantLimits {
-    /// Checks every limit against its range.
-    pub fn validate(&self) -> Result<(), crate::service::ServiceError> {
-        use crate::limits::tenant::*;
-        MEMORY_MIB.check(self.memory_mib)?;
-        FUEL_PER_STEP.check(self.fuel_per_step)?;
-        DEADLINE_MS.check(self.deadline_ms)?;
-        MAX_PIPELINES.check(self.max_pipelines.into())?;
-        MAX_WORKERS.check(self.max_workers.into())?;
-        MAX_COMPONENT_BYTES.check(self.max_component_bytes)?;
-        MAX_OUTPUT_PER_STEP.check(self.max_output_per_step)?;
-        MAX_PUSH_BYTES.check(self.max_push_bytes)?;
-        MAX_PUSH_EVENTS.check(self.max_push_events)?;
-        MAX_CONCURRENT_PUSHES.check(self.max_concurrent_pushes.into())?;
-        MAX_STREAMS.check(self.max_streams.into())?;
-        DISK_QUOTA_MIB.check(self.disk_quota_mib)?;
-        Ok(())
-    }
-}
-
 /// A pipeline as its tenant created it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -132,38 +112,6 @@ pub struct PipelineSpec {
     /// directly, not pushed through the API.
     #[serde(default)]
     pub across_hosts: bool,
-}
-
-impl PipelineSpec {
-    /// Checks every setting against its range (workers against the
-    /// tenant's `max_workers` happens with the tenant's other limits).
-    pub fn validate(&self) -> Result<(), crate::service::ServiceError> {
-        use crate::limits::pipeline::*;
-        WORKERS.check(self.workers.into())?;
-        if let Some(p) = self.partitions {
-            PARTITIONS.check(p.into())?;
-        }
-        MAX_BATCH.check(self.max_batch)?;
-        CHECKPOINT_EVERY_STEPS.check(self.checkpoint_every_steps)?;
-        CHECKPOINT_INTERVAL_MS.check(self.checkpoint_interval_ms)?;
-        if self.across_hosts && self.log != sluice_pipeline::LogKind::Kafka {
-            return Err(crate::service::ServiceError::invalid(
-                "across_hosts_needs_kafka",
-                "a pipeline across hosts keeps its logs in Kafka: add \"log\": \"kafka\"",
-            ));
-        }
-        if self.across_hosts && self.output_retention_steps.is_some() {
-            return Err(crate::service::ServiceError::invalid(
-                "across_hosts_retention",
-                "a pipeline across hosts keeps all its output (its Kafka topics' own retention \
-                 applies): drop \"output_retention_steps\"",
-            ));
-        }
-        if let Some(steps) = self.output_retention_steps {
-            OUTPUT_RETENTION_STEPS.check(steps)?;
-        }
-        Ok(())
-    }
 }
 
 fn one() -> u32 {

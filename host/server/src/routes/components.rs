@@ -1,6 +1,7 @@
 //! `/components`: a tenant's uploaded components.
 
-use super::{ApiResult, Shared, read_body, token};
+use super::error::ApiResult;
+use super::request::{Shared, read_body, token};
 use crate::types::{ComponentInfo, ErrorBody};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -21,7 +22,7 @@ pub(super) async fn put(
     body: Body,
 ) -> ApiResult<(StatusCode, axum::Json<ComponentInfo>)> {
     let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
-    sluice_core::validate_name("component", &name).map_err(crate::service::ServiceError::from)?;
+    sluice_core::validate_name("component", &name).map_err(crate::error::ServiceError::from)?;
     let limit = state.service.limits(&tenant)?.max_component_bytes;
     let bytes = read_body(&state, &headers, body, limit, "max_component_bytes").await?;
     let info = state

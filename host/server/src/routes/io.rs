@@ -1,10 +1,11 @@
 //! A pipeline's input and output over HTTP: durable pushes, reads after a
 //! position (long-poll) and server-sent events.
 
-use super::{ApiError, ApiResult, Shared, read_body, token};
+use super::error::{ApiError, ApiResult};
+use super::request::{AppState, Shared, read_body, token};
+use crate::error::ServiceError;
 use crate::limits::Permit;
 use crate::runner::PipelineHandle;
-use crate::service::ServiceError;
 use crate::types::{ErrorBody, ProducerInfo, PushAck};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
@@ -25,7 +26,7 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
 
 /// The handle of a tenant's pipeline whose `kind` port `port` exists.
 fn port_of(
-    state: &super::AppState,
+    state: &AppState,
     tenant: &str,
     name: &str,
     output: bool,

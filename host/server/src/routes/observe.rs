@@ -1,5 +1,5 @@
-//! Observability: Prometheus metrics, the OpenAPI document, the status page
-//! and its sign-in.
+//! Observability: Prometheus metrics, the status page and its sign-in (the
+//! OpenAPI document is served by the `openapi` module).
 //!
 //! The page never takes a token in its URL. A browser signs in through a
 //! form (`POST /login`) and gets a session cookie (`HttpOnly`,
@@ -7,76 +7,13 @@
 //! only, so rotating or deleting a tenant ends its sessions at once. The
 //! API itself takes only the `Authorization` header, never the cookie.
 
-use super::{ApiResult, AppState, Shared, bearer, read_body, token};
+use super::error::{ApiError, ApiResult};
+use super::request::{AppState, Shared, bearer, read_body, token};
+use super::session::{SESSION_COOKIE, SESSION_TTL, session_id};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-/// The session cookie's name.
-pub const SESSION_COOKIE: &str = "sluice_session";
-/// How long a session lasts.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Sessions kept at most (the oldest go first).
-pub const MAX_SESSIONS: usize = 10_000;
-
-/// Signed-in browsers: session id → (token, expiry).
-#[derive(Default)]
-pub struct Sessions(Mutex<HashMap<String, (String, Instant)>>);
-
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A new session for `token`; its id.
-    fn create(&self, token: &str) -> Option<String> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).ok()?;
-        let id = hex::encode(bytes);
-        let mut map = self.lock();
-        let now = Instant::now();
-        map.retain(|_, (_, expires)| *expires > now);
-        while map.len() >= MAX_SESSIONS {
-            let oldest = map
-                .iter()
-                .min_by_key(|(_, (_, e))| *e)
-                .map(|(k, _)| k.clone())?;
-            map.remove(&oldest);
-        }
-        map.insert(id.clone(), (token.to_owned(), now + SESSION_TTL));
-        Some(id)
-    }
-
-    /// The token of a live session.
-    fn token(&self, id: &str) -> Option<String> {
-        let map = self.lock();
-        let (token, expires) = map.get(id)?;
-        (*expires > Instant::now()).then(|| token.clone())
-    }
-
-    fn remove(&self, id: &str) {
-        self.lock().remove(id);
-    }
-}
-
-/// The token of the session a request's cookie names, if it is live.
-pub(super) fn session_token(sessions: &Sessions, headers: &HeaderMap) -> Option<String> {
-    session_id(headers).and_then(|id| sessions.token(id))
-}
-
-/// The session id a request's cookie names.
-fn session_id(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|c| c.trim().strip_prefix(SESSION_COOKIE)?.strip_prefix('='))
-}
 
 /// Prometheus metrics (admin only).
 #[utoipa::path(get, path = "/metrics", responses((status = 200, content_type = "text/plain", body = String)))]
@@ -92,20 +29,6 @@ pub(super) async fn metrics(State(state): Shared, headers: HeaderMap) -> ApiResu
         .into_response())
 }
 
-/// The OpenAPI document.
-pub(super) async fn openapi() -> Response {
-    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let body = DOCUMENT.get_or_init(|| super::document().to_string());
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body.as_str(),
-    )
-        .into_response()
-}
-
 /// What the console may load, where it may connect and post forms.
 const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
      connect-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; \
@@ -119,7 +42,7 @@ pub(super) async fn asset(axum::extract::Path(file): axum::extract::Path<String>
         "uplot.js" => (crate::page::UPLOT_JS, "text/javascript; charset=utf-8"),
         "uplot.css" => (crate::page::UPLOT_CSS, "text/css; charset=utf-8"),
         _ => {
-            return super::ApiError::from(crate::service::ServiceError::not_found("asset", &file))
+            return ApiError::from(crate::error::ServiceError::not_found("asset", &file))
                 .into_response();
         }
     };

@@ -1,6 +1,7 @@
 //! `/pipelines`: create, inspect, control and delete a tenant's pipelines.
 
-use super::{ApiResult, Shared, json_body, token};
+use super::error::ApiResult;
+use super::request::{Shared, json_body, token};
 use crate::types::{ErrorBody, PipelineSpec, PipelineStatus};
 use axum::body::Body;
 use axum::extract::{Path, State};

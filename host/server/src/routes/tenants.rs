@@ -1,7 +1,8 @@
 //! `/tenants` (admin): create, list with usage, rotate a token, delete a
 //! tenant with its data; `/usage`: a tenant's own usage.
 
-use super::{ApiResult, Shared, json_body, token};
+use super::error::ApiResult;
+use super::request::{Shared, json_body, token};
 use crate::types::{CreateTenant, ErrorBody, HostUsage, TenantCreated, TenantUsage};
 use axum::body::Body;
 use axum::extract::{Path, State};

@@ -7,7 +7,9 @@
 //! pipeline runs (written when the pipeline is created, deleted when no
 //! pipeline runs it any more). No name can reach a version's file.
 
-use super::{PROBE_LIMITS, Result, Service, ServiceError, lock, tenant_dir};
+use super::state::{Service, lock, tenant_dir};
+use crate::error::{Result, ServiceError};
+use crate::limits::PROBE_LIMITS;
 use crate::types::ComponentInfo;
 use sha2::Digest;
 use sluice_core::{CircuitPorts, validate_name};
@@ -36,7 +38,6 @@ fn is_hash(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// SHA-256 of `bytes`, hex.
 /// Writes `bytes` to `path` under `root` whole: to a file of its own, then
 /// renamed over `path`, so that a reader (a create running beside an
 /// upload or another create) sees the old bytes or the new, never a file
@@ -51,6 +52,7 @@ fn write_whole(root: &cap_std::fs::Dir, path: &str, bytes: &[u8]) -> std::io::Re
     })
 }
 
+/// SHA-256 of `bytes`, hex.
 pub(crate) fn sha256(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }

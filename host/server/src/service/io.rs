@@ -2,7 +2,8 @@
 //! server's concurrency bounds and the tenant's disk quota) and what the
 //! pipeline remembers of each producer.
 
-use super::{Result, Service, ServiceError};
+use super::state::Service;
+use crate::error::{Result, ServiceError};
 use crate::limits::Permit;
 use crate::types::{PartitionRange, ProducerInfo, PushAck};
 use sluice_core::Event;

@@ -1,45 +1,55 @@
 //! A tenant's pipelines: creation within every quota (checked and taken in
-//! one critical section), loading, control, deletion.
+//! one critical section), loading, control, deletion; and all of them at
+//! once: recovered when the server starts, checkpointed when it stops.
 
-use super::{
-    Reservation, Result, Service, ServiceError, components::sha256, effective_limits, lock,
-    tenant_dir,
-};
+use super::components::sha256;
+use super::state::{Reservation, Service, lock, tenant_dir};
+use crate::error::{Result, ServiceError};
+use crate::limits::effective_limits;
 use crate::registry::PipelineEntry;
 use crate::runner::PipelineHandle;
+use crate::settings::kafka_name;
 use crate::types::{Desired, PipelineSpec, PipelineStatus};
 use sluice_core::validate_name;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The Kafka name of a server pipeline: `sl.<tenant>.<pipeline>` with each
-/// name written in `[a-z0-9-]` (`-` as `--`, `_` as `-u`), so no two
-/// (tenant, pipeline) pairs share topics, even under Kafka's rule that
-/// `.` and `_` collide; a hash when that would be too long for topic
-/// names. Topics are `<this>.<port>` and `<this>.sluice-steps`.
-pub fn kafka_name(tenant: &str, pipeline: &str) -> String {
-    let encode = |s: &str| {
-        s.chars()
-            .map(|c| match c {
-                '-' => "--".to_owned(),
-                '_' => "-u".to_owned(),
-                c => c.to_string(),
-            })
-            .collect::<String>()
-    };
-    let readable = format!("sl.{}.{}", encode(tenant), encode(pipeline));
-    // Room for `.` + a 64-character port or `.sluice-steps`.
-    if readable.len() <= 249 - 65 {
-        readable
-    } else {
-        format!(
-            "sl.h{}",
-            &sha256(format!("{tenant}/{pipeline}").as_bytes())[..40]
-        )
-    }
-}
-
 impl Service {
+    /// Recovers every pipeline of the registry: running ones resume
+    /// (restore + replay). A pipeline that cannot be recovered is logged
+    /// and left out; the others start.
+    pub async fn recover(&self) {
+        let entries = lock(&self.registry).all_pipelines();
+        for (tenant, entry) in entries {
+            let name = entry.spec.name.clone();
+            match self.load_pipeline(&tenant, entry.spec, entry.desired).await {
+                Ok(handle) => {
+                    tracing::info!(tenant, pipeline = %name, desired = ?entry.desired, "recovered");
+                    lock(&self.pipelines).insert((tenant, name), handle);
+                }
+                Err(e) => tracing::error!(
+                    tenant,
+                    pipeline = %name,
+                    "could not recover: {}",
+                    sluice_core::text::for_log(&e.to_string())
+                ),
+            }
+        }
+        self.collect_garbage();
+    }
+
+    /// Checkpoints every running pipeline and ends its task (host shutdown).
+    pub async fn shutdown(&self) {
+        let handles: Vec<Arc<PipelineHandle>> = lock(&self.pipelines).values().cloned().collect();
+        // Side by side: a host of a pipeline across hosts may wait for its
+        // leader to move its workers away.
+        let mut ending = tokio::task::JoinSet::new();
+        for h in handles {
+            ending.spawn(async move { h.shutdown(true).await });
+        }
+        while ending.join_next().await.is_some() {}
+    }
+
     /// Creates a pipeline from an uploaded component and starts it, within
     /// the tenant's quotas and the host's budgets.
     pub async fn create_pipeline(
@@ -318,46 +328,5 @@ impl Service {
         }
         #[cfg(not(feature = "kafka"))]
         let _ = tenant;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::kafka_name;
-
-    #[test]
-    fn kafka_names_do_not_collide_even_when_dots_and_underscores_do() {
-        // Kafka treats `.` and `_` alike in topic names.
-        let kafka_key = |s: &str| s.replace('_', ".");
-        let pairs = [
-            ("a_b", "c"),
-            ("a", "b_c"),
-            ("a-b", "c"),
-            ("a", "b-c"),
-            ("a-u", "c"),
-            ("a_", "uc"),
-            ("a", "_uc"),
-        ];
-        let names: Vec<String> = pairs.iter().map(|(t, p)| kafka_name(t, p)).collect();
-        for (i, a) in names.iter().enumerate() {
-            for b in &names[i + 1..] {
-                assert_ne!(kafka_key(a), kafka_key(b), "{a} vs {b}");
-            }
-            sluice_kafka_free_topic_check(a);
-        }
-        assert_eq!(kafka_name("alpha", "wc"), "sl.alpha.wc");
-        // Long names fit Kafka's 249 characters with a port after them.
-        let long = "x".repeat(64);
-        let name = kafka_name(&long.replace('x', "_"), &long);
-        assert!(name.len() + 1 + 64 <= 249, "{name}");
-    }
-
-    /// Kafka's topic alphabet.
-    fn sluice_kafka_free_topic_check(name: &str) {
-        assert!(
-            name.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'),
-            "{name}"
-        );
     }
 }

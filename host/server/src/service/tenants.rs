@@ -1,7 +1,9 @@
 //! Tenants: creation, token rotation, deletion with all their data, and
 //! what each uses against its limits (disk, pipelines, memory).
 
-use super::{Result, Service, ServiceError, lock, tenant_dir};
+use super::state::{Service, lock, tenant_dir};
+use crate::error::{Result, ServiceError};
+use crate::limits::effective_limits;
 use crate::registry::{self, Tenant};
 use crate::types::{CreateTenant, Desired, HostUsage, TenantCreated, TenantUsage};
 use sluice_core::validate_name;
@@ -126,7 +128,7 @@ impl Service {
         let mut memory = 0u64;
         for entry in t.pipelines.values() {
             if entry.desired != Desired::Stopped {
-                let per_worker = super::effective_limits(&entry.spec, &t.limits)
+                let per_worker = effective_limits(&entry.spec, &t.limits)
                     .map_or(t.limits.memory_mib << 20, |e| e.instance.memory as u64);
                 memory += per_worker * u64::from(entry.spec.workers);
             }

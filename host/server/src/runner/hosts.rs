@@ -11,8 +11,9 @@
 //! Output is read through the API as for any Kafka pipeline, from the
 //! topics.
 
-use super::{Control, KafkaSettings, PipelineHandle, lock};
-use crate::service::EffectiveLimits;
+use super::handle::{Control, PipelineHandle, lock, options};
+use crate::limits::EffectiveLimits;
+use crate::settings::{KafkaSettings, kafka_name};
 use crate::types::{Desired, HostsStatus, PipelineSpec, PipelineState, PipelineStatus};
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_pipeline::{HostConfig, HostEvent, LogConfig, PipelineConfig};
@@ -48,7 +49,7 @@ pub(super) async fn open(
     let name = spec
         .kafka_name
         .clone()
-        .unwrap_or_else(|| crate::service::kafka_name(tenant, &spec.name));
+        .unwrap_or_else(|| kafka_name(tenant, &spec.name));
     let mut topics = sluice_kafka::KafkaConfig::new(kafka.brokers.clone(), name.clone());
     topics.replication = kafka.replication;
     topics.output_partitions = spec.workers;
@@ -59,7 +60,7 @@ pub(super) async fn open(
             config: topics.clone(),
         },
         checkpoint_store: Some(format!("{}/{name}", hosts.store.trim_end_matches('/'))),
-        options: super::options(&spec, &limits),
+        options: options(&spec, &limits),
         id_prefix: format!("{tenant}/{}/", spec.name),
         ..PipelineConfig::new(dir, spec.workers)
     };

@@ -1,5 +1,5 @@
-//! One pipeline on the server: its [`Pipeline`], the task that drives it
-//! and the status the API reports.
+//! A pipeline this server runs alone: its [`Pipeline`] and the task that
+//! drives it.
 //!
 //! The task is a small state machine over [`Phase`]: it opens the
 //! coordinator when the pipeline is wanted running, runs steps while there
@@ -9,348 +9,137 @@
 //! [`RecoveryPolicy`] says; any other error fails only this pipeline, kept
 //! in its status until the tenant starts it again.
 
-use crate::history::{History, PipelineMetrics, WorkerFigures, now_ms};
-use crate::service::EffectiveLimits;
+use super::handle::{Control, PipelineHandle, Shutdown, lock, options};
+use crate::history::{History, WorkerFigures, now_ms};
+use crate::limits::EffectiveLimits;
+use crate::settings::KafkaSettings;
 use crate::types::{Desired, PipelineSpec, PipelineState, PipelineStatus};
-use sluice_core::{CircuitPorts, PipelineShape};
+use sluice_core::CircuitPorts;
 use sluice_pipeline::{LogConfig, Pipeline, PipelineConfig, RecoveryPolicy};
-use sluice_runtime::{Coordinator, LoadedComponent, PipelineOptions, SluiceEngine};
-use sluice_storage::LogBackend;
+use sluice_runtime::{Coordinator, LoadedComponent, SluiceEngine};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
-#[cfg(feature = "kafka")]
-mod hosted;
-
-/// Where the server's Kafka pipelines keep their logs (set by the admin
-/// with `sluice serve --kafka-brokers`).
-#[derive(Debug, Clone)]
-pub struct KafkaSettings {
-    /// Bootstrap servers.
-    pub brokers: String,
-    /// Replication factor of the topics the server creates.
-    pub replication: i32,
-    /// How the server runs pipelines across hosts, if it does.
-    pub hosts: Option<HostsSettings>,
-}
-
-/// How the server runs pipelines across hosts (`sluice serve --hosts-etcd
-/// …`): every server given the same settings on which a tenant creates a
-/// pipeline with `"across_hosts": true` runs it as one host of it, like
-/// `sluice host`.
-#[derive(Clone)]
-pub struct HostsSettings {
-    /// etcd endpoints for the pipelines' groups.
-    pub etcd: Vec<String>,
-    /// The checkpoint store every server reaches (a URL); each pipeline's
-    /// checkpoints are under `<store>/<its Kafka name>`.
-    pub store: String,
-    /// The secret the servers share (they accept coordinators that prove
-    /// it).
-    pub secret: Vec<u8>,
-    /// The address this server's worker listeners bind (any port), which
-    /// the other servers dial.
-    pub bind: std::net::IpAddr,
-    /// This server's name in every pipeline's group (stable across
-    /// restarts).
-    pub name: String,
-    /// A host that renews nothing for this long leaves a group.
-    pub session_timeout: Duration,
-    /// Mutual TLS on every connection between the servers, if set.
-    pub tls: Option<sluice_runtime::Tls>,
-}
-
-impl std::fmt::Debug for HostsSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostsSettings")
-            .field("etcd", &self.etcd)
-            .field("store", &self.store)
-            .field("bind", &self.bind)
-            .field("name", &self.name)
-            .field("session_timeout", &self.session_timeout)
-            .field("tls", &self.tls.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-/// What the tenant wants, with a generation so that `start` on a failed
-/// pipeline is a new request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Control {
-    desired: Desired,
-    /// The W the tenant wants.
-    workers: u32,
-    generation: u64,
-    /// The host is shutting down (checkpoint and end) or the pipeline is
-    /// being deleted (end).
-    shutdown: Option<Shutdown>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shutdown {
-    /// Checkpoint, then end the task.
-    Checkpoint,
-    /// Let a checkpoint write in flight finish, then end the task.
-    Discard,
-}
-
-/// A pipeline loaded on the server.
-pub struct PipelineHandle {
-    /// The pipeline, when this server runs it alone (`None`: this server
-    /// is one host of a pipeline across hosts).
-    pipeline: Option<Arc<Pipeline>>,
+/// Opens (or creates) the storage in `dir` of pipeline `spec`, which this
+/// server runs alone, and starts its task in state `desired`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn open(
+    engine: Arc<SluiceEngine>,
+    tenant: &str,
+    spec: PipelineSpec,
+    component: LoadedComponent,
     ports: CircuitPorts,
-    shape: PipelineShape,
-    log: Arc<dyn LogBackend>,
-    status: Arc<Mutex<PipelineStatus>>,
-    /// Recent figures for the console.
-    history: Arc<Mutex<History>>,
-    control: watch::Sender<Control>,
-    /// Woken when input is appended.
-    input: Arc<Notify>,
-    /// The number of committed steps, for readers waiting for output.
-    committed: watch::Receiver<u64>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Rotates pushes without a producer over input partitions.
-    next_partition: AtomicU32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl PipelineHandle {
-    /// Opens (or creates) the pipeline's storage in `dir` and starts its
-    /// task in state `desired`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn open(
-        base: &SluiceEngine,
-        tenant: &str,
-        spec: PipelineSpec,
-        component: LoadedComponent,
-        ports: CircuitPorts,
-        limits: EffectiveLimits,
-        dir: PathBuf,
-        desired: Desired,
-        kafka: Option<KafkaSettings>,
-    ) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
-        let engine = Arc::new(base.with_limits(limits.instance));
-        if spec.across_hosts {
-            #[cfg(feature = "kafka")]
-            if let Some(kafka) = kafka {
-                return hosted::open(
-                    engine, tenant, spec, component, ports, limits, dir, desired, kafka,
-                )
-                .await;
-            }
+    limits: EffectiveLimits,
+    dir: PathBuf,
+    desired: Desired,
+    kafka: Option<KafkaSettings>,
+) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
+    let log = match kafka {
+        None => LogConfig::default(),
+        #[cfg(feature = "kafka")]
+        Some(k) => {
+            // Topics `<kafka name>.<port>`: a tenant cannot name another
+            // tenant's topics (pipelines created before the server chose
+            // names use `<tenant>.<pipeline>`).
+            let name = spec
+                .kafka_name
+                .clone()
+                .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+            let mut config = sluice_kafka::KafkaConfig::new(k.brokers, name);
+            config.replication = k.replication;
+            config.output_partitions = spec.workers;
+            LogConfig::Kafka { config }
+        }
+        #[cfg(not(feature = "kafka"))]
+        Some(_) => {
             return Err(sluice_core::ConfigError::Invalid(
-                "a pipeline across hosts needs a server with Kafka brokers and --hosts-etcd".into(),
+                "this sluice was built without Kafka support".into(),
             )
             .into());
         }
-        let log = match kafka {
-            None => LogConfig::default(),
-            #[cfg(feature = "kafka")]
-            Some(k) => {
-                // Topics `<kafka name>.<port>`: a tenant cannot name another
-                // tenant's topics (pipelines created before the server chose
-                // names use `<tenant>.<pipeline>`).
-                let name = spec
-                    .kafka_name
-                    .clone()
-                    .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
-                let mut config = sluice_kafka::KafkaConfig::new(k.brokers, name);
-                config.replication = k.replication;
-                config.output_partitions = spec.workers;
-                LogConfig::Kafka { config }
-            }
-            #[cfg(not(feature = "kafka"))]
-            Some(_) => {
-                return Err(sluice_core::ConfigError::Invalid(
-                    "this sluice was built without Kafka support".into(),
-                )
-                .into());
-            }
+    };
+    let embedded = matches!(log, LogConfig::Embedded { .. });
+    let config = PipelineConfig {
+        data: dir,
+        workers: spec.workers,
+        // The spec's W is what the tenant wants: a pipeline stored with
+        // another (a scale that did not finish) changes layout.
+        rescale_to: Some(spec.workers),
+        partitions: spec.partitions,
+        log,
+        // The server keeps checkpoints in each pipeline's directory.
+        checkpoint_store: None,
+        options: options(&spec, &limits),
+        id_prefix: format!("{tenant}/{}/", spec.name),
+    };
+    let pipeline = Arc::new(Pipeline::open_described(engine, component, ports, config).await?);
+    let storage = pipeline.storage().clone();
+    // Kafka's step log is read after fencing (a dead predecessor's open
+    // transaction would hold the read back): the coordinator reports it.
+    let (steps, last_checkpoint) = tokio::task::spawn_blocking(move || {
+        let steps = if embedded {
+            storage.log.last_step()?.map_or(0, |s| s + 1)
+        } else {
+            0
         };
-        let embedded = matches!(log, LogConfig::Embedded { .. });
-        let config = PipelineConfig {
-            data: dir,
-            workers: spec.workers,
-            // The spec's W is what the tenant wants: a pipeline stored with
-            // another (a scale that did not finish) changes layout.
-            rescale_to: Some(spec.workers),
-            partitions: spec.partitions,
-            log,
-            // The server keeps checkpoints in each pipeline's directory.
-            checkpoint_store: None,
-            options: options(&spec, &limits),
-            id_prefix: format!("{tenant}/{}/", spec.name),
-        };
-        let pipeline = Arc::new(Pipeline::open_described(engine, component, ports, config).await?);
-        let storage = pipeline.storage().clone();
-        // Kafka's step log is read after fencing (a dead predecessor's open
-        // transaction would hold the read back): the coordinator reports it.
-        let (steps, last_checkpoint) = tokio::task::spawn_blocking(move || {
-            let steps = if embedded {
-                storage.log.last_step()?.map_or(0, |s| s + 1)
-            } else {
-                0
-            };
-            let checkpoint = storage.checkpoints.latest_meta()?.map(|m| m.step);
-            Ok::<_, sluice_storage::StorageError>((steps, checkpoint))
+        let checkpoint = storage.checkpoints.latest_meta()?.map(|m| m.step);
+        Ok::<_, sluice_storage::StorageError>((steps, checkpoint))
+    })
+    .await
+    .map_err(|source| {
+        sluice_pipeline::Error::Runtime(sluice_runtime::Error::Task {
+            what: "reading the pipeline's status".into(),
+            source,
         })
-        .await
-        .map_err(|source| {
-            sluice_pipeline::Error::Runtime(sluice_runtime::Error::Task {
-                what: "reading the pipeline's status".into(),
-                source,
-            })
-        })??;
-        let shape = pipeline.shape().clone();
-        let status = Arc::new(Mutex::new(PipelineStatus::starting(
-            &spec,
-            &pipeline.component().hash,
-            &shape,
-            steps,
-            last_checkpoint,
-        )));
-        let (control, control_rx) = watch::channel(Control {
-            desired,
-            workers: spec.workers,
-            generation: 0,
-            shutdown: None,
-        });
-        let (committed_tx, committed) = watch::channel(steps);
-        let input = Arc::new(Notify::new());
-        let history = Arc::new(Mutex::new(History::default()));
-        let runner = Runner {
-            pipeline: pipeline.clone(),
-            status: status.clone(),
-            history: history.clone(),
-            control: control_rx,
-            input: input.clone(),
-            committed: committed_tx,
-            metrics: Metrics::new(tenant, &spec.name),
-            policy: RecoveryPolicy::default(),
-            tenant: tenant.to_owned(),
-            name: spec.name.clone(),
-            retention: spec.output_retention_steps,
-            retained_below: 0,
-        };
-        let task = tokio::spawn(runner.run());
-        Ok(Arc::new(PipelineHandle {
-            ports: pipeline.ports().clone(),
-            shape: pipeline.shape().clone(),
-            log: pipeline.storage().log.clone(),
-            pipeline: Some(pipeline),
-            status,
-            history,
-            control,
-            input,
-            committed,
-            task: Mutex::new(Some(task)),
-            next_partition: AtomicU32::new(0),
-        }))
-    }
-
-    /// The pipeline's current status.
-    pub fn status(&self) -> PipelineStatus {
-        lock(&self.status).clone()
-    }
-
-    /// The pipeline's recent figures.
-    pub fn metrics(&self) -> PipelineMetrics {
-        lock(&self.history).metrics()
-    }
-
-    /// The circuit's ports.
-    pub fn ports(&self) -> &CircuitPorts {
-        &self.ports
-    }
-
-    /// The pipeline's shape.
-    pub fn shape(&self) -> &PipelineShape {
-        &self.shape
-    }
-
-    /// The pipeline's logs (for a pipeline across hosts, a reader of them).
-    pub fn log(&self) -> Arc<dyn LogBackend> {
-        self.log.clone()
-    }
-
-    /// Whether this server is one host of a pipeline across hosts (its
-    /// input is written to Kafka directly; it cannot pause or rescale from
-    /// here).
-    pub fn across_hosts(&self) -> bool {
-        self.pipeline.is_none()
-    }
-
-    /// The number of committed steps, changing as steps commit.
-    pub fn committed(&self) -> watch::Receiver<u64> {
-        self.committed.clone()
-    }
-
-    /// The partition a push without a producer starts at (rotating).
-    pub fn next_partition(&self) -> u32 {
-        self.next_partition.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Wakes the task: input was appended.
-    pub fn input_appended(&self) {
-        self.input.notify_one();
-    }
-
-    /// Asks the task for `workers` workers: a running pipeline changes its
-    /// layout between two steps.
-    pub fn set_workers(&self, workers: u32) {
-        self.control.send_modify(|c| c.workers = workers);
-    }
-
-    /// Asks the task for `desired`.
-    pub fn set(&self, desired: Desired) {
-        self.control.send_modify(|c| {
-            c.desired = desired;
-            c.generation += 1;
-        });
-    }
-
-    /// Ends the task: with `checkpoint`, it checkpoints first (host
-    /// shutdown); without, it only lets a checkpoint write in flight finish
-    /// (the pipeline is being deleted).
-    pub async fn shutdown(&self, checkpoint: bool) {
-        self.control.send_modify(|c| {
-            c.shutdown = Some(if checkpoint {
-                Shutdown::Checkpoint
-            } else {
-                Shutdown::Discard
-            });
-        });
-        let task = lock(&self.task).take();
-        if let Some(task) = task {
-            let _ = task.await;
-        }
-    }
-}
-
-/// How a server pipeline runs: the spec's settings and the tenant's
-/// limits.
-fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> PipelineOptions {
-    PipelineOptions {
-        name: String::new(),
-        max_batch: spec.max_batch.max(1),
-        checkpoint_every_steps: spec.checkpoint_every_steps.max(1),
-        checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms.max(10)),
-        inherit_guest_stderr: false,
-        config: Vec::new(),
-        max_output_per_step: Some(limits.max_output),
-        incremental_checkpoints: true,
-        // Output is served to clients as JSON lines.
-        check_output_json: true,
-        placement_hint: Vec::new(),
-    }
+    })??;
+    let shape = pipeline.shape().clone();
+    let status = Arc::new(Mutex::new(PipelineStatus::starting(
+        &spec,
+        &pipeline.component().hash,
+        &shape,
+        steps,
+        last_checkpoint,
+    )));
+    let (control, control_rx) = watch::channel(Control {
+        desired,
+        workers: spec.workers,
+        generation: 0,
+        shutdown: None,
+    });
+    let (committed_tx, committed) = watch::channel(steps);
+    let input = Arc::new(Notify::new());
+    let history = Arc::new(Mutex::new(History::default()));
+    let runner = Runner {
+        pipeline: pipeline.clone(),
+        status: status.clone(),
+        history: history.clone(),
+        control: control_rx,
+        input: input.clone(),
+        committed: committed_tx,
+        metrics: Metrics::new(tenant, &spec.name),
+        policy: RecoveryPolicy::default(),
+        tenant: tenant.to_owned(),
+        name: spec.name.clone(),
+        retention: spec.output_retention_steps,
+        retained_below: 0,
+    };
+    let task = tokio::spawn(runner.run());
+    Ok(Arc::new(PipelineHandle {
+        ports: pipeline.ports().clone(),
+        shape: pipeline.shape().clone(),
+        log: pipeline.storage().log.clone(),
+        pipeline: Some(pipeline),
+        status,
+        history,
+        control,
+        input,
+        committed,
+        task: Mutex::new(Some(task)),
+        next_partition: AtomicU32::new(0),
+    }))
 }
 
 /// Where the runner is.
