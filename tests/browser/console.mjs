@@ -2,18 +2,74 @@
 // would: sign in, deploy word count, start it, push lines, watch the charts
 // and the output tail, pause it; another tenant's pipelines stay hidden.
 //
-//   node console.mjs URL TOKEN WASM OTHER_PIPELINE OUT_DIR [ADMIN_TOKEN]
+//   node console.mjs --url URL --token TOKEN --wasm WASM --other OTHER_PIPELINE \
+//       --out-dir OUT_DIR [--admin-token ADMIN_TOKEN]
 //
-// Exits 0 when every check passed; screenshots go to OUT_DIR.
-import { chromium } from "playwright-core";
-import { mkdirSync } from "node:fs";
+// Exits 0 when every check passed; screenshots go to OUT_DIR, an absolute
+// path outside this directory (tests/e2e/console.rs passes
+// $CARGO_TARGET_TMPDIR/console-screenshots). The arguments are named: when
+// they were positional, a mixed-up call took the admin token for OUT_DIR
+// and wrote a screenshot into tests/browser/<token>/.
+import { mkdirSync, statSync } from "node:fs";
+import { dirname, isAbsolute, relative, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
 
-const [url, token, wasm, other, out, adminToken] = process.argv.slice(2);
-if (!out) {
-  console.error("usage: node console.mjs URL TOKEN WASM OTHER_PIPELINE OUT_DIR [ADMIN_TOKEN]");
+const usage =
+  "usage: node console.mjs --url URL --token TOKEN --wasm WASM --other OTHER_PIPELINE " +
+  "--out-dir OUT_DIR [--admin-token ADMIN_TOKEN]";
+function refuse(why) {
+  console.error(`console.mjs: ${why}\n${usage}`);
   process.exit(2);
 }
+
+let args;
+try {
+  args = parseArgs({
+    options: {
+      url: { type: "string" },
+      token: { type: "string" },
+      wasm: { type: "string" },
+      other: { type: "string" },
+      "out-dir": { type: "string" },
+      "admin-token": { type: "string" },
+    },
+    strict: true,
+    allowPositionals: false,
+  }).values;
+} catch (e) {
+  refuse(e.message);
+}
+for (const name of ["url", "token", "wasm", "other", "out-dir"]) {
+  if (!args[name]) refuse(`--${name} is missing`);
+}
+const { url, token, wasm, other } = args;
+const out = args["out-dir"];
+const adminToken = args["admin-token"];
+if (!/^https?:\/\//.test(url)) refuse(`--url must be an http(s) URL, not ${JSON.stringify(url)}`);
+// The screenshots' directory: absolute (not relative to wherever node runs),
+// not in this script's directory (where a stray one would be committed), and
+// not named after a token (arguments mixed up).
+if (!isAbsolute(out)) refuse(`--out-dir must be an absolute path, not ${JSON.stringify(out)}`);
+const here = dirname(fileURLToPath(import.meta.url));
+const inside = relative(here, resolve(out));
+if (!inside.startsWith("..") && !isAbsolute(inside)) {
+  refuse(`--out-dir ${out} is inside ${here}: screenshots belong under the test's scratch directory`);
+}
+if ([token, adminToken].some((t) => t && t.length >= 8 && out.includes(t))) {
+  refuse(`--out-dir ${out} contains a token: are the arguments mixed up?`);
+}
+let kind = null;
+try {
+  kind = statSync(out);
+} catch {
+  // Created below.
+}
+if (kind && !kind.isDirectory()) refuse(`--out-dir ${out} exists and is not a directory`);
 mkdirSync(out, { recursive: true });
+// Loaded after the arguments are checked: a bad call is refused even where
+// playwright-core is not installed.
+const { chromium } = await import("playwright-core");
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",

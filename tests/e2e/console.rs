@@ -48,12 +48,12 @@ fn the_console_works_in_a_real_browser() {
     let _ = std::fs::remove_dir_all(&shots);
     let out = std::process::Command::new("node")
         .arg("console.mjs")
-        .arg(&server.url)
-        .arg(acme.token())
+        .args(["--url", &server.url, "--token", acme.token()])
+        .arg("--wasm")
         .arg(&wasm)
-        .arg("rivalpipe")
+        .args(["--other", "rivalpipe", "--admin-token", ADMIN])
+        .arg("--out-dir")
         .arg(&shots)
-        .arg(ADMIN)
         .current_dir(repo().join("tests/browser"))
         .output()
         .unwrap();
@@ -80,4 +80,69 @@ fn the_console_works_in_a_real_browser() {
         serde_json::from_str(&acme.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["state"], "paused", "{status}");
     assert_eq!(status["events_in"], 80, "{status}");
+}
+
+/// The script refuses a call whose screenshots would not land under the
+/// test's scratch directory — the positional call that once took the admin
+/// token for the output directory and wrote `tests/browser/<token>/` — and
+/// creates nothing. Needs only node.
+#[test]
+fn the_browser_script_refuses_an_odd_screenshot_directory() {
+    let has_node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_node {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but node is missing"
+        );
+        eprintln!("skipped: no node");
+        return;
+    }
+    let browser_dir = repo().join("tests/browser");
+    let url = "http://127.0.0.1:9";
+    let inside = browser_dir.join("shots");
+    let inside = inside.to_str().unwrap();
+    let named = |more: &[&str]| -> Vec<String> {
+        let base = [
+            "--url", url, "--token", "t", "--wasm", "/w.wasm", "--other", "o",
+        ];
+        base.iter().chain(more).map(|s| s.to_string()).collect()
+    };
+    let tokened = format!("/tmp/{ADMIN}");
+    let calls = [
+        // The old positional call, OUT_DIR left out: ADMIN in its place.
+        (
+            [url, "sl_0123456789abcdef", "/w.wasm", "rivalpipe", ADMIN]
+                .map(String::from)
+                .to_vec(),
+            "does not take positional arguments",
+        ),
+        (named(&[]), "--out-dir is missing"),
+        (named(&["--out-dir", ADMIN]), "must be an absolute path"),
+        (named(&["--out-dir", inside]), "is inside"),
+        (
+            named(&["--admin-token", ADMIN, "--out-dir", &tokened]),
+            "contains a token",
+        ),
+    ];
+    for (args, why) in calls {
+        let out = std::process::Command::new("node")
+            .arg("console.mjs")
+            .args(&args)
+            .current_dir(&browser_dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains("usage:"),
+            "{args:?}: {stderr}"
+        );
+    }
+    for stray in [browser_dir.join(ADMIN), browser_dir.join("shots")] {
+        assert!(!stray.exists(), "{} was created", stray.display());
+    }
+    assert!(!std::path::Path::new(&tokened).exists());
 }
