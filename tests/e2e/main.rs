@@ -10,6 +10,7 @@ mod cli;
 mod cluster;
 mod console;
 mod crash;
+mod docs;
 mod examples;
 mod faults;
 mod hardening;

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod docs;
 pub mod server;
 
 use sluice_core::Event;
