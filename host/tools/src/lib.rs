@@ -6,7 +6,8 @@
 //!
 //! - [`compile`]: `sluice build`, a circuit crate → a component.
 //! - [`bench`]: `sluice bench`, costs as ratios to same-run baselines.
-//! - [`chaos`]: `sluice chaos`, the crash campaign.
+//! - [`chaos`]: `sluice chaos`, the crash campaigns (on one host, and with
+//!   `--hosts` across hosts).
 //! - [`generate`]: `sluice gen`, Nexmark input as JSON lines.
 //! - [`demo`]: `sluice demo`, word count over bundled text.
 //!
@@ -21,7 +22,6 @@
 
 pub mod bench;
 pub mod chaos;
-pub mod chaos_hosts;
 pub mod compile;
 pub mod demo;
 pub mod generate;

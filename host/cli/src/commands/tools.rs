@@ -76,7 +76,7 @@ pub async fn chaos_hosts(trials: u32, seed: u64, component: Option<PathBuf>) -> 
         Some(c) => c,
         None => build_guest("wordcount").await?,
     };
-    let report = sluice_tools::chaos_hosts::chaos_hosts(&component, trials, seed, true).await?;
+    let report = campaign::chaos_hosts(&component, trials, seed, true).await?;
     println!("{report}");
     if report.violations() > 0 {
         anyhow::bail!("{} violations of exactly-once", report.violations());

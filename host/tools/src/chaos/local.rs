@@ -26,9 +26,11 @@
 //! kills are told apart by when they landed: during start-up (ingest,
 //! recovery) or while steps ran.
 
+use super::Rng;
+use super::report::{ChaosReport, Differences};
+use super::workloads::{Workload, noisy, orders_join};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 use sluice_core::crash::CrashPoint;
 use sluice_embedded::audit::audit_embedded;
 use sluice_storage::audit::Verdict;
@@ -63,224 +65,7 @@ pub struct ChaosOptions {
     pub progress: bool,
 }
 
-/// What a campaign did and found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChaosReport {
-    /// Trials run.
-    pub trials: u32,
-    /// Child runs started (first runs and restarts).
-    pub runs: u32,
-    /// Restarts after a crash.
-    pub restarts: u32,
-    /// Crashes at named points, per point.
-    pub points_hit: BTreeMap<&'static str, u32>,
-    /// SIGKILLs at random moments that landed before the run finished.
-    pub kills: u32,
-    /// Of those, the ones that landed once the run had recovered, while
-    /// steps ran (the others hit start-up: ingest, restore, replay).
-    pub kills_in_steps: u32,
-    /// Trials of the noisy circuit.
-    pub noisy_trials: u32,
-    /// Runs asked to run with another W than the run before (layout
-    /// changes asked for; a crash may undo one before it commits).
-    pub rescales: u32,
-    /// Expected results missing from the output.
-    pub lost: u64,
-    /// Results present more often than expected.
-    pub duplicated: u64,
-    /// Results that should not be there.
-    pub wrong: u64,
-    /// Audits (`sluice verify`) that found a violation.
-    pub audit_failures: u32,
-    /// The first violation, described, if any.
-    pub first_violation: Option<String>,
-}
-
-impl ChaosReport {
-    /// Total violations of every kind.
-    pub fn violations(&self) -> u64 {
-        self.lost + self.duplicated + self.wrong + self.audit_failures as u64
-    }
-}
-
-impl std::fmt::Display for ChaosReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "trials: {} ({} of the noisy circuit)  runs: {}  restarts: {}  rescales: {}  random kills: {} ({} while steps ran)",
-            self.trials,
-            self.noisy_trials,
-            self.runs,
-            self.restarts,
-            self.rescales,
-            self.kills,
-            self.kills_in_steps
-        )?;
-        write!(f, "crash points hit:")?;
-        for p in CrashPoint::ALL.into_iter().chain(CrashPoint::RESCALE) {
-            write!(
-                f,
-                " {}={}",
-                p.name(),
-                self.points_hit.get(p.name()).copied().unwrap_or(0)
-            )?;
-        }
-        writeln!(f)?;
-        write_violations(
-            f,
-            [self.lost, self.duplicated, self.wrong],
-            self.audit_failures,
-            self.first_violation.as_deref(),
-        )
-    }
-}
-
-/// The last lines of a campaign's report: violations by kind, the first.
-pub(crate) fn write_violations(
-    f: &mut std::fmt::Formatter<'_>,
-    [lost, duplicated, wrong]: [u64; 3],
-    audit_failures: u32,
-    first: Option<&str>,
-) -> std::fmt::Result {
-    write!(
-        f,
-        "violations: {} (lost {lost}, duplicated {duplicated}, wrong {wrong}, audit failures \
-         {audit_failures})",
-        lost + duplicated + wrong + u64::from(audit_failures)
-    )?;
-    if let Some(v) = first {
-        write!(f, "\nfirst violation: {v}")?;
-    }
-    Ok(())
-}
-
-/// xorshift64*, seeded per trial.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
-}
-
-/// What one trial runs: its circuit, its input files and output, and the
-/// integrated output a from-scratch computation expects.
-struct Workload {
-    component: PathBuf,
-    inputs: Vec<(&'static str, PathBuf)>,
-    output: (&'static str, PathBuf),
-    /// Integrated output: the key each event counts under → its weight.
-    expected: BTreeMap<String, i64>,
-    /// The key an output value counts under.
-    key: fn(&serde_json::Value) -> String,
-}
-
-/// The orders-join workload: writes a trial's input, returns the workload.
-fn orders_join(dir: &Path, rng: &mut Rng, opts: &ChaosOptions) -> anyhow::Result<Workload> {
-    let orders = opts.orders;
-    let regions = ["north", "south", "east", "west", "central"];
-    let customers = 1 + orders as u64 / 20;
-    let mut region_of: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut customer_lines = Vec::new();
-    for id in 0..customers {
-        let r = rng.below(regions.len() as u64) as usize;
-        customer_lines
-            .push(json!({"id": id, "name": format!("c{id}"), "region": regions[r]}).to_string());
-        region_of.insert(id, r);
-    }
-    let mut live: BTreeMap<u64, (u64, i64)> = BTreeMap::new();
-    let mut order_lines = Vec::new();
-    for id in 0..orders as u64 {
-        let (customer, amount) = (rng.below(customers), 1 + rng.below(500) as i64);
-        order_lines.push(json!({"id": id, "customer": customer, "amount": amount}).to_string());
-        live.insert(id, (customer, amount));
-        if rng.below(8) == 0 && !live.is_empty() {
-            let victim = *live
-                .keys()
-                .nth(rng.below(live.len() as u64) as usize)
-                .expect("non-empty");
-            let (c, a) = live.remove(&victim).expect("present");
-            order_lines
-                .push(json!({"delete": {"id": victim, "customer": c, "amount": a}}).to_string());
-        }
-        if rng.below(40) == 0 {
-            let c = rng.below(customers);
-            let (old, new) = (region_of[&c], rng.below(regions.len() as u64) as usize);
-            customer_lines.push(
-                json!({"delete": {"id": c, "name": format!("c{c}"), "region": regions[old]}})
-                    .to_string(),
-            );
-            customer_lines.push(
-                json!({"id": c, "name": format!("c{c}"), "region": regions[new]}).to_string(),
-            );
-            region_of.insert(c, new);
-        }
-    }
-    std::fs::write(dir.join("orders.jsonl"), order_lines.join("\n") + "\n")?;
-    std::fs::write(
-        dir.join("customers.jsonl"),
-        customer_lines.join("\n") + "\n",
-    )?;
-    let mut revenue: BTreeMap<&str, i64> = BTreeMap::new();
-    for (customer, amount) in live.values() {
-        *revenue.entry(regions[region_of[customer]]).or_default() += amount;
-    }
-    Ok(Workload {
-        component: opts.component.clone(),
-        inputs: vec![
-            ("orders", dir.join("orders.jsonl")),
-            ("customers", dir.join("customers.jsonl")),
-        ],
-        output: ("revenue", dir.join("revenue.jsonl")),
-        expected: revenue
-            .into_iter()
-            .map(|(region, revenue)| (json!({"region": region, "revenue": revenue}).to_string(), 1))
-            .collect(),
-        key: |v| v.to_string(),
-    })
-}
-
-/// The noisy workload: values from a small vocabulary, inserted and
-/// sometimes deleted; each output event counts under its `v`, whatever
-/// time, random number and step count it carries.
-fn noisy(
-    dir: &Path,
-    rng: &mut Rng,
-    opts: &ChaosOptions,
-    component: &Path,
-) -> anyhow::Result<Workload> {
-    let mut live: BTreeMap<String, i64> = BTreeMap::new();
-    let mut lines = Vec::new();
-    for _ in 0..opts.orders {
-        let v = format!("x{}", rng.below(60));
-        if rng.below(6) == 0 && live.get(&v).is_some_and(|n| *n > 0) {
-            lines.push(json!({"delete": v}).to_string());
-            *live.entry(v).or_default() -= 1;
-        } else {
-            lines.push(json!(v).to_string());
-            *live.entry(v).or_default() += 1;
-        }
-    }
-    std::fs::write(dir.join("values.jsonl"), lines.join("\n") + "\n")?;
-    live.retain(|_, n| *n != 0);
-    Ok(Workload {
-        component: component.to_owned(),
-        inputs: vec![("in", dir.join("values.jsonl"))],
-        output: ("out", dir.join("out.jsonl")),
-        expected: live
-            .into_iter()
-            .map(|(v, n)| (json!(v).to_string(), n))
-            .collect(),
-        key: |v| v["v"].to_string(),
-    })
-}
-
+/// How a run is crashed.
 enum Crash {
     /// Abort at the n-th reach of a named crash point.
     At(CrashPoint, u64),
@@ -290,11 +75,17 @@ enum Crash {
     KillInSteps(Duration),
 }
 
+/// How a run ended.
 enum Outcome {
+    /// It ran to the end.
     Finished,
+    /// It crashed as it was told to (or was killed).
     Crashed,
 }
 
+/// Runs `work` as a child `sluice run` with W = `workers` on the data in
+/// `dir`, crashing it as `crash` says; counts the run, and the crash if it
+/// landed, in `report`.
 fn run_child(
     exe: &Path,
     workers: u32,
@@ -391,6 +182,9 @@ fn run_child(
     bail!("sluice run failed: {}", errors.join("\n").trim())
 }
 
+/// One trial (seed `seed`): its input, one to three crashed runs (each
+/// restarting the one before), a run to the end, then the output compared
+/// and the logs audited, into `report`.
 fn trial(
     exe: &Path,
     opts: &ChaosOptions,
@@ -403,9 +197,9 @@ fn trial(
     let work = match &opts.noisy {
         Some(component) if seed % 2 == 1 => {
             report.noisy_trials += 1;
-            noisy(dir, &mut rng, opts, component)?
+            noisy(dir, &mut rng, opts.orders, component)?
         }
-        _ => orders_join(dir, &mut rng, opts)?,
+        _ => orders_join(dir, &mut rng, opts.orders, &opts.component)?,
     };
     let expected = &work.expected;
     let crashes = 1 + rng.below(3);
@@ -492,44 +286,6 @@ fn trial(
         report.first_violation = Some(format!("trial seed {seed}: {v}"));
     }
     Ok(())
-}
-
-/// How integrated output differs from what was expected.
-#[derive(Debug, Default)]
-pub(crate) struct Differences {
-    /// Weight of expected results missing.
-    pub lost: u64,
-    /// Weight of results present too often.
-    pub duplicated: u64,
-    /// Weight of results never expected.
-    pub wrong: u64,
-    /// The first difference, described.
-    pub first: Option<String>,
-}
-
-impl Differences {
-    /// Compares `got` (results with non-zero weight) with `expected`.
-    pub(crate) fn of(expected: &BTreeMap<String, i64>, got: &BTreeMap<String, i64>) -> Self {
-        let mut d = Differences::default();
-        for (value, e) in expected {
-            let g = got.get(value).copied().unwrap_or(0);
-            if g < *e {
-                d.lost += (e - g) as u64;
-                d.first.get_or_insert(format!("lost {value}: {g} of {e}"));
-            } else if g > *e {
-                d.duplicated += (g - e) as u64;
-                d.first
-                    .get_or_insert(format!("duplicated {value}: {g} for {e}"));
-            }
-        }
-        for (value, g) in got {
-            if !expected.contains_key(value) {
-                d.wrong += g.unsigned_abs();
-                d.first.get_or_insert(format!("wrong {value}"));
-            }
-        }
-        d
-    }
 }
 
 /// Runs a campaign. `exe` is the `sluice` binary to crash.

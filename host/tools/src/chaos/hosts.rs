@@ -2,7 +2,7 @@
 //! hosts.
 //!
 //! Every trial runs word count with deletes over fresh random input, W = 3,
-//! on a coordinator and two worker hosts ([`WorkerHost`]s on loopback TCP,
+//! on a coordinator and two worker hosts ([`WorkerHost`](sluice_runtime::WorkerHost)s on loopback TCP,
 //! each behind a proxy the campaign controls), and injects one to four
 //! faults at random step counts:
 //!
@@ -29,203 +29,37 @@
 //! integrated output is compared with a recount (lost, duplicated, wrong)
 //! and the logs are audited.
 
+use super::Rng;
+use super::proxy::{SECRET, start_host};
+use super::report::{Differences, HostsChaosReport};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_core::Event;
 use sluice_embedded::audit::audit_embedded_with;
 use sluice_pipeline::{Pipeline, PipelineConfig};
-use sluice_runtime::{
-    LoadedComponent, PipelineOptions, Reach, RemoteHost, SluiceEngine, WorkerHost,
-};
+use sluice_runtime::{LoadedComponent, PipelineOptions, Reach, RemoteHost, SluiceEngine};
 use sluice_storage::audit::Verdict;
 use sluice_storage::log::AppendBatch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// What a campaign across hosts did and found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostsChaosReport {
-    /// Trials run.
-    pub trials: u32,
-    /// Worker hosts killed mid-run.
-    pub kills: u32,
-    /// Worker hosts stalled past the session timeout.
-    pub stalls: u32,
-    /// Coordinators dropped mid-step.
-    pub leader_crashes: u32,
-    /// Hosts that joined a running coordinator (workers moved live).
-    pub joins: u32,
-    /// Hosts that left a running coordinator gracefully (their workers
-    /// moved live).
-    pub leaves: u32,
-    /// Coordinators opened (recoveries included).
-    pub opens: u32,
-    /// Steps replayed by recoveries.
-    pub replayed: u64,
-    /// Steps committed.
-    pub steps: u64,
-    /// Of the committed steps' input events, those the hosts read
-    /// themselves.
-    pub events_read_by_hosts: u64,
-    /// Bytes of checkpoint pieces the hosts wrote to the store themselves.
-    pub staged_bytes: u64,
-    /// Bytes of state restores read from the hosts' own copies.
-    pub restored_local_bytes: u64,
-    /// Bytes of state restores fetched from the store (or sent).
-    pub restored_fetched_bytes: u64,
-    /// Expected results missing from the output (by weight).
-    pub lost: u64,
-    /// Results present too often.
-    pub duplicated: u64,
-    /// Results never expected.
-    pub wrong: u64,
-    /// Trials whose audit found a violation.
-    pub audit_failures: u32,
-    /// The first violation, described.
-    pub first_violation: Option<String>,
-    /// Wall time of the campaign.
-    pub took: Duration,
-}
-
-impl HostsChaosReport {
-    /// Total violations of every kind.
-    pub fn violations(&self) -> u64 {
-        self.lost + self.duplicated + self.wrong + self.audit_failures as u64
-    }
-}
-
-impl std::fmt::Display for HostsChaosReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "trials: {}  faults: {} host kills, {} host stalls, {} leader crashes  live moves: {} \
-             joins, {} leaves  coordinators opened: {}  steps: {} committed, {} replayed  ({:.1?})",
-            self.trials,
-            self.kills,
-            self.stalls,
-            self.leader_crashes,
-            self.joins,
-            self.leaves,
-            self.opens,
-            self.steps,
-            self.replayed,
-            self.took
-        )?;
-        writeln!(
-            f,
-            "hosts read {} input events themselves, wrote {} bytes of checkpoint pieces; \
-             restores read {} bytes from the hosts' own copies, fetched {}",
-            self.events_read_by_hosts,
-            self.staged_bytes,
-            self.restored_local_bytes,
-            self.restored_fetched_bytes
-        )?;
-        crate::chaos::write_violations(
-            f,
-            [self.lost, self.duplicated, self.wrong],
-            self.audit_failures,
-            self.first_violation.as_deref(),
-        )
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
-    }
-}
-
-const SECRET: &[u8] = b"the campaign's shared secret";
+/// The session timeout: a host silent this long is lost.
 const SESSION: Duration = Duration::from_millis(400);
-
-/// A worker host behind a proxy that can hold its bytes.
-struct Host {
-    addr: String,
-    frozen: Arc<AtomicBool>,
-    server: tokio::task::JoinHandle<()>,
-    proxy: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        self.server.abort();
-        self.proxy.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        while frozen.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn start_host(
-    engine: &SluiceEngine,
-    component: &LoadedComponent,
-    pipeline: &str,
-    reach: &dyn Fn() -> anyhow::Result<Reach>,
-) -> anyhow::Result<Host> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let target = listener.local_addr()?;
-    let host = WorkerHost::new_with(engine, component, pipeline, SECRET, None, reach()?);
-    let server = tokio::spawn(async move {
-        let _ = host.serve(listener).await;
-    });
-    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = front.local_addr()?.to_string();
-    let frozen = Arc::new(AtomicBool::new(false));
-    let f = frozen.clone();
-    let proxy = tokio::spawn(async move {
-        let mut pumps = tokio::task::JoinSet::new();
-        while let Ok((client, _)) = front.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
-                continue;
-            };
-            let (cr, cw) = client.into_split();
-            let (sr, sw) = server.into_split();
-            pumps.spawn(pump(cr, sw, f.clone()));
-            pumps.spawn(pump(sr, cw, f.clone()));
-        }
-    });
-    Ok(Host {
-        addr,
-        frozen,
-        server,
-        proxy,
-    })
-}
 
 /// How long one step may take before the trial fails: far past the session
 /// timeout, after which a lost host fails the step.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
 
+/// A fault a trial injects.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
+    /// A worker host dies; a fresh one replaces it.
     Kill,
+    /// A worker host stops answering (its proxy holds every byte).
     Stall,
+    /// The coordinator is dropped at a random moment of a step.
     LeaderCrash,
     /// A host joins the running coordinator: its share moves live.
     Join,
@@ -233,6 +67,9 @@ enum Fault {
     Leave,
 }
 
+/// One trial (seed `seed`): word count across hosts with faults injected,
+/// recovered until all input is consumed, then the output recounted and the
+/// logs audited, into `report`.
 async fn trial(
     engine: &Arc<SluiceEngine>,
     component: &LoadedComponent,
@@ -505,7 +342,7 @@ async fn trial(
     // A line deleted more often than inserted leaves a word below zero:
     // word count emits no row for it (as the e2e recount).
     expected.retain(|_, n| *n > 0);
-    let diff = crate::chaos::Differences::of(&expected, &got);
+    let diff = Differences::of(&expected, &got);
     report.lost += diff.lost;
     report.duplicated += diff.duplicated;
     report.wrong += diff.wrong;

@@ -1,0 +1,111 @@
+//! `sluice bench`: what the sandbox and exactly-once cost, each figure a
+//! ratio against a baseline measured in the same run (so it holds on a noisy
+//! machine).
+//!
+//! One module per scenario, each module's docs saying what it measures
+//! against what; [`bench`] runs them in turn, and the table lists their
+//! rows in that order.
+//!
+//! The table goes to stdout, and with `--markdown` into a file between
+//! `<!-- bench:begin -->` and `<!-- bench:end -->` (text around the markers
+//! is kept), with an SVG chart of the ratios.
+
+/// **Checkpoint** pause and **recovery** time, for growing word-count state.
+mod checkpoint;
+/// **Density**: worker start time and idle memory.
+mod density;
+/// **Durable commit**: step commits against raw synced RocksDB batches.
+mod durable_commit;
+/// **Exactly-once cost**: synced commits against unsynced ones.
+mod exactly_once;
+/// **Hosts**: a pipeline across hosts; joins, leaves and failover.
+mod hosts;
+/// **Incremental checkpoint** against a full one of the same state.
+mod incremental;
+/// **Large state**: checkpoint and restore of 1 GiB in few keys.
+mod large_state;
+/// **Native peer**: a whole exactly-once pipeline against the circuit native.
+mod native_peer;
+/// **Recovery by replay** of 1 M events without a checkpoint.
+mod replay;
+/// **Rescale**: the state a layout change moves, and its pause.
+mod rescale;
+/// **Sandbox cost**: WASM components against the same circuits native.
+mod sandbox;
+/// **Step boundary**: an empty step as a share of steps of 1 to 10 000 events.
+mod step_boundary;
+
+/// The rows, their formatting, the table, the chart and the markdown.
+mod report;
+/// The circuits, their inputs cut into steps, the pipeline set-ups.
+mod workloads;
+
+pub use durable_commit::{sample_commit, sample_commits};
+pub use report::{Row, table};
+pub use workloads::wordcount_ports;
+
+use sluice_runtime::{Limits, SluiceEngine};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What to run and where to write.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Small inputs and few repetitions (for CI).
+    pub quick: bool,
+    /// Write the table into this markdown file (between the markers).
+    pub markdown: Option<PathBuf>,
+    /// Write the chart (SVG) here.
+    pub chart: Option<PathBuf>,
+}
+
+/// Runs the benchmarks and returns the rows (also printed and written).
+pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
+    let engine = Arc::new(SluiceEngine::new(
+        Limits::default(),
+        SluiceEngine::default_cache_dir(),
+    )?);
+    eprintln!("bench: building and loading the circuits …");
+    let loads = workloads::workloads(&engine, opts.quick).await?;
+    let reps = if opts.quick { 1 } else { 3 };
+    let mut rows = Vec::new();
+    eprintln!("bench: sandbox cost …");
+    sandbox::sandbox_cost(&engine, &loads, reps, &mut rows).await?;
+    eprintln!("bench: step boundary …");
+    step_boundary::step_boundary(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: exactly-once cost …");
+    exactly_once::exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
+    eprintln!("bench: checkpoint and recovery …");
+    checkpoint::checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: incremental checkpoint …");
+    incremental::incremental_checkpoint(&loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: native peer …");
+    native_peer::native_peer(&engine, &loads, reps, &mut rows).await?;
+    eprintln!("bench: large state …");
+    large_state::large_state(&engine, opts.quick, &mut rows).await?;
+    eprintln!("bench: rescale …");
+    rescale::rescale_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: hosts …");
+    hosts::hosts_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: recovery by replay …");
+    replay::replay_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: density …");
+    density::density(&loads[0], opts.quick, &mut rows).await?;
+    eprintln!("bench: durable commit …");
+    let quick = opts.quick;
+    let mut commit_rows = Vec::new();
+    tokio::task::spawn_blocking(move || {
+        durable_commit::durable_commit(quick, &mut commit_rows).map(|()| commit_rows)
+    })
+    .await??
+    .into_iter()
+    .for_each(|r| rows.push(r));
+
+    report::write(
+        &rows,
+        opts.quick,
+        opts.markdown.as_deref(),
+        opts.chart.as_deref(),
+    )?;
+    Ok(rows)
+}
