@@ -36,6 +36,10 @@ mod error;
 pub mod exchange;
 pub mod operator;
 pub mod state;
+// The WIT glue exists in the WebAssembly build only (wit-bindgen is a
+// wasm32-only dependency): native builds use circuits through
+// `CircuitInstance`.
+#[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 pub mod sys;
 mod table;

@@ -19,6 +19,10 @@ use sluice_storage::{CheckpointMeta, Guarded, ReadBytes, StatePiece};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A checkpoint's `(shard, worker)` piece keys, and its pieces when read
+/// here at once.
+type CheckpointKeys = (Vec<(u32, u32)>, Option<Vec<StatePiece>>);
+
 /// Takes the pipeline over — a new epoch fences any older host — and
 /// reads the newest committed checkpoint's description.
 async fn take_over(storage: &Arc<Guarded>) -> Result<(Option<CheckpointMeta>, u64)> {
@@ -322,31 +326,35 @@ impl Coordinator {
     /// The `(shard, worker)` keys of committed checkpoint `step`'s pieces,
     /// and the pieces themselves when they are all read here at once (this
     /// host's own store, which no worker's host reaches); a shared store is
-    /// read worker by worker, telling what came from a host's own copy.
-    pub(super) async fn checkpoint_keys(
+    /// read worker by worker, telling what came from a host's own copy. (A
+    /// future that holds no borrow of the coordinator, whose instances are
+    /// not `Sync`.)
+    pub(super) fn checkpoint_keys(
         &self,
         step: u64,
-    ) -> Result<(Vec<(u32, u32)>, Option<Vec<StatePiece>>)> {
-        let missing = || sluice_storage::StorageError::Corrupt {
-            what: format!("checkpoint of step {step}"),
-            message: "its pieces are missing".into(),
-        };
+    ) -> impl Future<Output = Result<CheckpointKeys>> + use<> {
         let location = self.storage.checkpoints().location();
         let reach_store = self.placement.instances.iter().any(|i| {
             matches!(i, Some(AnyWorker::Remote(r))
                 if location.is_some() && r.store() == location.as_deref())
         });
         let s = self.storage.clone();
-        if location.is_some() || reach_store {
-            let keys = blocking(move || s.checkpoints().keys(step)).await?;
-            return Ok((keys.ok_or_else(missing)?, None));
+        async move {
+            let missing = || sluice_storage::StorageError::Corrupt {
+                what: format!("checkpoint of step {step}"),
+                message: "its pieces are missing".into(),
+            };
+            if location.is_some() || reach_store {
+                let keys = blocking(move || s.checkpoints().keys(step)).await?;
+                return Ok((keys.ok_or_else(missing)?, None));
+            }
+            let pieces = blocking(move || s.checkpoints().pieces(step, None)).await?;
+            let pieces = pieces.ok_or_else(missing)?;
+            Ok((
+                pieces.iter().map(|p| (p.shard, p.worker)).collect(),
+                Some(pieces),
+            ))
         }
-        let pieces = blocking(move || s.checkpoints().pieces(step, None)).await?;
-        let pieces = pieces.ok_or_else(missing)?;
-        Ok((
-            pieces.iter().map(|p| (p.shard, p.worker)).collect(),
-            Some(pieces),
-        ))
     }
 
     /// Reads the record of committed step `step` (a future that holds no
