@@ -146,7 +146,10 @@ async fn fencing_a_superseded_coordinator_cannot_commit() {
     // ...and the old one's next commit is refused.
     let err = zombie.step().await.unwrap_err();
     assert!(
-        matches!(err, Error::Storage(StorageError::HostEpochSuperseded { step: 1, .. })),
+        matches!(
+            err,
+            Error::Storage(StorageError::HostEpochSuperseded { step: 1, .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("fenced"), "{err}");

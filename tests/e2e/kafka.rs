@@ -607,12 +607,16 @@ fn a_fenced_host_commits_no_checkpoint() {
     );
     // The old host wakes: its manifest is written, its record refused.
     let err = old.put(&conformance::sample_checkpoint(5, 2)).unwrap_err();
-    assert!(matches!(err, StorageError::TransactionalProducerSuperseded { .. }), "{err}");
+    assert!(
+        matches!(err, StorageError::TransactionalProducerSuperseded { .. }),
+        "{err}"
+    );
     let err = old_log.record_checkpoint(5, "anything").unwrap_err();
     assert!(
         matches!(
             err,
-            StorageError::InvalidCommit { .. } | StorageError::TransactionalProducerSuperseded { .. }
+            StorageError::InvalidCommit { .. }
+                | StorageError::TransactionalProducerSuperseded { .. }
         ),
         "{err}"
     );
