@@ -4,6 +4,7 @@
     scripts/check-module-deps.py            every crate under host/
     scripts/check-module-deps.py host/kafka one crate (or several)
     scripts/check-module-deps.py --graph host/runtime   print its edges
+    scripts/check-module-deps.py --self-test            check the checker
 
 Rules (CI runs this; each failure names the files):
 
@@ -283,7 +284,47 @@ def name(crate, mod):
     return os.path.relpath(crate.files[mod], ROOT)
 
 
+def self_test():
+    """Builds small crates in a temporary directory: a loop through `use`,
+    a loop through an inline path, a parent `mod.rs` importing a child that
+    imports it back, and clean ones (re-exports, `super::` in tests) — and
+    checks that exactly the loops are found."""
+    import tempfile
+
+    def crate(files):
+        root = tempfile.mkdtemp()
+        for path, text in files.items():
+            full = os.path.join(root, "src", path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            open(full, "w").write(text)
+        c = Crate(root)
+        return [[os.path.relpath(c.files[m], root) for m in comp] for comp in cycles(c.edges(), c.files.keys())]
+
+    cases = [
+        ("use loop", {"lib.rs": "mod a;\nmod b;\n", "a.rs": "use crate::b::B;\npub struct A;\n",
+                      "b.rs": "use crate::a::A;\npub struct B;\n"}, 1),
+        ("inline path loop", {"lib.rs": "mod a;\nmod b;\n", "a.rs": "fn f() { crate::b::g() }\npub fn h() {}\n",
+                              "b.rs": "pub fn g() { crate::a::h() }\n"}, 1),
+        ("parent and child", {"lib.rs": "mod p;\n", "p/mod.rs": "mod c;\nuse c::C;\npub struct P;\n",
+                              "p/c.rs": "use super::P;\npub struct C;\n"}, 1),
+        ("re-exports are not edges", {"lib.rs": "mod a;\nmod b;\npub use a::A;\npub use b::B;\n",
+                                      "a.rs": "pub struct A;\n", "b.rs": "use crate::A;\npub struct B;\n"}, 0),
+        ("super in tests is the file", {"lib.rs": "mod a;\n", "a.rs": "pub fn f() {}\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n"}, 0),
+        ("comments and strings are not paths", {"lib.rs": "mod a;\nmod b;\n", "a.rs": "// crate::b::x\npub fn f() {}\n",
+                                                "b.rs": "pub fn g() { let _ = \"crate::a::f\"; crate::a::f() }\n"}, 0),
+    ]
+    failed = 0
+    for name, files, loops in cases:
+        got = crate(files)
+        ok = len(got) == loops
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {len(got)} loop(s), expected {loops} {got if got else ''}")
+    return 1 if failed else 0
+
+
 def main(argv):
+    if "--self-test" in argv:
+        return self_test()
     graph = "--graph" in argv
     targets = [a for a in argv if not a.startswith("--")]
     if not targets:

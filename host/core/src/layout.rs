@@ -233,6 +233,26 @@ mod tests {
     use super::*;
     use crate::shape::CircuitPorts;
 
+    #[test]
+    fn every_partition_has_one_reader() {
+        let shape = PipelineShape::new(
+            &CircuitPorts {
+                inputs: vec!["a".into(), "b".into()],
+                outputs: vec!["out".into()],
+                snapshot_version: 3,
+            },
+            2,
+            |n| if n == "a" { 3 } else { 1 },
+        )
+        .unwrap();
+        let owned = Layout::initial(&shape).assignment(&shape);
+        assert_eq!(owned.len(), 2);
+        let all: Vec<PartitionId> = owned.iter().flatten().map(|(id, _)| *id).collect();
+        assert_eq!(all.len(), 4);
+        assert_eq!(shape.partitions().count(), 4);
+        assert_eq!(owned[1].len(), 1, "a/1");
+    }
+
     fn shape(workers: u32, partitions: u32) -> PipelineShape {
         let ports = CircuitPorts {
             inputs: vec!["a".into(), "b".into()],

@@ -153,17 +153,6 @@ mod tests {
     }
 
     #[test]
-    fn every_partition_has_one_reader() {
-        let shape = PipelineShape::new(&ports(), 2, |n| if n == "a" { 3 } else { 1 }).unwrap();
-        let owned = crate::Layout::initial(&shape).assignment(&shape);
-        assert_eq!(owned.len(), 2);
-        let all: Vec<PartitionId> = owned.iter().flatten().map(|(id, _)| *id).collect();
-        assert_eq!(all.len(), 4);
-        assert_eq!(shape.partitions().count(), 4);
-        assert_eq!(owned[1].len(), 1, "a/1");
-    }
-
-    #[test]
     fn bad_shapes_are_refused() {
         assert!(matches!(
             PipelineShape::new(&ports(), 0, |_| 1),
