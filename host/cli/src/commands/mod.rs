@@ -1,8 +1,12 @@
 //! What each `sluice` command does, one module per kind of command.
 
+/// Commands against a `sluice serve`: the client side of its HTTP API.
+mod api;
+/// Commands on this machine's pipelines: `run`, `host`, `verify`, `read`, `serve`.
 mod local;
+/// Progress on the terminal.
 mod progress;
-mod remote;
+/// The tool commands: `build`, `chaos`, `bench`, `gen`, `demo`.
 mod tools;
 
 use crate::cli::{Cli, Command, GenCommand};
@@ -46,14 +50,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Tenant { what, conn } => remote::tenant(conn, what).await,
+        Command::Tenant { what, conn } => api::tenant(conn, what).await,
         Command::Deploy {
             component,
             pipeline,
             name,
             workers,
             conn,
-        } => remote::deploy(conn, component, pipeline, name, workers).await,
+        } => api::deploy(conn, component, pipeline, name, workers).await,
         Command::Push {
             pipeline,
             port,
@@ -67,7 +71,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 restart,
                 progress: true,
             };
-            remote::push(conn, pipeline, port, file, opts).await
+            api::push(conn, pipeline, port, file, opts).await
         }
         Command::Tail {
             pipeline,
@@ -75,19 +79,19 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             after,
             follow,
             conn,
-        } => remote::tail(conn, pipeline, port, after, follow).await,
-        Command::Status { pipeline, conn } => remote::status(conn, pipeline).await,
-        Command::Pipelines { conn } => remote::status(conn, None).await,
-        Command::Components { conn } => remote::components(conn).await,
+        } => api::tail(conn, pipeline, port, after, follow).await,
+        Command::Status { pipeline, conn } => api::status(conn, pipeline).await,
+        Command::Pipelines { conn } => api::status(conn, None).await,
+        Command::Components { conn } => api::components(conn).await,
         Command::Scale {
             pipeline,
             workers,
             conn,
-        } => remote::scale(conn, pipeline, workers).await,
-        Command::Start { pipeline, conn } => remote::control(conn, pipeline, "start").await,
-        Command::Pause { pipeline, conn } => remote::control(conn, pipeline, "pause").await,
-        Command::Stop { pipeline, conn } => remote::control(conn, pipeline, "stop").await,
-        Command::Delete { pipeline, conn } => remote::delete(conn, pipeline).await,
+        } => api::scale(conn, pipeline, workers).await,
+        Command::Start { pipeline, conn } => api::control(conn, pipeline, "start").await,
+        Command::Pause { pipeline, conn } => api::control(conn, pipeline, "pause").await,
+        Command::Stop { pipeline, conn } => api::control(conn, pipeline, "stop").await,
+        Command::Delete { pipeline, conn } => api::delete(conn, pipeline).await,
         Command::Build { path, target_dir } => tools::build(path, target_dir).await,
         Command::Chaos {
             trials,
