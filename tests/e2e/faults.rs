@@ -154,3 +154,122 @@ async fn injected_faults_on_kafka_never_lose_or_duplicate_an_effect() {
     let log = LogConfig::Kafka { config };
     faults_never_lose_or_duplicate(dir.path(), log).await;
 }
+
+/// A checkpoint store that is down for a while (issue #27, item 9) delays
+/// checkpoints and trims, never steps: the steps go on and commit while
+/// every checkpoint write fails, the pipeline says its checkpoints are
+/// behind and why, no input is trimmed meanwhile, and once the store is
+/// back the next due checkpoint commits and trims — then a reopen restores
+/// it and the output is every word exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_delays_checkpoints_not_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(SluiceEngine::new(Limits::default(), Some(cache_dir())).unwrap());
+    let component = engine
+        .load_file(&component("tests/guests/misbehave"))
+        .unwrap();
+    let options = PipelineOptions {
+        max_batch: 20,
+        checkpoint_every_steps: 2,
+        checkpoint_interval: Duration::from_millis(300),
+        ..PipelineOptions::default()
+    };
+    let config = PipelineConfig {
+        options: options.clone(),
+        ..PipelineConfig::new(dir.path(), 2)
+    };
+    let mut pipeline = Pipeline::open(engine, component, config).await.unwrap();
+    let mut store = None;
+    pipeline.storage_mut().wrap(|l, c| {
+        let c = Arc::new(FaultyCheckpoints::new(c, FaultConfig::default()));
+        store = Some(c.clone());
+        (l, c)
+    });
+    let store = store.unwrap();
+    let log = pipeline.storage().log.clone();
+    let words: Vec<String> = (0..800).map(|i| format!("w{}", i % 37)).collect();
+    append_through_faults(&*log, &words);
+
+    let mut c = pipeline.coordinator_with(options).await.unwrap();
+    // Two steps and a checkpoint with the store up.
+    assert!(c.step().await.unwrap());
+    assert!(c.step().await.unwrap());
+    c.checkpoint().await.unwrap();
+    let first = c.checkpointed_step().expect("a checkpoint");
+    let low = |log: &Arc<dyn LogBackend>| {
+        (0..2)
+            .map(|p| log.watermarks("in", p).unwrap().0)
+            .collect::<Vec<_>>()
+    };
+    let trimmed_before = low(&log);
+
+    // The store goes away: steps go on, checkpoints fail and are reported.
+    store.set_down(true);
+    let mut steps = 0;
+    let started = std::time::Instant::now();
+    while steps < 12 {
+        assert!(c.step().await.expect("a store outage must not fail a step"));
+        steps += 1;
+        // Let the retry time pass now and then, so a checkpoint is tried
+        // more than once during the outage.
+        if steps % 4 == 0 {
+            tokio::time::sleep(Duration::from_millis(350)).await;
+        }
+    }
+    c.settle().await.unwrap();
+    assert!(
+        c.stats().checkpoint_failures >= 2,
+        "checkpoints were tried during the outage: {:?}",
+        c.stats()
+    );
+    assert_eq!(
+        c.checkpointed_step(),
+        Some(first),
+        "no checkpoint committed"
+    );
+    let behind = c.checkpoints_behind().expect("the checkpoints are behind");
+    assert!(behind.contains("injected fault"), "{behind}");
+    assert_eq!(
+        low(&log),
+        trimmed_before,
+        "nothing trimmed during the outage"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // The store is back: the next due checkpoint commits and trims.
+    store.set_down(false);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    while c.step().await.unwrap() {
+        if c.checkpointed_step() > Some(first) {
+            break;
+        }
+    }
+    c.checkpoint().await.unwrap();
+    assert!(c.checkpointed_step() > Some(first));
+    assert_eq!(c.checkpoints_behind(), None);
+    assert!(
+        low(&log).iter().zip(&trimmed_before).any(|(a, b)| a > b),
+        "input trimmed after the store came back"
+    );
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+
+    // Every word exactly once.
+    let mut z: BTreeMap<String, i64> = BTreeMap::new();
+    log.scan_output("out", 0, &mut |e| {
+        for ev in e.events {
+            *z.entry(String::from_utf8(ev.value).unwrap()).or_default() += ev.weight;
+        }
+        Ok(std::ops::ControlFlow::Continue(()))
+    })
+    .unwrap();
+    z.retain(|_, w| *w != 0);
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for w in &words {
+        *expected
+            .entry(serde_json::to_string(w).unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(z, expected);
+}

@@ -14,7 +14,7 @@ use crate::{
 };
 use sluice_core::{Event, OutputEntry, StepCommit, StepRecord};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +62,8 @@ struct Faults {
     config: FaultConfig,
     state: Mutex<u64>,
     injected: AtomicU64,
+    /// An outage: every operation fails before doing anything.
+    down: AtomicBool,
 }
 
 impl Faults {
@@ -70,6 +72,7 @@ impl Faults {
             config,
             state: Mutex::new(config.seed | 1),
             injected: AtomicU64::new(0),
+            down: AtomicBool::new(false),
         }
     }
 
@@ -97,7 +100,7 @@ impl Faults {
 
     fn read<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.pause();
-        if self.chance(self.config.fail_read) {
+        if self.down.load(Ordering::Relaxed) || self.chance(self.config.fail_read) {
             return Err(self.inject(op, false));
         }
         f()
@@ -105,7 +108,7 @@ impl Faults {
 
     fn write<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.pause();
-        if self.chance(self.config.fail_before) {
+        if self.down.load(Ordering::Relaxed) || self.chance(self.config.fail_before) {
             return Err(self.inject(op, false));
         }
         let v = f()?;
@@ -129,6 +132,12 @@ impl FaultyLog {
             inner,
             faults: Faults::new(config),
         }
+    }
+
+    /// Starts (`true`) or ends an outage: while it lasts, every operation
+    /// fails before doing anything, as a store or broker out of reach does.
+    pub fn set_down(&self, down: bool) {
+        self.faults.down.store(down, Ordering::Relaxed);
     }
 
     /// How many faults were injected so far.
@@ -237,6 +246,12 @@ impl FaultyCheckpoints {
             inner,
             faults: Faults::new(config),
         }
+    }
+
+    /// Starts (`true`) or ends an outage: while it lasts, every operation
+    /// fails before doing anything, as a store or broker out of reach does.
+    pub fn set_down(&self, down: bool) {
+        self.faults.down.store(down, Ordering::Relaxed);
     }
 
     /// How many faults were injected so far.

@@ -3,9 +3,18 @@
 //! unchanged shards carried from the last checkpoint), write the
 //! checkpoint and trim the input it covers in the background while steps
 //! go on.
+//!
+//! **A store outage delays checkpoints, never steps.** A write that fails
+//! transiently (the object store or the disk is away) leaves the newest
+//! committed checkpoint as it was: nothing is trimmed, the next checkpoint
+//! is written whole, and it is tried again after the checkpoint interval
+//! (no sooner, so an outage does not pause every step for snapshots). The
+//! pipeline reports that its checkpoints are behind, and why
+//! ([`Coordinator::checkpoints_behind`]). A refusal that would recur — an
+//! invariant, a fence — still fails the step.
 
 use super::workers::AnyWorker;
-use super::{Base, Coordinator, PendingCheckpoint};
+use super::{Base, CheckpointsBehind, Coordinator, PendingCheckpoint, Written};
 use crate::error::{Error, Result};
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_storage::{Carried, Checkpoint, CheckpointMeta, Staged, StatePiece};
@@ -21,8 +30,17 @@ enum Taken {
 }
 
 impl Coordinator {
-    /// Whether a checkpoint is due (by steps or by time since the last).
+    /// Whether a checkpoint is due (by steps or by time since the last); after
+    /// a failed write, not before its retry time.
     pub fn checkpoint_due(&self) -> bool {
+        if self
+            .checkpoints
+            .behind
+            .as_ref()
+            .is_some_and(|b| Instant::now() < b.retry_at)
+        {
+            return false;
+        }
         let last = self
             .checkpoints
             .pending
@@ -34,9 +52,30 @@ impl Coordinator {
             || self.checkpoints.last_at.elapsed() >= self.options.checkpoint_interval
     }
 
+    /// Why the pipeline's checkpoints are behind its steps, if they are: the
+    /// error of the last failed write, the newest step a checkpoint covers
+    /// still being older than the steps committed since.
+    pub fn checkpoints_behind(&self) -> Option<&str> {
+        self.checkpoints.behind.as_ref().map(|b| b.reason.as_str())
+    }
+
     /// Checkpoints the state after the last committed step (if not yet
-    /// checkpointed), then trims the input it covers.
+    /// checkpointed), then trims the input it covers. Unlike the background
+    /// checkpoints of [`step`](Self::step), a write that fails is this
+    /// call's error (a graceful stop wants to know).
     pub async fn checkpoint(&mut self) -> Result<()> {
+        self.start_checkpoint().await?;
+        match self.settle_write().await? {
+            Some(Written::Failed(e) | Written::Untrimmed(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`checkpoint`](Self::checkpoint) as the background checkpoints take
+    /// it: a write that fails transiently only delays checkpoints (the
+    /// pipeline reports them [behind](Self::checkpoints_behind)) and is not
+    /// this call's error — for a host checkpointing while idle.
+    pub async fn checkpoint_or_delay(&mut self) -> Result<()> {
         self.start_checkpoint().await?;
         self.await_checkpoint().await
     }
@@ -167,13 +206,17 @@ impl Coordinator {
             pieces,
         };
         let storage = self.storage.clone();
-        let write = tokio::task::spawn_blocking(move || -> Result<()> {
+        let write = tokio::task::spawn_blocking(move || -> Written {
             crash_point(CrashPoint::MidCheckpoint);
             let carried = carried.as_ref().filter(|c| !c.pieces.is_empty());
-            storage.checkpoint_staged(&checkpoint, &staged, carried)?;
+            if let Err(e) = storage.checkpoint_staged(&checkpoint, &staged, carried) {
+                return Written::Failed(e.into());
+            }
             crash_point(CrashPoint::AfterCheckpoint);
-            storage.trim_to_checkpoint()?;
-            Ok(())
+            match storage.trim_to_checkpoint() {
+                Ok(_) => Written::Done,
+                Err(e) => Written::Untrimmed(e.into()),
+            }
         });
         self.checkpoints.pending = Some(PendingCheckpoint {
             step,
@@ -186,30 +229,101 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Waits for the checkpoint being written, if any, and records it.
+    /// Waits for the checkpoint being written, if any, and records it. A
+    /// write that failed transiently only delays checkpoints (see the
+    /// module's docs); any other failure is the error.
     pub(super) async fn await_checkpoint(&mut self) -> Result<()> {
+        self.settle_write().await.map(|_| ())
+    }
+
+    /// [`await_checkpoint`](Self::await_checkpoint), telling how the write
+    /// ended (`None`: no write was pending). Errs only on a failure that
+    /// would recur.
+    async fn settle_write(&mut self) -> Result<Option<Written>> {
         let Some(p) = self.checkpoints.pending.take() else {
-            return Ok(());
+            return Ok(None);
         };
-        p.write
-            .await
-            .map_err(Error::task("the checkpoint write"))??;
-        tracing::debug!(
-            pipeline = %self.options.name,
-            step = p.step,
-            snapshots = ?p.snapshots,
-            total = ?p.started.elapsed(),
-            "checkpoint committed, input trimmed"
-        );
+        let written = p.write.await.map_err(Error::task("the checkpoint write"))?;
+        match &written {
+            Written::Failed(e) => {
+                if !e.is_transient() {
+                    return Err(self.take_error(written));
+                }
+                // Nothing was committed (or it is unknown whether it was:
+                // a store that failed after the write; then the store has
+                // a newer checkpoint than this host knows, which the next
+                // one supersedes). The instances' change tracking was
+                // reset by the snapshots: the next checkpoint is whole.
+                self.checkpoints.base = None;
+                self.checkpoint_behind(p.step, e);
+                return Ok(Some(written));
+            }
+            Written::Untrimmed(e) if !e.is_transient() => {
+                return Err(self.take_error(written));
+            }
+            Written::Untrimmed(e) => {
+                tracing::warn!(
+                    pipeline = %self.options.name,
+                    step = p.step,
+                    error = %e,
+                    "checkpoint committed, but trimming the input it covers failed: the next checkpoint trims"
+                );
+            }
+            Written::Done => {
+                tracing::debug!(
+                    pipeline = %self.options.name,
+                    step = p.step,
+                    snapshots = ?p.snapshots,
+                    total = ?p.started.elapsed(),
+                    "checkpoint committed, input trimmed"
+                );
+            }
+        }
         self.checkpoints.step = Some(p.step);
         self.checkpoints.base = Some(Base {
             step: p.step,
             pieces: p.pieces,
         });
+        self.checkpoints.behind = None;
         self.checkpoints.last_took = p.started.elapsed();
         self.checkpoints.last_snapshots = p.snapshots;
         self.stats.checkpoints += 1;
-        Ok(())
+        Ok(Some(written))
+    }
+
+    /// The error a write ended with.
+    fn take_error(&self, written: Written) -> Error {
+        match written {
+            Written::Failed(e) | Written::Untrimmed(e) => e,
+            Written::Done => Error::WorkersLost,
+        }
+    }
+
+    /// Records that the checkpoint of `step` could not be written: the
+    /// checkpoints are behind until one is, tried again after the
+    /// checkpoint interval.
+    fn checkpoint_behind(&mut self, step: u64, e: &Error) {
+        self.stats.checkpoint_failures += 1;
+        let since = self
+            .checkpoints
+            .behind
+            .as_ref()
+            .map_or(step, |b| b.since_step);
+        let failures = self.checkpoints.behind.as_ref().map_or(0, |b| b.failures) + 1;
+        let reason = format!(
+            "{failures} checkpoint write(s) failed since step {since}; the newest committed \
+             checkpoint is {}; the last error: {e}",
+            self.checkpoints
+                .step
+                .map_or("none".to_owned(), |s| format!("of step {s}"))
+        );
+        tracing::warn!(pipeline = %self.options.name, step, error = %e, "a checkpoint write failed: checkpoints (and trims) are delayed, steps go on");
+        self.checkpoints.behind = Some(CheckpointsBehind {
+            since_step: since,
+            failures,
+            reason,
+            retry_at: Instant::now() + self.options.checkpoint_interval,
+        });
     }
 
     /// Waits for a checkpoint still being written in the background (before

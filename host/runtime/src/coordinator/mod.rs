@@ -40,7 +40,7 @@ mod step;
 mod workers;
 
 use crate::engine::{LoadedComponent, SluiceEngine};
-use crate::error::Result;
+use crate::error::Error;
 use crate::exchange::Exchange;
 use crate::hosts::{MeshPlan, RemoteHost};
 use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepLimits};
@@ -164,6 +164,30 @@ struct CheckpointState {
     /// full one (none yet, a layout change, a failed checkpoint, or
     /// incremental checkpoints turned off).
     base: Option<Base>,
+    /// Set while checkpoint writes fail (a store outage).
+    behind: Option<CheckpointsBehind>,
+}
+
+/// How a checkpoint's background write ended.
+enum Written {
+    /// Committed, and the input it covers trimmed.
+    Done,
+    /// Committed, but the trim after it failed (the next checkpoint trims).
+    Untrimmed(Error),
+    /// Not committed.
+    Failed(Error),
+}
+
+/// Checkpoints that could not be written: when it began and why.
+struct CheckpointsBehind {
+    /// The step of the first checkpoint that failed.
+    since_step: u64,
+    /// Writes failed since.
+    failures: u64,
+    /// What the status says.
+    reason: String,
+    /// No checkpoint is tried before this.
+    retry_at: Instant,
 }
 
 impl CheckpointState {
@@ -176,6 +200,7 @@ impl CheckpointState {
             last_snapshots: Duration::ZERO,
             pending: None,
             base: None,
+            behind: None,
         }
     }
 }
@@ -188,7 +213,7 @@ struct PendingCheckpoint {
     /// Its pieces, `(shard, worker)`, written or carried: the base of the
     /// next incremental checkpoint once it is committed.
     pieces: BTreeSet<(u32, u32)>,
-    write: tokio::task::JoinHandle<Result<()>>,
+    write: tokio::task::JoinHandle<Written>,
 }
 
 /// The committed checkpoint the instances' state was last snapshotted for

@@ -86,6 +86,9 @@ pub struct Stats {
     pub steps: u64,
     /// Checkpoints committed.
     pub checkpoints: u64,
+    /// Checkpoint writes that failed transiently (a store outage): the
+    /// steps went on, the checkpoint was tried again later.
+    pub checkpoint_failures: u64,
     /// Input events consumed by committed steps.
     pub events_in: u64,
     /// Of those, events the workers' hosts read from the logs themselves

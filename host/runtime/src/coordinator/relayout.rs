@@ -39,7 +39,9 @@ impl Coordinator {
         self.step_with(true).await?;
         let pause = started.elapsed();
         crash_point(CrashPoint::AfterRelayout);
-        self.checkpoint().await?;
+        // The change is committed with the step; its checkpoint shortens
+        // the replay of a crash and may be delayed by a store outage.
+        self.checkpoint_or_delay().await?;
         self.stats.relayouts += 1;
         tracing::info!(
             pipeline = %self.options.name,
