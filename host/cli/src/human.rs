@@ -59,12 +59,17 @@ pub fn bytes(n: u64) -> String {
 }
 
 fn checkpoint(p: &Value) -> String {
-    match p["last_checkpoint"].as_u64() {
+    let last = match p["last_checkpoint"].as_u64() {
         None => "none".into(),
         Some(step) => match p["last_checkpoint_age_ms"].as_u64() {
             Some(ms) => format!("step {step}, {}", age(Some(ms))),
             None => format!("step {step}"),
         },
+    };
+    // Checkpoint writes failing (the store is away): the steps go on.
+    match p["checkpoints_behind"].as_str() {
+        Some(_) => format!("{last} (behind)"),
+        None => last,
     }
 }
 

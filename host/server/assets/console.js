@@ -144,7 +144,7 @@ function pipelinesView() {
         el("td", { class: "num" }, rate(p.events_in_per_sec)),
         el("td", { class: "num" }, rate(p.events_out_per_sec)),
         el("td", { class: "num" }, p.input_lag),
-        el("td", {}, p.last_checkpoint === null ? "none" : `step ${p.last_checkpoint}, ${age(p.last_checkpoint_age_ms)}`),
+        el("td", { title: p.checkpoints_behind || "" }, (p.last_checkpoint === null ? "none" : `step ${p.last_checkpoint}, ${age(p.last_checkpoint_age_ms)}`) + (p.checkpoints_behind ? " (behind)" : "")),
         el("td", { class: "err" }, p.last_error || ""),
         el("td", {}, actionButtons(p)))) : [el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No pipelines yet: deploy one below."))]));
       const comps = await api("GET", "/components");
@@ -274,8 +274,9 @@ function pipelineView(name) {
       figures.replaceChildren(
         fig("workers", s.workers, "fig-workers"), fig("steps", s.steps, "fig-steps"),
         fig("events in", s.events_in, "fig-in"), fig("events out", s.events_out, "fig-out"),
+        fig("dead letters", s.dead_letters || 0, "fig-dead-letters"),
         fig("in / s", rate(s.events_in_per_sec), "fig-in-rate"), fig("input lag", s.input_lag, "fig-lag"),
-        fig("last checkpoint", s.last_checkpoint === null ? "none" : `step ${s.last_checkpoint}`, "fig-checkpoint"),
+        fig("last checkpoint", (s.last_checkpoint === null ? "none" : `step ${s.last_checkpoint}`) + (s.checkpoints_behind ? " — behind: " + s.checkpoints_behind : ""), "fig-checkpoint"),
         fig("component", s.component_hash.slice(0, 12), "fig-component"));
       if (!scaleTo.value) scaleTo.value = s.workers;
       if (!port.options.length) {
