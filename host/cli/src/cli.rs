@@ -104,6 +104,13 @@ pub enum Command {
         /// coordinator crashed mid-step (--component: word count).
         #[arg(long)]
         hosts: bool,
+        /// The campaign across hosts with network faults too (implies
+        /// --hosts): one direction into or out of a host dropped, delays
+        /// past the session timeout, connections reset or left half-open;
+        /// a trial fails when no step commits within twice the session
+        /// timeout after a fault heals.
+        #[arg(long)]
+        network: bool,
     },
     /// Measure what the sandbox and exactly-once cost, as ratios to
     /// baselines measured in the same run; prints a table.

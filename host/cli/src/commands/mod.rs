@@ -102,9 +102,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             rescale,
             orders,
             hosts,
+            network,
         } => {
-            if hosts {
-                return tools::chaos_hosts(trials, seed, component).await;
+            if hosts || network {
+                return tools::chaos_hosts(trials, seed, component, network).await;
             }
             let workers = tools::Workers { workers, rescale };
             tools::chaos(trials, seed, component, noisy_component, workers, orders).await

@@ -70,16 +70,24 @@ pub async fn chaos(
     Ok(())
 }
 
-/// `sluice chaos --hosts`.
-pub async fn chaos_hosts(trials: u32, seed: u64, component: Option<PathBuf>) -> anyhow::Result<()> {
+/// `sluice chaos --hosts` (and `--network`).
+pub async fn chaos_hosts(
+    trials: u32,
+    seed: u64,
+    component: Option<PathBuf>,
+    network: bool,
+) -> anyhow::Result<()> {
     let component = match component {
         Some(c) => c,
         None => build_guest("wordcount").await?,
     };
-    let report = campaign::chaos_hosts(&component, trials, seed, true).await?;
+    let report = campaign::chaos_hosts(&component, trials, seed, network, true).await?;
     println!("{report}");
     if report.violations() > 0 {
-        anyhow::bail!("{} violations of exactly-once", report.violations());
+        anyhow::bail!(
+            "{} violations (of exactly-once, or stuck pipelines)",
+            report.violations()
+        );
     }
     Ok(())
 }

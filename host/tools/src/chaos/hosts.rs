@@ -20,6 +20,15 @@
 //! - **leave**: a host leaves gracefully — its workers move live to the
 //!   others — and is gone.
 //!
+//! With `--network` the hosts' proxies also fail the network, each fault
+//! healing after a random while (half the session timeout to three times
+//! it): one direction into a host dropped silently (the connection stays
+//! up), one direction out of it dropped, every byte delayed past the
+//! session timeout, every connection reset, every open connection left
+//! half-open for good. A coordinator that cannot reach a host opens without
+//! it (as a leader does), and the trial fails as **stuck** when, after a
+//! fault heals, no step commits within twice the session timeout.
+//!
 //! The hosts read their workers' input from the log themselves and write
 //! their workers' checkpoint pieces to the pipeline's shared store (a
 //! directory), keeping a copy. After a kill, stall or crash the coordinator
@@ -48,6 +57,10 @@ use std::time::{Duration, Instant};
 /// The session timeout: a host silent this long is lost.
 const SESSION: Duration = Duration::from_millis(400);
 
+/// The session timeout of the network campaign: long enough for a
+/// reopen to restore and replay on a loaded machine within twice it.
+const NET_SESSION: Duration = Duration::from_secs(1);
+
 /// How long one step may take before the trial fails: far past the session
 /// timeout, after which a lost host fails the step.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
@@ -65,6 +78,17 @@ enum Fault {
     Join,
     /// A host leaves gracefully: its workers move live, then it is gone.
     Leave,
+    /// (Network.) Bytes into a host are dropped silently for a while.
+    DropIn,
+    /// (Network.) Bytes out of a host are dropped silently for a while.
+    DropOut,
+    /// (Network.) Every byte to and from a host is delayed past the session
+    /// timeout for a while.
+    Delay,
+    /// (Network.) Every connection of a host is reset.
+    Reset,
+    /// (Network.) Every connection of a host open now is left half-open.
+    HalfOpen,
 }
 
 /// One trial (seed `seed`): word count across hosts with faults injected,
@@ -74,9 +98,13 @@ async fn trial(
     engine: &Arc<SluiceEngine>,
     component: &LoadedComponent,
     seed: u64,
+    network: bool,
     report: &mut HostsChaosReport,
 ) -> anyhow::Result<()> {
     let mut rng = Rng(seed | 1);
+    let session = if network { NET_SESSION } else { SESSION };
+    // When the last network fault healed, until a step commits after it.
+    let healed: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
     let dir = tempfile::tempdir()?;
     let options = PipelineOptions {
         max_batch: 5 + rng.below(20),
@@ -142,12 +170,17 @@ async fn trial(
     let mut faults: Vec<(u64, Fault)> = (0..1 + rng.below(4))
         .map(|_| {
             let at = 1 + rng.below(expected_steps);
-            let fault = match rng.below(5) {
+            let fault = match rng.below(if network { 12 } else { 5 }) {
                 0 => Fault::Kill,
                 1 => Fault::Stall,
                 2 => Fault::LeaderCrash,
                 3 => Fault::Join,
-                _ => Fault::Leave,
+                4 => Fault::Leave,
+                5 | 6 => Fault::DropIn,
+                7 | 8 => Fault::DropOut,
+                9 => Fault::Delay,
+                10 => Fault::Reset,
+                _ => Fault::HalfOpen,
             };
             (at, fault)
         })
@@ -160,6 +193,9 @@ async fn trial(
     ];
     let mut zombies = Vec::new();
     let mut ran = 0u64;
+    // The first wait from a fault's healing to the next commit that took
+    // longer than twice the session timeout.
+    let mut stuck: Option<Duration> = None;
     // Where the workers ran under the last coordinator.
     let mut hint: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -180,8 +216,11 @@ async fn trial(
         }
         let mut remote = Vec::new();
         for h in &hosts {
-            match RemoteHost::connect(&h.addr, &name, SECRET, SESSION).await {
+            match RemoteHost::connect(&h.addr, &name, SECRET, session).await {
                 Ok(r) => remote.push(r),
+                // A leader opens without a host it cannot reach (and takes
+                // it back at a later reopen).
+                Err(e) if e.is_transient() && network => continue,
                 Err(e) if e.is_transient() => continue 'run,
                 Err(e) => return Err(e).context("connecting to a host"),
             }
@@ -229,7 +268,7 @@ async fn trial(
                     Fault::Join if hosts.len() < 4 => {
                         let host = start_host(engine, component, &name, &reach).await?;
                         let joined =
-                            match RemoteHost::connect(&host.addr, &name, SECRET, SESSION).await {
+                            match RemoteHost::connect(&host.addr, &name, SECRET, session).await {
                                 Ok(r) => r,
                                 Err(e) if e.is_transient() => continue,
                                 Err(e) => return Err(e).context("connecting to a joining host"),
@@ -268,6 +307,43 @@ async fn trial(
                         }
                     }
                     Fault::Join | Fault::Leave => {}
+                    Fault::DropIn | Fault::DropOut | Fault::Delay => {
+                        let net = hosts[i].net.clone();
+                        match fault {
+                            Fault::DropIn => {
+                                report.drops_in += 1;
+                                net.drop_in.store(true, Ordering::Relaxed);
+                            }
+                            Fault::DropOut => {
+                                report.drops_out += 1;
+                                net.drop_out.store(true, Ordering::Relaxed);
+                            }
+                            _ => {
+                                report.delays += 1;
+                                let past = session.as_millis() as u64 * 3 / 2;
+                                net.delay_ms.store(past, Ordering::Relaxed);
+                            }
+                        }
+                        let lasts = session / 2 + session.mul_f64(rng.below(250) as f64 / 100.0);
+                        let healed = healed.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(lasts).await;
+                            net.heal();
+                            *healed.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(Instant::now());
+                        });
+                    }
+                    Fault::Reset | Fault::HalfOpen => {
+                        let net = &hosts[i].net;
+                        if let Fault::Reset = fault {
+                            report.resets += 1;
+                            net.resets.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            report.half_opens += 1;
+                            net.cuts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        *healed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                    }
                     Fault::LeaderCrash => {
                         report.leader_crashes += 1;
                         let wait = Duration::from_micros(rng.below(20_000));
@@ -307,6 +383,14 @@ async fn trial(
                 Ok(true) => {
                     ran += 1;
                     report.steps += 1;
+                    let since = healed.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(at) = since {
+                        let took = at.elapsed();
+                        report.longest_to_commit = report.longest_to_commit.max(took);
+                        if took > session * 2 {
+                            stuck.get_or_insert(took);
+                        }
+                    }
                 }
                 Ok(false) => break 'run,
                 // A host lost or stalled: recover on the hosts there are.
@@ -347,6 +431,13 @@ async fn trial(
     report.duplicated += diff.duplicated;
     report.wrong += diff.wrong;
     let mut violation = diff.first;
+    if let Some(took) = stuck {
+        report.stuck += 1;
+        violation.get_or_insert(format!(
+            "stuck: the first step after a network fault healed committed {took:.1?} later (at most {:?})",
+            session * 2
+        ));
+    }
     // The hosts go (their servers, connections and workers with them, as
     // the tasks are aborted), and with them their hold on the database
     // (through the log): the audit opens it afresh once the last holder has
@@ -377,11 +468,12 @@ async fn trial(
 }
 
 /// Runs `trials` trials of word count (`component`) across hosts, trial
-/// `i` with seed `seed + i`.
+/// `i` with seed `seed + i`; with `network`, network faults too.
 pub async fn chaos_hosts(
     component: &std::path::Path,
     trials: u32,
     seed: u64,
+    network: bool,
     progress: bool,
 ) -> anyhow::Result<HostsChaosReport> {
     let started = Instant::now();
@@ -403,7 +495,7 @@ pub async fn chaos_hosts(
     }
     for i in 0..trials {
         let seed = seed.wrapping_add(i as u64);
-        trial(&engine, &component, seed, &mut report)
+        trial(&engine, &component, seed, network, &mut report)
             .await
             .with_context(|| format!("trial with seed {seed}"))?;
         report.trials += 1;

@@ -1,21 +1,58 @@
 //! The worker hosts of the campaign across hosts ([`hosts`](super::hosts)):
-//! each a [`WorkerHost`] on loopback TCP behind a proxy that can hold its
-//! bytes (a stalled host).
+//! each a [`WorkerHost`] on loopback TCP behind a proxy the campaign
+//! controls. The proxy can hold every byte (a stalled host), and — for the
+//! network campaign — drop one direction silently (a one-way partition:
+//! the connection stays up, nothing arrives), delay every byte, reset every
+//! connection, or leave the connections open now half-open for good (they
+//! carry nothing, ever, and report nothing; new ones work).
 
 use sluice_runtime::{LoadedComponent, Reach, SluiceEngine, WorkerHost};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The secret the hosts and the coordinator share.
 pub(super) const SECRET: &[u8] = b"the campaign's shared secret";
 
-/// A worker host behind a proxy that can hold its bytes.
+/// What the proxy in front of a host does to its bytes now.
+#[derive(Default)]
+pub(super) struct Net {
+    /// Set: the proxy holds every byte (the host stalls).
+    pub(super) frozen: AtomicBool,
+    /// Set: bytes into the host (from the coordinator and its peers) are
+    /// dropped silently.
+    pub(super) drop_in: AtomicBool,
+    /// Set: bytes out of the host (its answers and heartbeats) are dropped
+    /// silently.
+    pub(super) drop_out: AtomicBool,
+    /// Every byte is held this long before it goes on, ms.
+    pub(super) delay_ms: AtomicU64,
+    /// Bumped to reset every connection open now.
+    pub(super) resets: AtomicU64,
+    /// Bumped to leave every connection open now half-open: it carries
+    /// nothing more and is never closed.
+    pub(super) cuts: AtomicU64,
+}
+
+impl Net {
+    /// Ends every fault but the half-open connections (which stay dead, as
+    /// a peer's crashed kernel leaves them).
+    pub(super) fn heal(&self) {
+        self.frozen.store(false, Ordering::Relaxed);
+        self.drop_in.store(false, Ordering::Relaxed);
+        self.drop_out.store(false, Ordering::Relaxed);
+        self.delay_ms.store(0, Ordering::Relaxed);
+    }
+}
+
+/// A worker host behind a proxy the campaign controls.
 pub(super) struct Host {
     /// The proxy's address: the host's as the coordinator sees it.
     pub(super) addr: String,
     /// Set: the proxy holds every byte (the host stalls).
     pub(super) frozen: Arc<AtomicBool>,
+    /// The network faults the proxy applies.
+    pub(super) net: Arc<Net>,
     server: tokio::task::JoinHandle<()>,
     proxy: tokio::task::JoinHandle<()>,
 }
@@ -27,22 +64,61 @@ impl Drop for Host {
     }
 }
 
-/// Copies `from` to `to` until either ends, holding the bytes while
-/// `frozen` is set.
+/// Which way a pump copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Into the host.
+    In,
+    /// Out of the host.
+    Out,
+}
+
+/// Copies `from` to `to` until either ends, applying the faults `frozen`
+/// and `net` say: held while frozen, dropped while this way drops, delayed,
+/// ended by a reset, silent for good once cut.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     frozen: Arc<AtomicBool>,
+    net: Arc<Net>,
+    way: Way,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (resets, cuts) = (
+        net.resets.load(Ordering::Relaxed),
+        net.cuts.load(Ordering::Relaxed),
+    );
     let mut buf = vec![0u8; 64 << 10];
     loop {
-        let n = match from.read(&mut buf).await {
+        let read = tokio::select! {
+            r = from.read(&mut buf) => r,
+            // A reset ends the connection even while nothing flows.
+            _ = async {
+                while net.resets.load(Ordering::Relaxed) == resets {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            } => return,
+        };
+        let n = match read {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        while frozen.load(Ordering::Relaxed) {
+        while frozen.load(Ordering::Relaxed) || net.frozen.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let delay = net.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if net.resets.load(Ordering::Relaxed) != resets {
+            return;
+        }
+        let dropped = match way {
+            Way::In => net.drop_in.load(Ordering::Relaxed),
+            Way::Out => net.drop_out.load(Ordering::Relaxed),
+        };
+        if dropped || net.cuts.load(Ordering::Relaxed) != cuts {
+            continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -67,7 +143,8 @@ pub(super) async fn start_host(
     let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = front.local_addr()?.to_string();
     let frozen = Arc::new(AtomicBool::new(false));
-    let f = frozen.clone();
+    let net = Arc::new(Net::default());
+    let (f, n) = (frozen.clone(), net.clone());
     let proxy = tokio::spawn(async move {
         let mut pumps = tokio::task::JoinSet::new();
         while let Ok((client, _)) = front.accept().await {
@@ -76,13 +153,14 @@ pub(super) async fn start_host(
             };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            pumps.spawn(pump(cr, sw, f.clone()));
-            pumps.spawn(pump(sr, cw, f.clone()));
+            pumps.spawn(pump(cr, sw, f.clone(), n.clone(), Way::In));
+            pumps.spawn(pump(sr, cw, f.clone(), n.clone(), Way::Out));
         }
     });
     Ok(Host {
         addr,
         frozen,
+        net,
         server,
         proxy,
     })

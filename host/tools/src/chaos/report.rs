@@ -114,6 +114,23 @@ pub struct HostsChaosReport {
     /// Hosts that left a running coordinator gracefully (their workers
     /// moved live).
     pub leaves: u32,
+    /// Network faults (`--network`): one direction into a host dropped.
+    pub drops_in: u32,
+    /// Network faults: one direction out of a host dropped.
+    pub drops_out: u32,
+    /// Network faults: every byte to and from a host delayed past the
+    /// session timeout.
+    pub delays: u32,
+    /// Network faults: every connection of a host reset.
+    pub resets: u32,
+    /// Network faults: every connection of a host left half-open for good.
+    pub half_opens: u32,
+    /// The longest time from a network fault's healing to the next
+    /// committed step.
+    pub longest_to_commit: Duration,
+    /// Trials in which no step committed within the bound after a fault
+    /// healed (a stuck pipeline).
+    pub stuck: u32,
     /// Coordinators opened (recoveries included).
     pub opens: u32,
     /// Steps replayed by recoveries.
@@ -146,7 +163,7 @@ pub struct HostsChaosReport {
 impl HostsChaosReport {
     /// Total violations of every kind.
     pub fn violations(&self) -> u64 {
-        self.lost + self.duplicated + self.wrong + self.audit_failures as u64
+        self.lost + self.duplicated + self.wrong + self.audit_failures as u64 + self.stuck as u64
     }
 }
 
@@ -176,6 +193,36 @@ impl std::fmt::Display for HostsChaosReport {
             self.restored_local_bytes,
             self.restored_fetched_bytes
         )?;
+        if self.drops_in + self.drops_out + self.delays + self.resets + self.half_opens > 0 {
+            writeln!(
+                f,
+                "network faults: {} one-way drops into a host, {} out of a host, {} delays past the \
+                 session timeout, {} resets, {} half-open cuts; longest from healing to the next \
+                 commit: {:.1?}; stuck trials: {}",
+                self.drops_in,
+                self.drops_out,
+                self.delays,
+                self.resets,
+                self.half_opens,
+                self.longest_to_commit,
+                self.stuck
+            )?;
+        }
+        if self.drops_in + self.drops_out + self.delays + self.resets + self.half_opens > 0 {
+            writeln!(
+                f,
+                "network faults: {} one-way drops into a host, {} out of a host, {} delays past the \
+                 session timeout, {} resets, {} half-open cuts; longest from healing to the next \
+                 commit: {:.1?}; stuck trials: {}",
+                self.drops_in,
+                self.drops_out,
+                self.delays,
+                self.resets,
+                self.half_opens,
+                self.longest_to_commit,
+                self.stuck
+            )?;
+        }
         write_violations(
             f,
             [self.lost, self.duplicated, self.wrong],
