@@ -18,6 +18,7 @@ mod hosts;
 mod incremental;
 mod invariants;
 mod kafka;
+mod partitions;
 mod rescale;
 mod server;
 mod verify;

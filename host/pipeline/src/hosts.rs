@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use sluice_cluster::{Member, Membership, Session, View};
 use sluice_runtime::{
-    Coordinator, LoadedComponent, Reach, RemoteHost, SluiceEngine, Tls, WorkerHost,
+    Coordinator, HostOptions, LoadedComponent, Reach, RemoteHost, SluiceEngine, Tls, WorkerHost,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,7 +46,10 @@ pub struct HostConfig {
     pub listen: std::net::SocketAddr,
     /// The secret every host of the pipeline shares.
     pub secret: Vec<u8>,
-    /// A coordinator gives up on a host that sent nothing for this long.
+    /// A connection between the hosts that delivers nothing (no frame, no
+    /// heartbeat, not a byte of a large frame) for this long is lost: a
+    /// coordinator gives up on the host, a host on the coordinator or a
+    /// peer link, and the exchange fails everywhere.
     pub session_timeout: Duration,
     /// Mutual TLS on every connection between the hosts, if set.
     pub tls: Option<Tls>,
@@ -230,19 +233,25 @@ pub async fn run_host(
         log.is_some(),
         checkpoints.as_ref().is_some_and(|c| c.location().is_some()),
     );
-    let worker_host = WorkerHost::new_with(
+    let worker_host = WorkerHost::with_options(
         &engine,
         &component,
         &identity,
         &config.secret,
-        config.tls.clone(),
-        Reach {
-            checkpoints,
-            log,
-            read_only_log: config.read_only_log,
+        HostOptions {
+            tls: config.tls.clone(),
+            reach: Reach {
+                checkpoints,
+                log,
+                read_only_log: config.read_only_log,
+            },
+            session_timeout: config.session_timeout,
+            ..HostOptions::default()
         },
     );
-    // Served until this returns: dropping the set aborts the server.
+    // Served until this returns: dropping the set aborts the server. It is
+    // watched: a host whose server ended leaves the group and returns the
+    // error — never a member that serves nothing.
     let mut serving = tokio::task::JoinSet::new();
     serving.spawn(worker_host.serve(listener));
     let me = Member {
@@ -266,6 +275,10 @@ pub async fn run_host(
         if *stop.borrow() {
             break;
         }
+        if let Some(ended) = serving.try_join_next() {
+            let _ = session.leave().await;
+            return Err(serving_ended(config.listen, ended));
+        }
         if !session.alive() {
             session = membership.join(me.clone()).await?;
             report(HostEvent::Rejoined);
@@ -286,6 +299,10 @@ pub async fn run_host(
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}
+                Some(ended) = serving.join_next() => {
+                    let _ = session.leave().await;
+                    return Err(serving_ended(config.listen, ended));
+                }
             }
             continue;
         }
@@ -375,6 +392,27 @@ pub async fn run_host(
         tokio::time::sleep(grace.min(Duration::from_secs(10))).await;
     }
     Ok(())
+}
+
+/// Why a host's worker server on `listen` ended (it serves until its
+/// listener is unusable): the error `run_host` returns, having left the
+/// group.
+fn serving_ended(
+    listen: std::net::SocketAddr,
+    ended: std::result::Result<sluice_runtime::Result<()>, tokio::task::JoinError>,
+) -> Error {
+    let why = match ended {
+        Ok(Ok(())) => "it ended".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    Error::Io {
+        path: PathBuf::from(listen.to_string()),
+        source: std::io::Error::other(format!(
+            "this host's worker server stopped serving ({why}): it left the pipeline's group \
+             rather than stay a member that serves nothing"
+        )),
+    }
 }
 
 /// Leads until the group changes, this host must stop, or a step fails.

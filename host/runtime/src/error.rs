@@ -142,16 +142,32 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether the error may go away on retry (after recovering): only
-    /// storage's transient failures. A guest failure, a limit, a
-    /// nondeterministic replay, a configuration conflict or a fenced host
-    /// will not.
+    /// Whether the error may go away on retry (after recovering):
+    /// storage's transient failures, a host or the network to it failing,
+    /// and an exchange aborted because something else failed (when that
+    /// is what a step reports, the cause was a host or a link: a worker's
+    /// own failure is reported before any echo of it). A guest failure, a
+    /// broken exchange contract, a limit, a nondeterministic replay, a
+    /// configuration conflict or a fenced host will not.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Storage(e) => e.is_transient(),
             Error::Remote { guest, .. } => !guest,
+            Error::Guest(GuestError::Exchange {
+                source: ExchangeError::Aborted(_),
+                ..
+            }) => true,
             _ => false,
         }
+    }
+
+    /// Whether the error is the echo of an exchange failure (another
+    /// worker's, a host's or a link's), not a cause of its own.
+    pub fn is_exchange_echo(&self) -> bool {
+        matches!(
+            self,
+            Error::Guest(GuestError::Exchange { .. }) | Error::Remote { exchange: true, .. }
+        )
     }
 
     /// A short, stable name of the error's kind, for metrics and logs.

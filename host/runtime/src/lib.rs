@@ -59,5 +59,5 @@ pub mod worker;
 pub use coordinator::{Coordinator, PipelineOptions, Relayout, Stats};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, ExchangeError, GuestError, Result};
-pub use hosts::{Reach, RemoteHost, Tls, WorkerHost};
+pub use hosts::{HostOptions, Reach, RemoteHost, Tls, WorkerHost};
 pub use worker::{Snapshot, Worker, WorkerInfo};

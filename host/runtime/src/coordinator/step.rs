@@ -6,7 +6,7 @@
 use super::Coordinator;
 use super::workers::AnyWorker;
 use crate::bindings::Batch;
-use crate::error::{Error, GuestError, Result};
+use crate::error::{Error, Result};
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{
     InputRange, OutputChecks, WorkerOutput, blocking, convert_output, input_ranges, read_batches,
@@ -262,13 +262,18 @@ impl Coordinator {
             match result {
                 Ok(out) => outputs.push(out),
                 // An exchange failure is usually the echo of another worker's
-                // failure: report the root cause.
-                Err(e) => match &failure {
-                    None
-                    | Some(Error::Guest(GuestError::Exchange { .. }))
-                    | Some(Error::Remote { exchange: true, .. }) => failure = Some(e),
-                    Some(_) => {}
-                },
+                // failure: report the root cause — a worker's own failure
+                // first, then a broken exchange contract (the guest's
+                // doing), and only then an abort (a host or a link failed:
+                // transient).
+                Err(e) => {
+                    if failure
+                        .as_ref()
+                        .is_none_or(|f| cause_rank(&e) > cause_rank(f))
+                    {
+                        failure = Some(e);
+                    }
+                }
             }
         }
         if let Some(e) = failure {
@@ -357,5 +362,17 @@ impl Coordinator {
         for worker in self.placement.instances.iter_mut().flatten() {
             worker.set_step_limits(limits);
         }
+    }
+}
+
+/// How much a worker's error says about why a step failed: its own
+/// failure (2) over an echo of a broken exchange contract (1) over an
+/// echo of an abort (0: the cause was elsewhere — a host or a link, when
+/// nothing better is reported).
+fn cause_rank(e: &Error) -> u8 {
+    match (e.is_exchange_echo(), e.is_transient()) {
+        (false, _) => 2,
+        (true, false) => 1,
+        (true, true) => 0,
     }
 }

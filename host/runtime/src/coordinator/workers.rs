@@ -12,6 +12,7 @@ use crate::hosts::{MeshPlan, RemoteHost, RemoteWorker};
 use crate::worker::{Snapshot, Worker, WorkerInfo};
 use sluice_core::{Layout, StepLimits};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A worker in this process or on another host: what the coordinator
 /// drives.
@@ -177,11 +178,18 @@ pub(super) fn coordinator_exchange(
                 slot: 0,
                 slots,
                 links,
+                // A waiting worker gives a host up when its connection has
+                // delivered nothing for the host's session timeout.
+                silence: hosts
+                    .iter()
+                    .map(|h| h.session_timeout())
+                    .max()
+                    .unwrap_or(Duration::MAX),
             },
         )
     };
-    for h in hosts {
-        h.set_exchange(exchange.clone());
+    for (i, h) in hosts.iter().enumerate() {
+        h.set_exchange(exchange.clone(), i as u32 + 1);
     }
     Ok((exchange, plan))
 }

@@ -5,6 +5,7 @@
 use crate::bindings::KeyedEvents;
 use crate::error::ExchangeError;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// One host's contribution to one round (or its abort), for another host.
 #[derive(Debug)]
@@ -38,6 +39,11 @@ pub(crate) enum FrameBody {
 #[async_trait::async_trait]
 pub(crate) trait Link: Send + Sync {
     async fn send(&self, frame: Frame) -> Result<(), String>;
+
+    /// Who is at the other end, for messages ("host 10.0.0.2:7000").
+    fn peer(&self) -> String {
+        "another host".into()
+    }
 }
 
 /// Where the workers run: the slot of each, this exchange's slot, and the
@@ -52,4 +58,8 @@ pub(crate) struct Placement {
     /// `links[s]`: the way to slot `s` (`None` for this slot and slots
     /// without workers).
     pub links: Vec<Option<Arc<dyn Link>>>,
+    /// How long another slot may send nothing (no frame, no heartbeat)
+    /// before a worker waiting for its part of a round fails the step: the
+    /// session timeout.
+    pub silence: Duration,
 }

@@ -17,10 +17,20 @@
 //! global worker order whatever host they came from, so any placement of
 //! the workers computes what one host computes. A failure (a broken
 //! contract, a host that cannot be reached) fails the step on every host:
-//! the failing host sends the others an abort frame.
+//! the failing host sends the others an abort frame, and every host that
+//! hears of a failure first passes it on to the others (once per step), so
+//! a host that the failing one cannot reach still learns of it.
+//!
+//! **Waits are bounded by progress**: a worker waiting for another slot's
+//! part of a round fails the step once that slot has been silent — no
+//! frame, no heartbeat — for the session timeout ([`liveness`]); a slot
+//! that is slow but still heard from is waited for.
 
 mod frame;
+mod liveness;
 mod rounds;
+#[cfg(test)]
+mod silence_tests;
 #[cfg(test)]
 mod tests;
 

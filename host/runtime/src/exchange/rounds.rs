@@ -1,15 +1,18 @@
 //! The [`Exchange`] itself: the rounds of a step (one per channel), each
 //! complete when every worker — and, across hosts, every other host —
 //! has contributed; delivery in worker order; failing every waiter when a
-//! worker, a host or a link fails.
+//! worker, a host or a link fails (or another slot goes silent), and
+//! passing every failure on to the other hosts.
 
 use super::frame::{Frame, FrameBody, Link, Placement};
+use super::liveness::Liveness;
 use crate::bindings::KeyedEvents;
 use crate::error::ExchangeError;
 use crate::packed::{append, empty, push, unpack};
 use sluice_core::{Layout, SHARDS, shard_of};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 pub(crate) type Reply = Result<KeyedEvents, ExchangeError>;
@@ -62,6 +65,8 @@ pub struct Exchange {
     state: Mutex<State>,
     /// Woken when a step fails: a sender waiting on a full link gives up.
     failed: tokio::sync::Notify,
+    /// When each other slot was last heard from.
+    liveness: Liveness,
 }
 
 impl Exchange {
@@ -91,7 +96,10 @@ impl Exchange {
             slot: 0,
             slots: vec![0; workers as usize],
             links: vec![None],
+            silence: Duration::MAX,
         });
+        let slots = placement.slots.iter().max().map_or(1, |m| *m as usize + 1);
+        let liveness = Liveness::new(slots.max(placement.links.len()), placement.silence);
         let peers = placement
             .links
             .into_iter()
@@ -100,6 +108,7 @@ impl Exchange {
             .filter(|(s, _)| *s != placement.slot && placement.slots.contains(s))
             .collect();
         Arc::new(Exchange {
+            liveness,
             workers,
             owners,
             session: placement.session,
@@ -327,12 +336,61 @@ impl Exchange {
         }
         match outcome {
             Ok(mine) => Ok(mine),
-            Err(rx) => rx.await.unwrap_or_else(|_| {
-                Err(ExchangeError::Aborted(
-                    "the step was abandoned before every worker contributed".into(),
-                ))
-            }),
+            Err(rx) => self.wait(rx, step, channel).await,
         }
+    }
+
+    /// Waits for round `(step, channel)` to complete, looking every tick
+    /// for another slot whose part is missing and that has been silent for
+    /// the session timeout: that fails the step (here and, told, on every
+    /// host). A slot still heard from is waited for, however long.
+    async fn wait(&self, mut rx: oneshot::Receiver<Reply>, step: u64, channel: u32) -> Reply {
+        let abandoned = |_| {
+            Err(ExchangeError::Aborted(
+                "the step was abandoned before every worker contributed".into(),
+            ))
+        };
+        if self.peers.is_empty() {
+            return rx.await.unwrap_or_else(abandoned);
+        }
+        loop {
+            tokio::select! {
+                r = &mut rx => return r.unwrap_or_else(abandoned),
+                _ = tokio::time::sleep(self.liveness.tick()) => self.check_silence(step, channel),
+            }
+        }
+    }
+
+    /// Fails the step if round `(step, channel)` lacks the part of a slot
+    /// that has been silent for the session timeout.
+    fn check_silence(&self, step: u64, channel: u32) {
+        let mut s = self.lock();
+        if s.step != step || s.failure.as_ref().is_some_and(|(at, _)| *at == step) {
+            return;
+        }
+        let Some(round) = s.rounds.get(&(step, channel)) else {
+            return;
+        };
+        let silent = self
+            .peers
+            .iter()
+            .find(|(slot, _)| !round.heard[*slot as usize] && self.liveness.lost(*slot));
+        if let Some((slot, link)) = silent {
+            let msg = format!(
+                "{} (slot {slot}) sent nothing, not even a heartbeat, for {:?} (the session \
+                 timeout) while channel {channel} of step {step} waited for its part: the link \
+                 from it is cut or it is stalled",
+                link.peer(),
+                self.liveness.quiet(*slot),
+            );
+            self.fail(&mut s, ExchangeError::Aborted(msg), true);
+        }
+    }
+
+    /// Slot `slot` was heard from just now (a frame, a heartbeat, bytes of
+    /// either on the connection it sends over).
+    pub(crate) fn heard_from(&self, slot: u32) {
+        self.liveness.heard(slot);
     }
 
     /// Takes another host's frame.
@@ -349,17 +407,22 @@ impl Exchange {
         if frame.session != self.session {
             return;
         }
+        self.liveness.heard(frame.from);
         let mut s = self.lock();
         if frame.step < s.step {
             return;
         }
         let (step, channel, from) = (frame.step, frame.channel, frame.from as usize);
         let parts = match frame.body {
+            // Passed on to the other hosts, once (the first time this host
+            // hears of the step's failure): a host that the failing one
+            // cannot reach learns of it from those that can.
             FrameBody::Abort(e) => {
                 if step == s.step {
-                    self.fail(&mut s, e, false);
-                } else {
-                    s.failure.get_or_insert((step, e));
+                    self.fail(&mut s, e, true);
+                } else if s.failure.is_none() {
+                    s.failure = Some((step, e.clone()));
+                    self.tell(step, e);
                 }
                 return;
             }
@@ -460,26 +523,31 @@ impl Exchange {
                 let _ = tx.send(Err(error.clone()));
             }
         }
-        if tell && !self.peers.is_empty() {
-            let (peers, session, step, slot) =
-                (self.peers.clone(), self.session, s.step, self.slot);
-            let abort = error.clone();
-            // One task per host: a host that stalled (its link's queue
-            // full) must not keep the abort from the others.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                for (_, link) in peers {
-                    let frame = Frame {
-                        session,
-                        step,
-                        channel: 0,
-                        from: slot,
-                        body: FrameBody::Abort(abort.clone()),
-                    };
-                    rt.spawn(async move { link.send(frame).await });
-                }
-            }
+        if tell {
+            self.tell(s.step, error.clone());
         }
         error
+    }
+
+    /// Tells every other host that step `step` failed with `error`.
+    fn tell(&self, step: u64, error: ExchangeError) {
+        if self.peers.is_empty() {
+            return;
+        }
+        // One task per host: a host that stalled (its link's queue full)
+        // must not keep the abort from the others.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            for (_, link) in self.peers.clone() {
+                let frame = Frame {
+                    session: self.session,
+                    step,
+                    channel: 0,
+                    from: self.slot,
+                    body: FrameBody::Abort(error.clone()),
+                };
+                rt.spawn(async move { link.send(frame).await });
+            }
+        }
     }
 
     /// The failure of the current step, if the exchange failed: the root

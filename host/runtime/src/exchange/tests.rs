@@ -84,7 +84,7 @@ async fn a_malformed_batch_fails_the_step() {
 }
 
 /// A link straight into another exchange in this process.
-struct Direct(Arc<std::sync::OnceLock<std::sync::Weak<Exchange>>>);
+pub(super) struct Direct(pub(super) Arc<std::sync::OnceLock<std::sync::Weak<Exchange>>>);
 
 #[async_trait::async_trait]
 impl Link for Direct {
@@ -129,6 +129,7 @@ fn mesh(layout: &Layout, hosts: u32) -> Vec<Arc<Exchange>> {
                     slot,
                     slots: (0..layout.workers).map(|w| w % hosts).collect(),
                     links,
+                    silence: std::time::Duration::from_secs(60),
                 },
             )
         })
@@ -240,6 +241,7 @@ async fn an_unreachable_host_fails_the_step() {
             slot: 0,
             slots: vec![0, 1],
             links: vec![None, Some(Arc::new(Broken))],
+            silence: std::time::Duration::from_secs(60),
         },
     );
     x.begin_step(1);
@@ -267,6 +269,7 @@ async fn a_sender_stuck_on_a_full_link_gives_up_when_the_step_fails() {
             slot: 0,
             slots: vec![0, 1],
             links: vec![None, Some(Arc::new(Full))],
+            silence: std::time::Duration::from_secs(60),
         },
     );
     x.begin_step(1);

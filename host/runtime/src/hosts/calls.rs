@@ -31,8 +31,12 @@ impl WorkerHost {
                 .answer(index, &mut worker, &mut share, limits, call, &out)
                 .await;
             let result = result.map_err(|e| CallError {
-                // Either would fail again anywhere.
-                guest: matches!(e, Error::Guest(_) | Error::Nondeterministic { .. }),
+                // Either would fail again anywhere — but an exchange that
+                // was aborted (a host, a link or another worker failed) is
+                // not the guest's doing: the root cause decides, and a
+                // network fault is worth a recovery without the host.
+                guest: matches!(e, Error::Guest(_) | Error::Nondeterministic { .. })
+                    && !e.is_transient(),
                 exchange: e.kind() == "exchange",
                 message: e.to_string(),
             });

@@ -3,9 +3,10 @@
 //! counts) and each worker running there ([`RemoteWorker`]), driven as a
 //! local [`Worker`](crate::Worker) is.
 
+use super::frames::{MAX_FRAME, read_frame_within, write_frame};
 use super::links::{CoordinatorToHost, send_unless_gone};
 use super::placement::MeshPlan;
-use super::transport::{QUEUE, Tls, dial, handshake, read_sized, write_frame};
+use super::transport::{HEARTBEAT, QUEUE, Tls, dial, handshake};
 use super::wire::{
     Answer, Call, CallError, FromHost, ShareDone, ShareSpec, ToHost, from_wire, to_wire,
 };
@@ -49,6 +50,9 @@ fn register<T>(
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, CallError>>>>>;
 
+/// The exchange a host's frames go to, and the host's slot in it.
+type HostExchange = Arc<Mutex<Option<(Arc<Exchange>, u32)>>>;
+
 /// Bytes over one connection.
 #[derive(Debug, Default)]
 struct Traffic {
@@ -64,8 +68,11 @@ pub struct RemoteHost {
     out: mpsc::Sender<ToHost>,
     pending: Pending,
     next: AtomicU64,
-    /// The exchange the host's frames go to (the coordinator's current one).
-    exchange: Arc<Mutex<Option<Arc<Exchange>>>>,
+    /// The exchange the host's frames go to (the coordinator's current
+    /// one), and the host's slot in it.
+    exchange: HostExchange,
+    /// The connection is lost when the host sends nothing for this long.
+    session_timeout: Duration,
     /// Why the connection ended, once it has.
     closed: Arc<Mutex<Option<String>>>,
     /// Turns true when the connection ends: a sender waiting on the full
@@ -106,6 +113,10 @@ impl RemoteHost {
     }
 
     /// [`connect`](Self::connect), over mutual TLS when `tls` is given.
+    ///
+    /// Both ends heartbeat; a read that receives nothing — not a byte —
+    /// for `session_timeout` fails the connection, while a large frame
+    /// that keeps arriving is read however long it takes.
     pub async fn connect_with(
         addr: &str,
         pipeline: &str,
@@ -119,7 +130,14 @@ impl RemoteHost {
             .map_err(Error::remote_io(addr))?;
         tokio::time::timeout(
             session_timeout,
-            handshake(&mut r, &mut w, secret, pipeline, "coordinator"),
+            handshake(
+                &mut r,
+                &mut w,
+                secret,
+                pipeline,
+                "coordinator",
+                session_timeout,
+            ),
         )
         .await
         .map_err(|_| Error::remote(addr, "the handshake timed out"))?
@@ -127,7 +145,7 @@ impl RemoteHost {
         let (out, mut queue) = mpsc::channel::<ToHost>(QUEUE);
         let pending: Pending = Arc::default();
         let closed: Arc<Mutex<Option<String>>> = Arc::default();
-        let exchange: Arc<Mutex<Option<Arc<Exchange>>>> = Arc::default();
+        let exchange: HostExchange = Arc::default();
         let (gone_tx, gone) = tokio::sync::watch::channel(false);
         let gone_tx = Arc::new(gone_tx);
         let close = {
@@ -156,8 +174,14 @@ impl RemoteHost {
         let writer = {
             let (close, traffic) = (close.clone(), traffic.clone());
             tokio::spawn(async move {
-                while let Some(msg) = queue.recv().await {
-                    match write_frame(&mut w, &msg).await {
+                // The host drops a coordinator it hears nothing from.
+                let mut beat = tokio::time::interval(HEARTBEAT);
+                loop {
+                    let msg = tokio::select! {
+                        m = queue.recv() => match m { Some(m) => m, None => return },
+                        _ = beat.tick() => ToHost::Heartbeat,
+                    };
+                    match write_frame(&mut w, &msg, session_timeout).await {
                         Ok(n) => {
                             traffic.sent.fetch_add(n, Ordering::Relaxed);
                             if let ToHost::Mesh(_) = msg {
@@ -176,21 +200,31 @@ impl RemoteHost {
             let (pending, exchange) = (pending.clone(), exchange.clone());
             let traffic = traffic.clone();
             tokio::spawn(async move {
+                // Every byte from the host: its slot heard from.
+                let mut heard = {
+                    let exchange = exchange.clone();
+                    move || {
+                        let x = exchange.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        if let Some((x, slot)) = x {
+                            x.heard_from(slot);
+                        }
+                    }
+                };
                 loop {
-                    let msg = match tokio::time::timeout(session_timeout, read_sized(&mut r)).await
-                    {
-                        Err(_) => {
+                    let read = read_frame_within(&mut r, session_timeout, MAX_FRAME, &mut heard);
+                    let msg = match read.await {
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                             close(format!(
                                 "the host sent nothing for {session_timeout:?} (its session \
                                  timeout): it is stalled or cut off"
                             ));
                             return;
                         }
-                        Ok(Err(e)) => {
+                        Err(e) => {
                             close(format!("the connection to the host ended: {e}"));
                             return;
                         }
-                        Ok(Ok((msg, n))) => {
+                        Ok((msg, n)) => {
                             traffic.received.fetch_add(n, Ordering::Relaxed);
                             if let FromHost::Mesh(_) = msg {
                                 traffic.exchange.fetch_add(n, Ordering::Relaxed);
@@ -211,7 +245,7 @@ impl RemoteHost {
                         }
                         FromHost::Mesh(frame) => {
                             let x = exchange.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                            if let Some(x) = x {
+                            if let Some((x, _)) = x {
                                 x.receive(frame.into());
                             }
                         }
@@ -225,6 +259,7 @@ impl RemoteHost {
             pending,
             next: AtomicU64::new(0),
             exchange,
+            session_timeout,
             closed,
             gone,
             traffic,
@@ -260,9 +295,15 @@ impl RemoteHost {
             .clone()
     }
 
-    /// Sends the host's exchange frames to `exchange` from now on.
-    pub(crate) fn set_exchange(&self, exchange: Arc<Exchange>) {
-        *self.exchange.lock().unwrap_or_else(|p| p.into_inner()) = Some(exchange);
+    /// Sends the host's exchange frames to `exchange` from now on, where
+    /// the host is slot `slot`.
+    pub(crate) fn set_exchange(&self, exchange: Arc<Exchange>, slot: u32) {
+        *self.exchange.lock().unwrap_or_else(|p| p.into_inner()) = Some((exchange, slot));
+    }
+
+    /// How long the host may send nothing before it is taken for lost.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
     }
 
     /// The way from the coordinator's exchange to this host's.

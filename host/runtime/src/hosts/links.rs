@@ -4,7 +4,8 @@
 //! sends frames through a bounded queue (backpressure), and a peer link that
 //! fails fails its exchange.
 
-use super::transport::{HEARTBEAT, QUEUE, Tls, dial, handshake, write_frame};
+use super::frames::write_frame;
+use super::transport::{HEARTBEAT, QUEUE, Tls, dial, handshake};
 use super::wire::{FromHost, ToHost, ToPeer};
 use crate::exchange::{Exchange, Frame, Link};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +43,10 @@ impl Link for CoordinatorToHost {
             Err(format!("the connection to host {} has ended", self.addr))
         }
     }
+
+    fn peer(&self) -> String {
+        format!("host {}", self.addr)
+    }
 }
 
 /// A host's way to the coordinator's exchange: the coordinator's
@@ -58,6 +63,10 @@ impl Link for HostToCoordinator {
             .await
             .map_err(|_| "the coordinator's connection has ended".to_owned())
     }
+
+    fn peer(&self) -> String {
+        "the coordinator".into()
+    }
 }
 
 /// How a host dials its peers: as a host of `pipeline`, proving `secret`,
@@ -72,6 +81,9 @@ pub(crate) struct PeerDial {
     pub(crate) tls: Option<Tls>,
     /// Bytes sent over peer links so far.
     pub(crate) sent: Arc<AtomicU64>,
+    /// Connecting, the handshake and every write fail when they make no
+    /// progress for this long (the session timeout).
+    pub(crate) timeout: Duration,
 }
 
 /// A host's direct way to another host's exchange: a connection of its
@@ -90,13 +102,16 @@ impl Drop for PeerLink {
 }
 
 impl PeerLink {
-    /// Opens the link to the host at `addr` as `dial` says, its frames
-    /// counted in `dial.sent`; a failure fails the exchange in `exchange`
-    /// (set once that exchange exists).
+    /// Opens the link to the host at `addr` as `dial` says, feeding its
+    /// exchange of `session` from slot `from`, its frames counted in
+    /// `dial.sent`; a failure fails the exchange in `exchange` (set once
+    /// that exchange exists).
     pub(crate) fn open(
         addr: String,
         dial_as: &PeerDial,
         exchange: Arc<OnceLock<Weak<Exchange>>>,
+        session: u64,
+        from: u32,
     ) -> Arc<PeerLink> {
         let (queue, mut frames) = mpsc::channel::<Frame>(QUEUE);
         let PeerDial {
@@ -104,31 +119,33 @@ impl PeerLink {
             secret,
             tls,
             sent,
+            timeout,
         } = dial_as.clone();
         let to = addr.clone();
         let task = tokio::spawn(async move {
             let run = async {
-                let (mut r, mut w) =
-                    tokio::time::timeout(Duration::from_secs(10), dial(&to, tls.as_ref()))
-                        .await
-                        .map_err(|_| std::io::Error::other("connecting timed out"))??;
+                let (mut r, mut w) = tokio::time::timeout(timeout, dial(&to, tls.as_ref()))
+                    .await
+                    .map_err(|_| std::io::Error::other("connecting timed out"))??;
                 tokio::time::timeout(
-                    Duration::from_secs(10),
-                    handshake(&mut r, &mut w, &secret, &pipeline, "peer"),
+                    timeout,
+                    handshake(&mut r, &mut w, &secret, &pipeline, "peer", timeout),
                 )
                 .await
                 .map_err(|_| std::io::Error::other("the handshake timed out"))??;
+                let mut msg = ToPeer::Open { session, from };
                 let mut beat = tokio::time::interval(HEARTBEAT);
+                beat.tick().await;
                 loop {
-                    let msg = tokio::select! {
+                    let n = write_frame(&mut w, &msg, timeout).await?;
+                    sent.fetch_add(n, Ordering::Relaxed);
+                    msg = tokio::select! {
                         f = frames.recv() => match f {
                             Some(f) => ToPeer::Mesh(f.into()),
                             None => return Ok(()),
                         },
                         _ = beat.tick() => ToPeer::Heartbeat,
                     };
-                    let n = write_frame(&mut w, &msg).await?;
-                    sent.fetch_add(n, Ordering::Relaxed);
                 }
             };
             let result: std::io::Result<()> = run.await;
@@ -153,5 +170,9 @@ impl Link for PeerLink {
             .send(frame)
             .await
             .map_err(|_| format!("the link to host {} is down", self.addr))
+    }
+
+    fn peer(&self) -> String {
+        format!("host {}", self.addr)
     }
 }

@@ -33,21 +33,34 @@
 //! network you do not trust. Without it frames travel in the clear: run
 //! hosts on a private network (or a tunnel).
 //!
-//! **Liveness**: a host sends a heartbeat every [`HEARTBEAT`]; the
-//! coordinator fails the connection — and every call in flight on it, which
-//! fails the step — when nothing arrived for its session timeout. A host
+//! **Liveness**: both ends of every connection (the coordinator's, each
+//! peer link) send a heartbeat every [`HEARTBEAT`], and every read is
+//! bounded by progress: a connection that delivers nothing — no frame, no
+//! heartbeat, not a byte of a large frame — for the session timeout is
+//! lost. The coordinator then fails every call in flight on it (which
+//! fails the step); a host fails the exchanges it fed, and they tell the
+//! other hosts. A large frame that keeps arriving is never cut. A host
 //! accepts one coordinator at a time: a new connection replaces the one
 //! before (its workers are dropped).
 //!
-//! The files, bottom up: `wire` (every message), `transport` (TLS, frames,
-//! the handshake), `links` (the exchange's ways between hosts),
+//! **The listener** reads at most [`HANDSHAKE_MAX`](frames::HANDSHAKE_MAX)
+//! bytes a frame before the other end proved it knows the secret, serves
+//! at most [`MAX_CONNECTIONS`] connections at once, and retries a failed
+//! accept.
+//!
+//! The files, bottom up: `wire` (every message), `frames` (frames read and
+//! written by progress, their bounds), `transport` (TLS, the handshake),
+//! `links` (the exchange's ways between hosts), `listener` (the accept
+//! loop),
 //! `placement` (which slot each worker runs on), `client` (the
 //! coordinator's [`RemoteHost`] and [`RemoteWorker`]), `server`
 //! ([`WorkerHost`]) and `calls` (what each call does to a worker there).
 
 mod calls;
 mod client;
+mod frames;
 mod links;
+mod listener;
 pub(crate) mod placement;
 mod server;
 mod transport;
@@ -56,6 +69,6 @@ pub(crate) mod wire;
 pub(crate) use client::Stepped;
 pub use client::{RemoteHost, RemoteWorker};
 pub(crate) use placement::MeshPlan;
-pub use server::{Reach, WorkerHost};
-pub use transport::{HEARTBEAT, QUEUE, Tls};
+pub use server::{HostOptions, Reach, WorkerHost};
+pub use transport::{HEARTBEAT, MAX_CONNECTIONS, QUEUE, SESSION_TIMEOUT, Tls};
 pub(crate) use wire::ShareSpec;

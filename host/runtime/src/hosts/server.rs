@@ -4,11 +4,18 @@
 //! links, routes exchange frames to the exchange of their session, and
 //! runs each worker's calls on a task of its own
 //! ([`calls`](super::calls)). What it reaches of the pipeline's storage is
-//! its [`Reach`].
+//! its [`Reach`]; how long a connection may be silent and how many it
+//! serves at once, its [`HostOptions`].
+//!
+//! Every connection is read by progress: one that delivers nothing — no
+//! frame, no heartbeat — for the session timeout is dropped, and the
+//! exchanges it fed fail (and tell the other hosts).
 
+use super::frames::{MAX_FRAME, read_frame_within, write_frame};
 use super::links::{HostToCoordinator, PeerDial, PeerLink};
+use super::listener::{Accepting, accept_loop};
 use super::transport::{
-    HEARTBEAT, QUEUE, Reader, Tls, Writer, answer_on, handshake, read_frame, write_frame,
+    HEARTBEAT, MAX_CONNECTIONS, QUEUE, Reader, SESSION_TIMEOUT, Tls, Writer, answer_on, handshake,
 };
 use super::wire::{Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh};
 use crate::engine::{LoadedComponent, SluiceEngine};
@@ -43,6 +50,41 @@ pub struct WorkerHost {
     tls: Option<Tls>,
     /// What this host reaches of the pipeline's storage.
     pub(super) reach: Reach,
+    /// A connection silent for this long is lost.
+    session_timeout: Duration,
+    /// How many connections it serves at once.
+    max_connections: usize,
+}
+
+/// How a [`WorkerHost`] serves: TLS, what it reaches, how long a
+/// connection may be silent, how many it serves at once.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// Mutual TLS on every connection (those it accepts and the links it
+    /// opens to other hosts), if set.
+    pub tls: Option<Tls>,
+    /// What it reaches of the pipeline's storage.
+    pub reach: Reach,
+    /// A connection (the coordinator's, another host's peer link) that
+    /// delivers nothing — no frame, no heartbeat, no byte of a frame — for
+    /// this long is lost: the exchanges it fed fail on every host. The
+    /// handshake and every write are bounded by it too. (The pipeline's
+    /// session timeout; default [`SESSION_TIMEOUT`].)
+    pub session_timeout: Duration,
+    /// At most this many connections at once (default
+    /// [`MAX_CONNECTIONS`]); one more is closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            tls: None,
+            reach: Reach::default(),
+            session_timeout: SESSION_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// What a worker host reaches of its pipeline's storage. A coordinator
@@ -102,6 +144,28 @@ impl WorkerHost {
         tls: Option<Tls>,
         reach: Reach,
     ) -> Arc<WorkerHost> {
+        let options = HostOptions {
+            tls,
+            reach,
+            ..HostOptions::default()
+        };
+        Self::with_options(engine, component, pipeline, secret, options)
+    }
+
+    /// [`new`](Self::new), serving as `options` say.
+    pub fn with_options(
+        engine: &SluiceEngine,
+        component: &LoadedComponent,
+        pipeline: &str,
+        secret: &[u8],
+        options: HostOptions,
+    ) -> Arc<WorkerHost> {
+        let HostOptions {
+            tls,
+            reach,
+            session_timeout,
+            max_connections,
+        } = options;
         let peer_bytes: Arc<AtomicU64> = Arc::default();
         Arc::new(WorkerHost {
             dial: PeerDial {
@@ -109,9 +173,12 @@ impl WorkerHost {
                 secret: secret.to_vec(),
                 tls: tls.clone(),
                 sent: peer_bytes.clone(),
+                timeout: session_timeout,
             },
             tls,
             reach,
+            session_timeout,
+            max_connections: max_connections.max(1),
             engine: engine.with_limits(engine.limits()),
             component: component.clone(),
             pipeline: pipeline.to_owned(),
@@ -128,38 +195,53 @@ impl WorkerHost {
         self.peer_bytes.load(Ordering::Relaxed)
     }
 
-    /// Serves coordinators connecting to `listener`, until the listener
-    /// fails. Dropping (aborting) the future ends every connection and
-    /// drops every worker: the host is gone.
+    /// Serves coordinators (and other hosts' peer links) connecting to
+    /// `listener`, at most `max_connections` at once, until the listener is
+    /// unusable (a failed accept is retried: see
+    /// [`GIVE_UP`](super::listener::GIVE_UP)). Dropping (aborting) the
+    /// future ends every connection and drops every worker: the host is
+    /// gone.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) -> Result<()> {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => {
-                    accepted.map_err(Error::remote_io("accepting a coordinator"))?
+        self.serve_from(listener).await
+    }
+
+    pub(super) async fn serve_from(self: Arc<Self>, listener: impl Accepting) -> Result<()> {
+        let cap = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        let host = self.clone();
+        accept_loop(
+            listener,
+            cap,
+            self.max_connections,
+            move |stream, peer, permit| {
+                let host = host.clone();
+                async move {
+                    let _permit = permit;
+                    if let Err(e) = host.accept(stream).await {
+                        tracing::warn!(%peer, error = %e, "a connection failed");
+                    }
                 }
-                Some(_) = connections.join_next() => continue,
-            };
-            let host = self.clone();
-            connections.spawn(async move {
-                if let Err(e) = host.clone().accept(stream).await {
-                    tracing::warn!(%peer, error = %e, "a connection failed");
-                }
-            });
-        }
+            },
+        )
+        .await
+        .map_err(Error::remote_io("accepting connections"))
     }
 
     async fn accept(self: Arc<Self>, stream: TcpStream) -> Result<()> {
-        let (mut r, mut w) = tokio::time::timeout(
-            Duration::from_secs(10),
-            answer_on(stream, self.tls.as_ref()),
-        )
-        .await
-        .map_err(|_| Error::remote("a coordinator", "the TLS handshake timed out"))?
-        .map_err(Error::remote_io("a coordinator"))?;
+        let (mut r, mut w) =
+            tokio::time::timeout(self.session_timeout, answer_on(stream, self.tls.as_ref()))
+                .await
+                .map_err(|_| Error::remote("a coordinator", "the TLS handshake timed out"))?
+                .map_err(Error::remote_io("a coordinator"))?;
         let role = tokio::time::timeout(
-            Duration::from_secs(10),
-            handshake(&mut r, &mut w, &self.secret, &self.pipeline, "host"),
+            self.session_timeout,
+            handshake(
+                &mut r,
+                &mut w,
+                &self.secret,
+                &self.pipeline,
+                "host",
+                self.session_timeout,
+            ),
         )
         .await
         .map_err(|_| Error::remote("a coordinator", "the handshake timed out"))?
@@ -185,18 +267,74 @@ impl WorkerHost {
         }
     }
 
-    /// Takes another host's exchange frames until it goes quiet for a
-    /// while or closes the link.
+    /// Takes another host's exchange frames: the link first says which
+    /// session and slot it feeds; every byte after counts as that slot
+    /// heard from there. When the link ends, fails or delivers nothing for
+    /// the session timeout, that exchange fails (and tells the other
+    /// hosts): its rounds can no longer complete.
     async fn serve_peer(&self, mut r: Reader) -> Result<()> {
-        loop {
-            let msg = match tokio::time::timeout(HEARTBEAT * 20, read_frame::<ToPeer>(&mut r)).await
-            {
-                Ok(Ok(m)) => m,
-                Ok(Err(_)) | Err(_) => return Ok(()),
-            };
-            if let ToPeer::Mesh(frame) = msg {
-                self.route(frame);
+        let idle = self.session_timeout;
+        let opened = read_frame_within::<_, ToPeer>(&mut r, idle, MAX_FRAME, &mut || {}).await;
+        let (session, from) = match opened {
+            Ok((ToPeer::Open { session, from }, _)) => (session, from),
+            Ok(_) => {
+                return Err(Error::remote(
+                    "a peer link",
+                    "its first message does not say which exchange it feeds",
+                ));
             }
+            Err(e) => return Err(Error::remote_io("a peer link")(e)),
+        };
+        let exchange = || {
+            self.exchanges
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&session)
+                .and_then(Weak::upgrade)
+        };
+        let heard = || {
+            if let Some(x) = exchange() {
+                x.heard_from(from);
+            }
+        };
+        heard();
+        loop {
+            let mut progress = heard;
+            match read_frame_within::<_, ToPeer>(&mut r, idle, MAX_FRAME, &mut progress).await {
+                Ok((ToPeer::Mesh(frame), _)) => self.route(frame),
+                Ok(_) => {}
+                Err(e) => {
+                    if let Some(x) = exchange() {
+                        x.link_failed(format!(
+                            "the link from slot {from} of the exchange ended: {e}"
+                        ));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The coordinator (slot 0 of every exchange here) was heard from.
+    fn heard_from_coordinator(&self) {
+        let all = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+        for x in all.values().filter_map(Weak::upgrade) {
+            x.heard_from(0);
+        }
+    }
+
+    /// The coordinator's connection ended or fell silent: every exchange
+    /// here fails (and tells the other hosts).
+    fn coordinator_lost(&self, why: &str) {
+        let all: Vec<Arc<Exchange>> = self
+            .exchanges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for x in all {
+            x.link_failed(format!("the coordinator's connection: {why}"));
         }
     }
 
@@ -240,7 +378,13 @@ impl WorkerHost {
                         out: to_coordinator.clone(),
                     }))
                 } else {
-                    Some(PeerLink::open(addr.clone(), &self.dial, cell.clone()))
+                    Some(PeerLink::open(
+                        addr.clone(),
+                        &self.dial,
+                        cell.clone(),
+                        mesh.session,
+                        mesh.slot,
+                    ))
                 }
             })
             .collect();
@@ -252,6 +396,7 @@ impl WorkerHost {
                 slot: mesh.slot,
                 slots: mesh.slots,
                 links,
+                silence: self.session_timeout,
             }),
         );
         let _ = cell.set(Arc::downgrade(&x));
@@ -261,6 +406,7 @@ impl WorkerHost {
 
     async fn serve_connection(self: Arc<Self>, mut r: Reader, mut w: Writer) -> Result<()> {
         let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
+        let idle = self.session_timeout;
         let writer = tokio::spawn(async move {
             let mut beat = tokio::time::interval(HEARTBEAT);
             loop {
@@ -268,7 +414,7 @@ impl WorkerHost {
                     m = queue.recv() => match m { Some(m) => m, None => return },
                     _ = beat.tick() => FromHost::Heartbeat,
                 };
-                if write_frame(&mut w, &msg).await.is_err() {
+                if write_frame(&mut w, &msg, idle).await.is_err() {
                     return;
                 }
             }
@@ -279,11 +425,18 @@ impl WorkerHost {
             HashMap::new();
         let mut tasks = Vec::new();
         loop {
-            let msg: ToHost = match read_frame(&mut r).await {
-                Ok(m) => m,
-                Err(_) => break,
+            let host = self.clone();
+            let mut progress = move || host.heard_from_coordinator();
+            let msg: ToHost = match read_frame_within(&mut r, idle, MAX_FRAME, &mut progress).await
+            {
+                Ok((m, _)) => m,
+                Err(e) => {
+                    self.coordinator_lost(&e.to_string());
+                    break;
+                }
             };
             match msg {
+                ToHost::Heartbeat => {}
                 ToHost::Mesh(frame) => self.route(frame),
                 ToHost::Locality { id, step } => {
                     let (store, out) = (self.reach.checkpoints.clone(), out.clone());

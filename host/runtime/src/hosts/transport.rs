@@ -1,29 +1,38 @@
-//! How hosts reach each other: TCP, optionally mutual TLS ([`Tls`]), frames
-//! of postcard with a length prefix, the HMAC-SHA256 handshake that proves
-//! both ends know the pipeline's secret, and the timing and queue bounds of
-//! every connection.
+//! How hosts reach each other: TCP, optionally mutual TLS ([`Tls`]), the
+//! HMAC-SHA256 handshake that proves both ends know the pipeline's secret
+//! (its frames bounded small: nothing large is read before the proof), and
+//! the timing and queue bounds of every connection. The frames themselves
+//! are [`frames`](super::frames)'.
 
+use super::frames::{HANDSHAKE_MAX, read_frame_within, write_frame};
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// How often a host tells the coordinator it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
 
+/// How long a connection may deliver nothing — no frame, no heartbeat, not
+/// one byte of a frame — before it is taken for lost, unless the host is
+/// told otherwise (`sluice host --session-timeout-ms`).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How many connections a worker host serves at once (coordinators, peer
+/// links, and connections still proving themselves); one more is closed
+/// at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// How many frames a connection's outgoing queue holds before senders wait.
 pub const QUEUE: usize = 64;
 
-/// The largest frame either end accepts (a worker's whole snapshot travels
-/// in one).
-pub(crate) const MAX_FRAME: u64 = 8 << 30;
-
-/// The protocol version both ends must speak.
-pub(crate) const VERSION: u32 = 5;
+/// The protocol version both ends must speak. (6: the coordinator
+/// heartbeats to its hosts, and a peer link first says which exchange
+/// session and slot it feeds.)
+pub(crate) const VERSION: u32 = 6;
 
 /// The handshake: who speaks, for which pipeline, with which nonce.
 #[derive(Debug, Serialize, Deserialize)]
@@ -165,40 +174,6 @@ pub(crate) async fn answer_on(
     }
 }
 
-/// Writes one frame; returns its size on the wire.
-pub(crate) async fn write_frame<T: Serialize>(w: &mut Writer, value: &T) -> std::io::Result<u64> {
-    let bytes = postcard::to_allocvec(value)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    w.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
-    w.write_all(&bytes).await?;
-    w.flush().await?;
-    Ok(bytes.len() as u64 + 8)
-}
-
-pub(crate) async fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut Reader) -> std::io::Result<T> {
-    read_sized(r).await.map(|(v, _)| v)
-}
-
-/// Reads one frame, with its size on the wire.
-pub(crate) async fn read_sized<T: for<'de> Deserialize<'de>>(
-    r: &mut Reader,
-) -> std::io::Result<(T, u64)> {
-    let mut len = [0u8; 8];
-    r.read_exact(&mut len).await?;
-    let len = u64::from_le_bytes(len);
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a frame of {len} bytes (at most {MAX_FRAME})"),
-        ));
-    }
-    let mut bytes = vec![0u8; len as usize];
-    r.read_exact(&mut bytes).await?;
-    postcard::from_bytes(&bytes)
-        .map(|v| (v, len + 8))
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
 /// The HMAC-SHA256, keyed by the pipeline's secret, of who proves (its
 /// role), for which pipeline, over the other end's nonce.
 pub(crate) fn keyed(secret: &[u8], role: &str, pipeline: &str, nonce: &[u8; 32]) -> Hmac<Sha256> {
@@ -237,14 +212,21 @@ pub(crate) fn nonce() -> std::io::Result<[u8; 32]> {
 
 /// Mutual authentication over a fresh connection. `role` is this end's
 /// ("coordinator" or "peer" dialing, "host" accepting); returns the other
-/// end's role once both proofs checked.
-pub(crate) async fn handshake(
-    r: &mut Reader,
-    w: &mut Writer,
+/// end's role once both proofs checked. Every frame read is at most
+/// [`HANDSHAKE_MAX`] bytes (a longer one is refused before it is read) and
+/// each read fails when nothing arrives for `idle`.
+pub(crate) async fn handshake<R, W>(
+    r: &mut R,
+    w: &mut W,
     secret: &[u8],
     pipeline: &str,
     role: &str,
-) -> std::io::Result<String> {
+    idle: Duration,
+) -> std::io::Result<String>
+where
+    R: tokio::io::AsyncRead + Unpin + ?Sized,
+    W: tokio::io::AsyncWrite + Unpin + ?Sized,
+{
     let mine = nonce()?;
     write_frame(
         w,
@@ -254,9 +236,10 @@ pub(crate) async fn handshake(
             role: role.to_owned(),
             nonce: mine,
         },
+        idle,
     )
     .await?;
-    let theirs: Hello = read_frame(r).await?;
+    let (theirs, _): (Hello, u64) = read_frame_within(r, idle, HANDSHAKE_MAX, &mut || {}).await?;
     let refuse = |m: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, m);
     if theirs.version != VERSION {
         return Err(refuse(format!(
@@ -286,13 +269,56 @@ pub(crate) async fn handshake(
         &Proof {
             mac: mac(secret, role, pipeline, &theirs.nonce),
         },
+        idle,
     )
     .await?;
-    let proof: Proof = read_frame(r).await?;
+    let (proof, _): (Proof, u64) = read_frame_within(r, idle, HANDSHAKE_MAX, &mut || {}).await?;
     if !verify(secret, &theirs.role, pipeline, &mine, &proof.mac) {
         return Err(refuse(
             "the other end does not know the pipeline's secret".into(),
         ));
     }
     Ok(theirs.role)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Whoever connects and announces a 1 GiB Hello is refused as soon as
+    /// the length is read, the error naming the bound: nothing of it is
+    /// awaited or allocated before any proof. (Before, the host allocated
+    /// the length it was sent, up to 8 GiB, and waited for the body.)
+    #[tokio::test]
+    async fn a_huge_hello_is_refused_before_it_is_read() {
+        let (mut near, far) = tokio::io::duplex(1 << 10);
+        let (mut far_r, mut far_w) = tokio::io::split(far);
+        far_w.write_all(&(1u64 << 30).to_le_bytes()).await.unwrap();
+        // Drain what the host says, as a client would.
+        let drain = tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = far_r.read_to_end(&mut sink).await;
+        });
+        let (mut r, mut w) = tokio::io::split(&mut near);
+        let err = tokio::time::timeout(
+            Duration::from_secs(5),
+            handshake(
+                &mut r,
+                &mut w,
+                b"secret",
+                "p",
+                "host",
+                Duration::from_secs(60),
+            ),
+        )
+        .await
+        .expect("refused at once")
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("1073741824"), "{text}");
+        assert!(text.contains(&format!("at most {HANDSHAKE_MAX}")), "{text}");
+        drop(far_w);
+        drain.abort();
+    }
 }

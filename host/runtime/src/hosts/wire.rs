@@ -342,6 +342,10 @@ pub(crate) enum ToHost {
     /// How much of each worker's state in checkpoint `step` the host has
     /// in its own copy (answered `Answer::Locality`).
     Locality { id: u64, step: u64 },
+    /// The coordinator is alive (sent every [`HEARTBEAT`](super::HEARTBEAT)):
+    /// a host that hears nothing for its session timeout drops the
+    /// connection and fails its exchanges.
+    Heartbeat,
 }
 
 /// Host → coordinator.
@@ -361,4 +365,11 @@ pub(crate) enum FromHost {
 pub(crate) enum ToPeer {
     Mesh(WireFrame),
     Heartbeat,
+    /// The first message on a peer link: which exchange session it feeds
+    /// and from which slot, so its heartbeats (and its silence) count for
+    /// that slot there.
+    Open {
+        session: u64,
+        from: u32,
+    },
 }
