@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The Kafka-protocol broker Sluice's tests run against: the workplace's
 # broker (../shared/kafka-broker: crabka-broker 0.3.0 with two fixes), built
-# with one more fix of ours, scripts/kafka-broker/crabka-txn-control-lock.patch.
-# Without it, an InitProducerId racing an EndTxn (a second host taking over
-# while the first commits a step) could leave the first host unfenced, or
-# abort and commit the same transaction: the fencing test failed about one
-# run in five, once with a step committed twice.
+# with two more fixes of ours in scripts/kafka-broker/:
+# - crabka-txn-control-lock.patch: without it, an InitProducerId racing an
+#   EndTxn (a second host taking over while the first commits a step) could
+#   leave the first host unfenced, or abort and commit the same transaction:
+#   the fencing test failed about one run in five, once with a step
+#   committed twice.
+# - crabka-txn-timeout.patch: as Apache Kafka, the broker aborts a
+#   transaction open longer than its transaction.timeout.ms (checked every
+#   second; the producer's epoch is bumped, fencing it), and answers a
+#   read_committed client's latest-offset query with the last stable offset
+#   (the unpatched broker answered the log end even behind an open
+#   transaction, so no test could see a dead producer hold the LSO back).
 #
 #   scripts/kafka-broker.sh install             build once (~10 min cold on 2 cores)
 #   scripts/kafka-broker.sh start PORT DIR      as the shared script: prints the address
@@ -25,7 +32,7 @@ fi
 export KB_HOME=${SLUICE_KB_HOME:-$HOME/.cache/sluice-kafka-broker-patched}
 BIN=$KB_HOME/bin/crabka-broker
 PATCHES=("$SHARED/crabka-replay-txn-markers.patch" "$SHARED/crabka-fetch-empty-records.patch" \
-         "$HERE/kafka-broker/crabka-txn-control-lock.patch")
+         "$HERE/kafka-broker/crabka-txn-control-lock.patch" "$HERE/kafka-broker/crabka-txn-timeout.patch")
 VER=0.3.0
 
 # The patches the installed binary was built with: a changed patch rebuilds.
@@ -44,7 +51,8 @@ install() {
   rm -rf "$KB_HOME/src" && cp -r "$src" "$KB_HOME/src" && chmod -R u+w "$KB_HOME/src"
   for p in "${PATCHES[@]}"; do (cd "$KB_HOME/src" && patch -s -p1 < "$p"); done
   (cd "$KB_HOME/src" && CARGO_TARGET_DIR="$KB_HOME/target" cargo build --release --locked -q --bin crabka-broker)
-  cp "$KB_HOME/target/release/crabka-broker" "$BIN"
+  # Renamed into place: a broker started from the old binary keeps running.
+  cp "$KB_HOME/target/release/crabka-broker" "$BIN.new" && mv -f "$BIN.new" "$BIN"
   stamp > "$KB_HOME/bin/stamp"
 }
 

@@ -705,3 +705,76 @@ fn servers_run_a_pipeline_across_hosts() {
     assert!(status["steps"].as_u64().unwrap() > 0, "{status}");
     assert!(status["last_checkpoint"].as_u64().is_some(), "{status}");
 }
+
+/// The acceptance of issue #27's item 10: a malformed record produced with
+/// `kcat` into a running pipeline on three hosts, run with
+/// `--bad-records lines=dead-letter`. The pipeline goes on — through a
+/// kill of its leader right after, whose successor replays from the last
+/// checkpoint — the record is in the dead-letter topic once, with its
+/// position and value, and the output equals the recount of the good
+/// records. (Before the policy, every host exited on it in turn.)
+#[test]
+fn a_malformed_record_goes_to_the_dead_letter_topic_once_across_hosts() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "deadletter", 6_000, &brokers, etcd);
+    let policy = ["--bad-records", "lines=dead-letter"];
+    c.start_with("h1", &policy);
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start_with("h2", &policy);
+    c.start_with("h3", &policy);
+    c.wait(
+        "the leader to run on three hosts",
+        Duration::from_secs(60),
+        |c| c.leads_on("h1", &["h1", "h2", "h3"]),
+    );
+    c.progress("steps on three hosts", 3);
+    // Another producer writes a record that is not JSON.
+    let mut kcat_in = std::process::Command::new("kcat")
+        .args(["-P", "-b", &brokers, "-t", &format!("{}.lines", c.pipeline)])
+        .args(["-p", "4"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = kcat_in.stdin.take().unwrap();
+    writeln!(stdin, "this is {{ not json").unwrap();
+    drop(stdin);
+    assert!(kcat_in.wait().unwrap().success(), "kcat -P");
+    let topic = format!("{}.lines.dead-letter", c.pipeline);
+    c.wait(
+        "the record in the dead-letter topic",
+        Duration::from_secs(120),
+        |c| !kcat(&c.brokers, &topic, "%s\n").is_empty(),
+    );
+    c.signal("h1", "-KILL");
+    c.wait("another host to lead", Duration::from_secs(60), |c| {
+        c.leading("h2") || c.leading("h3")
+    });
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(180),
+        |c| c.counts() == expected,
+    );
+    let dead = kcat(&brokers, &topic, "%s\n");
+    assert_eq!(dead.len(), 1, "the record once: {dead:?}");
+    let v: serde_json::Value = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!(
+        (v["input"].as_str(), v["partition"].as_u64()),
+        (Some("lines"), Some(4))
+    );
+    let offset = v["offset"].as_u64().unwrap();
+    assert_eq!(
+        v["position"].as_str(),
+        Some(format!("{}.lines/4@{offset}", c.pipeline).as_str())
+    );
+    assert_eq!(v["value"].as_str(), Some("this is { not json"));
+    assert!(v["error"].as_str().unwrap().contains("not JSON"), "{v}");
+    for h in ["h2", "h3"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+}

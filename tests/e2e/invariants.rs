@@ -37,6 +37,7 @@ async fn i1_a_committed_step_is_never_written_again() {
                 (name.clone(), entries)
             })
             .collect(),
+        dead_letters: Vec::new(),
     };
     assert!(matches!(
         h.storage.commit_step(&again),
@@ -73,6 +74,7 @@ async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once
     let record = |r: &sluice_core::StepRecord| sluice_core::StepCommit {
         record: r.clone(),
         outputs: Vec::new(),
+        dead_letters: Vec::new(),
     };
     let share = |r: &sluice_core::StepRecord, worker: u32| {
         let ports = vec![Vec::new(); h.outputs.len()];
@@ -93,6 +95,7 @@ async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once
                     (name.clone(), entry)
                 })
                 .collect(),
+            dead_letters: Vec::new(),
         }
     };
     let one = division(1, whole.chain_hash());

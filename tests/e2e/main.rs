@@ -5,6 +5,7 @@
 mod support;
 
 mod api;
+mod bad_records;
 mod chaos;
 mod cli;
 mod cluster;
@@ -21,4 +22,5 @@ mod kafka;
 mod partitions;
 mod rescale;
 mod server;
+mod takeover;
 mod verify;

@@ -58,7 +58,8 @@ pub enum Command {
         /// The pipeline's data directory.
         #[arg(long)]
         data: PathBuf,
-        /// The output port.
+        /// The output port (or an input's dead-letter log,
+        /// `INPUT.dead-letter`).
         #[arg(long)]
         output: String,
         /// Resume after this position, STEP:WORKER:INDEX.
@@ -348,7 +349,8 @@ pub struct RunArgs {
     /// PORT=FILE: append FILE's JSON lines to input PORT (repeatable).
     #[arg(long = "input", value_parser = port_file)]
     pub inputs: Vec<(String, PathBuf)>,
-    /// PORT=FILE: write output PORT's log to FILE as JSON lines (repeatable).
+    /// PORT=FILE: write output PORT's log to FILE as JSON lines (repeatable;
+    /// `INPUT.dead-letter` writes input INPUT's dead-letter log).
     #[arg(long = "output", value_parser = port_file)]
     pub outputs: Vec<(String, PathBuf)>,
     /// Steps and checkpoints.
@@ -390,8 +392,8 @@ pub struct RunArgs {
     pub kafka: KafkaArgs,
 }
 
-/// How big steps are and how often checkpoints come (`sluice run`,
-/// `sluice host`).
+/// How big steps are, how often checkpoints come and what a record that
+/// is not an event does (`sluice run`, `sluice host`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct StepArgs {
     /// At most this many events per input partition per step.
@@ -403,6 +405,15 @@ pub struct StepArgs {
     /// …or every this many milliseconds, whichever comes first.
     #[arg(long, default_value_t = 10_000)]
     pub checkpoint_interval_ms: u64,
+    /// PORT=POLICY: what a record of input PORT that is not an event (not
+    /// JSON, a bad `sluice-weight` header, a bad line of an --input file)
+    /// does: `fail` (the default: the pipeline stops, naming the record's
+    /// position) or `dead-letter` (it is skipped and written, with its
+    /// position and why, to the log `PORT.dead-letter` — on Kafka the topic
+    /// `<pipeline>.PORT.dead-letter` — in the step's own commit).
+    /// Repeatable; every host of a pipeline should be given the same.
+    #[arg(long = "bad-records", value_parser = port_policy)]
+    pub bad_records: Vec<(String, sluice_core::BadRecordPolicy)>,
 }
 
 impl StepArgs {
@@ -416,6 +427,7 @@ impl StepArgs {
             checkpoint_every_steps: self.checkpoint_every,
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
             inherit_guest_stderr: true,
+            bad_records: self.bad_records.iter().cloned().collect(),
             ..sluice_runtime::PipelineOptions::default()
         }
     }
@@ -650,6 +662,11 @@ pub struct KafkaArgs {
     /// default `<pipeline>.<port>`).
     #[arg(long = "topic", value_parser = port_topic)]
     pub topics: Vec<(String, String)>,
+    /// PORT=TOPIC: the dead-letter topic of input PORT, for its records
+    /// skipped under `--bad-records PORT=dead-letter` (repeatable; default
+    /// `<pipeline>.PORT.dead-letter`).
+    #[arg(long = "dead-letter-topic", value_parser = port_topic)]
+    pub dead_letter_topics: Vec<(String, String)>,
     /// Partitions of output topics Sluice creates.
     #[arg(long, default_value_t = 1)]
     pub output_partitions: u32,
@@ -695,6 +712,11 @@ impl KafkaArgs {
                     sluice_kafka::validate_topic(topic)?;
                     config.topics.insert(port.clone(), topic.clone());
                 }
+                for (port, topic) in &self.dead_letter_topics {
+                    sluice_kafka::validate_topic(topic)?;
+                    let log = sluice_core::dead_letter_log(port);
+                    config.topics.insert(log, topic.clone());
+                }
                 config.output_partitions = self.output_partitions.max(1);
                 config.replication = self.replication;
                 config.client = self.client.clone();
@@ -716,6 +738,15 @@ pub(crate) fn port_topic(s: &str) -> Result<(String, String), String> {
             Ok((port.to_owned(), topic.to_owned()))
         }
         _ => Err(format!("expected PORT=TOPIC, got {s:?}")),
+    }
+}
+
+pub(crate) fn port_policy(s: &str) -> Result<(String, sluice_core::BadRecordPolicy), String> {
+    match s.split_once('=') {
+        Some((port, policy)) if !port.is_empty() => Ok((port.to_owned(), policy.parse()?)),
+        _ => Err(format!(
+            "expected PORT=POLICY (fail or dead-letter), got {s:?}"
+        )),
     }
 }
 

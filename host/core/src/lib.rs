@@ -11,6 +11,9 @@
 //! assert_eq!(event, Event { value: b"\"x\"".to_vec(), weight: -1 });
 //! ```
 
+/// Input records that are not events: the policy, dead-letter logs and
+/// their entries.
+pub mod bad_records;
 /// Errors in a pipeline's configuration.
 pub mod config;
 /// Named crash points of the step protocol (`SLUICE_CRASH_AT`).
@@ -30,6 +33,7 @@ pub mod text;
 /// Events as JSON lines: input lines, output lines.
 pub mod wire;
 
+pub use bad_records::{BadRecordPolicy, DeadLetter, dead_letter_input, dead_letter_log};
 pub use config::ConfigError;
 pub use event::{Event, Frontier, PartitionId};
 pub use layout::{Layout, SHARDS, shard_of};

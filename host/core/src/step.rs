@@ -112,6 +112,24 @@ pub struct StepCommit {
     pub record: StepRecord,
     /// Per output log name, one entry per worker (indexed by worker).
     pub outputs: Vec<(String, Vec<OutputEntry>)>,
+    /// The input records the step skipped as not events, written by the
+    /// host (not the guest): per dead-letter log
+    /// ([`dead_letter_log`](crate::bad_records::dead_letter_log)), an
+    /// entry for each worker that skipped any (in worker order), tagged
+    /// like its outputs. Not in the output hash: they follow from the
+    /// division's input alone.
+    pub dead_letters: Vec<(String, Vec<OutputEntry>)>,
+}
+
+impl StepCommit {
+    /// Every log the commit writes to, with its entries: the outputs, then
+    /// the dead-letter logs.
+    pub fn logs(&self) -> impl Iterator<Item = (&str, &[OutputEntry])> {
+        self.outputs
+            .iter()
+            .chain(&self.dead_letters)
+            .map(|(name, entries)| (name.as_str(), entries.as_slice()))
+    }
 }
 
 /// Where an output event sits in its output log: entries are ordered by

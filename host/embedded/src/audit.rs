@@ -1,11 +1,12 @@
 //! `sluice verify` of a pipeline whose logs are embedded: the storage audit
 //! ([`sluice_storage::audit`]) plus what only this backend's layout can
-//! show, that every output entry is stored under its own (step, worker) key.
+//! show, that every output entry (and dead letter) is stored under its own
+//! (step, worker) key.
 
 use crate::db::PipelineDb;
 use crate::meta::{self, LogMeta};
 use crate::{EmbeddedLog, RocksCheckpointStore};
-use sluice_core::PipelineShape;
+use sluice_core::{PipelineShape, dead_letter_log};
 use sluice_storage::audit::{Verdict, audit};
 use sluice_storage::{CheckpointStore, Result};
 use std::sync::Arc;
@@ -39,11 +40,13 @@ pub fn audit_embedded_with(
     audit(&log, checkpoints, &meta.shape)
 }
 
-/// The first output entry stored under another step's or worker's key.
+/// The first output entry (or dead letter) stored under another step's or
+/// worker's key.
 fn misplaced_entry(log: &EmbeddedLog, shape: &PipelineShape) -> Result<Option<String>> {
-    for name in &shape.outputs {
+    let dead_letters = shape.inputs.iter().map(|i| dead_letter_log(&i.name));
+    for name in shape.outputs.iter().cloned().chain(dead_letters) {
         let mut found = None;
-        log.scan_output_keyed(name, 0, &mut |step, worker, entry| {
+        log.scan_output_keyed(&name, 0, &mut |step, worker, entry| {
             if found.is_none() && (entry.step, entry.worker) != (step, worker) {
                 found = Some(format!(
                     "output log `{name}` holds a second entry for step {} worker {} (stored as step {step} \

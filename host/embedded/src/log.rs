@@ -1,8 +1,11 @@
 //! The embedded log: every log of a pipeline in its RocksDB database.
 //!
 //! Keys (big-endian numbers, so RocksDB's order is log order):
-//! - input:  `[name][partition u32][offset u64]` → postcard [`Event`]
-//! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`]
+//! - input:  `[name][partition u32][offset u64]` → postcard [`Event`] (weight
+//!   0: a line an ingest kept as not an event, see
+//!   [`sluice_core::bad_records`]; it reads back as a [`BadRecord`])
+//! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`] (a
+//!   dead-letter log `<input>.dead-letter` too)
 //! - steps:  `[step u64]` → postcard [`StepRecord`]
 //! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark,
 //!   `log.done.[step u64][worker u32]` → a divided step's done record (the
@@ -12,10 +15,12 @@
 
 use crate::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS, rocks};
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch};
+use sluice_core::bad_records::marked_record_error;
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
+use sluice_storage::records::events_only;
 use sluice_storage::{
-    AppendBatch, LogBackend, ProducerCheck, ProducerState, Result, StorageError as Error,
-    WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
+    AppendBatch, BadRecord, InputRecord, LogBackend, ProducerCheck, ProducerState, Result,
+    StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -305,6 +310,62 @@ impl EmbeddedLog {
         cache.insert((input.to_owned(), partition), m);
         Ok(m)
     }
+
+    /// The records of offsets `range` of one partition: a record stored
+    /// with weight 0 (a line an ingest kept as not an event) as a
+    /// [`BadRecord`], the others as events.
+    fn read_range(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+    ) -> Result<Vec<InputRecord>> {
+        let (low, _) = self.watermarks(input, partition)?;
+        if range.start < low && !range.is_empty() {
+            return Err(Error::Trimmed {
+                input: input.to_owned(),
+                partition,
+                from: range.start,
+                low,
+            });
+        }
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(input_key(input, partition, range.end));
+        let start = input_key(input, partition, range.start);
+        let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
+        for item in
+            self.db
+                .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("reading input"))?;
+            // Embedded offsets are dense: a gap is corruption.
+            let expected = input_key(input, partition, range.start + events.len() as u64);
+            if *k != *expected {
+                return Err(Error::Corrupt {
+                    what: format!("input `{input}` partition {partition}"),
+                    message: format!("offset {} is missing", range.start + events.len() as u64),
+                });
+            }
+            let event: Event = postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?;
+            events.push(match event.weight {
+                0 => {
+                    let offset = range.start + events.len() as u64;
+                    InputRecord::Bad(BadRecord {
+                        offset,
+                        position: format!("{input}/{partition}@{offset}"),
+                        error: marked_record_error(&event.value),
+                        value: Some(event.value),
+                    })
+                }
+                _ => InputRecord::Event(event),
+            });
+        }
+        Ok(events)
+    }
 }
 
 /// One worker of an embedded pipeline's divided steps, taken at a holder
@@ -342,7 +403,7 @@ impl WorkerCommitter for EmbeddedWorker {
         }
         let out = db::cf(&log.db, CF_OUTPUT)?;
         let mut wb = WriteBatch::default();
-        for (name, entry) in &commit.outputs {
+        for (name, entry) in commit.logs() {
             let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
             wb.put_cf(out, output_key(name, step, worker), value);
         }
@@ -518,39 +579,25 @@ impl LogBackend for EmbeddedLog {
     }
 
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
-        let (low, _) = self.watermarks(input, partition)?;
-        if range.start < low && !range.is_empty() {
-            return Err(Error::Trimmed {
-                input: input.to_owned(),
-                partition,
-                from: range.start,
-                low,
-            });
-        }
-        if range.is_empty() {
-            return Ok(Vec::new());
-        }
-        let cf = db::cf(&self.db, CF_INPUT)?;
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(input_key(input, partition, range.end));
-        let start = input_key(input, partition, range.start);
-        let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
-        for item in
-            self.db
-                .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(rocks("reading input"))?;
-            // Embedded offsets are dense: a gap is corruption.
-            let expected = input_key(input, partition, range.start + events.len() as u64);
-            if *k != *expected {
-                return Err(Error::Corrupt {
-                    what: format!("input `{input}` partition {partition}"),
-                    message: format!("offset {} is missing", range.start + events.len() as u64),
-                });
+        events_only(self.read_range(input, partition, range)?)
+    }
+
+    fn read_records(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+    ) -> Result<Vec<InputRecord>> {
+        if exact {
+            let (_, high) = self.watermarks(input, partition)?;
+            if high < range.end {
+                return Err(sluice_storage::log::not_visible(
+                    input, partition, range.end, high,
+                ));
             }
-            events.push(postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?);
         }
-        Ok(events)
+        self.read_range(input, partition, range)
     }
 
     fn fence(&self) -> Result<u64> {
@@ -590,7 +637,7 @@ impl LogBackend for EmbeddedLog {
         }
         let out = db::cf(&self.db, CF_OUTPUT)?;
         let mut wb = WriteBatch::default();
-        for (name, entries) in &commit.outputs {
+        for (name, entries) in commit.logs() {
             for entry in entries {
                 let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
                 wb.put_cf(out, output_key(name, step, entry.worker), value);

@@ -177,15 +177,17 @@ pub fn delete_topics(config: &KafkaConfig) -> Result<Vec<String>> {
         .map_err(kafka("listing topics"))?;
     let prefix = format!("{}.", config.pipeline);
     let named: std::collections::HashSet<&String> = config.topics.values().collect();
-    // Log names hold no `.`: a topic with one more is another pipeline's.
+    // Log names hold no `.` (but a dead-letter log's `<port>.dead-letter`):
+    // a topic with one more is another pipeline's.
     let owned: Vec<String> = md
         .topics()
         .iter()
         .map(|t| t.name().to_owned())
         .filter(|t| {
-            t.strip_prefix(&prefix)
-                .is_some_and(|rest| !rest.is_empty() && !rest.contains('.'))
-                && !named.contains(t)
+            t.strip_prefix(&prefix).is_some_and(|rest| {
+                !rest.is_empty()
+                    && (!rest.contains('.') || sluice_core::dead_letter_input(rest).is_some())
+            }) && !named.contains(t)
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(config.timeout));

@@ -68,6 +68,14 @@ impl CheckpointLedger for KafkaLog {
         if let Some(m) = lock(&self.steps).checkpoints.get(&step) {
             return Ok(Some(m.clone()));
         }
-        self.with_fresh_steps(|s| Ok(s.checkpoints.get(&step).cloned()))
+        self.with_fresh_steps(|s| {
+            if !s.checkpoints.contains_key(&step) && s.epoch == 0 {
+                // A reader asked for a checkpoint its leader recorded: the
+                // record may lie past a transaction open before it (the
+                // last stable offset). Read to the true end.
+                self.catch_up_to_end(s)?;
+            }
+            Ok(s.checkpoints.get(&step).cloned())
+        })
     }
 }

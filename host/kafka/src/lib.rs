@@ -21,6 +21,9 @@ mod admin;
 mod config;
 /// Kafka client failures as transient storage errors.
 mod errors;
+/// Taking the logs over: the step log read to its true end, past workers'
+/// dead holders' open transactions (fenced first).
+mod fence;
 /// The [`KafkaLog`] handle, the state behind its locks, and opening it.
 mod handle;
 /// Ingest marks and producer sequence numbers on the meta topic.

@@ -10,6 +10,13 @@
 //!   `worker mod partitions`, with headers `sluice-step`, `sluice-worker`,
 //!   `sluice-weight` and `sluice-frontier` (the input frontier the entry
 //!   covers, as JSON `[[input, partition, offset], …]`).
+//! - **Dead letters** (input records a step skipped as not events, under
+//!   the input's policy `dead-letter`) are output records like any other,
+//!   on the topic of the log `<port>.dead-letter` — by default
+//!   `<pipeline>.<port>.dead-letter` — in the same transaction as the
+//!   step's (or the worker's share's) outputs. Each value is a JSON object
+//!   naming the record's position (`topic/partition@offset`) and why it is
+//!   not an event, with the record's value ([`sluice_core::DeadLetter`]).
 //! - **Step records** go to the pipeline's step topic (`<pipeline>.sluice-steps`,
 //!   one partition). A step commits as **one Kafka transaction** holding every
 //!   worker's output records and the step record, produced with the
@@ -64,9 +71,10 @@ use rdkafka::admin::AdminOptions;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord};
+use sluice_storage::records::events_only;
 use sluice_storage::{
-    AppendBatch, LogBackend, ProducerCheck, ProducerState, Result, StorageError as Error,
-    WorkerCommitter, check_producer,
+    AppendBatch, InputRecord, LogBackend, ProducerCheck, ProducerState, Result,
+    StorageError as Error, WorkerCommitter, check_producer,
 };
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -237,11 +245,21 @@ impl LogBackend for KafkaLog {
     }
 
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
-        self.read_upto(input, partition, range, false)
+        events_only(self.read_upto(input, partition, range, false)?)
     }
 
     fn read_exact(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>> {
-        self.read_upto(input, partition, range, true)
+        events_only(self.read_upto(input, partition, range, true)?)
+    }
+
+    fn read_records(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+    ) -> Result<Vec<InputRecord>> {
+        self.read_upto(input, partition, range, exact)
     }
 
     fn fence(&self) -> Result<u64> {
@@ -259,7 +277,10 @@ impl LogBackend for KafkaLog {
             meta.producer = Some(self.new_producer("ingest")?);
             meta.loaded = false;
         }
-        self.reload_steps(&mut s)?;
+        // To the step topic's true end: past transactions dead holders of
+        // workers left open (their holders fenced first), so a checkpoint
+        // or done record committed after one is not missed.
+        self.reload_steps_to_true_end(&mut s)?;
         let last_epoch = s
             .records
             .iter()
@@ -299,17 +320,13 @@ impl LogBackend for KafkaLog {
             if Some(step) != last.map_or(Some(0), |l| l.checked_add(1)) {
                 return Err(Error::StepGap { step, last });
             }
-            let topics =
-                self.output_topics(commit.outputs.iter().map(|(name, _)| name.as_str()))?;
+            let topics = self.output_topics(commit.logs().map(|(name, _)| name))?;
             let texts: Vec<Vec<EntryTexts>> = commit
-                .outputs
-                .iter()
+                .logs()
                 .map(|(_, entries)| entries.iter().map(EntryTexts::of).collect())
                 .collect();
             let mut records_out = Vec::new();
-            for (((_, entries), (topic, n)), texts) in
-                commit.outputs.iter().zip(&topics).zip(&texts)
-            {
+            for (((_, entries), (topic, n)), texts) in commit.logs().zip(&topics).zip(&texts) {
                 for (entry, texts) in entries.iter().zip(texts) {
                     Self::entry_records(topic, *n, entry, texts, &mut records_out);
                 }

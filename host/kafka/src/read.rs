@@ -4,13 +4,13 @@
 
 use crate::errors::{kafka, kafka_failure};
 use crate::handle::{KafkaLog, PartitionReader, Quiet, QuietConsumer, lock};
-use crate::records::{decode_event, output_headers};
+use crate::records::{decode_record, output_headers};
 use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use sluice_core::{Event, StepRecord};
-use sluice_storage::{Result, StorageError as Error};
+use sluice_core::StepRecord;
+use sluice_storage::{InputRecord, Result, StorageError as Error};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,14 +34,14 @@ impl KafkaLog {
     /// past it would wait for records that may never come) — or, `exact`,
     /// failing when the range goes past it. The broker is asked for the
     /// end only when the range goes past the last one seen. Trimmed ranges
-    /// fail in the read.
+    /// fail in the read. A record that is not an event comes back as such.
     pub(crate) fn read_upto(
         &self,
         input: &str,
         partition: u32,
         range: Range<u64>,
         exact: bool,
-    ) -> Result<Vec<Event>> {
+    ) -> Result<Vec<InputRecord>> {
         let topic = self.check_partition(input, partition)?;
         let known = lock(&self.highs).get(&(topic.clone(), partition)).copied();
         let high = match known {
@@ -56,7 +56,7 @@ impl KafkaLog {
         let range = range.start..range.end.min(high);
         let mut events = Vec::new();
         self.read_records(&topic, partition, range, &mut |msg| {
-            events.push(decode_event(&topic, partition, msg)?);
+            events.push(decode_record(&topic, partition, msg));
             Ok(())
         })?;
         Ok(events)

@@ -5,8 +5,9 @@
 use crate::handle::KafkaLog;
 use crate::transaction::Outgoing;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use sluice_core::bad_records::marked_record_error;
 use sluice_core::{Event, Frontier, OutputEntry, PartitionId};
-use sluice_storage::{Result, StorageError as Error};
+use sluice_storage::{BadRecord, InputRecord, Result, StorageError as Error};
 
 /// Header carrying an event's weight (decimal; `1` when absent).
 pub const WEIGHT_HEADER: &str = "sluice-weight";
@@ -103,36 +104,40 @@ fn number<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
 
-/// Decodes an input record: the value must be JSON; the weight header, if
-/// present, a non-zero integer.
-pub(crate) fn decode_event(topic: &str, partition: u32, msg: &OwnedMessage) -> Result<Event> {
-    let at = || format!("record {topic}/{partition}@{}", msg.offset());
-    let value = msg.payload().ok_or_else(|| Error::Corrupt {
-        what: at(),
-        message: "the record has no value (Sluice input records carry a JSON value)".into(),
-    })?;
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(value) {
-        return Err(Error::Corrupt {
-            what: at(),
-            message: format!("the value is not JSON: {e}"),
-        });
-    }
+/// Decodes an input record: an event when the value is JSON and the
+/// weight header, if present, a non-zero integer; else a [`BadRecord`]
+/// saying why, at `topic/partition@offset`. A weight of 0 marks a line an
+/// ingest kept as not an event (its error is the line's own).
+pub(crate) fn decode_record(topic: &str, partition: u32, msg: &OwnedMessage) -> InputRecord {
+    let offset = msg.offset().max(0) as u64;
+    let bad = |error: String| {
+        InputRecord::Bad(BadRecord {
+            offset,
+            position: format!("{topic}/{partition}@{offset}"),
+            error,
+            value: msg.payload().map(<[u8]>::to_vec),
+        })
+    };
+    let Some(value) = msg.payload() else {
+        return bad("the record has no value (Sluice input records carry a JSON value)".into());
+    };
     let weight = match header(msg, WEIGHT_HEADER) {
         None => 1,
         Some(w) => match number::<i64>(w) {
-            Some(n) if n != 0 => n,
-            _ => {
-                return Err(Error::Corrupt {
-                    what: at(),
-                    message: format!(
-                        "header `{WEIGHT_HEADER}` must be a non-zero integer, got {:?}",
-                        String::from_utf8_lossy(w)
-                    ),
-                });
+            Some(0) => return bad(marked_record_error(value)),
+            Some(n) => n,
+            None => {
+                return bad(format!(
+                    "header `{WEIGHT_HEADER}` must be a non-zero integer, got {:?}",
+                    String::from_utf8_lossy(w)
+                ));
             }
         },
     };
-    Ok(Event {
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(value) {
+        return bad(format!("the value is not JSON: {e}"));
+    }
+    InputRecord::Event(Event {
         value: value.to_vec(),
         weight,
     })

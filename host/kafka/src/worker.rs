@@ -65,14 +65,11 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
                 "an earlier transaction of this holder failed: the worker must be taken again",
             ));
         }
-        let topics = log.output_topics(commit.outputs.iter().map(|(name, _)| name.as_str()))?;
-        let texts: Vec<EntryTexts> = commit
-            .outputs
-            .iter()
-            .map(|(_, e)| EntryTexts::of(e))
-            .collect();
+        // The outputs and the dead letters, with the done record.
+        let topics = log.output_topics(commit.logs().map(|(name, _)| name))?;
+        let texts: Vec<EntryTexts> = commit.logs().map(|(_, e)| EntryTexts::of(e)).collect();
         let mut records = Vec::new();
-        for (((_, entry), (topic, n)), texts) in commit.outputs.iter().zip(&topics).zip(&texts) {
+        for (((_, entry), (topic, n)), texts) in commit.logs().zip(&topics).zip(&texts) {
             KafkaLog::entry_records(topic, *n, entry, texts, &mut records);
         }
         let value = postcard::to_allocvec(&(step, worker, commit.hash))

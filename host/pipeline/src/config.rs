@@ -31,8 +31,14 @@ pub struct PipelineConfig {
     /// data directory, which a restart here restores from without
     /// downloading.
     pub checkpoint_store: Option<String>,
-    /// Steps, checkpoints, output limits. `options.name` is replaced by the
-    /// pipeline's stored identity when it opens.
+    /// Steps, checkpoints, output limits, and what a record that is not an
+    /// event does, per input port (`options.bad_records`: `fail`, the
+    /// default, or `dead-letter`, which skips it into the port's
+    /// dead-letter log `<port>.dead-letter` — for Kafka the topic
+    /// `<pipeline>.<port>.dead-letter` unless `sluice_kafka::KafkaConfig`'s
+    /// `topics` names the log another; a port the circuit does not have is
+    /// refused). `options.name` is replaced by the pipeline's stored
+    /// identity when it opens.
     pub options: PipelineOptions,
     /// Prefix of a new pipeline's identity (the server uses
     /// `<tenant>/<pipeline>/`); ignored for Kafka logs, whose identity is

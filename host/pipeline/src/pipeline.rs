@@ -41,6 +41,9 @@ impl Pipeline {
         ports: CircuitPorts,
         config: PipelineConfig,
     ) -> Result<Pipeline> {
+        for port in config.options.bad_records.keys() {
+            ports.input(port)?;
+        }
         let (hash, c, p) = (component.hash.clone(), config.clone(), ports.clone());
         let storage = tokio::task::spawn_blocking(move || Storage::open(&c, &p, &hash))
             .await
@@ -104,7 +107,10 @@ impl Pipeline {
     }
 
     /// Appends the JSON lines of `file` to input `port`, exactly once across
-    /// runs and crashes; `progress` gets (bytes done, file size).
+    /// runs and crashes; `progress` gets (bytes done, file size). A line
+    /// that is not an event fails it, unless the port's bad-record policy
+    /// is `dead-letter`: then the line is kept, marked, for the step that
+    /// reads it to dead-letter.
     pub async fn ingest_file(
         &self,
         port: &str,
@@ -113,9 +119,15 @@ impl Pipeline {
     ) -> Result<IngestReport> {
         let index = self.ports.input(port)?;
         let partitions = self.shape().inputs[index].partitions;
+        let policy = self
+            .options
+            .bad_records
+            .get(port)
+            .copied()
+            .unwrap_or_default();
         let (log, port, file) = (self.storage.log.clone(), port.to_owned(), file.to_owned());
         Ok(tokio::task::spawn_blocking(move || {
-            ingest_file(&*log, &port, partitions, &file, &mut progress)
+            ingest_file(&*log, &port, partitions, &file, policy, &mut progress)
         })
         .await
         .map_err(Error::task("ingesting a file"))??)

@@ -99,7 +99,11 @@ pub async fn run(
         ports.input(port)?;
     }
     for (port, _) in &req.outputs {
-        ports.output(port)?;
+        // An output port, or an input's dead-letter log.
+        match sluice_core::dead_letter_input(port) {
+            Some(input) => ports.input(input).map(|_| ())?,
+            None => ports.output(port).map(|_| ())?,
+        }
     }
     let pipeline = Pipeline::open_described(engine, component, ports, req.pipeline.clone()).await?;
 

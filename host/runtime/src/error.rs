@@ -180,6 +180,7 @@ impl Error {
                 StorageError::HostEpochSuperseded { .. }
                 | StorageError::TransactionalProducerSuperseded { .. },
             ) => "fenced",
+            Error::Storage(StorageError::BadRecord { .. }) => "bad_record",
             Error::Storage(_) => "storage_refused",
             Error::Config(_) | Error::InvalidComponent { .. } => "config",
             Error::PoolExhausted { .. } => "capacity",

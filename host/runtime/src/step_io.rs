@@ -1,7 +1,9 @@
 //! A step's input and output, the same wherever a worker runs: the input
-//! ranges a worker reads ([`InputRange`], [`read_batches`]), the checks and
-//! hash of its output ([`OutputChecks`], [`convert_output`]), and how a
-//! share's commit error reads. Both the coordinator and a host that serves
+//! ranges a worker reads ([`InputRange`], [`read_batches`]) and what it does
+//! with a record that is not an event (fail, or skip it into the input's
+//! dead-letter log: [`DeadLetters`]), the checks and hash of its output
+//! ([`OutputChecks`], [`convert_output`]), and how a share's commit error
+//! reads. Both the coordinator and a host that serves
 //! workers ([`hosts`](crate::hosts)) use these, so the two build the same
 //! batches and the same hashes.
 
@@ -9,24 +11,33 @@ use crate::bindings::Batch;
 use crate::error::{Error, GuestError, Result};
 use crate::packed::slices;
 use serde::{Deserialize, Serialize};
-use sluice_core::{Event, Frontier, PartitionId, hash_outputs};
+use sluice_core::{
+    BadRecordPolicy, DeadLetter, Event, Frontier, PartitionId, dead_letter_log, hash_outputs,
+};
+use sluice_storage::InputRecord;
 
 /// One partition's part of a worker's input for one step: offsets
-/// `start..end` of partition `id` of input log `name`.
+/// `start..end` of partition `id` of input log `name`, and what a record
+/// there that is not an event does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct InputRange {
     pub(crate) id: PartitionId,
     pub(crate) name: String,
     pub(crate) start: u64,
     pub(crate) end: u64,
+    /// The input's policy for this step (a replay always skips: a recorded
+    /// step's bad records were skipped when it ran, or it had none).
+    pub(crate) bad_records: BadRecordPolicy,
 }
 
 /// The input each worker reads in a step from frontiers `from` to `to`: one
-/// range per partition it owns that moved, in the order it owns them.
+/// range per partition it owns that moved, in the order it owns them, each
+/// with its input's bad-record policy (`policy`).
 pub(crate) fn input_ranges(
     owned: &[Vec<(PartitionId, String)>],
     from: &[Frontier],
     to: &[Frontier],
+    policy: &dyn Fn(&str) -> BadRecordPolicy,
 ) -> Vec<Vec<InputRange>> {
     owned
         .iter()
@@ -42,11 +53,45 @@ pub(crate) fn input_ranges(
                         name: name.clone(),
                         start,
                         end,
+                        bad_records: policy(name),
                     })
                 })
                 .collect()
         })
         .collect()
+}
+
+/// The input records one worker skipped in one step, as the events of
+/// the inputs' dead-letter logs: `(dead-letter log, events)`, in the order
+/// the worker read them. Committed with the step's outputs, by whoever
+/// commits them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeadLetters(pub(crate) Vec<(String, Vec<Event>)>);
+
+impl DeadLetters {
+    /// Adds `letter` to its input's dead-letter log.
+    fn push(&mut self, letter: &DeadLetter) {
+        let log = dead_letter_log(&letter.input);
+        let event = letter.to_event();
+        match self.0.iter_mut().find(|(name, _)| *name == log) {
+            Some((_, events)) => events.push(event),
+            None => self.0.push((log, vec![event])),
+        }
+    }
+
+    /// How many records were skipped.
+    pub(crate) fn count(&self) -> u64 {
+        self.0.iter().map(|(_, e)| e.len() as u64).sum()
+    }
+}
+
+/// What a worker read for one step: its batches, and the records it
+/// skipped.
+pub(crate) struct StepRead {
+    /// One batch per input port it read.
+    pub(crate) batches: Vec<Batch>,
+    /// The records that are not events, skipped (policy `dead-letter`).
+    pub(crate) dead_letters: DeadLetters,
 }
 
 /// Reads `ranges` from `log` into one batch per input port (in the order
@@ -55,27 +100,30 @@ pub(crate) fn input_ranges(
 /// worker what the coordinator would have sent. With `strict` (a reader
 /// other than the one that divided the step), a range past the partition's
 /// end fails instead of reading short: its events are not all visible
-/// here yet.
+/// here yet. A record that is not an event fails the read under its
+/// range's policy `fail` ([`StorageError::BadRecord`], naming its
+/// position), and is skipped into [`StepRead::dead_letters`] under
+/// `dead-letter` — the same records, read from the same offsets, on every
+/// run of the step.
+///
+/// [`StorageError::BadRecord`]: sluice_storage::StorageError::BadRecord
 pub(crate) fn read_batches(
     log: &dyn sluice_storage::LogBackend,
     ranges: &[InputRange],
     strict: bool,
-) -> Result<Vec<Batch>> {
+) -> Result<StepRead> {
     let mut batches: Vec<Batch> = Vec::new();
+    let mut dead_letters = DeadLetters::default();
     for r in ranges {
         let (name, partition, start, end) = (&r.name, r.id.partition, r.start, r.end);
         // Offsets may be sparse (Kafka's transaction markers take
-        // offsets), so the range holds at most `end - start` events; a
+        // offsets), so the range holds at most `end - start` records; a
         // dense backend checks its own ranges.
-        let events = if strict {
-            log.read_exact(name, partition, start..end)?
-        } else {
-            log.read(name, partition, start..end)?
-        };
-        if events.len() as u64 > end - start {
+        let records = log.read_records(name, partition, start..end, strict)?;
+        if records.len() as u64 > end - start {
             return Err(sluice_storage::StorageError::Corrupt {
                 what: format!("input `{name}` partition {partition}"),
-                message: format!("offsets {start}..{end} returned {} events", events.len()),
+                message: format!("offsets {start}..{end} returned {} records", records.len()),
             }
             .into());
         }
@@ -92,13 +140,33 @@ pub(crate) fn read_batches(
             }
         };
         let batch = &mut batches[i];
-        for e in events {
+        for record in records {
+            let e = match (record, r.bad_records) {
+                (InputRecord::Event(e), _) => e,
+                (InputRecord::Bad(bad), BadRecordPolicy::Fail) => {
+                    return Err(bad.into_error().into());
+                }
+                (InputRecord::Bad(bad), BadRecordPolicy::DeadLetter) => {
+                    dead_letters.push(&DeadLetter {
+                        input: name.clone(),
+                        partition,
+                        offset: bad.offset,
+                        position: bad.position,
+                        error: bad.error,
+                        value: bad.value,
+                    });
+                    continue;
+                }
+            };
             batch.values.extend_from_slice(&e.value);
             batch.ends.push(batch.values.len() as u32);
             batch.weights.push(e.weight);
         }
     }
-    Ok(batches)
+    Ok(StepRead {
+        batches,
+        dead_letters,
+    })
 }
 
 /// What a worker's output is checked against: the circuit's output ports,
@@ -124,6 +192,11 @@ pub(crate) struct WorkerOutput {
     /// Its host committed it, as the worker's share of a divided step:
     /// `ports` is empty, this many events went out.
     pub shared: Option<u64>,
+    /// The input records it skipped, committed with its output (empty when
+    /// its host committed the share).
+    pub dead_letters: DeadLetters,
+    /// How many it skipped (its host's count when the host committed).
+    pub dead_count: u64,
 }
 
 /// Checks a worker's output batches (well-formed, within the limits) and
@@ -194,6 +267,8 @@ pub(crate) fn convert_output(
         ports,
         hash,
         shared: None,
+        dead_letters: DeadLetters::default(),
+        dead_count: 0,
     })
 }
 

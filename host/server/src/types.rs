@@ -112,6 +112,17 @@ pub struct PipelineSpec {
     /// directly, not pushed through the API.
     #[serde(default)]
     pub across_hosts: bool,
+    /// Input port → what a record there that is not an event (not JSON, a
+    /// bad `sluice-weight` header) does: `fail` (the default: the pipeline
+    /// fails, naming the record's position) or `dead-letter` (the record is
+    /// skipped and written, with its position and why, to the port's
+    /// dead-letter log `<port>.dead-letter` — on Kafka the topic
+    /// `<kafka name>.<port>.dead-letter` — in the step's own commit).
+    /// Pushes are parsed before anything is appended: a push with a bad
+    /// line is refused whole, whatever the policy.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub bad_records: BTreeMap<String, sluice_core::BadRecordPolicy>,
 }
 
 fn one() -> u32 {
@@ -217,6 +228,10 @@ pub struct PipelineStatus {
     pub events_in: u64,
     /// Output events committed since the host started the pipeline.
     pub events_out: u64,
+    /// Input records that were not events, skipped into their ports'
+    /// dead-letter logs since the host started the pipeline.
+    #[serde(default)]
+    pub dead_letters: u64,
     /// Per worker: `input/partition` → offset consumed up to.
     pub frontiers: Vec<BTreeMap<String, u64>>,
     /// Input events appended but not yet consumed.
@@ -231,6 +246,9 @@ pub struct PipelineStatus {
     pub last_checkpoint_age_ms: Option<u64>,
     /// The step of the newest checkpoint.
     pub last_checkpoint: Option<u64>,
+    /// Why the checkpoints are behind the steps, while checkpoint writes
+    /// fail (the store is away): steps go on, checkpoints and trims wait.
+    pub checkpoints_behind: Option<String>,
     /// Fuel the guests burned since the host started the pipeline.
     pub fuel_used: u64,
     /// Why the pipeline failed (or the last error it recovered from).
@@ -261,6 +279,7 @@ impl PipelineStatus {
             steps,
             events_in: 0,
             events_out: 0,
+            dead_letters: 0,
             frontiers: Vec::new(),
             input_lag: 0,
             events_in_per_sec: 0.0,
@@ -268,6 +287,7 @@ impl PipelineStatus {
             steps_per_sec: 0.0,
             last_checkpoint_age_ms: None,
             last_checkpoint,
+            checkpoints_behind: None,
             fuel_used: 0,
             last_error: None,
             hosts: None,

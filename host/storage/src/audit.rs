@@ -14,6 +14,11 @@
 //!   step's layout (I1), tagged with that step's frontier;
 //! - no output exists for a step without a record (I3: the division is
 //!   durable no later than the outputs);
+//! - every dead-letter log (`<input>.dead-letter`) holds at most one entry
+//!   per step per worker, of a recorded step, tagged with its frontier;
+//!   each of its records names a position of its input that the worker
+//!   read in that step (between the step before's frontier and its own),
+//!   and no position is dead-lettered twice;
 //! - each worker's outputs of a step hash to the hash in the step record
 //!   (for a divided step, in the worker's done record); every step but the
 //!   last is complete (a divided step has every worker's done record);
@@ -28,7 +33,10 @@
 
 use crate::error::{Result, StorageError};
 use crate::{CheckpointStore, LogBackend};
-use sluice_core::{Event, Frontier, Layout, PartitionId, PipelineShape, StepRecord, hash_outputs};
+use sluice_core::{
+    DeadLetter, Event, Frontier, Layout, PartitionId, PipelineShape, StepRecord, dead_letter_log,
+    hash_outputs,
+};
 use std::collections::BTreeMap;
 
 /// What an audit found.
@@ -47,6 +55,8 @@ pub struct Summary {
     pub steps: u64,
     /// Output entries across all output logs.
     pub entries: u64,
+    /// Input records skipped into dead-letter logs.
+    pub dead_letters: u64,
     /// Committed checkpoints (their steps).
     pub checkpoints: Vec<u64>,
 }
@@ -87,10 +97,12 @@ pub fn audit(
         let highs = high_watermarks(log, shape)?;
         let steps = step_records(log, shape, &highs)?;
         let entries = output_logs(log, shape, &steps)?;
+        let dead_letters = dead_letter_logs(log, shape, &steps)?;
         let checkpoints = checkpoints_and_trims(log, checkpoints, &steps, &highs)?;
         Ok(Summary {
             steps: steps.records.len() as u64,
             entries,
+            dead_letters,
             checkpoints,
         })
     };
@@ -342,6 +354,93 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
         }
     }
     Ok(entries)
+}
+
+/// The dead-letter logs, checked against the step records: at most one
+/// entry per step per worker, the step's frontier, each record a position
+/// the worker read in the step, no position twice. Returns the records.
+fn dead_letter_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Check<u64> {
+    let records = &steps.records;
+    let mut letters = 0u64;
+    for (i, input) in shape.inputs.iter().enumerate() {
+        let name = dead_letter_log(&input.name);
+        let mut seen: BTreeMap<(u64, u32), ()> = BTreeMap::new();
+        let mut positions: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+        let mut problem: Option<String> = None;
+        let low = log.output_low(&name)?;
+        log.scan_output(&name, low, &mut |entry| {
+            if problem.is_some() {
+                return Ok(std::ops::ControlFlow::Break(()));
+            }
+            let (step, worker) = (entry.step, entry.worker);
+            problem = if seen.insert((step, worker), ()).is_some() {
+                Some(format!(
+                    "dead-letter log `{name}` holds a second entry for step {step} worker \
+                     {worker} (I1)"
+                ))
+            } else if step as usize >= records.len() {
+                Some(format!(
+                    "dead-letter log `{name}` holds records of step {step}, which has no step \
+                     record (I3)"
+                ))
+            } else if worker >= steps.layout(step).workers
+                || entry.frontier != records[step as usize].frontiers[worker as usize]
+            {
+                Some(format!(
+                    "dead-letter log `{name}`: the entry of step {step} worker {worker} is not \
+                     tagged with a worker of the step and its frontier"
+                ))
+            } else {
+                let before: Frontier = match step.checked_sub(1) {
+                    Some(p) => records[p as usize]
+                        .frontiers
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (*k, *v))
+                        .collect(),
+                    None => Frontier::new(),
+                };
+                entry.events.iter().find_map(|event| {
+                    letters += 1;
+                    let d = match DeadLetter::from_event(event) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            return Some(format!("dead-letter log `{name}`, step {step}: {e}"));
+                        }
+                    };
+                    let id = PartitionId {
+                        input: i as u32,
+                        partition: d.partition,
+                    };
+                    let from = before.get(&id).copied().unwrap_or(0);
+                    let read = entry
+                        .frontier
+                        .get(&id)
+                        .is_some_and(|to| (from..*to).contains(&d.offset));
+                    if d.input != input.name || !read {
+                        Some(format!(
+                            "dead-letter log `{name}`: step {step} worker {worker} skipped record \
+                             {} (`{}` partition {} offset {}), which it did not read in that step",
+                            d.position, d.input, d.partition, d.offset
+                        ))
+                    } else if let Some(first) = positions.insert((d.partition, d.offset), step) {
+                        Some(format!(
+                            "dead-letter log `{name}` holds record {} twice (steps {first} and \
+                             {step}): a skipped record is dead-lettered once",
+                            d.position
+                        ))
+                    } else {
+                        None
+                    }
+                })
+            };
+            Ok(std::ops::ControlFlow::Continue(()))
+        })?;
+        if let Some(p) = problem {
+            violation!("{p}");
+        }
+    }
+    Ok(letters)
 }
 
 /// The checkpoints, checked against the step records, and the input's low

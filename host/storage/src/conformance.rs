@@ -17,6 +17,8 @@ use sluice_core::{
 };
 use std::sync::Arc;
 
+pub mod bad_records;
+
 /// What a log backend supports.
 #[derive(Debug, Clone, Copy)]
 pub struct LogFlags {
@@ -33,7 +35,7 @@ pub struct LogFlags {
     pub output_retention: bool,
 }
 
-fn ev(i: u64) -> Event {
+pub(crate) fn ev(i: u64) -> Event {
     Event {
         value: format!("{i}").into_bytes(),
         weight: if i.is_multiple_of(3) { -1 } else { 1 },
@@ -69,6 +71,7 @@ pub fn sample_commit(step: u64, offset: u64) -> StepCommit {
                 events: vec![ev(step)],
             }],
         )],
+        dead_letters: Vec::new(),
     }
 }
 
@@ -86,6 +89,9 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     trim_moves_low_watermark(&*make(), flags);
     unknown_input_is_an_error(&*make());
     divided_steps_commit_per_worker(make());
+    bad_records::marked_records_read_back_as_bad(&*make());
+    bad_records::dead_letters_commit_with_their_step(&*make());
+    bad_records::a_share_commits_its_dead_letters_once(make());
 }
 
 /// Appends return the offsets their events got; reads return what was
@@ -388,6 +394,7 @@ pub fn sample_share(record: &StepRecord, worker: u32, events: Vec<Event>) -> Wor
                 events,
             },
         )],
+        dead_letters: Vec::new(),
     }
 }
 
@@ -417,6 +424,7 @@ pub fn divided_steps_commit_per_worker(log: Arc<dyn LogBackend>) {
     log.commit_step(&StepCommit {
         record: division.clone(),
         outputs: Vec::new(),
+        dead_letters: Vec::new(),
     })
     .unwrap();
     assert_eq!(log.last_step().unwrap(), Some(0));
@@ -501,6 +509,7 @@ pub fn divided_steps_commit_per_worker(log: Arc<dyn LogBackend>) {
     log.commit_step(&StepCommit {
         record: next.clone(),
         outputs: Vec::new(),
+        dead_letters: Vec::new(),
     })
     .unwrap();
     assert_eq!(

@@ -209,6 +209,23 @@ pub enum StorageError {
         hint: String,
     },
 
+    /// An input record that is not an event (not JSON, a malformed weight
+    /// header), met where events only are read: under its input's
+    /// bad-record policy `fail`, the step stops here, every time it runs.
+    #[error(
+        "input record {position} is not an event: {message}; the pipeline stops at it (its \
+         input's bad-record policy is `fail`): skip such records into the input's dead-letter \
+         log with the policy `dead-letter` (`--bad-records PORT=dead-letter`, or the pipeline \
+         spec's `bad_records`)"
+    )]
+    BadRecord {
+        /// Where the record is: `topic/partition@offset` (Kafka),
+        /// `input/partition@offset` (embedded).
+        position: String,
+        /// Why it is not an event.
+        message: String,
+    },
+
     /// Stored data could not be decoded, or contradicts itself.
     #[error("corrupt {what}: {message}")]
     Corrupt {

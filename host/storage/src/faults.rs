@@ -175,6 +175,17 @@ impl LogBackend for FaultyLog {
         self.faults
             .read("read", || self.inner.read(input, partition, range))
     }
+    fn read_records(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+    ) -> Result<Vec<crate::InputRecord>> {
+        self.faults.read("read", || {
+            self.inner.read_records(input, partition, range, exact)
+        })
+    }
     fn fence(&self) -> Result<u64> {
         self.faults.write("fence", || self.inner.fence())
     }

@@ -15,7 +15,9 @@ use crate::{
     Carried, Checkpoint, CheckpointMeta, CheckpointStore, LogBackend, Staged, WorkerCommitter,
 };
 use sluice_core::crash::{CrashPoint, crash_point};
-use sluice_core::{Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord};
+use sluice_core::{
+    Frontier, Layout, PartitionId, PipelineShape, StepCommit, StepRecord, dead_letter_input,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -186,7 +188,10 @@ impl Guarded {
                     "a divided step (no output hashes), but this log commits steps whole".into(),
                 ));
             }
-            if rec.frontiers.len() != workers || !commit.outputs.is_empty() {
+            if rec.frontiers.len() != workers
+                || !commit.outputs.is_empty()
+                || !commit.dead_letters.is_empty()
+            {
                 return Err(invalid(format!(
                     "a division must have one frontier per worker ({} for {workers}) and no \
                      outputs",
@@ -238,6 +243,7 @@ impl Guarded {
                 )));
             }
         }
+        self.check_dead_letters(commit, workers)?;
         // Each partition in the frontier of its reader in the layout.
         let now = offsets(&rec.frontiers);
         if now.len() != rec.frontiers.iter().map(|f| f.len()).sum::<usize>() {
@@ -274,6 +280,50 @@ impl Guarded {
             record: Some(commit.record.clone()),
             layout,
         });
+        Ok(())
+    }
+
+    /// Checks a step's dead letters: each log is the dead-letter log of one
+    /// of the pipeline's inputs, named once, and holds an entry only for
+    /// workers that skipped records, in worker order, tagged with the step
+    /// and the worker's frontier.
+    fn check_dead_letters(&self, commit: &StepCommit, workers: usize) -> Result<()> {
+        let rec = &commit.record;
+        let invalid = |message: String| StorageError::InvalidCommit {
+            step: rec.step,
+            message,
+        };
+        let mut names: Vec<&str> = commit
+            .dead_letters
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(invalid("a dead-letter log appears twice".into()));
+        }
+        for (name, entries) in &commit.dead_letters {
+            let known = dead_letter_input(name)
+                .is_some_and(|input| self.shape.inputs.iter().any(|i| i.name == input));
+            if !known {
+                return Err(invalid(format!(
+                    "`{name}` is not the dead-letter log of one of the pipeline's inputs"
+                )));
+            }
+            let well_formed = entries.windows(2).all(|w| w[0].worker < w[1].worker)
+                && entries.iter().all(|e| {
+                    (e.worker as usize) < workers
+                        && e.step == rec.step
+                        && e.frontier == rec.frontiers[e.worker as usize]
+                        && !e.events.is_empty()
+                });
+            if !well_formed {
+                return Err(invalid(format!(
+                    "dead-letter log `{name}` must hold one entry per worker that skipped \
+                     records, in worker order, tagged with this step and its frontier"
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -4,7 +4,13 @@
 //! file still being written) is left for the next run. Each file is
 //! appended in chunks; every chunk's append carries a mark
 //! (bytes and lines consumed, SHA-256 of the consumed prefix) stored
-//! atomically with its events. Running again resumes after the last durable
+//! atomically with its events.
+//!
+//! A line that is not an event fails the ingest, naming the file and the
+//! line — unless its input's bad-record policy is `dead-letter`: then it is
+//! appended as written, *marked* as not an event (weight 0), and the step
+//! that reads it skips it into the input's dead-letter log, with its
+//! position and why ([`sluice_core::bad_records`]). Running again resumes after the last durable
 //! chunk, skips a file already appended, appends only what was added to a
 //! file that grew, and refuses a file whose appended part changed.
 
@@ -12,9 +18,9 @@ use crate::error::StorageError;
 use crate::{AppendBatch, IngestMark, LogBackend};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sluice_core::Event;
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::wire::parse_input_line;
+use sluice_core::{BadRecordPolicy, Event};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -95,16 +101,22 @@ pub struct IngestReport {
     pub appended: u64,
     /// Lines appended by earlier runs (skipped now).
     pub already: u64,
+    /// Lines that are not events, appended now as marked records (under
+    /// the policy `dead-letter`), for the steps to dead-letter.
+    pub bad_lines: u64,
 }
 
 /// Appends the JSON lines of `path` to input log `input` (with `partitions`
 /// partitions), exactly once across runs and crashes. `progress` is called
-/// with (bytes done, file size) as chunks become durable.
+/// with (bytes done, file size) as chunks become durable. A line that is
+/// not an event fails the ingest under `bad_lines` = `fail`; under
+/// `dead-letter` it is appended marked (see the module's docs).
 pub fn ingest_file(
     log: &dyn LogBackend,
     input: &str,
     partitions: u32,
     path: &Path,
+    bad_lines: BadRecordPolicy,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<IngestReport, IngestError> {
     let canonical = path.canonicalize().map_err(io(path))?;
@@ -137,6 +149,7 @@ pub fn ingest_file(
     let mut report = IngestReport {
         appended: 0,
         already: mark.lines,
+        bad_lines: 0,
     };
     let (mut bytes, mut lines) = (mark.bytes, mark.lines);
     let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -162,11 +175,23 @@ pub fn ingest_file(
             chunk_lines += 1;
             bytes += n as u64;
             hasher.update(line.as_bytes());
-            let event = parse_input_line(&line).map_err(|m| IngestError::BadLine {
-                path: path.to_owned(),
-                line: lines,
-                message: m.to_string(),
-            })?;
+            let event = match (parse_input_line(&line), bad_lines) {
+                (Ok(event), _) => event,
+                (Err(m), BadRecordPolicy::Fail) => {
+                    return Err(IngestError::BadLine {
+                        path: path.to_owned(),
+                        line: lines,
+                        message: m.to_string(),
+                    });
+                }
+                (Err(_), BadRecordPolicy::DeadLetter) => {
+                    report.bad_lines += 1;
+                    Some(Event {
+                        value: line.trim_end_matches(['\n', '\r']).as_bytes().to_vec(),
+                        weight: 0,
+                    })
+                }
+            };
             if let Some(event) = event {
                 let p = ((lines - 1) / LINES_PER_PARTITION_BLOCK) % partitions as u64;
                 parts[p as usize].push(event);
@@ -175,7 +200,7 @@ pub fn ingest_file(
         if chunk_lines == 0 {
             break;
         }
-        let events: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let events: u64 = parts.iter().flatten().filter(|e| e.weight != 0).count() as u64;
         let mark = FileMark {
             bytes,
             lines,

@@ -15,6 +15,8 @@
 //!   backend stores.
 //! - [`ingest`]: appending JSON-lines files to input logs exactly once.
 //! - [`read_output`] ([`read`]): output events after a position.
+//! - [`records`]: input records as a step reads them — events, and
+//!   records that are not events ([`BadRecord`]).
 //! - [`faults`]: wrappers that inject errors and delays into any backend.
 //! - [`conformance`]: the suites every backend passes.
 //!
@@ -35,6 +37,7 @@ pub mod guarded;
 pub mod ingest;
 pub mod log;
 pub mod read;
+pub mod records;
 
 pub use checkpoint::{
     Carried, Checkpoint, CheckpointLedger, CheckpointMeta, CheckpointStore, MemoryLedger,
@@ -47,3 +50,4 @@ pub use log::{
     WorkerCommitter, WorkerDone, check_producer, check_worker_commit, decide_share,
 };
 pub use read::read_output;
+pub use records::{BadRecord, InputRecord};

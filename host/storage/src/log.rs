@@ -8,7 +8,11 @@
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
 use crate::error::{Result, StorageError};
-use sluice_core::{ConfigError, Event, Frontier, OutputEntry, StepCommit, StepRecord, hash_ports};
+use crate::records::InputRecord;
+use sluice_core::{
+    ConfigError, Event, Frontier, OutputEntry, StepCommit, StepRecord, dead_letter_input,
+    hash_ports,
+};
 use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
@@ -168,6 +172,11 @@ pub struct WorkerCommit {
     pub hash: u128,
     /// `(output log, entry)`, one per output log.
     pub outputs: Vec<(String, OutputEntry)>,
+    /// `(dead-letter log, entry)`: the input records the worker skipped as
+    /// not events in this step, one entry per dead-letter log it skipped
+    /// any for; tagged like its outputs, committed with them, not in the
+    /// hash.
+    pub dead_letters: Vec<(String, OutputEntry)>,
 }
 
 impl WorkerCommit {
@@ -198,7 +207,48 @@ impl WorkerCommit {
             worker,
             hash,
             outputs,
+            dead_letters: Vec::new(),
         }
+    }
+
+    /// With the records it skipped: `(dead-letter log, events)`, those
+    /// without events left out; each entry tagged like the outputs.
+    pub fn with_dead_letters(
+        mut self,
+        frontier: &Frontier,
+        dead_letters: impl IntoIterator<Item = (String, Vec<Event>)>,
+    ) -> Self {
+        self.dead_letters = dead_letters
+            .into_iter()
+            .filter(|(_, events)| !events.is_empty())
+            .map(|(name, events)| {
+                let entry = OutputEntry {
+                    step: self.step,
+                    worker: self.worker,
+                    frontier: frontier.clone(),
+                    events,
+                };
+                (name, entry)
+            })
+            .collect();
+        self
+    }
+
+    /// Every log it writes to, with its entry: the outputs, then the
+    /// dead-letter logs.
+    pub fn logs(&self) -> impl Iterator<Item = (&str, &OutputEntry)> {
+        self.outputs
+            .iter()
+            .chain(&self.dead_letters)
+            .map(|(name, entry)| (name.as_str(), entry))
+    }
+
+    /// Its dead letters, over every dead-letter log.
+    pub fn dead_letter_count(&self) -> u64 {
+        self.dead_letters
+            .iter()
+            .map(|(_, e)| e.events.len() as u64)
+            .sum()
     }
 
     /// Its output events, over every output log.
@@ -228,8 +278,8 @@ pub trait WorkerCommitter: Send {
     /// The worker it commits for.
     fn worker(&self) -> u32;
 
-    /// Commits the worker's share of a divided step — its entries and its
-    /// done record, atomically — unless the done record exists: then
+    /// Commits the worker's share of a divided step — its entries (the
+    /// dead letters' too) and its done record, atomically — unless the done record exists: then
     /// compares the hash ([`StorageError::DoneDiffers`] if it differs) and
     /// writes nothing. Fails if the step's division is not recorded, if the
     /// share does not fit it ([`check_worker_commit`]), or if another
@@ -261,14 +311,25 @@ pub fn check_worker_commit(record: &StepRecord, commit: &WorkerCommit) -> Result
             record.frontiers.len()
         )));
     };
-    let mut names: Vec<&str> = commit.outputs.iter().map(|(n, _)| n.as_str()).collect();
+    let mut names: Vec<&str> = commit.logs().map(|(n, _)| n).collect();
     names.sort_unstable();
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(invalid(
             "an output log appears twice in a worker's share".into(),
         ));
     }
-    for (name, entry) in &commit.outputs {
+    if let Some((name, entry)) = commit
+        .dead_letters
+        .iter()
+        .find(|(name, e)| dead_letter_input(name).is_none() || e.events.is_empty())
+    {
+        return Err(invalid(format!(
+            "worker {}'s share names `{name}` as a dead-letter log, with {} records",
+            commit.worker,
+            entry.events.len()
+        )));
+    }
+    for (name, entry) in commit.logs() {
         if entry.step != commit.step || entry.worker != commit.worker || &entry.frontier != frontier
         {
             return Err(invalid(format!(
@@ -368,6 +429,27 @@ pub trait LogBackend: Send + Sync {
     /// watermark.
     fn read(&self, input: &str, partition: u32, range: Range<u64>) -> Result<Vec<Event>>;
 
+    /// Reads offsets `range` like [`read`](Self::read) — with `exact`,
+    /// like [`read_exact`](Self::read_exact) — but a record that is not an
+    /// event comes back as [`InputRecord::Bad`] in its place (with its
+    /// position and why) instead of failing the read: what a step reads, so
+    /// its input's bad-record policy decides. Deterministic: the same
+    /// offsets give the same records, bad ones included. The default, for
+    /// a log whose records are all events, wraps `read`.
+    fn read_records(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+    ) -> Result<Vec<InputRecord>> {
+        let events = match exact {
+            true => self.read_exact(input, partition, range)?,
+            false => self.read(input, partition, range)?,
+        };
+        Ok(events.into_iter().map(InputRecord::Event).collect())
+    }
+
     /// Reads offsets `range` like [`read`](Self::read), but never short:
     /// fails (transiently: the events become visible) when the range
     /// extends past the partition's end as this reader sees it. For a
@@ -397,8 +479,9 @@ pub trait LogBackend: Send + Sync {
     /// commit. Durable before it returns.
     fn fence(&self) -> Result<u64>;
 
-    /// Commits a step: every worker's output entries and the step record,
-    /// atomically and durably. Fails with
+    /// Commits a step: every worker's output entries, the dead letters
+    /// ([`StepCommit::dead_letters`], written like output entries) and the
+    /// step record, atomically and durably. Fails with
     /// [`StorageError::StepExists`] if the step is already
     /// committed (I1), [`StorageError::StepGap`] if it does
     /// not follow the last committed step, and

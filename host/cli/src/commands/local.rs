@@ -71,6 +71,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             s.events_out,
             report.events_per_second()
         );
+        if s.dead_letters > 0 {
+            eprintln!(
+                "{} input records were not events: skipped into the dead-letter logs \
+                 (`sluice read --data DIR --output PORT.dead-letter` shows them)",
+                s.dead_letters
+            );
+        }
     }
     Ok(())
 }
@@ -286,8 +293,8 @@ pub async fn verify(
     .await??;
     match verdict {
         Verdict::Consistent(s) => println!(
-            "consistent: {} steps, {} output entries, checkpoints {:?}",
-            s.steps, s.entries, s.checkpoints
+            "consistent: {} steps, {} output entries, {} dead letters, checkpoints {:?}",
+            s.steps, s.entries, s.dead_letters, s.checkpoints
         ),
         Verdict::Violation(v) => bail!("violation: {v}"),
     }
@@ -306,10 +313,19 @@ pub async fn read(
         use std::io::Write;
         let offline = open_offline(&data, brokers)?;
         let shape = &offline.meta.shape;
-        if !shape.outputs.contains(&output) {
+        let dead_letters = sluice_core::dead_letter_input(&output)
+            .is_some_and(|input| shape.inputs.iter().any(|i| i.name == input));
+        if !shape.outputs.contains(&output) && !dead_letters {
             bail!(
-                "unknown output port `{output}`; the pipeline has [{}]",
-                shape.outputs.join(", ")
+                "unknown output port `{output}`; the pipeline has [{}] (and the dead-letter logs \
+                 [{}])",
+                shape.outputs.join(", "),
+                shape
+                    .inputs
+                    .iter()
+                    .map(|i| sluice_core::dead_letter_log(&i.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());

@@ -117,26 +117,32 @@ impl Coordinator {
             self.placement.drop_instances();
             return Err(e);
         }
-        let outputs = self.execute(&target, step, time_ms, Commit::Hold).await?;
+        let outputs = self
+            .execute(&target, step, time_ms, Commit::Hold, false)
+            .await?;
         crash_point(CrashPoint::MidStep);
         self.commit_record(StepCommit {
             record,
             outputs: Vec::new(),
+            dead_letters: Vec::new(),
         })
         .await?;
         // From here on the step is recorded: a failure leaves its completion
         // to recovery, which replays it.
         let events_in = self.position.events_read;
+        let skipped = outputs.iter().map(|o| o.dead_count).sum();
         let events_out = self
             .commit_shares(step, &target, outputs, Commit::Hold)
             .await?;
         crash_point(CrashPoint::AfterCommit);
-        self.committed(target, time_ms, events_in, events_out).await
+        self.committed(target, time_ms, events_in, events_out, skipped)
+            .await
     }
 
     /// Commits every share of divided step `step`: with [`Commit::Hold`]
     /// the hosts commit the shares they hold; the shares no host commits
-    /// are committed here (with this host's holders of those workers).
+    /// are committed here (with this host's holders of those workers),
+    /// each with the input records its worker skipped.
     /// Then waits until every worker's done record is in the log and checks
     /// every worker's output against its done record. Returns the output
     /// events. On failure the instances are dropped (recovery finds out
@@ -198,7 +204,8 @@ impl Coordinator {
                 }
                 None => {
                     let outputs = self.shape.outputs.iter().cloned().zip(out.ports);
-                    let share = WorkerCommit::new(step, worker, &frontiers[w], outputs, out.hash);
+                    let share = WorkerCommit::new(step, worker, &frontiers[w], outputs, out.hash)
+                        .with_dead_letters(&frontiers[w], out.dead_letters.0);
                     events_out += share.events();
                     shares.push((share, self.placement.committers[w].take()));
                 }

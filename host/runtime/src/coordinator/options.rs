@@ -2,6 +2,8 @@
 //! what a layout change moved ([`Relayout`]) and what a coordinator did
 //! since it opened ([`Stats`]).
 
+use sluice_core::BadRecordPolicy;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How a pipeline runs.
@@ -40,6 +42,13 @@ pub struct PipelineOptions {
     /// only the others, as [`Coordinator::replace_hosts`](crate::Coordinator::replace_hosts) does. Empty (or
     /// of another W): workers are dealt round robin.
     pub placement_hint: Vec<String>,
+    /// Input port → what a live step does with a record there that is not
+    /// an event (a port not named: [`BadRecordPolicy::Fail`]). Sent with
+    /// each step's input ranges, so every host of a step does the same; a
+    /// replay skips such records whatever this says (a recorded step
+    /// skipped them, or had none), so changing it changes only the steps
+    /// to come.
+    pub bad_records: BTreeMap<String, BadRecordPolicy>,
 }
 
 impl Default for PipelineOptions {
@@ -55,6 +64,7 @@ impl Default for PipelineOptions {
             incremental_checkpoints: true,
             check_output_json: false,
             placement_hint: Vec::new(),
+            bad_records: BTreeMap::new(),
         }
     }
 }
@@ -96,6 +106,9 @@ pub struct Stats {
     pub events_in_read_by_hosts: u64,
     /// Output events committed.
     pub events_out: u64,
+    /// Input records that are not events, skipped into their inputs'
+    /// dead-letter logs by the steps committed (replays not counted).
+    pub dead_letters: u64,
     /// Fuel the guests burned in steps (committed or not).
     pub fuel_used: u64,
     /// Layout changes made live (not replayed).

@@ -401,7 +401,7 @@ impl Coordinator {
                 // incomplete completes here.
                 self.take_holders().await?;
                 let outputs = self
-                    .execute(&record.frontiers, step, record.time_ms, Commit::Now)
+                    .execute(&record.frontiers, step, record.time_ms, Commit::Now, true)
                     .await?;
                 self.commit_shares(step, &record.frontiers, outputs, Commit::Now)
                     .await?;
@@ -412,7 +412,7 @@ impl Coordinator {
                 continue;
             }
             let outputs = self
-                .execute(&record.frontiers, step, record.time_ms, Commit::Whole)
+                .execute(&record.frontiers, step, record.time_ms, Commit::Whole, true)
                 .await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
                 if out.hash != *committed {

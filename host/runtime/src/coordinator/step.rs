@@ -9,15 +9,16 @@ use crate::bindings::Batch;
 use crate::error::{Error, Result};
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{
-    InputRange, OutputChecks, WorkerOutput, blocking, convert_output, input_ranges, read_batches,
+    InputRange, OutputChecks, StepRead, WorkerOutput, blocking, convert_output, input_ranges,
+    read_batches,
 };
 use sluice_core::crash::{CrashPoint, crash_point};
-use sluice_core::{Frontier, OutputEntry, StepCommit, StepLimits, StepRecord};
+use sluice_core::{BadRecordPolicy, Frontier, OutputEntry, StepCommit, StepLimits, StepRecord};
 
 /// What a worker steps on.
 enum StepInput {
-    /// Its input, read here.
-    Batches(Vec<Batch>),
+    /// Its input, read here (and the records skipped reading it).
+    Batches(StepRead),
     /// The offsets its host reads; with a share, the host also commits the
     /// worker's share of the (divided) step.
     Read(Vec<InputRange>, Option<ShareSpec>),
@@ -81,7 +82,9 @@ impl Coordinator {
         if self.divides() {
             return self.step_divided(target, step, time_ms).await;
         }
-        let mut outputs = self.execute(&target, step, time_ms, Commit::Whole).await?;
+        let mut outputs = self
+            .execute(&target, step, time_ms, Commit::Whole, false)
+            .await?;
         crash_point(CrashPoint::MidStep);
         // Events, not offsets: Kafka's offsets include transaction markers.
         let events_in = self.position.events_read;
@@ -104,6 +107,8 @@ impl Coordinator {
                 .collect();
             logs.push((name.clone(), entries));
         }
+        let dead_letters = dead_letter_entries(step, &target, &mut outputs);
+        let skipped = outputs.iter().map(|o| o.dead_count).sum();
         let commit = StepCommit {
             record: StepRecord {
                 step,
@@ -119,9 +124,11 @@ impl Coordinator {
                     .then(|| self.placement.layout.clone()),
             },
             outputs: logs,
+            dead_letters,
         };
         self.commit_record(commit).await?;
-        self.committed(target, time_ms, events_in, events_out).await
+        self.committed(target, time_ms, events_in, events_out, skipped)
+            .await
     }
 
     /// Fixes the next step's division: each worker's end offsets. An input
@@ -157,17 +164,32 @@ impl Coordinator {
     }
 
     /// Runs one step on every worker: the input between the current
-    /// frontiers and `target`. Does not commit.
+    /// frontiers and `target`. Does not commit. A record that is not an
+    /// event follows its input's bad-record policy — in a `replay` of a
+    /// recorded step, always `dead-letter`: the step skipped it when it
+    /// ran (under `fail` it would not have been recorded), and its replay
+    /// must read what it read.
     pub(super) async fn execute(
         &mut self,
         target: &[Frontier],
         step: u64,
         time_ms: u64,
         commit: Commit,
+        replay: bool,
     ) -> Result<Vec<WorkerOutput>> {
         // A worker whose host reads this pipeline's logs reads its own
         // input (only the offsets travel); the others' is read here.
-        let ranges = input_ranges(&self.placement.owned, &self.position.frontiers, target);
+        let policies = &self.options.bad_records;
+        let policy = |input: &str| match replay {
+            true => BadRecordPolicy::DeadLetter,
+            false => policies.get(input).copied().unwrap_or_default(),
+        };
+        let ranges = input_ranges(
+            &self.placement.owned,
+            &self.position.frontiers,
+            target,
+            &policy,
+        );
         let host_reads = self.hosts_read_input();
         // In a divided step, a worker whose host reads the logs also
         // commits its share there, if the host may write them.
@@ -210,15 +232,16 @@ impl Coordinator {
             let exchange = self.placement.exchange.clone();
             tasks.push(tokio::spawn(async move {
                 let r = match input {
-                    StepInput::Batches(batches) => {
-                        let events = batches.iter().map(|b| b.weights.len() as u64).sum();
+                    StepInput::Batches(read) => {
+                        let events = read.batches.iter().map(|b| b.weights.len() as u64).sum();
                         worker
-                            .step(step, time_ms, batches)
+                            .step(step, time_ms, read.batches)
                             .await
                             .map(|outputs| Stepped {
                                 outputs,
                                 events,
                                 shared: None,
+                                dead_letters: read.dead_letters,
                             })
                     }
                     StepInput::Read(ranges, share) => match &mut worker {
@@ -252,8 +275,14 @@ impl Coordinator {
                                 ports: Vec::new(),
                                 hash: done.hash,
                                 shared: Some(done.events),
+                                dead_letters: Default::default(),
+                                dead_count: done.dead_letters,
                             }),
-                            None => self.convert(w as u32, step, stepped.outputs),
+                            None => self.convert(w as u32, step, stepped.outputs).map(|mut o| {
+                                o.dead_count = stepped.dead_letters.count();
+                                o.dead_letters = stepped.dead_letters;
+                                o
+                            }),
                         }
                     })
                 }
@@ -330,16 +359,27 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Moves on past the step just committed.
+    /// Moves on past the step just committed (which skipped `skipped`
+    /// input records into dead-letter logs).
     pub(super) async fn committed(
         &mut self,
         target: Vec<Frontier>,
         time_ms: u64,
         events_in: u64,
         events_out: u64,
+        skipped: u64,
     ) -> Result<bool> {
         let step = self.position.next_step;
         tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
+        if skipped > 0 {
+            tracing::warn!(
+                pipeline = %self.options.name,
+                step,
+                skipped,
+                "input records that are not events went to their inputs' dead-letter logs"
+            );
+        }
+        self.stats.dead_letters += skipped;
         self.position.frontiers = target;
         self.position.last_time_ms = time_ms;
         self.position.next_step += 1;
@@ -375,4 +415,30 @@ fn cause_rank(e: &Error) -> u8 {
         (true, false) => 1,
         (true, true) => 0,
     }
+}
+
+/// The dead letters of a whole step, taken from its workers' outputs: per
+/// dead-letter log, an entry for each worker that skipped records (in
+/// worker order), tagged with the step and the worker's frontier.
+fn dead_letter_entries(
+    step: u64,
+    target: &[Frontier],
+    outputs: &mut [WorkerOutput],
+) -> Vec<(String, Vec<OutputEntry>)> {
+    let mut logs: Vec<(String, Vec<OutputEntry>)> = Vec::new();
+    for (w, out) in outputs.iter_mut().enumerate() {
+        for (log, events) in std::mem::take(&mut out.dead_letters.0) {
+            let entry = OutputEntry {
+                step,
+                worker: w as u32,
+                frontier: target[w].clone(),
+                events,
+            };
+            match logs.iter_mut().find(|(name, _)| *name == log) {
+                Some((_, entries)) => entries.push(entry),
+                None => logs.push((log, vec![entry])),
+            }
+        }
+    }
+    logs
 }

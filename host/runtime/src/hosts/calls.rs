@@ -8,10 +8,14 @@ use super::server::WorkerHost;
 use super::wire::{Answer, Call, CallError, FromHost, ShareDone, ShareSpec, from_wire, to_wire};
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
-use crate::step_io::{InputRange, convert_output, read_batches, share_error};
+use crate::step_io::{
+    DeadLetters, InputRange, StepRead, convert_output, read_batches, share_error,
+};
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::StepLimits;
-use sluice_storage::{CheckpointStore, LogBackend, ReadBytes, WorkerCommit, WorkerCommitter};
+use sluice_storage::{
+    CheckpointStore, LogBackend, ReadBytes, StorageError, WorkerCommit, WorkerCommitter,
+};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -36,7 +40,10 @@ impl WorkerHost {
                 // not the guest's doing: the root cause decides, and a
                 // network fault is worth a recovery without the host.
                 guest: matches!(e, Error::Guest(_) | Error::Nondeterministic { .. })
-                    && !e.is_transient(),
+                    && !e.is_transient()
+                    // A record that is not an event, under the policy
+                    // `fail`: every host reads the same record.
+                    || matches!(e, Error::Storage(StorageError::BadRecord { .. })),
                 exchange: e.kind() == "exchange",
                 message: e.to_string(),
             });
@@ -116,10 +123,11 @@ impl WorkerHost {
                     x.begin_step(step);
                 }
                 let mut batches: Vec<Batch> = Vec::new();
+                let mut dead_letters = DeadLetters::default();
                 let mut read_failed = None;
                 if !read.is_empty() {
                     match self.read_input(read).await {
-                        Ok(b) => batches = b,
+                        Ok(r) => (batches, dead_letters) = (r.batches, r.dead_letters),
                         Err(e) => read_failed = Some(e),
                     }
                 }
@@ -143,10 +151,11 @@ impl WorkerHost {
                         fuel,
                         events,
                         shared: None,
+                        dead_letters,
                     },
                     Some(spec) => {
                         let now = spec.now;
-                        let commit = share_of(index, step, spec, stepped?)?;
+                        let commit = share_of(index, step, spec, stepped?, dead_letters)?;
                         let done = ShareDone::of(&commit);
                         // Taken now (which ends an earlier holder's open
                         // transaction), committed now or when told.
@@ -160,6 +169,7 @@ impl WorkerHost {
                             fuel,
                             events,
                             shared: Some(done),
+                            dead_letters: DeadLetters::default(),
                         }
                     }
                 }
@@ -309,7 +319,7 @@ impl WorkerHost {
     }
 
     /// Reads a worker's input ranges from the pipeline's logs.
-    async fn read_input(&self, read: Vec<InputRange>) -> Result<Vec<Batch>> {
+    async fn read_input(&self, read: Vec<InputRange>) -> Result<StepRead> {
         let log = self.log()?;
         tokio::task::spawn_blocking(move || read_batches(&*log, &read, true))
             .await
@@ -339,30 +349,31 @@ pub(super) struct Share {
 }
 
 /// A worker's output of divided step `step` as its share: checked, hashed,
-/// its entries tagged with the step, the worker and its frontier.
+/// its entries tagged with the step, the worker and its frontier, with the
+/// input records it skipped (`dead_letters`), which commit with it.
 pub(super) fn share_of(
     index: u32,
     step: u64,
     spec: ShareSpec,
     batches: Vec<Batch>,
+    dead_letters: DeadLetters,
 ) -> Result<WorkerCommit> {
     let out = convert_output(&spec.checks, index, step, batches)?;
     let outputs = spec.outputs.into_iter().zip(out.ports);
-    Ok(WorkerCommit::new(
-        step,
-        index,
-        &spec.frontier,
-        outputs,
-        out.hash,
-    ))
+    Ok(
+        WorkerCommit::new(step, index, &spec.frontier, outputs, out.hash)
+            .with_dead_letters(&spec.frontier, dead_letters.0),
+    )
 }
 
 impl ShareDone {
-    /// What a share reports back: its hash and its events.
+    /// What a share reports back: its hash, its events and the records it
+    /// skipped.
     fn of(commit: &WorkerCommit) -> Self {
         ShareDone {
             hash: commit.hash,
             events: commit.events(),
+            dead_letters: commit.dead_letter_count(),
         }
     }
 }

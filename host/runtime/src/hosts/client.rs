@@ -13,7 +13,7 @@ use super::wire::{
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, Link};
-use crate::step_io::InputRange;
+use crate::step_io::{DeadLetters, InputRange};
 use crate::worker::{Snapshot, WorkerInfo};
 use sluice_core::StepLimits;
 use sluice_storage::{ReadBytes, Staged};
@@ -31,6 +31,9 @@ pub(crate) struct Stepped {
     pub events: u64,
     /// The share its host committed.
     pub shared: Option<ShareDone>,
+    /// The input records it skipped (committed with the share, when its
+    /// host committed one).
+    pub dead_letters: DeadLetters,
 }
 
 /// Registers a call awaiting its answer: a fresh id and where the answer
@@ -479,12 +482,14 @@ impl RemoteWorker {
                 fuel,
                 events,
                 shared,
+                dead_letters,
             } => {
                 self.fuel_used += fuel;
                 Ok(Stepped {
                     outputs: outputs.into_iter().map(Into::into).collect(),
                     events,
                     shared,
+                    dead_letters,
                 })
             }
             _ => Err(unexpected(&self.host, "step")),

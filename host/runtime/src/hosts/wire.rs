@@ -8,7 +8,7 @@
 use crate::bindings::{Batch, KeyedEvents};
 use crate::error::ExchangeError;
 use crate::exchange::{Frame, FrameBody};
-use crate::step_io::{InputRange, OutputChecks};
+use crate::step_io::{DeadLetters, InputRange, OutputChecks};
 use serde::{Deserialize, Serialize};
 use sluice_core::StepLimits;
 use sluice_storage::Staged;
@@ -210,6 +210,8 @@ pub(crate) struct ShareDone {
     pub hash: u128,
     /// Its events.
     pub events: u64,
+    /// The input records skipped into dead-letter logs with it.
+    pub dead_letters: u64,
 }
 
 /// A call the coordinator makes on one of a host's workers.
@@ -289,6 +291,10 @@ pub(crate) enum Answer {
         events: u64,
         /// The share the host committed (then `outputs` is empty).
         shared: Option<ShareDone>,
+        /// The input records the host skipped reading the step's input,
+        /// for the coordinator to commit with `outputs` (empty when the
+        /// host committed the share: they went with it).
+        dead_letters: DeadLetters,
     },
     Snapshot {
         pieces: Vec<WirePiece>,

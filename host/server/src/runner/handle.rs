@@ -157,5 +157,6 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         // Output is served to clients as JSON lines.
         check_output_json: true,
         placement_hint: Vec::new(),
+        bad_records: spec.bad_records.clone(),
     }
 }

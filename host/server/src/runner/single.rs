@@ -275,7 +275,7 @@ impl Runner {
         let started = Instant::now();
         let progressed = match c.step().await? {
             false if c.checkpoint_due() => {
-                c.checkpoint().await?;
+                c.checkpoint_or_delay().await?;
                 false
             }
             p => p,
@@ -426,9 +426,11 @@ impl Runner {
         st.last_checkpoint_age_ms = checkpoint_at.map(|at| now_ms().saturating_sub(at));
         st.events_in = s.events_in;
         st.events_out = s.events_out;
+        st.dead_letters = s.dead_letters;
         st.fuel_used = s.fuel_used;
         st.input_lag = lag;
         st.last_checkpoint = c.checkpointed_step();
+        st.checkpoints_behind = c.checkpoints_behind().map(str::to_owned);
         st.frontiers = c
             .frontiers()
             .iter()
@@ -500,6 +502,8 @@ impl Metrics {
                 .increment(s.events_in - before.events_in);
             metrics::counter!("sluice_events_out_total", labels)
                 .increment(s.events_out - before.events_out);
+            metrics::counter!("sluice_dead_letters_total", labels)
+                .increment(s.dead_letters - before.dead_letters);
             metrics::counter!("sluice_fuel_consumed_total", &labels[..1])
                 .increment(s.fuel_used - before.fuel_used);
         }

@@ -63,6 +63,7 @@ pub fn sample_commit(step: u64, events: usize, epoch: u64, prev: u128) -> StepCo
             layout: None,
         },
         outputs: vec![("counts".into(), entries)],
+        dead_letters: Vec::new(),
     }
 }
 

@@ -1,0 +1,56 @@
+//! Input records as a step reads them ([`LogBackend::read_records`]): an
+//! event, or a record that is not one ([`BadRecord`]) with its position and
+//! why — which the step then fails on or dead-letters, by its input's
+//! policy.
+//!
+//! [`LogBackend::read_records`]: crate::LogBackend::read_records
+
+use crate::error::StorageError;
+use sluice_core::Event;
+
+/// A record of an input log that is not an event: a Kafka record whose
+/// value is not JSON or whose `sluice-weight` header is malformed, or a
+/// line an ingest kept as not an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRecord {
+    /// Its offset in its partition.
+    pub offset: u64,
+    /// Where it is, as its log names it: `topic/partition@offset` (Kafka),
+    /// `input/partition@offset` (embedded).
+    pub position: String,
+    /// Why it is not an event.
+    pub error: String,
+    /// Its value, as it is (`None`: it has none).
+    pub value: Option<Vec<u8>>,
+}
+
+impl BadRecord {
+    /// The error of a read that must return events only.
+    pub fn into_error(self) -> StorageError {
+        StorageError::BadRecord {
+            position: self.position,
+            message: self.error,
+        }
+    }
+}
+
+/// One record of an input log, as a step reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputRecord {
+    /// An event.
+    Event(Event),
+    /// A record that is not an event.
+    Bad(BadRecord),
+}
+
+/// The events of `records`, failing on the first that is not one (what
+/// [`LogBackend::read`](crate::LogBackend::read) returns).
+pub fn events_only(records: Vec<InputRecord>) -> Result<Vec<Event>, StorageError> {
+    records
+        .into_iter()
+        .map(|r| match r {
+            InputRecord::Event(e) => Ok(e),
+            InputRecord::Bad(b) => Err(b.into_error()),
+        })
+        .collect()
+}
