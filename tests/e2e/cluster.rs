@@ -778,3 +778,103 @@ fn a_malformed_record_goes_to_the_dead_letter_topic_once_across_hosts() {
         assert!(running, "{h} exited:\n{}", c.stderr(h));
     }
 }
+
+/// Issue #27, item 6: etcd away for 10x the membership TTL ends no host.
+/// The hosts reach etcd through a switch that is turned off (every
+/// connection ended, new ones too). Before, every host's renewals lapsed
+/// after the TTL, its rejoin failed and the process exited. Now the leader
+/// leads on (its commits stay fenced by Kafka), the other host serves it,
+/// and both join again when etcd answers; the output equals the recount.
+#[test]
+fn an_etcd_outage_ends_no_host_and_the_pipeline_goes_on() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let upstream = etcd.trim_start_matches("http://").trim_end_matches('/');
+    let switch = crate::support::switch::Switch::start(upstream);
+    let dir = tempfile::tempdir().unwrap();
+    let via = format!("http://{}", switch.addr());
+    let (mut c, expected) = Cluster::new(dir.path(), "etcd-outage", 30_000, &brokers, via);
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start("h2");
+    c.wait(
+        "the leader to run on both hosts",
+        Duration::from_secs(60),
+        |c| c.leads_on("h1", &["h1", "h2"]),
+    );
+    c.progress("steps on two hosts", 3);
+
+    switch.set_off(true);
+    let before = c.steps();
+    // The TTL is the session timeout: 10x it.
+    std::thread::sleep(Duration::from_millis(SESSION_MS * 10));
+    let during = c.steps() - before;
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited while etcd was away:\n{}", c.stderr(h));
+    }
+    assert!(
+        c.stderr("h1").contains("membership lapsed") || c.stderr("h1").contains("renewing"),
+        "etcd was away for 10x the TTL: the hosts noticed\n{}",
+        c.stderr("h1")
+    );
+    switch.set_off(false);
+    let after = c.steps();
+    eprintln!("steps committed while etcd was away: {during}");
+    assert!(during > 0, "the leader led on while etcd was away");
+    c.wait(
+        "a step after etcd answers again",
+        Duration::from_secs(SESSION_MS / 1000 * 2 + 30),
+        |c| c.steps() > after,
+    );
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(300),
+        |c| c.counts() == expected,
+    );
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+        assert!(
+            c.stderr(h).contains("joined again"),
+            "{h} joined the group again:\n{}",
+            c.stderr(h)
+        );
+    }
+}
+
+/// Issue #27, item 11: a host that would listen on an unspecified address
+/// (`0.0.0.0`, every host's default name, which no other host can dial) is
+/// refused before it joins, saying why.
+#[test]
+fn a_host_on_an_unspecified_address_is_refused() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = fresh_name("unspecified");
+    let out = sluice_cmd()
+        .arg("host")
+        .arg(component("examples/wordcount"))
+        .arg(format!("--listen=0.0.0.0:{}", free_port()))
+        .arg(format!("--etcd={etcd}"))
+        .arg("--data")
+        .arg(dir.path().join("h"))
+        .arg(format!("--store=s3://sluice-tests/{pipeline}"))
+        .arg(format!("--brokers={brokers}"))
+        .arg(format!("--pipeline={pipeline}"))
+        .env("SLUICE_HOST_SECRET", "a secret the hosts share")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("must be one they reach"),
+        "the refusal says why: {stderr}"
+    );
+}

@@ -153,9 +153,10 @@ pub enum Command {
         /// such pipelines are refused).
         #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
         kafka_brokers: Option<String>,
-        /// Replication factor of the Kafka topics the server creates.
-        #[arg(long, default_value_t = 1)]
-        kafka_replication: i32,
+        /// Replication factor of the Kafka topics the server creates
+        /// (default: what the cluster offers, min(3, brokers)).
+        #[arg(long)]
+        kafka_replication: Option<i32>,
         #[command(flatten)]
         /// Pipelines across hosts.
         hosts: ServeHostsArgs,
@@ -670,9 +671,10 @@ pub struct KafkaArgs {
     /// Partitions of output topics Sluice creates.
     #[arg(long, default_value_t = 1)]
     pub output_partitions: u32,
-    /// Replication factor of topics Sluice creates.
-    #[arg(long, default_value_t = 1)]
-    pub replication: i32,
+    /// Replication factor of topics Sluice creates (default: what the
+    /// cluster offers, min(3, brokers), with a warning when that is 1).
+    #[arg(long)]
+    pub replication: Option<i32>,
     /// KEY=VALUE: a librdkafka setting for every Kafka client, e.g.
     /// security.protocol=SASL_SSL (repeatable).
     #[arg(long = "kafka-config", value_parser = key_value)]
@@ -718,7 +720,7 @@ impl KafkaArgs {
                     config.topics.insert(log, topic.clone());
                 }
                 config.output_partitions = self.output_partitions.max(1);
-                config.replication = self.replication;
+                config.replication = self.replication.unwrap_or(0);
                 config.client = self.client.clone();
                 config.trim_named_topics = self.trim_named_topics;
                 config.allow_compacted_inputs = self.allow_compacted_inputs;

@@ -1,6 +1,7 @@
 //! The suite every [`Membership`] implementation passes: joining in order,
-//! the first to join leading, leaving, lapsing when renewals stop, and a
-//! quick rejoin under the same name keeping its place.
+//! the first to join leading, leaving, lapsing when renewals stop, a
+//! quick rejoin under the same name keeping its place, and a name another
+//! address holds refused.
 
 use crate::{Member, Membership};
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ where
     leaving_is_seen_at_once(&*make().await).await;
     a_member_that_stops_renewing_lapses(&*make().await).await;
     a_quick_rejoin_keeps_its_place(&*make().await).await;
+    a_name_another_address_holds_is_refused(&*make().await).await;
 }
 
 /// Members appear in join order; the first leads.
@@ -89,4 +91,36 @@ pub async fn a_quick_rejoin_keeps_its_place(group: &dyn Membership) {
     tokio::time::sleep(group.ttl() * 2).await;
     assert_eq!(names(&group.view().await.unwrap()), ["a", "b"]);
     assert!(again.alive());
+}
+
+/// A second host under a live member's name, at another address, is
+/// refused once the first has renewed past the TTL (two hosts under one
+/// name would both lead); a name whose holder died is taken once its
+/// membership lapses.
+pub async fn a_name_another_address_holds_is_refused(group: &dyn Membership) {
+    let a = group.join(member("a")).await.unwrap();
+    let elsewhere = Member {
+        name: "a".into(),
+        addr: "127.0.0.2:10001".into(),
+    };
+    let asked = Instant::now();
+    match group.join(elsewhere.clone()).await {
+        Err(crate::Error::NameTaken { name, holder }) => {
+            assert_eq!((name.as_str(), holder), ("a", member("a").addr));
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a second host joined under a live member's name"),
+    }
+    assert!(asked.elapsed() >= group.ttl(), "refused before the TTL");
+    assert_eq!(
+        group.view().await.unwrap().leader(),
+        Some(&member("a")),
+        "the first keeps the name"
+    );
+    assert!(a.alive());
+    // Its holder dies: the name is free once the membership lapses.
+    drop(a);
+    let taken = group.join(elsewhere.clone()).await.unwrap();
+    assert_eq!(group.view().await.unwrap().leader(), Some(&elsewhere));
+    assert!(taken.alive());
 }

@@ -3,7 +3,7 @@
 //! the member keeps alive. Join order is the keys' create revision.
 
 use crate::{Error, Member, Membership, Result, Session, View};
-use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -66,20 +66,59 @@ impl Membership for EtcdMembership {
         }
         let mut client = self.client.clone();
         let ttl_secs = self.ttl.as_secs().max(2) as i64;
-        let lease = client
-            .lease_grant(ttl_secs, None)
-            .await
-            .map_err(backend("taking a lease"))?
-            .id();
         let record = serde_json::to_vec(&me).map_err(|e| Error::Invalid(e.to_string()))?;
-        client
-            .put(
-                format!("{}{}", self.prefix, me.name),
-                record,
+        let key = format!("{}{}", self.prefix, me.name);
+        // The name is this host's: free, or held by this host's address (a
+        // restart, which keeps its place in the join order). Held by
+        // another address, it may be a host that moved and died: wait for
+        // its lease to lapse, then refuse (two hosts under one name would
+        // both lead, and fence each other in turn).
+        let deadline = tokio::time::Instant::now() + self.ttl * 2 + Duration::from_secs(1);
+        let lease = loop {
+            let holder = client
+                .get(key.as_str(), None)
+                .await
+                .map_err(backend(format!("reading member {}", me.name)))?;
+            let held = holder.kvs().first().map(|kv| {
+                let member: Option<Member> = serde_json::from_slice(kv.value()).ok();
+                (kv.mod_revision(), member.map(|m| m.addr))
+            });
+            let compare = match &held {
+                None => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                Some((revision, Some(addr))) if *addr == me.addr => {
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, *revision)
+                }
+                Some((_, addr)) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::NameTaken {
+                            name: me.name.clone(),
+                            holder: addr.clone().unwrap_or_else(|| "?".into()),
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
+            };
+            let lease = client
+                .lease_grant(ttl_secs, None)
+                .await
+                .map_err(backend("taking a lease"))?
+                .id();
+            let put = TxnOp::put(
+                key.as_str(),
+                record.clone(),
                 Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .map_err(backend(format!("joining as {}", me.name)))?;
+            );
+            let joined = client
+                .txn(Txn::new().when([compare]).and_then([put]))
+                .await
+                .map_err(backend(format!("joining as {}", me.name)))?;
+            if joined.succeeded() {
+                break lease;
+            }
+            // Taken between the read and the put: look again.
+            let _ = client.lease_revoke(lease).await;
+        };
         let (mut keeper, mut answers) = client
             .lease_keep_alive(lease)
             .await

@@ -46,6 +46,18 @@ pub enum Error {
     /// A name or address that cannot be a member's.
     #[error("membership: {0}")]
     Invalid(String),
+    /// Another host, at another address, is a member under this name (it
+    /// renewed its membership past the TTL this host waited).
+    #[error(
+        "membership: the name {name:?} is taken by the host at {holder}: give every host its \
+         own --name"
+    )]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The address the member under it gave.
+        holder: String,
+    },
 }
 
 /// Result with the membership [`Error`].
@@ -84,8 +96,11 @@ impl View {
 pub trait Membership: Send + Sync {
     /// Joins the group as `me` and keeps renewing the membership until the
     /// session is left or dropped (then it lapses after the TTL). A member
-    /// that joins again under its name while its earlier membership still
-    /// lives keeps its place in the order (a quick restart changes nothing).
+    /// that joins again under its name and address while its earlier
+    /// membership still lives keeps its place in the order (a quick
+    /// restart changes nothing). A name another address holds is waited
+    /// for up to the TTL (the holder may be dead), then refused
+    /// ([`Error::NameTaken`]).
     async fn join(&self, me: Member) -> Result<Box<dyn Session>>;
 
     /// The live members, in join order.

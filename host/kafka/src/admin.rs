@@ -48,6 +48,19 @@ impl KafkaLog {
         Ok(Some(n))
     }
 
+    /// The replication factor of the topics this log creates: the one
+    /// configured, or (`0`) what the cluster offers, `min(3, brokers)`.
+    fn replication(&self) -> Result<i32> {
+        if self.config.replication != 0 {
+            return Ok(self.config.replication);
+        }
+        let md = self
+            .client
+            .fetch_metadata(None, self.config.timeout)
+            .map_err(kafka("reading the cluster's brokers"))?;
+        Ok(md.brokers().len().clamp(1, 3) as i32)
+    }
+
     /// Creates `topic` with `partitions` partitions if it does not exist;
     /// returns its partition count.
     pub(crate) fn ensure_topic(
@@ -60,10 +73,19 @@ impl KafkaLog {
         if let Some(n) = self.topic_partitions(topic)? {
             return Ok(n);
         }
+        let replication = self.replication()?;
+        if replication == 1 {
+            tracing::warn!(
+                topic,
+                "creating a topic with replication factor 1 (the cluster has one broker, or \
+                 --replication 1 was asked for): one broker's disk lost loses it — for the \
+                 step topic, the pipeline's history, which would start again at step 0"
+            );
+        }
         let mut new = NewTopic::new(
             topic,
             partitions as i32,
-            TopicReplication::Fixed(self.config.replication),
+            TopicReplication::Fixed(replication),
         );
         for (k, v) in config {
             new = new.set(k, v);

@@ -18,9 +18,11 @@ pub struct KafkaConfig {
     pub topics: HashMap<String, String>,
     /// Partitions of output topics Sluice creates.
     pub output_partitions: u32,
-    /// Replication factor of topics Sluice creates (1 by default: set it to
-    /// the cluster's, e.g. 3, in production; `-1` asks for the broker's
-    /// default where the broker supports that).
+    /// Replication factor of topics Sluice creates. `0` (the default): what
+    /// the cluster offers, `min(3, brokers)` — with a warning when that is
+    /// 1 (one broker's disk lost loses the step history, and the pipeline
+    /// starts again at step 0); `-1` asks for the broker's default where
+    /// the broker supports that.
     pub replication: i32,
     /// How long one broker operation may take before it fails (transiently).
     pub timeout: Duration,
@@ -48,7 +50,7 @@ impl KafkaConfig {
             pipeline: pipeline.into(),
             topics: HashMap::new(),
             output_partitions: 1,
-            replication: 1,
+            replication: 0,
             timeout: Duration::from_secs(30),
             client: Vec::new(),
             inputs: Vec::new(),

@@ -151,6 +151,17 @@ pub async fn run_host(
         )
         .into());
     }
+    if config.listen.ip().is_unspecified() {
+        // The group records the address this host listens on, and the
+        // other hosts dial it: `0.0.0.0` reaches nobody (and, as the
+        // default name, would be every host's).
+        return Err(sluice_core::ConfigError::Invalid(format!(
+            "listen address {}: the other hosts dial the address this host listens on, so it \
+             must be one they reach (e.g. --listen 10.0.0.1:7900), not an unspecified one",
+            config.listen
+        ))
+        .into());
+    }
     if config.pipeline.checkpoint_store.is_none() {
         return Err(sluice_core::ConfigError::Invalid(
             "a pipeline across hosts keeps its checkpoints where every host reaches them: \
@@ -280,7 +291,12 @@ pub async fn run_host(
             return Err(serving_ended(config.listen, ended));
         }
         if !session.alive() {
-            session = membership.join(me.clone()).await?;
+            // An etcd outage never ends the host: its worker server keeps
+            // serving the leader it has meanwhile.
+            match rejoin(&*membership, &me, &mut stop).await? {
+                Some(again) => session = again,
+                None => break,
+            }
             report(HostEvent::Rejoined);
         }
         let view = match membership.view().await {
@@ -315,7 +331,11 @@ pub async fn run_host(
                 if let Err(e) = session.leave().await {
                     tracing::debug!(error = %e, "leaving the group to step aside");
                 }
-                session = membership.join(me.clone()).await?;
+                match rejoin(&*membership, &me, &mut stop).await? {
+                    Some(again) => session = again,
+                    // Stopping, out of the group already.
+                    None => return Ok(()),
+                }
                 report(HostEvent::SteppedAside);
                 alone_warned = false;
             } else if !alone_warned {
@@ -392,6 +412,54 @@ pub async fn run_host(
         tokio::time::sleep(grace.min(Duration::from_secs(10))).await;
     }
     Ok(())
+}
+
+/// Joins the group again (after this host's membership lapsed, or to
+/// step aside), trying until the group's store answers or `stop` turns
+/// true (`None`): an etcd outage longer than the TTL never ends a host.
+/// Meanwhile its worker server serves the leader it has, and a leader that
+/// kept leading is fenced by Kafka if another host took over. A refusal
+/// that waiting does not mend (the name taken by another host) is
+/// returned.
+async fn rejoin(
+    membership: &dyn Membership,
+    me: &Member,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Box<dyn Session>>> {
+    let started = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        if *stop.borrow() {
+            return Ok(None);
+        }
+        match membership.join(me.clone()).await {
+            Ok(session) => {
+                if tries > 0 {
+                    tracing::info!(
+                        after = ?started.elapsed(),
+                        "the group answers again: joined"
+                    );
+                }
+                return Ok(Some(session));
+            }
+            Err(e @ sluice_cluster::Error::Backend { .. }) => {
+                tries += 1;
+                if tries == 1 || tries.is_multiple_of(20) {
+                    tracing::warn!(
+                        error = %e,
+                        for_ = ?started.elapsed(),
+                        "the group does not answer: serving on, joining again when it does"
+                    );
+                }
+                let wait = (POLL * tries.min(10)).min(membership.ttl());
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Why a host's worker server on `listen` ended (it serves until its
@@ -485,6 +553,7 @@ async fn lead(
         tokio::task::JoinHandle<sluice_runtime::Result<Arc<RemoteHost>>>,
     )> = Vec::new();
     let mut last_dial: Option<Instant> = None;
+    let mut lapsed_warned = false;
     loop {
         if *stop.borrow() {
             coordinator.finish().await?;
@@ -492,12 +561,25 @@ async fn lead(
         }
         if last_check.elapsed() >= POLL {
             last_check = Instant::now();
-            if !session.alive() {
-                // Lapsed: another host may lead already. Leave the
-                // coordinator as it is (a checkpoint would be fenced).
-                return Ok("this host's membership lapsed".into());
-            }
             let now = membership.view().await;
+            if !session.alive() {
+                if now.is_ok() {
+                    // Lapsed while the group answers: another host may
+                    // lead already. Leave the coordinator as it is (a
+                    // checkpoint would be fenced) and join again.
+                    return Ok("this host's membership lapsed".into());
+                }
+                // Lapsed because the group does not answer (etcd is
+                // away): lead on. Kafka fences this host's commits if
+                // another host takes the pipeline over meanwhile.
+                if !lapsed_warned {
+                    lapsed_warned = true;
+                    tracing::warn!(
+                        "the group does not answer and this host's membership lapsed: leading \
+                         on while Kafka's fencing holds; joining again when the group answers"
+                    );
+                }
+            }
             if let Ok(now) = &now {
                 // Dial the members not connected (again every RETRY).
                 dialing.retain(|(n, _)| now.contains(n));

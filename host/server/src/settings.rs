@@ -12,7 +12,8 @@ use std::time::Duration;
 pub struct KafkaSettings {
     /// Bootstrap servers.
     pub brokers: String,
-    /// Replication factor of the topics the server creates.
+    /// Replication factor of the topics the server creates (`0`: what the
+    /// cluster offers, `min(3, brokers)`).
     pub replication: i32,
     /// How the server runs pipelines across hosts, if it does.
     pub hosts: Option<HostsSettings>,

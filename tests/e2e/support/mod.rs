@@ -4,6 +4,7 @@
 pub mod crash;
 pub mod docs;
 pub mod server;
+pub mod switch;
 
 use sluice_core::Event;
 use sluice_pipeline::{Pipeline, PipelineConfig};

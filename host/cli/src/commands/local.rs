@@ -367,7 +367,7 @@ pub async fn serve(
     admin_token_file: Option<PathBuf>,
     pool: u32,
     kafka_brokers: Option<String>,
-    kafka_replication: i32,
+    kafka_replication: Option<i32>,
     hosts: crate::cli::ServeHostsArgs,
     limits: sluice_server::limits::ServerLimits,
 ) -> anyhow::Result<()> {
@@ -427,7 +427,7 @@ pub async fn serve(
         pool,
         kafka: kafka_brokers.map(|brokers| sluice_server::runner::KafkaSettings {
             brokers,
-            replication: kafka_replication,
+            replication: kafka_replication.unwrap_or(0),
             hosts,
         }),
         limits,
