@@ -878,3 +878,39 @@ fn a_host_on_an_unspecified_address_is_refused() {
         "the refusal says why: {stderr}"
     );
 }
+
+/// Issue #27, item 5 (a rolling upgrade half done): a host that runs
+/// another component refuses the leader's workers. Before, the leader
+/// reopened with it after every refusal and no step committed again; now
+/// it leads without it (asking again later) and the pipeline finishes.
+#[test]
+fn a_host_running_another_component_is_left_out() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "other-component", 30_000, &brokers, etcd);
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    // h2 runs another component (as if upgraded first).
+    let wordcount = std::mem::replace(&mut c.wasm, component("examples/orders-join"));
+    c.start("h2");
+    c.wasm = wordcount;
+    c.wait(
+        "h1 to find h2 runs another component",
+        Duration::from_secs(60),
+        |c| c.stderr("h1").contains("must run the same"),
+    );
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(240),
+        |c| c.counts() == expected,
+    );
+    assert!(c.leads_on("h1", &["h1"]), "{}", c.stderr("h1"));
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+}

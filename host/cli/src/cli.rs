@@ -106,7 +106,7 @@ pub enum Command {
         #[arg(long)]
         hosts: bool,
         /// The campaign across hosts with network faults too (implies
-        /// --hosts): one direction into or out of a host dropped, delays
+        /// --hosts): one direction into or out of a host cut, delays
         /// past the session timeout, connections reset or left half-open;
         /// a trial fails when no step commits within twice the session
         /// timeout after a fault heals.

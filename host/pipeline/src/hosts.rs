@@ -28,6 +28,7 @@ use sluice_cluster::{Member, Membership, Session, View};
 use sluice_runtime::{
     Coordinator, HostOptions, LoadedComponent, Reach, RemoteHost, SluiceEngine, Tls, WorkerHost,
 };
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,6 +124,11 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// How often a leader tries again to reach members that did not answer.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How long a leader leaves out a host that refused it because it runs
+/// another component (then asks again: it may have been restarted with
+/// the leader's, as in a rolling upgrade).
+const LEFT_OUT: Duration = Duration::from_secs(30);
 
 /// Runs one host of a pipeline across hosts until `stop` turns true: on
 /// stop, a leader checkpoints and leaves; a worker host leaves and keeps
@@ -282,6 +288,9 @@ pub async fn run_host(
     let mut ingested = false;
     let mut failures = 0u32;
     let mut alone_warned = false;
+    // Hosts that refused this leader (another component), by address, and
+    // since when: left out of its coordinators for `LEFT_OUT`.
+    let mut left_out: HashMap<String, Instant> = HashMap::new();
     loop {
         if *stop.borrow() {
             break;
@@ -372,12 +381,29 @@ pub async fn run_host(
             &mut stop,
             &mut report,
             &mut hint,
+            &mut left_out,
         )
         .await
         {
             Ok(reason) => {
                 failures = 0;
                 report(HostEvent::LeadEnded { reason });
+            }
+            Err(e) if e.as_runtime().and_then(|r| r.refusing_host()).is_some() => {
+                // A host that runs another component: reopening with it
+                // would fail the same way. Lead without it, at once.
+                let host = e.as_runtime().and_then(|r| r.refusing_host());
+                let host = host.unwrap_or_default().to_owned();
+                tracing::warn!(
+                    %host,
+                    error = %e,
+                    "a host runs another component: leading without it (asked again every {:?})",
+                    LEFT_OUT
+                );
+                report(HostEvent::LeadEnded {
+                    reason: e.to_string(),
+                });
+                left_out.insert(host, Instant::now());
             }
             Err(e) if e.is_transient() => {
                 failures += 1;
@@ -497,6 +523,7 @@ async fn lead(
     stop: &mut watch::Receiver<bool>,
     report: &mut (impl FnMut(HostEvent) + Send),
     hint: &mut Vec<String>,
+    left_out: &mut HashMap<String, Instant>,
 ) -> Result<String> {
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
@@ -513,8 +540,15 @@ async fn lead(
     // that answer: a member that died stays in the group until its lease
     // lapses, and the pipeline need not wait for that (it is tried again
     // every RETRY, and takes its share live when it answers).
+    left_out.retain(|_, since| since.elapsed() < LEFT_OUT);
     let mut connected: Vec<(String, Arc<RemoteHost>)> = Vec::new();
-    for member in view.members.iter().filter(|m| m.name != config.name) {
+    let others = |m: &&Member| {
+        m.name != config.name
+            && left_out
+                .get(&m.addr)
+                .is_none_or(|since| since.elapsed() >= LEFT_OUT)
+    };
+    for member in view.members.iter().filter(others) {
         match connect(member.addr.clone()).await {
             Ok(h) => connected.push((member.name.clone(), h)),
             Err(e) if e.is_transient() => {
@@ -585,7 +619,7 @@ async fn lead(
                 dialing.retain(|(n, _)| now.contains(n));
                 if last_dial.is_none_or(|t| t.elapsed() >= RETRY) {
                     last_dial = Some(Instant::now());
-                    for member in now.members.iter().filter(|m| m.name != config.name) {
+                    for member in now.members.iter().filter(others) {
                         let known = connected.iter().any(|(n, _)| *n == member.name)
                             || dialing.iter().any(|(n, _)| *n == member.name);
                         if !known {

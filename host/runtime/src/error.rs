@@ -114,6 +114,24 @@ pub enum Error {
         /// The worker failed because the exchange did: usually the echo of
         /// another worker's failure, which is the one to report.
         exchange: bool,
+        /// The host refused the coordinator for good: it runs another
+        /// component. Retrying with it fails the same way until it
+        /// changes ([`Error::refusing_host`]).
+        refused: bool,
+    },
+
+    /// A worker host runs another component than its coordinator: it
+    /// refuses the coordinator's workers (every host of a pipeline must run
+    /// the same component) until it is restarted with the same.
+    #[error(
+        "this host runs component {here}, the coordinator {coordinator}: every host of a \
+         pipeline must run the same"
+    )]
+    ComponentDiffers {
+        /// The component this host runs (its hash).
+        here: String,
+        /// The coordinator's.
+        coordinator: String,
     },
 
     /// An earlier failure left the coordinator without its instances.
@@ -182,7 +200,9 @@ impl Error {
             ) => "fenced",
             Error::Storage(StorageError::BadRecord { .. }) => "bad_record",
             Error::Storage(_) => "storage_refused",
-            Error::Config(_) | Error::InvalidComponent { .. } => "config",
+            Error::Config(_) | Error::InvalidComponent { .. } | Error::ComponentDiffers { .. } => {
+                "config"
+            }
             Error::PoolExhausted { .. } => "capacity",
             Error::CheckpointElsewhere { .. } => "config",
             Error::Remote { guest: true, .. } => "guest_remote",
@@ -212,6 +232,21 @@ impl Error {
             message: message.into(),
             guest: false,
             exchange: false,
+            refused: false,
+        }
+    }
+
+    /// The address of the host that refused the coordinator for good (it
+    /// runs another component), if that is what failed: a leader leaves
+    /// such a host out rather than reopening with it again and again.
+    pub fn refusing_host(&self) -> Option<&str> {
+        match self {
+            Error::Remote {
+                host,
+                refused: true,
+                ..
+            } => Some(host),
+            _ => None,
         }
     }
 

@@ -45,6 +45,9 @@ impl WorkerHost {
                     // `fail`: every host reads the same record.
                     || matches!(e, Error::Storage(StorageError::BadRecord { .. })),
                 exchange: e.kind() == "exchange",
+                // Refused for good until this host runs the coordinator's
+                // component: the leader leaves it out meanwhile.
+                refused: matches!(e, Error::ComponentDiffers { .. }),
                 message: e.to_string(),
             });
             if out.send(FromHost::Answer { id, result }).await.is_err() {
@@ -72,11 +75,10 @@ impl WorkerHost {
         } = call
         {
             if component != self.component.hash {
-                return Err(Error::Config(sluice_core::ConfigError::Invalid(format!(
-                    "this host runs component {}, the coordinator {component}: every host of \
-                     a pipeline must run the same",
-                    self.component.hash
-                ))));
+                return Err(Error::ComponentDiffers {
+                    here: self.component.hash.clone(),
+                    coordinator: component,
+                });
             }
             let info = WorkerInfo {
                 worker: index,

@@ -169,6 +169,7 @@ impl RemoteHost {
                         message: why.clone(),
                         guest: false,
                         exchange: false,
+                        refused: false,
                     }));
                 }
             }
@@ -367,6 +368,7 @@ impl RemoteHost {
             message: format!("worker {worker}: {}", e.message),
             guest: e.guest,
             exchange: e.exchange,
+            refused: e.refused,
         })
     }
 }

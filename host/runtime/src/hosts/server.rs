@@ -483,6 +483,7 @@ impl WorkerHost {
                                     message: format!("worker {worker} is not running here"),
                                     guest: false,
                                     exchange: false,
+                                    refused: false,
                                 }),
                             };
                             if out.send(answer).await.is_err() {

@@ -331,6 +331,9 @@ pub(crate) struct CallError {
     pub(crate) guest: bool,
     /// The worker failed because the exchange did.
     pub(crate) exchange: bool,
+    /// The host refuses the coordinator for good (it runs another
+    /// component).
+    pub(crate) refused: bool,
 }
 
 /// Coordinator → host.

@@ -22,8 +22,9 @@
 //!
 //! With `--network` the hosts' proxies also fail the network, each fault
 //! healing after a random while (half the session timeout to three times
-//! it): one direction into a host dropped silently (the connection stays
-//! up), one direction out of it dropped, every byte delayed past the
+//! it): one direction into a host cut (a one-way partition: the
+//! connection stays up, nothing of that way arrives until it heals, as
+//! TCP retransmits), one direction out of it cut, every byte delayed past the
 //! session timeout, every connection reset, every open connection left
 //! half-open for good. A coordinator that cannot reach a host opens without
 //! it (as a leader does), and the trial fails as **stuck** when, after a

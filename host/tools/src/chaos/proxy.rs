@@ -1,8 +1,9 @@
 //! The worker hosts of the campaign across hosts ([`hosts`](super::hosts)):
 //! each a [`WorkerHost`] on loopback TCP behind a proxy the campaign
 //! controls. The proxy can hold every byte (a stalled host), and — for the
-//! network campaign — drop one direction silently (a one-way partition:
-//! the connection stays up, nothing arrives), delay every byte, reset every
+//! network campaign — cut one direction (a one-way partition: the
+//! connection stays up, nothing of that way arrives until it heals, then
+//! all of it in order, as TCP retransmits it), delay every byte, reset every
 //! connection, or leave the connections open now half-open for good (they
 //! carry nothing, ever, and report nothing; new ones work).
 
@@ -19,11 +20,11 @@ pub(super) const SECRET: &[u8] = b"the campaign's shared secret";
 pub(super) struct Net {
     /// Set: the proxy holds every byte (the host stalls).
     pub(super) frozen: AtomicBool,
-    /// Set: bytes into the host (from the coordinator and its peers) are
-    /// dropped silently.
+    /// Set: bytes into the host (from the coordinator and its peers) do
+    /// not arrive until it is cleared (then they do, in order).
     pub(super) drop_in: AtomicBool,
-    /// Set: bytes out of the host (its answers and heartbeats) are dropped
-    /// silently.
+    /// Set: bytes out of the host (its answers and heartbeats) do not
+    /// arrive until it is cleared (then they do, in order).
     pub(super) drop_out: AtomicBool,
     /// Every byte is held this long before it goes on, ms.
     pub(super) delay_ms: AtomicU64,
@@ -74,7 +75,7 @@ enum Way {
 }
 
 /// Copies `from` to `to` until either ends, applying the faults `frozen`
-/// and `net` say: held while frozen, dropped while this way drops, delayed,
+/// and `net` say: held while frozen or while this way is cut, delayed,
 /// ended by a reset, silent for good once cut.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
@@ -113,11 +114,22 @@ async fn pump(
         if net.resets.load(Ordering::Relaxed) != resets {
             return;
         }
-        let dropped = match way {
+        // A one-way partition: TCP retransmits what the network drops, so
+        // nothing of this way arrives until it heals, then all of it, in
+        // order. (Discarding bytes mid-stream would model no real network:
+        // the stream would go on misframed, which TCP and TLS rule out.)
+        let held = || match way {
             Way::In => net.drop_in.load(Ordering::Relaxed),
             Way::Out => net.drop_out.load(Ordering::Relaxed),
         };
-        if dropped || net.cuts.load(Ordering::Relaxed) != cuts {
+        while held() {
+            if net.resets.load(Ordering::Relaxed) != resets {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Half-open: the connection carries nothing, ever again.
+        if net.cuts.load(Ordering::Relaxed) != cuts {
             continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -114,9 +114,9 @@ pub struct HostsChaosReport {
     /// Hosts that left a running coordinator gracefully (their workers
     /// moved live).
     pub leaves: u32,
-    /// Network faults (`--network`): one direction into a host dropped.
+    /// Network faults (`--network`): one direction into a host cut.
     pub drops_in: u32,
-    /// Network faults: one direction out of a host dropped.
+    /// Network faults: one direction out of a host cut.
     pub drops_out: u32,
     /// Network faults: every byte to and from a host delayed past the
     /// session timeout.
@@ -196,22 +196,7 @@ impl std::fmt::Display for HostsChaosReport {
         if self.drops_in + self.drops_out + self.delays + self.resets + self.half_opens > 0 {
             writeln!(
                 f,
-                "network faults: {} one-way drops into a host, {} out of a host, {} delays past the \
-                 session timeout, {} resets, {} half-open cuts; longest from healing to the next \
-                 commit: {:.1?}; stuck trials: {}",
-                self.drops_in,
-                self.drops_out,
-                self.delays,
-                self.resets,
-                self.half_opens,
-                self.longest_to_commit,
-                self.stuck
-            )?;
-        }
-        if self.drops_in + self.drops_out + self.delays + self.resets + self.half_opens > 0 {
-            writeln!(
-                f,
-                "network faults: {} one-way drops into a host, {} out of a host, {} delays past the \
+                "network faults: {} one-way cuts into a host, {} out of a host, {} delays past the \
                  session timeout, {} resets, {} half-open cuts; longest from healing to the next \
                  commit: {:.1?}; stuck trials: {}",
                 self.drops_in,
