@@ -226,20 +226,6 @@ fn dead_letters(h: &Harness) -> Vec<((u64, u32), DeadLetter)> {
     all
 }
 
-/// Word count's integrated output in `h`: word → count.
-fn word_counts(h: &Harness) -> BTreeMap<String, i64> {
-    h.integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            (
-                v["word"].as_str().unwrap().to_owned(),
-                w * v["count"].as_i64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 const SECRET: &[u8] = b"the hosts' shared secret";
 
 /// A worker host of `h`'s pipeline on a loopback port, reading and
@@ -310,7 +296,7 @@ async fn steps_across_hosts_dead_letter_each_bad_record_once() {
     assert_eq!(c.stats().dead_letters, bad as u64);
     drop(c);
     assert!(h.divided_steps() > 0, "the hosts committed shares");
-    assert_eq!(word_counts(&h), expected);
+    assert_eq!(h.word_counts(), expected);
     let letters = dead_letters(&h);
     assert_eq!(letters.len(), bad, "{letters:?}");
     let mut positions: Vec<String> = letters.iter().map(|(_, d)| d.position.clone()).collect();

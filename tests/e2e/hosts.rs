@@ -78,18 +78,6 @@ fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
         .collect()
 }
 
-/// Word count's integrated output: word → count.
-fn word_counts(h: &Harness) -> BTreeMap<String, i64> {
-    h.integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            let count = w * v["count"].as_i64().unwrap();
-            (v["word"].as_str().unwrap().to_owned(), count)
-        })
-        .collect()
-}
-
 async fn fill(h: &Harness, lines: &[String]) {
     for (i, chunk) in lines.chunks(50).enumerate() {
         let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
@@ -177,7 +165,7 @@ async fn workers_on_other_hosts_compute_what_one_host_computes() {
     );
     three.audit();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&three), expected);
+    assert_eq!(three.word_counts(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -220,7 +208,7 @@ async fn a_host_joining_takes_its_share_and_one_leaving_hands_over_only_its_own(
     );
     h.audit();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected);
+    assert_eq!(h.word_counts(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -261,7 +249,7 @@ async fn a_host_lost_mid_run_fails_the_step_and_the_pipeline_recovers_without_it
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
     assert!(h.divided_steps() > 0);
     h.audit();
 }
@@ -397,7 +385,7 @@ async fn hosts_write_their_own_checkpoint_pieces_and_survivors_restore_locally()
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
 }
 
 /// A host's view of the pipeline's store that names it but cannot write
@@ -484,7 +472,7 @@ async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,7 +556,7 @@ async fn hosts_speak_mutual_tls_and_refuse_whoever_does_not() {
         "the hosts exchanged directly"
     );
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected);
+    assert_eq!(h.word_counts(), expected);
 }
 
 /// A host that may read the pipeline's logs but not write them (Kafka ACLs
@@ -619,7 +607,7 @@ async fn a_host_that_may_not_write_the_logs_reads_and_the_leader_commits_for_it(
         assert_eq!(stats.events_in_read_by_hosts, stats.events_in, "{stats:?}");
     }
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
     assert!(h.divided_steps() > 0, "a commits its own shares");
     h.audit();
 }

@@ -7,7 +7,6 @@
 
 use crate::support::{Harness, component, recount};
 use sluice_runtime::{HostOptions, Limits, PipelineOptions, Reach, RemoteHost, WorkerHost};
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,18 +109,6 @@ async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
         .unwrap()
 }
 
-/// Word count's integrated output: word → count.
-fn word_counts(h: &Harness) -> BTreeMap<String, i64> {
-    h.integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            let count = w * v["count"].as_i64().unwrap();
-            (v["word"].as_str().unwrap().to_owned(), count)
-        })
-        .collect()
-}
-
 /// Workers on the coordinator (slot 0), host B (slot 1) and host C
 /// (slot 2); B's peer link to C then loses every byte while everything
 /// else flows, heartbeats included. C's worker waits for B's part of a
@@ -190,6 +177,6 @@ async fn a_link_between_hosts_cut_one_way_fails_the_step_as_transient_and_the_pi
     while coordinator.step().await.unwrap() {}
     coordinator.finish().await.unwrap();
     let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
-    assert_eq!(word_counts(&h), expected, "nothing lost, nothing twice");
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
     h.audit();
 }

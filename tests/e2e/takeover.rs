@@ -19,7 +19,6 @@ use sluice_kafka::{KafkaConfig, KafkaLog};
 use sluice_pipeline::LogConfig;
 use sluice_runtime::{Limits, PipelineOptions, Reach, RemoteHost, WorkerHost};
 use sluice_storage::{CheckpointLedger, LogBackend, WorkerCommit};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -248,18 +247,10 @@ async fn a_new_leader_reads_past_a_dead_holders_open_transaction() {
     );
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
-    let counts: BTreeMap<String, i64> = second
-        .integrated("counts")
-        .into_iter()
-        .map(|(v, w)| {
-            let v: serde_json::Value = serde_json::from_str(&v).unwrap();
-            (
-                v["word"].as_str().unwrap().to_owned(),
-                w * v["count"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(counts, recount(lines.iter().map(|l| (l.as_str(), 1))));
+    assert_eq!(
+        second.word_counts(),
+        recount(lines.iter().map(|l| (l.as_str(), 1)))
+    );
     assert!(second.audit() > last + 1);
     // The checkpoint the new leader took is recorded past the aborted
     // transaction, for whoever reads the log next.

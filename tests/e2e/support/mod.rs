@@ -178,6 +178,18 @@ impl Harness {
             .count() as u64
     }
 
+    /// Word count's integrated output (`counts`): word → count.
+    pub fn word_counts(&self) -> BTreeMap<String, i64> {
+        self.integrated("counts")
+            .into_iter()
+            .map(|(v, w)| {
+                let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+                let count = w * v["count"].as_i64().unwrap();
+                (v["word"].as_str().unwrap().to_owned(), count)
+            })
+            .collect()
+    }
+
     /// Integrated contents of output `name`: JSON value → weight.
     pub fn integrated(&self, name: &str) -> BTreeMap<String, i64> {
         let mut z = BTreeMap::new();

@@ -52,7 +52,7 @@ use sluice_storage::audit::Verdict;
 use sluice_storage::log::AppendBatch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The session timeout: a host silent this long is lost.
@@ -104,8 +104,12 @@ async fn trial(
 ) -> anyhow::Result<()> {
     let mut rng = Rng(seed | 1);
     let session = if network { NET_SESSION } else { SESSION };
-    // When the last network fault healed, until a step commits after it.
+    // When the last network fault healed, until a step commits after it,
+    // and how many faults were injected so far: a fault injected before
+    // that commit takes the wait over (it delays the commit for reasons
+    // of its own, and an earlier fault healing meanwhile does not count).
     let healed: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let injected = Arc::new(AtomicU64::new(0));
     let dir = tempfile::tempdir()?;
     let options = PipelineOptions {
         max_batch: 5 + rng.below(20),
@@ -256,6 +260,8 @@ async fn trial(
             {
                 faults.pop();
                 let i = rng.below(hosts.len() as u64) as usize;
+                let this = injected.fetch_add(1, Ordering::SeqCst) + 1;
+                *healed.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 match fault {
                     Fault::Kill => {
                         report.kills += 1;
@@ -326,12 +332,14 @@ async fn trial(
                             }
                         }
                         let lasts = session / 2 + session.mul_f64(rng.below(250) as f64 / 100.0);
-                        let healed = healed.clone();
+                        let (healed, injected) = (healed.clone(), injected.clone());
                         tokio::spawn(async move {
                             tokio::time::sleep(lasts).await;
                             net.heal();
-                            *healed.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(Instant::now());
+                            if injected.load(Ordering::SeqCst) == this {
+                                *healed.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(Instant::now());
+                            }
                         });
                     }
                     Fault::Reset | Fault::HalfOpen => {
