@@ -58,7 +58,7 @@ impl KafkaLog {
             .client
             .fetch_metadata(None, self.config.timeout)
             .map_err(kafka("reading the cluster's brokers"))?;
-        Ok(md.brokers().len().clamp(1, 3) as i32)
+        Ok(offered_replication(md.brokers().len()))
     }
 
     /// Creates `topic` with `partitions` partitions if it does not exist;
@@ -231,4 +231,22 @@ pub fn delete_topics(config: &KafkaConfig) -> Result<Vec<String>> {
     // The group only shows progress; a broker without it is fine.
     let _ = futures_executor::block_on(admin.delete_groups(&[&config.group()], &opts));
     Ok(owned)
+}
+
+/// The replication factor a cluster of `brokers` brokers offers: as many
+/// copies as there are brokers, up to 3 (Kafka's usual production
+/// setting); 1 when the metadata names none.
+fn offered_replication(brokers: usize) -> i32 {
+    brokers.clamp(1, 3) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offered_replication;
+
+    #[test]
+    fn topics_get_as_many_copies_as_the_cluster_offers_up_to_three() {
+        let offered: Vec<i32> = (0..6).map(offered_replication).collect();
+        assert_eq!(offered, [1, 1, 2, 3, 3, 3]);
+    }
 }
