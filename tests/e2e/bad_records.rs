@@ -9,7 +9,7 @@
 //! committing its workers' shares) and on Kafka (a record any producer
 //! wrote, crashes inside and after the step's transaction).
 
-use crate::support::{Harness, component, recount, sluice_cmd};
+use crate::support::{Harness, component, recount, sluice_cmd, stderr, verified};
 use sluice_core::{BadRecordPolicy, DeadLetter, Event};
 use sluice_runtime::{Limits, PipelineOptions, Reach, RemoteHost, WorkerHost};
 use sluice_storage::AppendBatch;
@@ -65,10 +65,6 @@ fn run(data: &Path, input: &Path, extra: &[&str], crash_at: Option<&str>) -> Out
         None => cmd.env_remove("SLUICE_CRASH_AT"),
     };
     cmd.output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A file's bad line stops `sluice run` (naming the file and the line);
@@ -150,14 +146,7 @@ fn a_bad_line_stops_a_run_or_goes_to_its_dead_letter_log_once() {
     assert!(letters[0].error.contains("not JSON"), "{letters:?}");
     assert!(letters[1].error.contains("not both"), "{letters:?}");
 
-    let verify = sluice_cmd()
-        .arg("verify")
-        .arg("--data")
-        .arg(&data)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&verify.stdout);
-    assert!(verify.status.success(), "{said}{}", stderr(&verify));
+    let said = verified(&data);
     assert!(said.contains(", 2 dead letters,"), "{said}");
     let read = sluice_cmd()
         .args(["read", "--output", "lines.dead-letter", "--data"])

@@ -1,13 +1,8 @@
 //! The `sluice` command line contract: build, run, demo, and clear errors.
 
-use crate::support::{component, recount, repo, sluice_cmd};
+use crate::support::{component, recount, repo, sluice_cmd, stderr};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Output;
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn write_lines(path: &Path, lines: &[&str]) {
     let body: String = lines.iter().map(|l| format!("{l}\n")).collect();

@@ -71,11 +71,7 @@ async fn i1_a_divided_step_completes_before_the_next_and_each_share_commits_once
         prev,
         ..whole.clone()
     };
-    let record = |r: &sluice_core::StepRecord| sluice_core::StepCommit {
-        record: r.clone(),
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    };
+    let record = |r: &sluice_core::StepRecord| sluice_core::StepCommit::division(r.clone());
     let share = |r: &sluice_core::StepRecord, worker: u32| {
         let ports = vec![Vec::new(); h.outputs.len()];
         sluice_storage::WorkerCommit {

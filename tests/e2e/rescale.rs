@@ -4,16 +4,12 @@
 //! once.
 
 use crate::support::server::{Server, code, raw, raw_or_gone};
-use crate::support::{component, recount, sluice_cmd};
+use crate::support::{component, recount, sluice_cmd, stderr, verified};
 use sluice::client::Client;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// `n` lines with words that repeat across lines (keyed state that moves).
 fn lines(n: usize, salt: &str) -> Vec<String> {
@@ -118,14 +114,7 @@ fn sluice_run_rescales_a_data_directory_exactly_once() {
             "after the change to W={workers}"
         );
     }
-    let out = sluice_cmd()
-        .arg("verify")
-        .arg("--data")
-        .arg(&data)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let text = verified(&data);
     assert!(text.contains("consistent"), "{text}");
 }
 

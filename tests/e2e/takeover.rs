@@ -128,20 +128,16 @@ fn options() -> PipelineOptions {
 /// than step `last` (as its leader recorded it just before a worker's
 /// holder died).
 fn next_division(last: &StepRecord) -> StepCommit {
-    StepCommit {
-        record: StepRecord {
-            step: last.step + 1,
-            epoch: last.epoch,
-            time_ms: last.time_ms,
-            frontiers: last.frontiers.clone(),
-            output_hashes: Vec::new(),
-            limits: last.limits,
-            prev: last.chain_hash(),
-            layout: None,
-        },
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    }
+    StepCommit::division(StepRecord {
+        step: last.step + 1,
+        epoch: last.epoch,
+        time_ms: last.time_ms,
+        frontiers: last.frontiers.clone(),
+        output_hashes: Vec::new(),
+        limits: last.limits,
+        prev: last.chain_hash(),
+        layout: None,
+    })
 }
 
 /// The holder of worker 1 (on another host) dies inside its share's
@@ -270,12 +266,8 @@ fn the_broker_aborts_a_dead_holders_transaction_after_its_timeout() {
     let log = Arc::new(KafkaLog::open(KafkaConfig::new(&brokers, &pipeline)).unwrap());
     log.fence().unwrap();
     let division = sample_division(0, 5, 0);
-    log.commit_step(&StepCommit {
-        record: division.clone(),
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    })
-    .unwrap();
+    log.commit_step(&StepCommit::division(division.clone()))
+        .unwrap();
     let mut holder0 = log.clone().take_worker(0).unwrap();
     holder0
         .commit(&sample_share(&division, 0, Vec::new()))

@@ -122,6 +122,16 @@ pub struct StepCommit {
 }
 
 impl StepCommit {
+    /// A divided step's division: its record alone (each worker's share
+    /// commits its outputs and dead letters, with its done record).
+    pub fn division(record: StepRecord) -> StepCommit {
+        StepCommit {
+            record,
+            outputs: Vec::new(),
+            dead_letters: Vec::new(),
+        }
+    }
+
     /// Every log the commit writes to, with its entries: the outputs, then
     /// the dead-letter logs.
     pub fn logs(&self) -> impl Iterator<Item = (&str, &[OutputEntry])> {

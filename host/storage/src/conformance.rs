@@ -421,12 +421,8 @@ pub fn divided_steps_commit_per_worker(log: Arc<dyn LogBackend>) {
         seen
     };
     let division = sample_division(0, 5, 0);
-    log.commit_step(&StepCommit {
-        record: division.clone(),
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    })
-    .unwrap();
+    log.commit_step(&StepCommit::division(division.clone()))
+        .unwrap();
     assert_eq!(log.last_step().unwrap(), Some(0));
     assert_eq!(log.step_record(0).unwrap(), Some(division.clone()));
     assert_eq!(log.output_hashes(0).unwrap(), None, "no share is in yet");
@@ -506,12 +502,8 @@ pub fn divided_steps_commit_per_worker(log: Arc<dyn LogBackend>) {
 
     // The next step, divided again, after the complete one.
     let next = sample_division(1, 6, division.chain_hash());
-    log.commit_step(&StepCommit {
-        record: next.clone(),
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    })
-    .unwrap();
+    log.commit_step(&StepCommit::division(next.clone()))
+        .unwrap();
     assert_eq!(
         again.commit(&sample_share(&next, 0, vec![])).unwrap(),
         WorkerDone::Committed

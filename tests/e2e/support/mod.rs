@@ -51,6 +51,24 @@ pub fn component(crate_path: &str) -> PathBuf {
     wasm
 }
 
+/// A finished command's standard error, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `sluice verify --data DATA`, which must pass: what it printed.
+pub fn verified(data: &std::path::Path) -> String {
+    let out = sluice_cmd()
+        .arg("verify")
+        .arg("--data")
+        .arg(data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    text
+}
+
 /// A `sluice` command with the test cache.
 pub fn sluice_cmd() -> std::process::Command {
     let mut cmd = std::process::Command::new(sluice());

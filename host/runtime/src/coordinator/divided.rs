@@ -121,12 +121,7 @@ impl Coordinator {
             .execute(&target, step, time_ms, Commit::Hold, false)
             .await?;
         crash_point(CrashPoint::MidStep);
-        self.commit_record(StepCommit {
-            record,
-            outputs: Vec::new(),
-            dead_letters: Vec::new(),
-        })
-        .await?;
+        self.commit_record(StepCommit::division(record)).await?;
         // From here on the step is recorded: a failure leaves its completion
         // to recovery, which replays it.
         let events_in = self.position.events_read;

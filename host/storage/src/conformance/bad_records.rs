@@ -130,12 +130,8 @@ pub fn a_share_commits_its_dead_letters_once(log: Arc<dyn LogBackend>) {
     }
     log.fence().unwrap();
     let division = sample_division(0, 5, 0);
-    log.commit_step(&StepCommit {
-        record: division.clone(),
-        outputs: Vec::new(),
-        dead_letters: Vec::new(),
-    })
-    .unwrap();
+    log.commit_step(&StepCommit::division(division.clone()))
+        .unwrap();
     let share = |w: u32| {
         let with = sample_share(&division, w, vec![ev(u64::from(w))]);
         match w {
