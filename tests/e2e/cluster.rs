@@ -120,6 +120,9 @@ impl Cluster {
             .arg(format!("--store={}", self.store))
             .arg(format!("--brokers={}", self.brokers))
             .arg(format!("--pipeline={}", self.pipeline))
+            // A step window far below the run's steps: every host prunes
+            // its view of the step log and reads back what a recovery asks.
+            .arg("--step-window=4")
             .args(extra)
             .env("SLUICE_HOST_SECRET", "a secret the hosts share")
             .env("SLUICE_LOG", "sluice=info")

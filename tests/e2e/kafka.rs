@@ -142,6 +142,8 @@ fn sigkill_on_kafka_loses_and_duplicates_nothing() {
             "--log=kafka".into(),
             format!("--brokers={brokers}"),
             format!("--pipeline={pipeline}"),
+            // The smallest window: every recovery reads back from the tail.
+            "--step-window=2".into(),
         ],
         // The first run dies inside its third step's transaction: records a
         // read_committed consumer must never see.

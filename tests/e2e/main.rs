@@ -22,5 +22,6 @@ mod kafka;
 mod partitions;
 mod rescale;
 mod server;
+mod step_log;
 mod takeover;
 mod verify;

@@ -7,6 +7,10 @@ use sluice_pipeline::{LogConfig, LogKind};
 use sluice_runtime::Limits;
 use std::path::PathBuf;
 
+/// The default `--step-window` (`sluice_kafka::STEP_WINDOW`, which a build
+/// without Kafka does not link; a test keeps them equal).
+const STEP_WINDOW: u32 = 4096;
+
 /// Sluice: run WebAssembly circuits as exactly-once pipelines.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
@@ -125,6 +129,15 @@ pub enum Command {
         /// Write an SVG chart of the ratios here.
         #[arg(long)]
         chart: Option<PathBuf>,
+        /// Run only the step-log scenario: a Kafka pipeline's leader open
+        /// time and the step records a host holds, against histories of
+        /// 10 k, 100 k and 1 M steps (1 k and 10 k with `--quick`). Needs
+        /// `--brokers`.
+        #[arg(long)]
+        step_log: bool,
+        /// Kafka bootstrap servers for `--step-log`.
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        brokers: Option<String>,
     },
     /// Generate benchmark input as JSON lines.
     Gen {
@@ -689,6 +702,11 @@ pub struct KafkaArgs {
     /// keys never repeat).
     #[arg(long)]
     pub allow_compacted_inputs: bool,
+    /// How many of the step topic's records each host keeps in memory (a
+    /// window of the newest; older ones are read back from the topic when
+    /// a recovery or a reader asks for them). At least 2.
+    #[arg(long, default_value_t = STEP_WINDOW, value_parser = clap::value_parser!(u32).range(2..))]
+    pub step_window: u32,
 }
 
 impl KafkaArgs {
@@ -724,6 +742,7 @@ impl KafkaArgs {
                 config.client = self.client.clone();
                 config.trim_named_topics = self.trim_named_topics;
                 config.allow_compacted_inputs = self.allow_compacted_inputs;
+                config.step_window = self.step_window as usize;
                 Ok(LogConfig::Kafka { config })
             }
             #[cfg(not(feature = "kafka"))]
@@ -765,5 +784,13 @@ pub(crate) fn port_file(s: &str) -> Result<(String, PathBuf), String> {
             Ok((port.to_owned(), PathBuf::from(file)))
         }
         _ => Err(format!("expected PORT=FILE, got {s:?}")),
+    }
+}
+
+#[cfg(all(test, feature = "kafka"))]
+mod step_window_tests {
+    #[test]
+    fn the_default_step_window_is_the_kafka_logs() {
+        assert_eq!(super::STEP_WINDOW as usize, sluice_kafka::STEP_WINDOW);
     }
 }

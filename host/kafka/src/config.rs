@@ -40,7 +40,16 @@ pub struct KafkaConfig {
     /// remove a record a committed step read, and its replay would then
     /// read fewer: only safe when keys never repeat.
     pub allow_compacted_inputs: bool,
+    /// How many step records a handle keeps in memory at most (default
+    /// [`STEP_WINDOW`]): the newest ones. An older record is read from the
+    /// step topic again when asked for, so memory per pipeline does not
+    /// grow with its history. At least 2.
+    pub step_window: usize,
 }
+
+/// The default [`KafkaConfig::step_window`]: 4 096 step records, about 8 MB
+/// at six workers.
+pub const STEP_WINDOW: usize = 4096;
 
 impl KafkaConfig {
     /// Logs of pipeline `pipeline` on `brokers`, with default topic names.
@@ -56,6 +65,7 @@ impl KafkaConfig {
             inputs: Vec::new(),
             trim_named_topics: false,
             allow_compacted_inputs: false,
+            step_window: STEP_WINDOW,
         }
     }
 

@@ -27,19 +27,17 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 impl KafkaLog {
-    /// Forgets what `s` holds of the step topic and reads it again from the
-    /// start to its true end, fencing the holders of workers whose open
+    /// Forgets what `s` holds of the step topic and reads its tail again
+    /// (see [`reload_steps`](Self::reload_steps)), to its true end, fencing the holders of workers whose open
     /// transactions hold the last stable offset back (left unloaded if that
     /// fails). A new committer calls this once its step producer is
     /// initialised, so no step producer's transaction is open either.
     pub(crate) fn reload_steps_to_true_end(&self, s: &mut StepState) -> Result<()> {
-        s.records = None;
-        s.done.clear();
-        s.checkpoints.clear();
-        s.read_to = 0;
-        let read = self.read_past_open_holders(s);
+        let read = self
+            .reload_steps(s)
+            .and_then(|()| self.read_past_open_holders(s));
         if read.is_err() {
-            s.records = None;
+            s.forget();
         }
         read
     }

@@ -68,32 +68,134 @@ pub(crate) struct MetaState {
     pub(crate) producers: HashMap<(String, String), ProducerState>,
 }
 
-/// What the step producer keeps.
+/// What the step producer keeps: a *window* of the step topic, its newest
+/// part, never the whole history.
+///
+/// The window holds every record at offsets `read_from..read_to` (and
+/// possibly a few older checkpoint records): it starts at the tail — the
+/// last step record and what follows — and grows downward only when an
+/// older step is asked for (a recovery replaying the steps since its
+/// checkpoint reads that far, and no further). Past
+/// [`KafkaConfig::step_window`] records it drops its oldest half again.
+///
+/// [`KafkaConfig::step_window`]: crate::KafkaConfig::step_window
 #[derive(Default)]
 pub(crate) struct StepState {
     /// The step producer (`sluice.<pipeline>.steps`), once fenced.
     pub(crate) producer: Option<TxnProducer>,
     /// The epoch this handle's last `fence` took (0: none yet).
     pub(crate) epoch: u64,
-    /// Every committed step record, once loaded.
+    /// The step records in the window, once loaded (the last committed
+    /// step's always among them).
     pub(crate) records: Option<BTreeMap<u64, StepRecord>>,
-    /// Every worker's done record of divided steps seen so far: the hash,
-    /// and the offset it was read at (`None`: committed through this
-    /// handle, not read back yet).
+    /// The offset of each record in `records`, by step.
+    pub(crate) offsets: BTreeMap<u64, u64>,
+    /// Workers' done records of divided steps in the window: the hash, and
+    /// the offset it was read at (`None`: committed through this handle,
+    /// not read back yet).
     pub(crate) done: BTreeMap<(u64, u32), (u128, Option<u64>)>,
-    /// Every checkpoint recorded as committed ([`CheckpointLedger`]): its
-    /// manifest, by step.
+    /// Checkpoints recorded as committed ([`CheckpointLedger`]): their
+    /// manifests, by step — every record in the window, and the newest few
+    /// before it.
     ///
     /// [`CheckpointLedger`]: sluice_storage::CheckpointLedger
     pub(crate) checkpoints: BTreeMap<u64, String>,
-    /// The step topic's offset up to which `records`, `done` and
-    /// `checkpoints` are read.
+    /// The step topic's offset from which the window is read.
+    pub(crate) read_from: u64,
+    /// The step topic's offset up to which the window is read.
     pub(crate) read_to: u64,
+    /// The window starts at the topic's first record: no step is older
+    /// than its first.
+    pub(crate) whole: bool,
+    /// The step last asked for by a reader of old records (a recovery
+    /// replaying, an audit): pruning keeps it and every step after, up to
+    /// [`HELD_AT_MOST`] times the cap, so a reader walking the history
+    /// forward reads each record once.
+    pub(crate) floor: Option<u64>,
     /// The step producer was lost in a failed checkpoint record (`true`:
     /// fenced): the next step commit says so instead of committing, and
     /// the next `fence` starts over.
     pub(crate) lost: Option<bool>,
 }
+
+impl StepState {
+    /// Whether the window holds step `step`'s record if it is committed:
+    /// it reaches back to `step` or to the topic's start.
+    pub(crate) fn covers(&self, step: u64) -> bool {
+        self.whole
+            || self
+                .records
+                .as_ref()
+                .and_then(|r| r.keys().next())
+                .is_some_and(|first| *first <= step)
+    }
+
+    /// Forgets the window (the next use reads the tail again).
+    pub(crate) fn forget(&mut self) {
+        self.records = None;
+        self.offsets.clear();
+        self.done.clear();
+        self.checkpoints.clear();
+        self.read_from = 0;
+        self.read_to = 0;
+        self.whole = false;
+        self.floor = None;
+    }
+
+    /// Drops the oldest records once the window holds more than `cap`,
+    /// down to the newest `cap / 2` (at least the last step's) — or down
+    /// to the [`floor`](Self::floor), if it is older, within
+    /// [`HELD_AT_MOST`] times the cap: the window then starts at the first
+    /// record kept. Checkpoint records older than it are kept, the newest
+    /// [`CHECKPOINTS_KEPT`] of them.
+    pub(crate) fn prune(&mut self, cap: usize) {
+        let Some(records) = self.records.as_mut() else {
+            return;
+        };
+        let cap = cap.max(2);
+        if records.len() <= cap {
+            return;
+        }
+        let newest = |n: usize| records.keys().rev().nth(n - 1).copied();
+        let Some(half) = newest(cap / 2) else {
+            return;
+        };
+        let first = match self.floor {
+            Some(floor) if floor < half => match newest(cap * HELD_AT_MOST) {
+                Some(most) => floor.max(most),
+                None => floor,
+            },
+            _ => half,
+        };
+        if records.keys().next().is_none_or(|f| *f >= first) {
+            return;
+        }
+        let Some(offset) = self.offsets.get(&first).copied() else {
+            // Not known where it lies: keep the window as it is.
+            return;
+        };
+        *records = records.split_off(&first);
+        self.offsets = self.offsets.split_off(&first);
+        self.done = self.done.split_off(&(first, 0));
+        let older = self.checkpoints.range(..first).count();
+        let drop = older.saturating_sub(CHECKPOINTS_KEPT);
+        if let Some(keep_from) = self.checkpoints.keys().nth(drop).copied() {
+            self.checkpoints = self.checkpoints.split_off(&keep_from);
+        }
+        self.read_from = offset;
+        self.whole = false;
+    }
+}
+
+/// How many times its cap a window may hold to keep a reader's
+/// [`floor`](StepState::floor).
+pub(crate) const HELD_AT_MOST: usize = 4;
+
+/// How many checkpoint records older than the window a handle keeps (the
+/// store asks for the [`KEPT`] newest).
+///
+/// [`KEPT`]: sluice_storage::checkpoint::KEPT
+pub(crate) const CHECKPOINTS_KEPT: usize = 16;
 
 /// Input, output and step logs of one pipeline in Kafka.
 pub struct KafkaLog {

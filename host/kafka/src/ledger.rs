@@ -52,6 +52,9 @@ impl CheckpointLedger for KafkaLog {
 
     fn recorded_checkpoints(&self, newest: usize) -> Result<Vec<(u64, String)>> {
         self.with_fresh_steps(|s| {
+            // Checkpoint records follow their steps': back as far as the
+            // `newest`-th newest, no further.
+            self.extend_down(s, |s| s.checkpoints.len() >= newest)?;
             let mut out: Vec<(u64, String)> = s
                 .checkpoints
                 .iter()
@@ -74,6 +77,10 @@ impl CheckpointLedger for KafkaLog {
                 // record may lie past a transaction open before it (the
                 // last stable offset). Read to the true end.
                 self.catch_up_to_end(s)?;
+            }
+            if !s.checkpoints.contains_key(&step) {
+                // An older checkpoint's record follows its step's record.
+                self.ensure_step(s, step)?;
             }
             Ok(s.checkpoints.get(&step).cloned())
         })

@@ -26,6 +26,8 @@ mod errors;
 mod fence;
 /// The [`KafkaLog`] handle, the state behind its locks, and opening it.
 mod handle;
+/// A step history written fast, for benchmarks of what a take-over costs.
+mod history;
 /// Ingest marks and producer sequence numbers on the meta topic.
 mod ingest;
 /// The checkpoint ledger: checkpoint records on the step topic.
@@ -36,7 +38,8 @@ pub mod log;
 mod read;
 /// Record headers, event decoding, output-entry encoding, frontier JSON.
 mod records;
-/// The step topic as read: step, done and checkpoint records.
+/// The step topic as read: a window of its newest step, done and
+/// checkpoint records, grown back only as far as asked.
 mod steps;
 /// Transactional producers, delivery reports, fencing detection.
 mod transaction;
@@ -44,6 +47,6 @@ mod transaction;
 mod worker;
 
 pub use admin::delete_topics;
-pub use config::{KafkaConfig, validate_topic};
+pub use config::{KafkaConfig, STEP_WINDOW, validate_topic};
 pub use handle::KafkaLog;
 pub use records::{FRONTIER_HEADER, STEP_HEADER, WEIGHT_HEADER, WORKER_HEADER, parse_frontier};

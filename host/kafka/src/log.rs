@@ -314,7 +314,8 @@ impl LogBackend for KafkaLog {
                     current: s.epoch,
                 });
             }
-            if records.contains_key(&step) {
+            // The window holds the last step: every step up to it exists.
+            if last.is_some_and(|l| step <= l) {
                 return Err(Error::StepExists { step });
             }
             if Some(step) != last.map_or(Some(0), |l| l.checked_add(1)) {
@@ -345,17 +346,22 @@ impl LogBackend for KafkaLog {
                 positions.as_ref(),
             );
             match result {
-                Ok(_) => {
+                Ok(offsets) => {
                     s.records
                         .as_mut()
                         .expect("loaded")
                         .insert(step, commit.record.clone());
+                    // The step record is the transaction's last.
+                    if let Some((_, offset)) = offsets.last() {
+                        s.offsets.insert(step, (*offset).max(0) as u64);
+                    }
+                    s.prune(self.config.step_window);
                     Ok(())
                 }
                 Err(e) => {
                     // Whether an ambiguous commit took effect is learnt by
                     // the next `fence`, which reloads the step log.
-                    s.records = None;
+                    s.forget();
                     s.epoch = 0;
                     s.producer = None;
                     Err(e)
@@ -373,7 +379,10 @@ impl LogBackend for KafkaLog {
     }
 
     fn step_record(&self, step: u64) -> Result<Option<StepRecord>> {
-        self.with_steps(|s| Ok(s.records.as_ref().and_then(|r| r.get(&step).cloned())))
+        self.with_steps(|s| {
+            self.ensure_step(s, step)?;
+            Ok(s.records.as_ref().and_then(|r| r.get(&step).cloned()))
+        })
     }
 
     fn worker_commits(&self) -> bool {
@@ -397,6 +406,9 @@ impl LogBackend for KafkaLog {
 
     fn output_hashes(&self, step: u64) -> Result<Option<Vec<u128>>> {
         self.with_steps(|s| {
+            // A step's done records follow its record: the window that
+            // holds the record holds them.
+            self.ensure_step(s, step)?;
             Ok(match s.records.as_ref().and_then(|r| r.get(&step)) {
                 Some(r) if r.is_division() => Self::complete(s, r),
                 Some(r) => Some(r.output_hashes.clone()),
@@ -412,6 +424,7 @@ impl LogBackend for KafkaLog {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let (hashes, missing) = self.with_steps(|s| {
+                self.ensure_step(s, step)?;
                 let Some(r) = s.records.as_ref().and_then(|r| r.get(&step)).cloned() else {
                     return Err(Error::InvalidCommit {
                         step,
@@ -453,19 +466,17 @@ impl LogBackend for KafkaLog {
         from_step: u64,
         f: &mut dyn FnMut(OutputEntry) -> Result<std::ops::ControlFlow<()>>,
     ) -> Result<()> {
-        // The step records as they stand now: output of steps committed
-        // while this read goes on is left for the next read.
-        // A divided step not complete yet (the last one, at most) is left
-        // out: its shares are visible only once all are.
-        let (records, complete) = self.with_steps(|s| {
-            let records = s.records.clone().unwrap_or_default();
-            let complete = records
-                .values()
-                .next_back()
-                .is_none_or(|r| !r.is_division() || Self::complete(s, r).is_some());
-            Ok((records, complete))
+        // The last step as it stands now: output of steps committed while
+        // this read goes on is left for the next read. A divided step not
+        // complete yet (the last one, at most) is left out: its shares are
+        // visible only once all are.
+        let (last, complete) = self.with_steps(|s| {
+            let records = s.records.as_ref();
+            let last = records.and_then(|r| r.values().next_back());
+            let complete = last.is_none_or(|r| !r.is_division() || Self::complete(s, r).is_some());
+            Ok((last.map(|r| r.step), complete))
         })?;
-        let Some(mut last) = records.keys().next_back().copied() else {
+        let Some(mut last) = last else {
             return Ok(());
         };
         if !complete {
@@ -482,11 +493,13 @@ impl LogBackend for KafkaLog {
         for p in 0..n {
             bounds.push(self.topic_watermarks(&topic, p)?);
         }
-        // Windows of steps, doubling: a reader that stops early read about
-        // what it got, found by bisection, not the topic's history.
+        // Windows of steps, doubling up to a bound: a reader that stops
+        // early read about what it got, found by bisection, not the topic's
+        // history, and a reader of all of it holds one window at a time.
         let (mut from, mut window) = (from_step, 16u64);
         while from <= last {
             let to = from.saturating_add(window).min(last + 1);
+            let records = self.steps_in(from..to)?;
             // (step, worker) → events of the window, from every partition.
             let mut events: BTreeMap<(u64, u32), Vec<Event>> = BTreeMap::new();
             for (p, &(low, high)) in bounds.iter().enumerate() {
@@ -511,7 +524,8 @@ impl LogBackend for KafkaLog {
                 })?;
             }
             // One entry per step per worker, the empty ones included.
-            for (step, record) in records.range(from..to) {
+            for record in &records {
+                let step = &record.step;
                 for (w, frontier) in record.frontiers.iter().enumerate() {
                     let flow = f(OutputEntry {
                         step: *step,
@@ -533,7 +547,7 @@ impl LogBackend for KafkaLog {
                 });
             }
             from = to;
-            window = window.saturating_mul(2);
+            window = window.saturating_mul(2).min(SCAN_WINDOW);
         }
         Ok(())
     }
@@ -571,5 +585,28 @@ impl LogBackend for KafkaLog {
                 .map_err(kafka(format!("trimming {topic}/{partition} below {below}")))?;
         }
         Ok(())
+    }
+}
+
+/// The most steps [`LogBackend::scan_output`] reads at once on Kafka.
+const SCAN_WINDOW: u64 = 1024;
+
+impl KafkaLog {
+    /// The records of steps `steps` (all committed): copied from the
+    /// window if it holds them, else read from the step topic without
+    /// growing it.
+    fn steps_in(&self, steps: Range<u64>) -> Result<Vec<StepRecord>> {
+        let held = self.with_steps(|s| {
+            Ok(s.covers(steps.start).then(|| {
+                s.records
+                    .as_ref()
+                    .map(|r| r.range(steps.clone()).map(|(_, r)| r.clone()).collect())
+                    .unwrap_or_default()
+            }))
+        })?;
+        match held {
+            Some(records) => Ok(records),
+            None => self.read_old_steps(steps),
+        }
     }
 }

@@ -268,10 +268,25 @@ impl KafkaLog {
         range: Range<u64>,
         step: u64,
     ) -> Result<u64> {
+        let step_of = |msg: &OwnedMessage| output_headers(topic, p, msg).map(|(s, _, _)| Some(s));
+        self.first_offset_of(topic, p, range, step, &step_of)
+    }
+
+    /// [`first_offset_of_step`](Self::first_offset_of_step) for any topic
+    /// whose records `step_of` names the step of, in step order (`None`:
+    /// a record that names none, passed over).
+    pub(crate) fn first_offset_of(
+        &self,
+        topic: &str,
+        p: u32,
+        range: Range<u64>,
+        step: u64,
+        step_of: &dyn Fn(&OwnedMessage) -> Result<Option<u64>>,
+    ) -> Result<u64> {
         let (mut lo, mut hi) = (range.start, range.end);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.first_record_from(topic, p, mid..hi)? {
+            match self.first_record_from(topic, p, mid..hi, step_of)? {
                 Some((offset, s)) if s < step => lo = offset + 1,
                 // Nothing at or after `mid` is older than `step`.
                 _ => hi = mid,
@@ -281,20 +296,22 @@ impl KafkaLog {
     }
 
     /// The offset and step of the first committed record of `topic`/`p` in
-    /// `range`, reading a growing window from its start.
+    /// `range` that names a step, reading a growing window from its start.
     fn first_record_from(
         &self,
         topic: &str,
         p: u32,
         range: Range<u64>,
+        step_of: &dyn Fn(&OwnedMessage) -> Result<Option<u64>>,
     ) -> Result<Option<(u64, u64)>> {
         let mut window = 64;
         loop {
             let end = range.end.min(range.start.saturating_add(window));
             let mut first = None;
             self.read_records(topic, p, range.start..end, &mut |msg| {
-                if first.is_none() {
-                    let (step, _, _) = output_headers(topic, p, msg)?;
+                if first.is_none()
+                    && let Some(step) = step_of(msg)?
+                {
                     first = Some((msg.offset() as u64, step));
                 }
                 Ok(())
@@ -302,7 +319,8 @@ impl KafkaLog {
             if first.is_some() || end == range.end {
                 return Ok(first);
             }
-            // Only transaction markers and aborted records so far.
+            // Only transaction markers, aborted records and records that
+            // name no step so far.
             window = window.saturating_mul(4);
         }
     }

@@ -12,6 +12,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use sluice_core::StepRecord;
 use sluice_storage::{Result, StorageError as Error};
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 impl KafkaLog {
     /// The last committed step as of now (read to the step topic's end:
@@ -51,30 +52,117 @@ impl KafkaLog {
     }
 
     /// Reads the step topic from where `s` was read (or its low watermark)
-    /// up to `end`, with the `read_committed` reader.
+    /// up to `end`, with the `read_committed` reader; then drops the
+    /// window's oldest records if it grew past its cap.
     fn read_steps(&self, s: &mut StepState, topic: &str, (low, end): (u64, u64)) -> Result<()> {
         let from = s.read_to.max(low);
-        let records = s.records.get_or_insert_with(BTreeMap::new);
-        let (done, checkpoints) = (&mut s.done, &mut s.checkpoints);
-        self.read_records(topic, 0, from..end, &mut |m| {
-            step_topic_record(topic, m, records, done, checkpoints)
-        })?;
+        self.read_into(s, topic, from..end)?;
         s.read_to = s.read_to.max(end);
+        s.prune(self.config.step_window);
         Ok(())
     }
 
-    /// Forgets what `s` holds of the step topic and reads it again from the
-    /// start (left unloaded if that fails).
+    /// Takes the step topic's records at offsets `range` into `s`.
+    fn read_into(&self, s: &mut StepState, topic: &str, range: Range<u64>) -> Result<()> {
+        let records = s.records.get_or_insert_with(BTreeMap::new);
+        let mut into = Window {
+            records,
+            offsets: &mut s.offsets,
+            done: &mut s.done,
+            checkpoints: &mut s.checkpoints,
+        };
+        self.read_records(topic, 0, range, &mut |m| {
+            step_topic_record(topic, m, &mut into)
+        })
+    }
+
+    /// Forgets what `s` holds of the step topic and reads its tail: from
+    /// its end (committed records) back to the last step record (left
+    /// unloaded if that fails). Older records are read when asked for
+    /// ([`extend_down`](Self::extend_down)).
     pub(crate) fn reload_steps(&self, s: &mut StepState) -> Result<()> {
-        s.records = None;
-        s.done.clear();
-        s.checkpoints.clear();
-        s.read_to = 0;
-        let read = self.catch_up(s);
+        s.forget();
+        let topic = self.config.steps_topic();
+        let read = self.topic_watermarks(&topic, 0).and_then(|(_, end)| {
+            s.read_from = end;
+            s.read_to = end;
+            s.records = Some(BTreeMap::new());
+            self.extend_down(s, |s| s.records.as_ref().is_some_and(|r| !r.is_empty()))
+        });
         if read.is_err() {
-            s.records = None;
+            s.forget();
         }
         read
+    }
+
+    /// Grows the window downward, in chunks that double, until `enough`
+    /// holds or it reaches the topic's first record: what reading back to
+    /// an older step costs is what lies between, not the history.
+    pub(crate) fn extend_down(
+        &self,
+        s: &mut StepState,
+        enough: impl Fn(&StepState) -> bool,
+    ) -> Result<()> {
+        let topic = self.config.steps_topic();
+        let mut chunk = 64u64;
+        while !s.whole && !enough(s) {
+            let (low, _) = self.topic_watermarks(&topic, 0)?;
+            if s.read_from <= low {
+                s.whole = true;
+                break;
+            }
+            let span = s.read_to.saturating_sub(s.read_from).max(chunk);
+            let from = s.read_from.saturating_sub(span).max(low);
+            self.read_into(s, &topic, from..s.read_from)?;
+            s.read_from = from;
+            chunk = chunk.saturating_mul(2);
+        }
+        Ok(())
+    }
+
+    /// Grows the window back to step `step`'s record (see
+    /// [`StepState::covers`]), and keeps it from there while `step` is
+    /// the last step asked for ([`StepState::floor`]).
+    pub(crate) fn ensure_step(&self, s: &mut StepState, step: u64) -> Result<()> {
+        self.extend_down(s, |s| s.covers(step))?;
+        s.floor = Some(step);
+        Ok(())
+    }
+
+    /// The records of steps `steps`, in step order, read from the step
+    /// topic without taking them into the window — for a reader of old
+    /// output, which must not make a handle hold the history. Found by
+    /// bisection on the step records' keys, then read forward.
+    pub(crate) fn read_old_steps(&self, steps: Range<u64>) -> Result<Vec<StepRecord>> {
+        let topic = self.config.steps_topic();
+        let (low, high) = self.topic_watermarks(&topic, 0)?;
+        let mut at = self.first_offset_of(&topic, 0, low..high, steps.start, &step_of_key)?;
+        let mut out = Vec::new();
+        let mut chunk = 256u64;
+        while at < high
+            && out
+                .last()
+                .is_none_or(|r: &StepRecord| r.step + 1 < steps.end)
+        {
+            let to = at.saturating_add(chunk).min(high);
+            self.read_records(&topic, 0, at..to, &mut |m| {
+                if let Some(step) = step_of_key(m)?
+                    && steps.contains(&step)
+                {
+                    out.push(decode_step_record(&topic, m)?);
+                }
+                Ok(())
+            })?;
+            at = to;
+            chunk = chunk.saturating_mul(2);
+        }
+        Ok(out)
+    }
+
+    /// How many step records this handle holds in memory now (its window;
+    /// see [`KafkaConfig::step_window`](crate::KafkaConfig::step_window)).
+    pub fn steps_in_memory(&self) -> usize {
+        lock(&self.steps).records.as_ref().map_or(0, BTreeMap::len)
     }
 
     /// Runs `f` on the step state, read from the step topic first if it is
@@ -113,31 +201,33 @@ impl KafkaLog {
             .collect()
     }
 }
+/// The maps of a [`StepState`] one read of the step topic fills.
+struct Window<'a> {
+    records: &'a mut BTreeMap<u64, StepRecord>,
+    offsets: &'a mut BTreeMap<u64, u64>,
+    done: &'a mut BTreeMap<(u64, u32), (u128, Option<u64>)>,
+    checkpoints: &'a mut BTreeMap<u64, String>,
+}
+
 /// Takes in one record of the step topic: a step record (keyed by the
 /// step), a worker's done record (keyed by step and worker) or a
 /// checkpoint's commit (keyed `checkpoint:` and the step). A second done
 /// record of one (step, worker) is corrupt: the worker's share was
 /// committed twice.
-fn step_topic_record(
-    topic: &str,
-    m: &OwnedMessage,
-    records: &mut BTreeMap<u64, StepRecord>,
-    done: &mut BTreeMap<(u64, u32), (u128, Option<u64>)>,
-    checkpoints: &mut BTreeMap<u64, String>,
-) -> Result<()> {
+fn step_topic_record(topic: &str, m: &OwnedMessage, w: &mut Window<'_>) -> Result<()> {
     let key = m.key().unwrap_or_default();
     let offset = m.offset() as u64;
     if key.starts_with(CHECKPOINT_KEY.as_bytes()) {
         let (step, manifest): (u64, String) = postcard::from_bytes(m.payload().unwrap_or_default())
             .map_err(Error::corrupt(format!("checkpoint record in `{topic}`")))?;
-        checkpoints.insert(step, manifest);
+        w.checkpoints.insert(step, manifest);
         return Ok(());
     }
     if key.len() == DONE_KEY_LEN {
         let (step, worker, hash): (u64, u32, u128) =
             postcard::from_bytes(m.payload().unwrap_or_default())
                 .map_err(Error::corrupt(format!("done record in `{topic}`")))?;
-        match done.get_mut(&(step, worker)) {
+        match w.done.get_mut(&(step, worker)) {
             Some((h, at)) if *h == hash && at.is_none_or(|a| a == offset) => *at = Some(offset),
             Some(_) => {
                 return Err(Error::Corrupt {
@@ -149,15 +239,29 @@ fn step_topic_record(
                 });
             }
             None => {
-                done.insert((step, worker), (hash, Some(offset)));
+                w.done.insert((step, worker), (hash, Some(offset)));
             }
         }
         return Ok(());
     }
-    let record: StepRecord = postcard::from_bytes(m.payload().unwrap_or_default())
-        .map_err(Error::corrupt(format!("step record in `{topic}`")))?;
-    records.insert(record.step, record);
+    let record = decode_step_record(topic, m)?;
+    w.offsets.insert(record.step, offset);
+    w.records.insert(record.step, record);
     Ok(())
+}
+
+/// A step record's value.
+fn decode_step_record(topic: &str, m: &OwnedMessage) -> Result<StepRecord> {
+    postcard::from_bytes(m.payload().unwrap_or_default())
+        .map_err(Error::corrupt(format!("step record in `{topic}`")))
+}
+
+/// The step of a step record, by its key (8 bytes, the step big-endian);
+/// `None` for the step topic's other records.
+fn step_of_key(m: &OwnedMessage) -> Result<Option<u64>> {
+    Ok(m.key()
+        .and_then(|k| <[u8; 8]>::try_from(k).ok())
+        .map(u64::from_be_bytes))
 }
 
 /// The error for a commit through a step producer a failed checkpoint

@@ -46,6 +46,8 @@ impl sluice_storage::WorkerCommitter for KafkaWorker {
             let known = s.records.as_ref().and_then(|r| r.get(&step)).is_some();
             if !known {
                 log.catch_up(s)?;
+                // A replayed share may be of a step older than the window.
+                log.ensure_step(s, step)?;
             }
             Ok((
                 s.records.as_ref().and_then(|r| r.get(&step)).cloned(),

@@ -114,7 +114,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             quick,
             markdown,
             chart,
-        } => tools::bench(quick, markdown, chart).await,
+            step_log,
+            brokers,
+        } => match step_log {
+            true => tools::bench_step_log(brokers, quick).await,
+            false => tools::bench(quick, markdown, chart).await,
+        },
         Command::Gen {
             what: GenCommand::Nexmark { events, rate, out },
         } => tools::gen_nexmark(events, rate, out).await,

@@ -107,6 +107,22 @@ pub async fn bench(
     Ok(())
 }
 
+/// `sluice bench --step-log`.
+#[cfg(feature = "kafka")]
+pub async fn bench_step_log(brokers: Option<String>, quick: bool) -> anyhow::Result<()> {
+    let brokers = brokers.ok_or_else(|| {
+        anyhow::anyhow!("--step-log needs --brokers HOST:PORT (or SLUICE_KAFKA_BROKERS)")
+    })?;
+    benchmarks::bench_step_log(&brokers, quick).await?;
+    Ok(())
+}
+
+/// `sluice bench --step-log`, in a build without Kafka.
+#[cfg(not(feature = "kafka"))]
+pub async fn bench_step_log(_brokers: Option<String>, _quick: bool) -> anyhow::Result<()> {
+    anyhow::bail!("--step-log needs Kafka: this `sluice` was built without the `kafka` feature")
+}
+
 /// `sluice gen nexmark`.
 pub async fn gen_nexmark(events: u64, rate: u32, out: PathBuf) -> anyhow::Result<()> {
     let progress = bar(true, "{wide_bar} {pos}/{len} events");

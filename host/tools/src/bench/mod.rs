@@ -34,6 +34,9 @@ mod rescale;
 mod sandbox;
 /// **Step boundary**: an empty step as a share of steps of 1 to 10 000 events.
 mod step_boundary;
+/// **Step log**: a Kafka pipeline's take-over against its history's length.
+#[cfg(feature = "kafka")]
+mod step_log;
 
 /// The rows, their formatting, the table, the chart and the markdown.
 mod report;
@@ -57,6 +60,22 @@ pub struct BenchOptions {
     pub markdown: Option<PathBuf>,
     /// Write the chart (SVG) here.
     pub chart: Option<PathBuf>,
+}
+
+/// Runs the step-log scenario alone, against the Kafka brokers at
+/// `brokers` (the other scenarios need none), prints its table and returns
+/// its rows.
+#[cfg(feature = "kafka")]
+pub async fn bench_step_log(brokers: &str, quick: bool) -> anyhow::Result<Vec<Row>> {
+    let brokers = brokers.to_owned();
+    eprintln!("bench: step log …");
+    let rows = tokio::task::spawn_blocking(move || {
+        let mut rows = Vec::new();
+        step_log::step_log(&brokers, quick, &mut rows).map(|()| rows)
+    })
+    .await??;
+    println!("{}", table(&rows));
+    Ok(rows)
 }
 
 /// Runs the benchmarks and returns the rows (also printed and written).
