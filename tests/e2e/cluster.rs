@@ -917,3 +917,44 @@ fn a_host_running_another_component_is_left_out() {
         assert!(running, "{h} exited:\n{}", c.stderr(h));
     }
 }
+
+/// Issue #27, item 5: a leader that reaches etcd but not Kafka gives way.
+/// h1 joins first, with a broker address nothing answers on: it leads and
+/// cannot open the pipeline's logs. Before, `sluice host` exited at that
+/// failure; a leader that lost Kafka later retried for ever. Now it tries
+/// for its bound (ten TTLs), gives way to the back of the group, and h2,
+/// which reaches Kafka, leads — with h1 serving its workers (their input
+/// sent by the leader) — and the output reaches the recount.
+#[test]
+fn a_leader_that_cannot_reach_kafka_gives_way() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "give-way", 3_000, &brokers, etcd);
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let reachable = std::mem::replace(&mut c.brokers, nowhere);
+    c.start("h1");
+    c.brokers = reachable;
+    c.wait("h1 to join", Duration::from_secs(120), |c| {
+        c.stderr("h1").contains("h1: joined")
+    });
+    c.start("h2");
+    c.wait("h1 to give way", Duration::from_secs(240), |c| {
+        c.stderr("h1").contains("gave way")
+    });
+    c.wait("h2 to lead", Duration::from_secs(120), |c| c.leading("h2"));
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(240),
+        |c| c.counts() == expected,
+    );
+    let h1 = c.stderr("h1");
+    assert!(!h1.contains("h1: leading"), "h1 never opened the logs:\n{h1}");
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+}

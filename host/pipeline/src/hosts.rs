@@ -117,6 +117,16 @@ pub enum HostEvent {
     /// It was next to lead but may not write the pipeline's logs
     /// (`read_only_log`): it left and joined again, at the end of the order.
     SteppedAside,
+    /// It led but made no progress — opened no coordinator, committed no
+    /// step — for the step-aside bound while other hosts were in the group
+    /// (it may not reach Kafka or the checkpoint store, which they may): it
+    /// left and joined again, at the end of the order.
+    GaveWay {
+        /// How long it led without progress.
+        idle: Duration,
+        /// The last failure.
+        reason: String,
+    },
 }
 
 /// How often the group is read while nothing else happens.
@@ -129,6 +139,14 @@ const RETRY: Duration = Duration::from_secs(1);
 /// another component (then asks again: it may have been restarted with
 /// the leader's, as in a rolling upgrade).
 const LEFT_OUT: Duration = Duration::from_secs(30);
+
+/// How long a leader may make no progress (open no coordinator, commit no
+/// step) before it gives way to another member: ten times the group's TTL,
+/// at least 10 s — long past a reopen's restore and replay, so only a host
+/// that cannot reach what the pipeline needs (Kafka, the store) gives way.
+fn give_way_after(ttl: Duration) -> Duration {
+    (ttl * 10).max(Duration::from_secs(10))
+}
 
 /// Runs one host of a pipeline across hosts until `stop` turns true: on
 /// stop, a leader checkpoints and leaves; a worker host leaves and keeps
@@ -291,6 +309,10 @@ pub async fn run_host(
     // Hosts that refused this leader (another component), by address, and
     // since when: left out of its coordinators for `LEFT_OUT`.
     let mut left_out: HashMap<String, Instant> = HashMap::new();
+    // When this host, leading, last made progress (started leading, opened
+    // a coordinator, committed a step): one that makes none for
+    // `give_way_after` gives way to another member.
+    let mut progress = Instant::now();
     loop {
         if *stop.borrow() {
             break;
@@ -321,6 +343,7 @@ pub async fn run_host(
             // if we led before, and serve workers.
             pipeline = None;
             hint.clear();
+            progress = Instant::now();
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}
@@ -337,10 +360,7 @@ pub async fn run_host(
             // no member may, they take turns at the back, each once per
             // TTL.)
             if view.members.len() > 1 {
-                if let Err(e) = session.leave().await {
-                    tracing::debug!(error = %e, "leaving the group to step aside");
-                }
-                match rejoin(&*membership, &me, &mut stop).await? {
+                match step_aside(session, &*membership, &me, &mut stop).await? {
                     Some(again) => session = again,
                     // Stopping, out of the group already.
                     None => return Ok(()),
@@ -361,9 +381,36 @@ pub async fn run_host(
             continue;
         }
         if pipeline.is_none() {
-            pipeline = Some(
-                Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone()).await?,
-            );
+            match Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone()).await {
+                Ok(p) => pipeline = Some(p),
+                Err(e) if e.is_transient() => {
+                    // Kafka out of reach (a leader that reaches etcd but
+                    // not Kafka): try again, or give way to a member that
+                    // may reach it.
+                    failures += 1;
+                    tracing::warn!(error = %e, failures, "opening the pipeline's logs failed");
+                    report(HostEvent::LeadEnded {
+                        reason: e.to_string(),
+                    });
+                    if gives_way(&view, &progress, membership.ttl()) {
+                        let idle = progress.elapsed();
+                        tracing::warn!(?idle, error = %e, "leading made no progress (Kafka out of this host's reach?): giving way to another member");
+                        match step_aside(session, &*membership, &me, &mut stop).await? {
+                            Some(again) => session = again,
+                            None => return Ok(()),
+                        }
+                        report(HostEvent::GaveWay {
+                            idle,
+                            reason: e.to_string(),
+                        });
+                        progress = Instant::now();
+                        continue;
+                    }
+                    tokio::time::sleep(POLL * failures.min(10)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
         }
         let p = pipeline.as_ref().expect("just opened");
         if !ingested {
@@ -382,6 +429,7 @@ pub async fn run_host(
             &mut report,
             &mut hint,
             &mut left_out,
+            &mut progress,
         )
         .await
         {
@@ -411,6 +459,24 @@ pub async fn run_host(
                 report(HostEvent::LeadEnded {
                     reason: e.to_string(),
                 });
+                if gives_way(&view, &progress, membership.ttl()) {
+                    // Another member leads next: this one's pipeline (and
+                    // its data directory's lock) goes.
+                    let idle = progress.elapsed();
+                    tracing::warn!(?idle, error = %e, "leading made no progress (Kafka or the checkpoint store out of this host's reach?): giving way to another member");
+                    pipeline = None;
+                    hint.clear();
+                    match step_aside(session, &*membership, &me, &mut stop).await? {
+                        Some(again) => session = again,
+                        None => return Ok(()),
+                    }
+                    report(HostEvent::GaveWay {
+                        idle,
+                        reason: e.to_string(),
+                    });
+                    progress = Instant::now();
+                    continue;
+                }
                 // A dead host stays in the group until its TTL passes:
                 // wait a little before trying it again.
                 tokio::time::sleep(POLL * failures.min(10)).await;
@@ -438,6 +504,27 @@ pub async fn run_host(
         tokio::time::sleep(grace.min(Duration::from_secs(10))).await;
     }
     Ok(())
+}
+
+/// Whether a leader that made no progress since `progress` gives way: it
+/// has for [`give_way_after`] and the group has others. Stepping aside is
+/// always safe: whoever leads next fences this host's producers.
+fn gives_way(view: &View, progress: &Instant, ttl: Duration) -> bool {
+    progress.elapsed() >= give_way_after(ttl) && view.members.len() > 1
+}
+
+/// Leaves the group and joins it again, at the end of the order (to step
+/// aside); `None` if this host is stopping meanwhile (out of the group).
+async fn step_aside(
+    session: Box<dyn Session>,
+    membership: &dyn Membership,
+    me: &Member,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Box<dyn Session>>> {
+    if let Err(e) = session.leave().await {
+        tracing::debug!(error = %e, "leaving the group to step aside");
+    }
+    rejoin(membership, me, stop).await
 }
 
 /// Joins the group again (after this host's membership lapsed, or to
@@ -524,6 +611,7 @@ async fn lead(
     report: &mut (impl FnMut(HostEvent) + Send),
     hint: &mut Vec<String>,
     left_out: &mut HashMap<String, Instant>,
+    progress: &mut Instant,
 ) -> Result<String> {
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
@@ -570,6 +658,7 @@ async fn lead(
         .coordinator_on(options, connected.iter().map(|(_, h)| h.clone()).collect())
         .await?;
     *hint = coordinator.placement_addrs();
+    *progress = Instant::now();
     report(HostEvent::Leading {
         hosts: names(&connected),
         restored: coordinator.stats().restored_checkpoint,
@@ -726,7 +815,10 @@ async fn lead(
                 Err(e) => tracing::warn!(error = %e, "reading the group failed"),
             }
         }
-        if !coordinator.step().await? {
+        // A step that commits, or finds no input, reached what it needs.
+        let stepped = coordinator.step().await?;
+        *progress = Instant::now();
+        if !stepped {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = stop.changed() => {}

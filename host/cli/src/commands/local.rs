@@ -211,6 +211,9 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             HostEvent::SteppedAside => eprintln!(
                 "host {name}: may not write the pipeline's logs, so it does not lead: joined again behind the others"
             ),
+            HostEvent::GaveWay { idle, reason } => eprintln!(
+                "host {name}: led for {idle:.1?} without progress ({reason}): gave way, joined again behind the others"
+            ),
         },
     )
     .await?;

@@ -263,7 +263,7 @@ impl Host {
                     h.group.clear();
                     s.last_error = Some(reason);
                 }
-                HostEvent::Rejoined | HostEvent::SteppedAside => {
+                HostEvent::Rejoined | HostEvent::SteppedAside | HostEvent::GaveWay { .. } => {
                     h.leading = false;
                     h.group.clear();
                 }
