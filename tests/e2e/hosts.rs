@@ -644,3 +644,59 @@ async fn a_host_running_another_component_refuses_the_workers() {
     assert!(err.contains(&h.pipeline.component().hash), "{err}");
     assert!(err.contains(&other.hash), "{err}");
 }
+
+/// Issue #27, item 5: a host's reach of the logs is checked again at each
+/// session's start. A host that read its workers' input itself loses the
+/// logs (they stop answering it): the step fails, and the reopened
+/// coordinator finds the host does not reach them now, sends its workers
+/// their input, and the pipeline finishes. Before, the host claimed the
+/// reach it opened with, was given reads again, and every reopen failed
+/// the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_that_loses_the_logs_is_sent_its_input() {
+    use sluice_storage::faults::{FaultConfig, FaultyLog};
+    let input = lines(2_000);
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = component("examples/wordcount");
+    let h = Harness::open(&dir.path().join("p"), &wasm, 2, Limits::default()).await;
+    fill(&h, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let lost = Arc::new(FaultyLog::new(h.log.clone(), FaultConfig::default()));
+    let reach = Reach {
+        checkpoints: None,
+        log: Some(lost.clone()),
+        read_only_log: false,
+    };
+    let (addr, _serving) = start_host_reaching(&h, &name, reach).await;
+    let mut c = h
+        .pipeline
+        .coordinator_on(options(), vec![connect(&addr, &name).await])
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert!(c.step().await.unwrap());
+    }
+    assert!(
+        c.stats().events_in_read_by_hosts > 0,
+        "the host read its worker's input itself: {:?}",
+        c.stats()
+    );
+    lost.set_down(true);
+    let failed = c.step().await;
+    assert!(
+        matches!(&failed, Err(e) if e.is_transient()),
+        "a host that lost the logs fails the step (transiently): {failed:?}"
+    );
+    let hint = c.placement_addrs();
+    drop(c);
+    let mut c = reopen(&h, hint, vec![connect(&addr, &name).await]).await;
+    while c.step().await.unwrap() {}
+    let stats = c.stats().clone();
+    assert!(
+        stats.events_in > 0 && stats.events_in_read_by_hosts == 0,
+        "the reopened coordinator sent the host its worker's input: {stats:?}"
+    );
+    c.finish().await.unwrap();
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(h.word_counts(), expected, "nothing lost, nothing twice");
+}

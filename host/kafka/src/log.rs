@@ -68,6 +68,7 @@ use crate::steps::lost_producer;
 use crate::transaction::Outgoing;
 use crate::worker::KafkaWorker;
 use rdkafka::admin::AdminOptions;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord};
@@ -94,6 +95,17 @@ impl LogBackend for KafkaLog {
             self.config.pipeline,
             topics.join("&")
         ))
+    }
+
+    /// The step topic's metadata, asked of the brokers with a short
+    /// timeout.
+    fn reachable(&self) -> Result<()> {
+        let topic = self.config.steps_topic();
+        let timeout = self.config.timeout.min(Duration::from_secs(3));
+        self.client
+            .fetch_metadata(Some(&topic), timeout)
+            .map(|_| ())
+            .map_err(kafka(format!("reaching the brokers for {topic}")))
     }
 
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {

@@ -147,6 +147,10 @@ impl FaultyLog {
 }
 
 impl LogBackend for FaultyLog {
+    fn reachable(&self) -> Result<()> {
+        self.faults.read("reachable", || self.inner.reachable())
+    }
+
     fn create_input(&self, input: &str, partitions: u32) -> Result<()> {
         self.faults.write("create_input", || {
             self.inner.create_input(input, partitions)

@@ -472,6 +472,16 @@ pub trait LogBackend: Send + Sync {
         None
     }
 
+    /// Checks, within a few seconds, that the logs answer now: a host
+    /// reports whether its workers read their own input at the start of
+    /// every coordinator's session, so a host that lost the logs since it
+    /// opened them is sent its input instead of failing every step (a
+    /// livelock of reopens). A transient error if they do not answer. The
+    /// default, for a log in this process: `Ok`.
+    fn reachable(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Starts a new fencing epoch and returns it: from now on, commits whose
     /// record carries an older epoch fail with
     /// [`StorageError::HostEpochSuperseded`]. A host calls this once when

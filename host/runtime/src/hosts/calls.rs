@@ -103,7 +103,7 @@ impl WorkerHost {
             *share = Share::default();
             return Ok(Answer::Started {
                 store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
-                log: self.reach.log.as_ref().and_then(|l| l.location()),
+                log: self.log_reached().await,
                 commits: !self.reach.read_only_log,
             });
         }
@@ -305,6 +305,26 @@ impl WorkerHost {
         share.holder = Some(holder);
         committed.map_err(share_error)?;
         Ok(done)
+    }
+
+    /// Where this host reads the pipeline's logs, if it does *now*: the
+    /// reach it opened with, checked again at each session's start (a host
+    /// that lost Kafka since is sent its workers' input, rather than fail
+    /// every step it is given to read).
+    async fn log_reached(&self) -> Option<String> {
+        let log = self.reach.log.clone()?;
+        let location = log.location()?;
+        match tokio::task::spawn_blocking(move || log.reachable()).await {
+            Ok(Ok(())) => Some(location),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the pipeline's logs do not answer here: the coordinator sends this host's workers their input this session");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "checking the pipeline's logs failed");
+                None
+            }
+        }
     }
 
     /// The pipeline's logs, or why a call that needs them fails.
