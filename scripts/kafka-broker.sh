@@ -16,6 +16,11 @@
 #
 #   scripts/kafka-broker.sh install             build once (~10 min cold on 2 cores)
 #   scripts/kafka-broker.sh start PORT DIR      as the shared script: prints the address
+#   scripts/kafka-broker.sh start-at IP:PORT DIR as start, on another loopback address: a
+#                                               broker's controller listens on port 9093 of
+#                                               its own address, so a second broker beside the
+#                                               tests' one (a test that restarts its own) needs
+#                                               another, e.g. 127.0.0.2
 #   scripts/kafka-broker.sh stop DIR
 #
 # SLUICE_KAFKA_BROKER_SHARED names the shared broker directory (default: the
@@ -56,8 +61,32 @@ install() {
   stamp > "$KB_HOME/bin/stamp"
 }
 
+start_at() {
+  local addr=$1 dir=$2 fresh=0
+  install
+  mkdir -p "$dir"
+  if [ ! -f "$dir/meta.properties.json" ]; then
+    fresh=1
+    python3 -c 'import uuid,json;print(json.dumps({"directory_id":str(uuid.uuid4())}))' > "$dir/meta.properties.json"
+  fi
+  RUST_LOG=${RUST_LOG:-warn} nohup "$BIN" --listen-addr "$addr" --log-dir "$dir" \
+      --metrics-listen-addr none --cluster-id 6b1c1d2e-0000-4000-8000-000000000001 \
+      >> "$dir.log" 2>&1 &
+  echo $! > "$dir.pid"
+  for _ in $(seq 1 100); do
+    kill -0 "$(cat "$dir.pid")" 2>/dev/null || { tail -5 "$dir.log" >&2; exit 1; }
+    (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null && break
+    sleep 0.1
+  done
+  if [ $fresh = 1 ]; then
+    python3 "$SHARED/update_features.py" "$addr" transaction.version 1 2 >/dev/null
+  fi
+  echo "$addr"
+}
+
 case "${1:-}" in
   install) install ;;
+  start-at) shift; start_at "$@" ;;
   start) install; exec "$SHARED/kafka-broker.sh" "$@" ;;
   *) exec "$SHARED/kafka-broker.sh" "$@" ;;
 esac

@@ -125,7 +125,10 @@ impl Cluster {
             .arg("--step-window=4")
             .args(extra)
             .env("SLUICE_HOST_SECRET", "a secret the hosts share")
-            .env("SLUICE_LOG", "sluice=info")
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_HOST_LOG").unwrap_or_else(|_| "sluice=info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -952,7 +955,105 @@ fn a_leader_that_cannot_reach_kafka_gives_way() {
         |c| c.counts() == expected,
     );
     let h1 = c.stderr("h1");
-    assert!(!h1.contains("h1: leading"), "h1 never opened the logs:\n{h1}");
+    assert!(
+        !h1.contains("h1: leading"),
+        "h1 never opened the logs:\n{h1}"
+    );
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+}
+
+/// A Kafka broker of this test's own (`scripts/kafka-broker.sh start-at`,
+/// on 127.0.0.2: each broker's controller listens on port 9093 of its
+/// address), stopped when dropped.
+struct OwnBroker {
+    addr: String,
+    dir: PathBuf,
+}
+
+impl OwnBroker {
+    fn script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-broker.sh")
+    }
+
+    fn start(dir: PathBuf) -> OwnBroker {
+        let addr = format!("127.0.0.2:{}", free_port());
+        let broker = OwnBroker { addr, dir };
+        broker.up();
+        broker
+    }
+
+    fn up(&self) {
+        let ok = std::process::Command::new(Self::script())
+            .arg("start-at")
+            .arg(&self.addr)
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "starting the broker at {}", self.addr);
+    }
+
+    fn down(&self) {
+        let ok = std::process::Command::new(Self::script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "stopping the broker at {}", self.addr);
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Issue #27's acceptance, the broker restarted: a pipeline on two hosts,
+/// its broker stopped mid-run for a few seconds and started again (same
+/// data). The steps that fail meanwhile are transient failures: no host
+/// exits, steps commit again once the broker is back, and the output an
+/// independent consumer integrates equals the recount.
+#[test]
+fn a_broker_restart_ends_no_host_and_loses_nothing() {
+    let Some(_) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let broker = OwnBroker::start(dir.path().join("broker"));
+    let (mut c, expected) = Cluster::new(dir.path(), "restart", 30_000, &broker.addr, etcd);
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start("h2");
+    c.progress("steps before the restart", 5);
+    broker.down();
+    std::thread::sleep(Duration::from_secs(5));
+    broker.up();
+    c.progress("steps after the restart", 5);
+    let mut seen = Instant::now();
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(300),
+        |c| {
+            let counts = c.counts();
+            if seen.elapsed() > Duration::from_secs(10) {
+                seen = Instant::now();
+                let off = expected
+                    .iter()
+                    .filter(|(w, n)| counts.get(*w) != Some(n))
+                    .count();
+                eprintln!("{} steps, {off} words off the recount", c.steps());
+            }
+            counts == expected
+        },
+    );
     for h in ["h1", "h2"] {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
         assert!(running, "{h} exited:\n{}", c.stderr(h));

@@ -167,6 +167,8 @@ async fn a_link_between_hosts_cut_one_way_fails_the_step_as_transient_and_the_pi
         err.to_string().contains("slot 1"),
         "names the silent slot: {err}"
     );
+    // ... in a form a leader acts on: it leaves that host out a while.
+    assert_eq!(err.silent_slot(), Some(1), "{err:?}");
     drop(coordinator);
     // The leader reopens without the host it could not keep.
     let mut coordinator = h

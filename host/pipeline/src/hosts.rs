@@ -137,7 +137,9 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// How long a leader leaves out a host that refused it because it runs
 /// another component (then asks again: it may have been restarted with
-/// the leader's, as in a rolling upgrade).
+/// the leader's, as in a rolling upgrade), or that went silent during a
+/// step (a link from it cut one way: then it is dialled again, and if the
+/// link is still cut, one more step fails and it is left out again).
 const LEFT_OUT: Duration = Duration::from_secs(30);
 
 /// How long a leader may make no progress (open no coordinator, commit no
@@ -306,8 +308,9 @@ pub async fn run_host(
     let mut ingested = false;
     let mut failures = 0u32;
     let mut alone_warned = false;
-    // Hosts that refused this leader (another component), by address, and
-    // since when: left out of its coordinators for `LEFT_OUT`.
+    // Hosts that refused this leader (another component) or went silent
+    // during a step (a link from them cut one way), by address, and since
+    // when: left out of its coordinators for `LEFT_OUT`.
     let mut left_out: HashMap<String, Instant> = HashMap::new();
     // When this host, leading, last made progress (started leading, opened
     // a coordinator, committed a step): one that makes none for
@@ -816,7 +819,24 @@ async fn lead(
             }
         }
         // A step that commits, or finds no input, reached what it needs.
-        let stepped = coordinator.step().await?;
+        let stepped = match coordinator.step().await {
+            Ok(stepped) => stepped,
+            Err(e) => {
+                // A host that went silent (a link from it cut one way, or
+                // it stalled) would fail the next session's steps the
+                // same way until the link heals: lead without it a while.
+                if let Some(slot) = e.silent_slot().filter(|s| *s > 0)
+                    && let Some((name, host)) = connected.get(slot as usize - 1)
+                {
+                    tracing::warn!(
+                        host = %name,
+                        "a host went silent during a step: leading without it for {LEFT_OUT:?}"
+                    );
+                    left_out.insert(host.addr().to_owned(), Instant::now());
+                }
+                return Err(e.into());
+            }
+        };
         *progress = Instant::now();
         if !stepped {
             tokio::select! {

@@ -23,6 +23,18 @@ pub enum ExchangeError {
     /// The step was abandoned before every worker contributed.
     #[error("{0}")]
     Aborted(String),
+    /// The step was abandoned because slot `slot` (0: the coordinator's
+    /// process, `i`: its `i`-th host) sent nothing, not even a heartbeat,
+    /// for the session timeout while its part was awaited: a link from it
+    /// is cut, or it stalled. A leader leaves that host out for a while
+    /// ([`Error::silent_slot`]).
+    #[error("{message}")]
+    Silent {
+        /// The silent slot.
+        slot: u32,
+        /// What was waited for, and how long.
+        message: String,
+    },
 }
 
 /// What can stop a pipeline's runtime.
@@ -118,6 +130,9 @@ pub enum Error {
         /// component. Retrying with it fails the same way until it
         /// changes ([`Error::refusing_host`]).
         refused: bool,
+        /// The exchange failed there because this slot went silent
+        /// ([`ExchangeError::Silent`]).
+        silent_slot: Option<u32>,
     },
 
     /// A worker host runs another component than its coordinator: it
@@ -172,10 +187,24 @@ impl Error {
             Error::Storage(e) => e.is_transient(),
             Error::Remote { guest, .. } => !guest,
             Error::Guest(GuestError::Exchange {
-                source: ExchangeError::Aborted(_),
+                source: ExchangeError::Aborted(_) | ExchangeError::Silent { .. },
                 ..
             }) => true,
             _ => false,
+        }
+    }
+
+    /// The exchange slot whose silence failed the step (a link from it cut
+    /// one way, or its host stalled), if that is what failed — here or, as
+    /// a worker's host reported it, there.
+    pub fn silent_slot(&self) -> Option<u32> {
+        match self {
+            Error::Guest(GuestError::Exchange {
+                source: ExchangeError::Silent { slot, .. },
+                ..
+            }) => Some(*slot),
+            Error::Remote { silent_slot, .. } => *silent_slot,
+            _ => None,
         }
     }
 
@@ -233,6 +262,7 @@ impl Error {
             guest: false,
             exchange: false,
             refused: false,
+            silent_slot: None,
         }
     }
 

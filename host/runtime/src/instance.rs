@@ -156,7 +156,9 @@ impl sluice::circuit::exchange::Host for WorkerState {
     fn convert_exchange_error(&mut self, err: ExchangeError) -> wasmtime::Result<WitExchangeError> {
         Ok(match err {
             ExchangeError::ContractViolation(m) => WitExchangeError::ContractViolation(m),
-            ExchangeError::Aborted(m) => WitExchangeError::Aborted(m),
+            ExchangeError::Aborted(m) | ExchangeError::Silent { message: m, .. } => {
+                WitExchangeError::Aborted(m)
+            }
         })
     }
 }

@@ -383,7 +383,11 @@ impl Exchange {
                 link.peer(),
                 self.liveness.quiet(*slot),
             );
-            self.fail(&mut s, ExchangeError::Aborted(msg), true);
+            let silent = ExchangeError::Silent {
+                slot: *slot,
+                message: msg,
+            };
+            self.fail(&mut s, silent, true);
         }
     }
 
@@ -499,6 +503,15 @@ impl Exchange {
         let mut s = self.lock();
         let msg = format!("worker {worker} failed: {why}");
         self.fail(&mut s, ExchangeError::Aborted(msg), true);
+    }
+
+    /// The link from slot `slot` carried nothing for the session timeout:
+    /// the current step fails here and on every host still reachable, as
+    /// that slot's silence ([`ExchangeError::Silent`]).
+    pub(crate) fn went_silent(&self, slot: u32, why: String) {
+        let mut s = self.lock();
+        let silent = ExchangeError::Silent { slot, message: why };
+        self.fail(&mut s, silent, true);
     }
 
     /// A link to another host failed: the current step fails here and on

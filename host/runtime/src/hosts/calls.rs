@@ -48,6 +48,7 @@ impl WorkerHost {
                 // Refused for good until this host runs the coordinator's
                 // component: the leader leaves it out meanwhile.
                 refused: matches!(e, Error::ComponentDiffers { .. }),
+                silent_slot: e.silent_slot(),
                 message: e.to_string(),
             });
             if out.send(FromHost::Answer { id, result }).await.is_err() {

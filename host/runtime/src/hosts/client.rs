@@ -170,6 +170,7 @@ impl RemoteHost {
                         guest: false,
                         exchange: false,
                         refused: false,
+                        silent_slot: None,
                     }));
                 }
             }
@@ -369,6 +370,7 @@ impl RemoteHost {
             guest: e.guest,
             exchange: e.exchange,
             refused: e.refused,
+            silent_slot: e.silent_slot,
         })
     }
 }

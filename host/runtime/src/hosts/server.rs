@@ -305,9 +305,12 @@ impl WorkerHost {
                 Ok(_) => {}
                 Err(e) => {
                     if let Some(x) = exchange() {
-                        x.link_failed(format!(
-                            "the link from slot {from} of the exchange ended: {e}"
-                        ));
+                        let why = format!("the link from slot {from} of the exchange ended: {e}");
+                        match e.kind() {
+                            // Silent (cut one way, or the host stalled).
+                            std::io::ErrorKind::TimedOut => x.went_silent(from, why),
+                            _ => x.link_failed(why),
+                        }
                     }
                     return Ok(());
                 }
@@ -484,6 +487,7 @@ impl WorkerHost {
                                     guest: false,
                                     exchange: false,
                                     refused: false,
+                                    silent_slot: None,
                                 }),
                             };
                             if out.send(answer).await.is_err() {

@@ -32,8 +32,9 @@ pub const QUEUE: usize = 64;
 /// The protocol version both ends must speak. (6: the coordinator
 /// heartbeats to its hosts, and a peer link first says which exchange
 /// session and slot it feeds. 7: an input range carries its bad-record
-/// policy, and a step's answer the records its worker skipped.)
-pub(crate) const VERSION: u32 = 7;
+/// policy, and a step's answer the records its worker skipped. 8: an
+/// exchange failure names the slot whose silence caused it.)
+pub(crate) const VERSION: u32 = 8;
 
 /// The handshake: who speaks, for which pipeline, with which nonce.
 #[derive(Debug, Serialize, Deserialize)]

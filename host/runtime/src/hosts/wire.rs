@@ -99,6 +99,7 @@ pub(crate) fn from_wire(pieces: Vec<WirePiece>) -> Vec<(u32, Vec<u8>)> {
 pub(crate) enum WireExchangeError {
     ContractViolation(String),
     Aborted(String),
+    Silent { slot: u32, message: String },
 }
 
 impl From<ExchangeError> for WireExchangeError {
@@ -106,6 +107,7 @@ impl From<ExchangeError> for WireExchangeError {
         match e {
             ExchangeError::ContractViolation(m) => WireExchangeError::ContractViolation(m),
             ExchangeError::Aborted(m) => WireExchangeError::Aborted(m),
+            ExchangeError::Silent { slot, message } => WireExchangeError::Silent { slot, message },
         }
     }
 }
@@ -115,6 +117,7 @@ impl From<WireExchangeError> for ExchangeError {
         match e {
             WireExchangeError::ContractViolation(m) => ExchangeError::ContractViolation(m),
             WireExchangeError::Aborted(m) => ExchangeError::Aborted(m),
+            WireExchangeError::Silent { slot, message } => ExchangeError::Silent { slot, message },
         }
     }
 }
@@ -334,6 +337,8 @@ pub(crate) struct CallError {
     /// The host refuses the coordinator for good (it runs another
     /// component).
     pub(crate) refused: bool,
+    /// The exchange failed there because this slot went silent.
+    pub(crate) silent_slot: Option<u32>,
 }
 
 /// Coordinator → host.
