@@ -75,11 +75,14 @@ impl KafkaLog {
         }
         let replication = self.replication()?;
         if replication == 1 {
+            let loses = match topic == self.config.steps_topic() {
+                true => "the pipeline's step history, which would start again at step 0",
+                false => "its records",
+            };
             tracing::warn!(
                 topic,
                 "creating a topic with replication factor 1 (the cluster has one broker, or \
-                 --replication 1 was asked for): one broker's disk lost loses it — for the \
-                 step topic, the pipeline's history, which would start again at step 0"
+                 --replication 1 was asked for): one broker's disk lost loses {loses}"
             );
         }
         let mut new = NewTopic::new(
