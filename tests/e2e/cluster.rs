@@ -1059,3 +1059,49 @@ fn a_broker_restart_ends_no_host_and_loses_nothing() {
         assert!(running, "{h} exited:\n{}", c.stderr(h));
     }
 }
+
+/// Issue #27, item 5: a host that could not reach Kafka when it started
+/// tries again in the background. h2 starts with its broker address behind
+/// a switched-off forwarder: it serves its workers with no log reach (the
+/// leader sends their input). Switched on, h2 opens the logs and says so;
+/// its workers read their own input from the leader's next session. The
+/// output reaches the recount throughout. Before, such a host never read
+/// the logs until it was restarted.
+#[test]
+fn a_host_that_started_without_kafka_reaches_it_later() {
+    let Some(brokers) = brokers() else { return };
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "reach-later", 30_000, &brokers, etcd);
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    let switch = crate::support::switch::Switch::start(&brokers);
+    switch.set_off(true);
+    let direct = std::mem::replace(&mut c.brokers, switch.addr().to_owned());
+    c.start("h2");
+    c.brokers = direct;
+    c.wait(
+        "h2 to find Kafka out of reach",
+        Duration::from_secs(180),
+        |c| c.stderr("h2").contains("out of reach"),
+    );
+    c.wait("h1 to lead on both", Duration::from_secs(120), |c| {
+        c.leads_on("h1", &["h1", "h2"])
+    });
+    switch.set_off(false);
+    c.wait("h2 to reach the logs", Duration::from_secs(120), |c| {
+        c.stderr("h2").contains("the pipeline's logs answer now")
+    });
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(240),
+        |c| c.counts() == expected,
+    );
+    for h in ["h1", "h2"] {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+}

@@ -129,6 +129,65 @@ pub enum HostEvent {
     },
 }
 
+/// How often a host that could not reach the pipeline's logs at start
+/// tries again.
+const REACH_AGAIN: Duration = Duration::from_secs(10);
+
+/// Whether the pipeline's logs are in Kafka (the only logs a pipeline
+/// across hosts takes).
+fn is_kafka(config: &HostConfig) -> bool {
+    !matches!(config.pipeline.log, crate::LogConfig::Embedded { .. })
+}
+
+/// What this host reaches of the pipeline's storage: its logs (opened
+/// afresh; `None` when Kafka does not answer) and, with them, the shared
+/// checkpoint store with this host's copy of the segments its workers
+/// write — which checkpoints are committed is recorded in the logs, so a
+/// host that cannot read them leaves its workers' pieces to the leader.
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+async fn open_reach(config: &HostConfig, inputs: &[String]) -> Result<Reach> {
+    type Reached = (
+        Arc<dyn sluice_storage::LogBackend>,
+        Arc<dyn sluice_storage::CheckpointLedger>,
+    );
+    let log: Option<Reached> = match &config.pipeline.log {
+        #[cfg(feature = "kafka")]
+        crate::LogConfig::Kafka { config: kafka } => {
+            let mut kafka = kafka.clone();
+            kafka.inputs = inputs.to_vec();
+            match tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka)).await {
+                Ok(Ok(log)) => {
+                    let log = Arc::new(log);
+                    Some((log.clone(), log))
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "the pipeline's logs are out of reach: the leader will send this host's workers their input");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "opening the pipeline's logs failed: the leader will send this host's workers their input");
+                    None
+                }
+            }
+        }
+        crate::LogConfig::Embedded { .. } => None,
+    };
+    let checkpoints: Option<Arc<dyn sluice_storage::CheckpointStore>> =
+        match (&config.pipeline.checkpoint_store, &log) {
+            (Some(url), Some((_, ledger))) => Some(Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(url)?
+                    .with_cache(crate::storage::segment_cache(&config.pipeline.data))?
+                    .with_ledger(ledger.clone()),
+            )),
+            _ => None,
+        };
+    Ok(Reach {
+        checkpoints,
+        log: log.map(|(log, _)| log),
+        read_only_log: config.read_only_log,
+    })
+}
+
 /// How often the group is read while nothing else happens.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -221,55 +280,20 @@ pub async fn run_host(
             .into());
         }
     };
-    // The pipeline's logs: its workers read their own input. A host that
-    // cannot reach Kafka now still serves workers (the leader then sends
-    // their input).
-    // (With the log where the store's checkpoint commits are recorded.)
-    type Reached = (
-        Arc<dyn sluice_storage::LogBackend>,
-        Arc<dyn sluice_storage::CheckpointLedger>,
-    );
-    let log: Option<Reached> = match &config.pipeline.log {
-        #[cfg(feature = "kafka")]
-        crate::LogConfig::Kafka { config: kafka } => {
-            let mut kafka = kafka.clone();
-            kafka.inputs = engine.describe(&component).await?.inputs;
-            match tokio::task::spawn_blocking(move || sluice_kafka::KafkaLog::open(kafka)).await {
-                Ok(Ok(log)) => {
-                    let log = Arc::new(log);
-                    Some((log.clone(), log))
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "the pipeline's logs are out of reach: the leader will send this host's workers their input");
-                    None
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "opening the pipeline's logs failed: the leader will send this host's workers their input");
-                    None
-                }
-            }
-        }
-        crate::LogConfig::Embedded { .. } => None,
-    };
-    // The shared checkpoint store, with this host's copy of the segments
-    // its workers write: they write their own pieces and, when this host
-    // survives a failover, restore from its own disk. Which checkpoints are
-    // committed is recorded in the pipeline's log: a host that cannot read
-    // it leaves its workers' pieces to the leader.
-    let checkpoints: Option<Arc<dyn sluice_storage::CheckpointStore>> =
-        match (&config.pipeline.checkpoint_store, &log) {
-            (Some(url), Some((_, ledger))) => Some(Arc::new(
-                sluice_objstore::ObjectCheckpointStore::open(url)?
-                    .with_cache(crate::storage::segment_cache(&config.pipeline.data))?
-                    .with_ledger(ledger.clone()),
-            )),
-            _ => None,
-        };
-    let log = log.map(|(log, _)| log);
+    // The pipeline's logs: its workers read their own input, and write
+    // their checkpoint pieces to the shared store (whose commits the logs
+    // record). A host that cannot reach Kafka now still serves workers
+    // (the leader sends their input), and tries again in the background.
+    let inputs = engine.describe(&component).await?.inputs;
+    let reach = open_reach(&config, &inputs).await?;
     let (reads_input, writes_checkpoints) = (
-        log.is_some(),
-        checkpoints.as_ref().is_some_and(|c| c.location().is_some()),
+        reach.log.is_some(),
+        reach
+            .checkpoints
+            .as_ref()
+            .is_some_and(|c| c.location().is_some()),
     );
+    let read_only_log = config.read_only_log;
     let worker_host = WorkerHost::with_options(
         &engine,
         &component,
@@ -278,9 +302,8 @@ pub async fn run_host(
         HostOptions {
             tls: config.tls.clone(),
             reach: Reach {
-                checkpoints,
-                log,
-                read_only_log: config.read_only_log,
+                read_only_log,
+                ..reach
             },
             session_timeout: config.session_timeout,
             ..HostOptions::default()
@@ -290,7 +313,32 @@ pub async fn run_host(
     // watched: a host whose server ended leaves the group and returns the
     // error — never a member that serves nothing.
     let mut serving = tokio::task::JoinSet::new();
-    serving.spawn(worker_host.serve(listener));
+    serving.spawn(worker_host.clone().serve(listener));
+    // Out of Kafka's reach at start: tried again in the background until it
+    // answers (dropped with this function).
+    let mut reaching = tokio::task::JoinSet::new();
+    if !reads_input && is_kafka(&config) {
+        let (host, config, inputs) = (worker_host.clone(), config.clone(), inputs.clone());
+        reaching.spawn(async move {
+            loop {
+                tokio::time::sleep(REACH_AGAIN).await;
+                let Ok(reach) = open_reach(&config, &inputs).await else {
+                    continue;
+                };
+                if reach.log.is_some() {
+                    tracing::info!(
+                        "the pipeline's logs answer now: this host's workers read their own \
+                         input from the leader's next session"
+                    );
+                    host.set_reach(Reach {
+                        read_only_log: config.read_only_log,
+                        ..reach
+                    });
+                    return;
+                }
+            }
+        });
+    }
     let me = Member {
         name: config.name.clone(),
         addr: addr.clone(),

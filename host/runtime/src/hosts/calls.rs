@@ -103,9 +103,9 @@ impl WorkerHost {
             // A new session: the worker is taken anew when it first commits.
             *share = Share::default();
             return Ok(Answer::Started {
-                store: self.reach.checkpoints.as_ref().and_then(|c| c.location()),
+                store: self.reach().checkpoints.and_then(|c| c.location()),
                 log: self.log_reached().await,
-                commits: !self.reach.read_only_log,
+                commits: !self.reach().read_only_log,
             });
         }
         let w = worker.as_mut().ok_or(Error::WorkersLost)?;
@@ -263,7 +263,7 @@ impl WorkerHost {
         if share.holder.is_some() {
             return Ok(());
         }
-        if self.reach.read_only_log {
+        if self.reach().read_only_log {
             return Err(Error::Storage(sluice_storage::StorageError::Config(
                 sluice_core::ConfigError::Invalid(format!(
                     "worker {index}'s share was sent to a host that may not write the \
@@ -313,7 +313,7 @@ impl WorkerHost {
     /// that lost Kafka since is sent its workers' input, rather than fail
     /// every step it is given to read).
     async fn log_reached(&self) -> Option<String> {
-        let log = self.reach.log.clone()?;
+        let log = self.reach().log?;
         let location = log.location()?;
         match tokio::task::spawn_blocking(move || log.reachable()).await {
             Ok(Ok(())) => Some(location),
@@ -330,7 +330,7 @@ impl WorkerHost {
 
     /// The pipeline's logs, or why a call that needs them fails.
     fn log(&self) -> Result<Arc<dyn LogBackend>> {
-        self.reach.log.clone().ok_or_else(|| {
+        self.reach().log.ok_or_else(|| {
             Error::Storage(sluice_storage::StorageError::Config(
                 sluice_core::ConfigError::Invalid(
                     "this host reads none of the pipeline's logs (start it with the pipeline's \
@@ -351,7 +351,7 @@ impl WorkerHost {
 
     /// The checkpoint store, or why a call that needs one fails.
     fn store(&self) -> Result<Arc<dyn CheckpointStore>> {
-        self.reach.checkpoints.clone().ok_or_else(|| {
+        self.reach().checkpoints.ok_or_else(|| {
             Error::Storage(sluice_storage::StorageError::Config(
                 sluice_core::ConfigError::Invalid(
                     "this host reaches no checkpoint store (start it with the pipeline's --store)"

@@ -48,8 +48,11 @@ pub struct WorkerHost {
     peer_bytes: Arc<AtomicU64>,
     /// Mutual TLS on every connection, if set.
     tls: Option<Tls>,
-    /// What this host reaches of the pipeline's storage.
-    pub(super) reach: Reach,
+    /// What this host reaches of the pipeline's storage (more, once a
+    /// store or log out of reach at start answers: [`set_reach`]).
+    ///
+    /// [`set_reach`]: WorkerHost::set_reach
+    reach: std::sync::RwLock<Reach>,
     /// A connection silent for this long is lost.
     session_timeout: Duration,
     /// How many connections it serves at once.
@@ -176,7 +179,7 @@ impl WorkerHost {
                 timeout: session_timeout,
             },
             tls,
-            reach,
+            reach: std::sync::RwLock::new(reach),
             session_timeout,
             max_connections: max_connections.max(1),
             engine: engine.with_limits(engine.limits()),
@@ -187,6 +190,19 @@ impl WorkerHost {
             exchanges: Mutex::default(),
             peer_bytes,
         })
+    }
+
+    /// What this host reaches of the pipeline's storage now.
+    pub fn reach(&self) -> Reach {
+        self.reach.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes what this host reaches of the pipeline's storage — the logs
+    /// (and the store, whose commits the logs record) answering after they
+    /// did not at start. Coordinators learn it at their sessions' start:
+    /// the session running goes on as it began.
+    pub fn set_reach(&self, reach: Reach) {
+        *self.reach.write().unwrap_or_else(|p| p.into_inner()) = reach;
     }
 
     /// Bytes this host sent other hosts' exchanges directly (frames with
@@ -442,7 +458,7 @@ impl WorkerHost {
                 ToHost::Heartbeat => {}
                 ToHost::Mesh(frame) => self.route(frame),
                 ToHost::Locality { id, step } => {
-                    let (store, out) = (self.reach.checkpoints.clone(), out.clone());
+                    let (store, out) = (self.reach().checkpoints, out.clone());
                     tokio::spawn(async move {
                         let held = match store {
                             Some(s) => tokio::task::spawn_blocking(move || s.local_bytes(step))
