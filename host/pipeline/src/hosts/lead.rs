@@ -1,0 +1,263 @@
+//! The leader's loop ([`lead`]): it opens a coordinator on the members that
+//! answer, steps it, dials members that join or answer again and moves
+//! their share of the workers live, and returns when a step fails, the
+//! group changes so that it must reopen, or the host stops. A step that
+//! fails because a host went silent leaves that host out for a while.
+
+use super::{HostConfig, HostEvent, LEFT_OUT, POLL, RETRY};
+use crate::error::Result;
+use crate::pipeline::Pipeline;
+use sluice_cluster::{Member, Membership, Session, View};
+use sluice_runtime::{Coordinator, RemoteHost};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Leads until the group changes, this host must stop, or a step fails.
+/// Returns why it stopped leading. `hint` is where the workers ran when
+/// this host last led (kept where their hosts still are), and where they
+/// run now when this returns.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn lead(
+    pipeline: &Pipeline,
+    config: &HostConfig,
+    view: &View,
+    membership: &dyn Membership,
+    session: &dyn Session,
+    stop: &mut watch::Receiver<bool>,
+    report: &mut (impl FnMut(HostEvent) + Send),
+    hint: &mut Vec<String>,
+    left_out: &mut HashMap<String, Instant>,
+    progress: &mut Instant,
+) -> Result<String> {
+    let started = Instant::now();
+    let identity = pipeline.options().name.clone();
+    let connect = |addr: String| {
+        let (identity, secret, timeout, tls) = (
+            identity.clone(),
+            config.secret.clone(),
+            config.session_timeout,
+            config.tls.clone(),
+        );
+        async move { RemoteHost::connect_with(&addr, &identity, &secret, tls.as_ref(), timeout).await }
+    };
+    // The other members' worker hosts, by name, in the view's order — those
+    // that answer: a member that died stays in the group until its lease
+    // lapses, and the pipeline need not wait for that (it is tried again
+    // every RETRY, and takes its share live when it answers).
+    left_out.retain(|_, since| since.elapsed() < LEFT_OUT);
+    let mut connected: Vec<(String, Arc<RemoteHost>)> = Vec::new();
+    let others = |m: &&Member| {
+        m.name != config.name
+            && left_out
+                .get(&m.addr)
+                .is_none_or(|since| since.elapsed() >= LEFT_OUT)
+    };
+    for member in view.members.iter().filter(others) {
+        match connect(member.addr.clone()).await {
+            Ok(h) => connected.push((member.name.clone(), h)),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(host = %member.name, error = %e, "a member does not answer: leading without it");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let names = |connected: &[(String, Arc<RemoteHost>)]| -> Vec<String> {
+        std::iter::once(config.name.clone())
+            .chain(connected.iter().map(|(n, _)| n.clone()))
+            .collect()
+    };
+    let options = sluice_runtime::PipelineOptions {
+        placement_hint: hint.clone(),
+        ..pipeline.options().clone()
+    };
+    let mut coordinator: Coordinator = pipeline
+        .coordinator_on(options, connected.iter().map(|(_, h)| h.clone()).collect())
+        .await?;
+    *hint = coordinator.placement_addrs();
+    *progress = Instant::now();
+    report(HostEvent::Leading {
+        hosts: names(&connected),
+        restored: coordinator.stats().restored_checkpoint,
+        restored_local: coordinator.stats().restored_local_bytes,
+        restored_fetched: coordinator.stats().restored_fetched_bytes,
+        replayed: coordinator.stats().replayed_steps,
+        took: started.elapsed(),
+    });
+    let mut view = view.clone();
+    let mut last_check = Instant::now();
+    // Members not connected yet (joined, or did not answer), being dialed
+    // in the background so the steps go on meanwhile.
+    let mut dialing: Vec<(
+        String,
+        tokio::task::JoinHandle<sluice_runtime::Result<Arc<RemoteHost>>>,
+    )> = Vec::new();
+    let mut last_dial: Option<Instant> = None;
+    let mut lapsed_warned = false;
+    loop {
+        if *stop.borrow() {
+            coordinator.finish().await?;
+            return Ok("stopping".into());
+        }
+        if last_check.elapsed() >= POLL {
+            last_check = Instant::now();
+            let now = membership.view().await;
+            if !session.alive() {
+                if now.is_ok() {
+                    // Lapsed while the group answers: another host may
+                    // lead already. Leave the coordinator as it is (a
+                    // checkpoint would be fenced) and join again.
+                    return Ok("this host's membership lapsed".into());
+                }
+                // Lapsed because the group does not answer (etcd is
+                // away): lead on. Kafka fences this host's commits if
+                // another host takes the pipeline over meanwhile.
+                if !lapsed_warned {
+                    lapsed_warned = true;
+                    tracing::warn!(
+                        "the group does not answer and this host's membership lapsed: leading \
+                         on while Kafka's fencing holds; joining again when the group answers"
+                    );
+                }
+            }
+            if let Ok(now) = &now {
+                // Dial the members not connected (again every RETRY).
+                dialing.retain(|(n, _)| now.contains(n));
+                if last_dial.is_none_or(|t| t.elapsed() >= RETRY) {
+                    last_dial = Some(Instant::now());
+                    for member in now.members.iter().filter(others) {
+                        let known = connected.iter().any(|(n, _)| *n == member.name)
+                            || dialing.iter().any(|(n, _)| *n == member.name);
+                        if !known {
+                            let dial = tokio::spawn(connect(member.addr.clone()));
+                            dialing.push((member.name.clone(), dial));
+                        }
+                    }
+                }
+            }
+            let mut answered: Vec<(String, Arc<RemoteHost>)> = Vec::new();
+            let mut still = Vec::new();
+            for (name, dial) in dialing.drain(..) {
+                if !dial.is_finished() {
+                    still.push((name, dial));
+                    continue;
+                }
+                match dial.await {
+                    Ok(Ok(h)) => answered.push((name, h)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(host = %name, error = %e, "a member does not answer");
+                    }
+                    Err(e) => tracing::warn!(host = %name, error = %e, "dialing a member failed"),
+                }
+            }
+            dialing = still;
+            match now {
+                Ok(now)
+                    if now.leader() == view.leader()
+                        && (now != view || !answered.is_empty())
+                        && {
+                            // Hosts that left are still reachable (they
+                            // leave gracefully, serving until their workers
+                            // are moved).
+                            connected
+                                .iter()
+                                .filter(|(n, _)| !now.contains(n))
+                                .all(|(_, h)| h.closed().is_none())
+                        } =>
+                {
+                    // Move only the workers whose host changes, live, from
+                    // their old instances: a host joining (or answering
+                    // again) takes its share, one leaving hands over its
+                    // own workers.
+                    let started = Instant::now();
+                    let mut next = Vec::new();
+                    for member in now.members.iter().filter(|m| m.name != config.name) {
+                        let host = connected
+                            .iter()
+                            .chain(&answered)
+                            .find(|(n, _)| *n == member.name);
+                        if let Some((_, h)) = host {
+                            next.push((member.name.clone(), h.clone()));
+                        }
+                    }
+                    view = now;
+                    let same = next.len() == connected.len()
+                        && next.iter().zip(&connected).all(|((a, _), (b, _))| a == b);
+                    if same {
+                        continue;
+                    }
+                    let before = coordinator.stats().workers_moved;
+                    let moved = match coordinator
+                        .replace_hosts(next.iter().map(|(_, h)| h.clone()).collect())
+                        .await
+                    {
+                        Ok(moved) => moved,
+                        // The instances are gone: reopen on the group as
+                        // it is (from the newest checkpoint).
+                        Err(e) => {
+                            return Ok(format!(
+                                "the group changed ({} → {} hosts) and moving workers live failed: {e}",
+                                connected.len() + 1,
+                                next.len() + 1
+                            ));
+                        }
+                    };
+                    connected = next;
+                    *hint = coordinator.placement_addrs();
+                    let workers = coordinator.stats().workers_moved - before;
+                    tracing::info!(moved, workers, "the group changed: workers moved live");
+                    report(HostEvent::Moved {
+                        hosts: names(&connected),
+                        workers,
+                        bytes: moved,
+                        took: started.elapsed(),
+                    });
+                }
+                Ok(now) if now != view => {
+                    // A host died (or the leader changed): checkpoint while
+                    // the hosts we run on are there, then reopen on the
+                    // group as it is.
+                    let saved = coordinator.finish().await;
+                    return Ok(format!(
+                        "the group changed ({} → {} hosts){}",
+                        view.members.len(),
+                        now.members.len(),
+                        match saved {
+                            Ok(()) => String::new(),
+                            Err(e) => format!("; no checkpoint first: {e}"),
+                        }
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reading the group failed"),
+            }
+        }
+        // A step that commits, or finds no input, reached what it needs.
+        let stepped = match coordinator.step().await {
+            Ok(stepped) => stepped,
+            Err(e) => {
+                // A host that went silent (a link from it cut one way, or
+                // it stalled) would fail the next session's steps the
+                // same way until the link heals: lead without it a while.
+                if let Some(slot) = e.silent_slot().filter(|s| *s > 0)
+                    && let Some((name, host)) = connected.get(slot as usize - 1)
+                {
+                    tracing::warn!(
+                        host = %name,
+                        "a host went silent during a step: leading without it for {LEFT_OUT:?}"
+                    );
+                    left_out.insert(host.addr().to_owned(), Instant::now());
+                }
+                return Err(e.into());
+            }
+        };
+        *progress = Instant::now();
+        if !stepped {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}
