@@ -28,6 +28,17 @@ pub fn etcd_endpoint() -> Option<String> {
     }
 }
 
+/// The Kafka brokers and the etcd endpoint a cluster test runs against
+/// (with the S3 server), or `None` — the test is skipped, outside CI.
+fn parts() -> Option<(String, String)> {
+    let brokers = brokers()?;
+    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
+        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+        return None;
+    };
+    Some((brokers, etcd))
+}
+
 const WORKERS: u32 = 3;
 const SESSION_MS: u64 = 2_000;
 
@@ -319,9 +330,7 @@ fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
 
 #[test]
 fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -521,9 +530,7 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
 /// worker's output itself.
 #[test]
 fn a_host_that_may_not_write_the_logs_steps_aside() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -555,9 +562,7 @@ fn a_host_that_may_not_write_the_logs_steps_aside() {
 #[test]
 fn servers_run_a_pipeline_across_hosts() {
     use crate::support::server::Server;
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -721,9 +726,7 @@ fn servers_run_a_pipeline_across_hosts() {
 /// records. (Before the policy, every host exited on it in turn.)
 #[test]
 fn a_malformed_record_goes_to_the_dead_letter_topic_once_across_hosts() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -793,9 +796,7 @@ fn a_malformed_record_goes_to_the_dead_letter_topic_once_across_hosts() {
 /// and both join again when etcd answers; the output equals the recount.
 #[test]
 fn an_etcd_outage_ends_no_host_and_the_pipeline_goes_on() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let upstream = etcd.trim_start_matches("http://").trim_end_matches('/');
@@ -857,9 +858,7 @@ fn an_etcd_outage_ends_no_host_and_the_pipeline_goes_on() {
 /// refused before it joins, saying why.
 #[test]
 fn a_host_on_an_unspecified_address_is_refused() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -891,9 +890,7 @@ fn a_host_on_an_unspecified_address_is_refused() {
 /// it leads without it (asking again later) and the pipeline finishes.
 #[test]
 fn a_host_running_another_component_is_left_out() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -930,9 +927,7 @@ fn a_host_running_another_component_is_left_out() {
 /// sent by the leader) — and the output reaches the recount.
 #[test]
 fn a_leader_that_cannot_reach_kafka_gives_way() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -1021,11 +1016,7 @@ impl Drop for OwnBroker {
 /// independent consumer integrates equals the recount.
 #[test]
 fn a_broker_restart_ends_no_host_and_loses_nothing() {
-    let Some(_) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
-        return;
-    };
+    let Some((_, etcd)) = parts() else { return };
     let dir = tempfile::tempdir().unwrap();
     let broker = OwnBroker::start(dir.path().join("broker"));
     let (mut c, expected) = Cluster::new(dir.path(), "restart", 30_000, &broker.addr, etcd);
@@ -1069,9 +1060,7 @@ fn a_broker_restart_ends_no_host_and_loses_nothing() {
 /// the logs until it was restarted.
 #[test]
 fn a_host_that_started_without_kafka_reaches_it_later() {
-    let Some(brokers) = brokers() else { return };
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
+    let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

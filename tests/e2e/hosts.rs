@@ -63,6 +63,27 @@ async fn start_host_reaching(
     (addr, task)
 }
 
+/// A worker host of `h`'s pipeline using what `reach` gives it, and a
+/// coordinator on it (and on itself): the host's address, its serving
+/// task (abort it to kill the host) and the coordinator.
+async fn on_a_host_reaching(
+    h: &Harness,
+    pipeline: &str,
+    reach: Reach,
+) -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    sluice_runtime::Coordinator,
+) {
+    let (addr, serving) = start_host_reaching(h, pipeline, reach).await;
+    let c = h
+        .pipeline
+        .coordinator_on(options(), vec![connect(&addr, pipeline).await])
+        .await
+        .unwrap();
+    (addr, serving, c)
+}
+
 async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
     RemoteHost::connect(addr, pipeline, SECRET, Duration::from_secs(3))
         .await
@@ -447,12 +468,7 @@ async fn a_host_that_cannot_use_the_store_sends_and_gets_its_pieces() {
         log: Some(h.log.clone()),
         read_only_log: false,
     };
-    let (addr, _serving) = start_host_reaching(&h, &name, reach).await;
-    let mut c = h
-        .pipeline
-        .coordinator_on(options(), vec![connect(&addr, &name).await])
-        .await
-        .unwrap();
+    let (addr, _serving, mut c) = on_a_host_reaching(&h, &name, reach).await;
     for _ in 0..12 {
         assert!(c.step().await.unwrap());
     }
@@ -667,12 +683,7 @@ async fn a_host_that_loses_the_logs_is_sent_its_input() {
         log: Some(lost.clone()),
         read_only_log: false,
     };
-    let (addr, _serving) = start_host_reaching(&h, &name, reach).await;
-    let mut c = h
-        .pipeline
-        .coordinator_on(options(), vec![connect(&addr, &name).await])
-        .await
-        .unwrap();
+    let (addr, _serving, mut c) = on_a_host_reaching(&h, &name, reach).await;
     for _ in 0..3 {
         assert!(c.step().await.unwrap());
     }

@@ -434,59 +434,37 @@ pub async fn run_host(
             }
             continue;
         }
-        if pipeline.is_none() {
-            match Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone()).await {
-                Ok(p) => pipeline = Some(p),
-                Err(e) if e.is_transient() => {
-                    // Kafka out of reach (a leader that reaches etcd but
-                    // not Kafka): try again, or give way to a member that
-                    // may reach it.
-                    failures += 1;
-                    tracing::warn!(error = %e, failures, "opening the pipeline's logs failed");
-                    report(HostEvent::LeadEnded {
-                        reason: e.to_string(),
-                    });
-                    if gives_way(&view, &progress, membership.ttl()) {
-                        let idle = progress.elapsed();
-                        tracing::warn!(?idle, error = %e, "leading made no progress (Kafka out of this host's reach?): giving way to another member");
-                        match step_aside(session, &*membership, &me, &mut stop).await? {
-                            Some(again) => session = again,
-                            None => return Ok(()),
-                        }
-                        report(HostEvent::GaveWay {
-                            idle,
-                            reason: e.to_string(),
-                        });
-                        progress = Instant::now();
-                        continue;
-                    }
-                    tokio::time::sleep(POLL * failures.min(10)).await;
-                    continue;
+        // Opening the pipeline's logs fails like a lead does: Kafka out of
+        // reach (a leader that reaches etcd but not Kafka) is tried again,
+        // or given way to a member that may reach it.
+        let led = async {
+            if pipeline.is_none() {
+                let opened =
+                    Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone());
+                pipeline = Some(opened.await?);
+            }
+            let p = pipeline.as_ref().expect("just opened");
+            if !ingested {
+                for (port, file) in &config.inputs {
+                    p.ingest_file(port, file, |_, _| {}).await?;
                 }
-                Err(e) => return Err(e),
+                ingested = true;
             }
-        }
-        let p = pipeline.as_ref().expect("just opened");
-        if !ingested {
-            for (port, file) in &config.inputs {
-                p.ingest_file(port, file, |_, _| {}).await?;
-            }
-            ingested = true;
-        }
-        match lead::lead(
-            p,
-            &config,
-            &view,
-            &*membership,
-            &*session,
-            &mut stop,
-            &mut report,
-            &mut hint,
-            &mut left_out,
-            &mut progress,
-        )
-        .await
-        {
+            lead::lead(
+                p,
+                &config,
+                &view,
+                &*membership,
+                &*session,
+                &mut stop,
+                &mut report,
+                &mut hint,
+                &mut left_out,
+                &mut progress,
+            )
+            .await
+        };
+        match led.await {
             Ok(reason) => {
                 failures = 0;
                 report(HostEvent::LeadEnded { reason });
@@ -516,18 +494,22 @@ pub async fn run_host(
                 if gives_way(&view, &progress, membership.ttl()) {
                     // Another member leads next: this one's pipeline (and
                     // its data directory's lock) goes.
-                    let idle = progress.elapsed();
-                    tracing::warn!(?idle, error = %e, "leading made no progress (Kafka or the checkpoint store out of this host's reach?): giving way to another member");
                     pipeline = None;
                     hint.clear();
-                    match step_aside(session, &*membership, &me, &mut stop).await? {
+                    match give_way(
+                        session,
+                        &*membership,
+                        &me,
+                        &mut stop,
+                        &progress,
+                        &e,
+                        &mut report,
+                    )
+                    .await?
+                    {
                         Some(again) => session = again,
                         None => return Ok(()),
                     }
-                    report(HostEvent::GaveWay {
-                        idle,
-                        reason: e.to_string(),
-                    });
                     progress = Instant::now();
                     continue;
                 }
@@ -565,6 +547,35 @@ pub async fn run_host(
 /// always safe: whoever leads next fences this host's producers.
 fn gives_way(view: &View, progress: &Instant, ttl: Duration) -> bool {
     progress.elapsed() >= give_way_after(ttl) && view.members.len() > 1
+}
+
+/// Gives way after `error` ended a lead that made no progress since
+/// `progress`: says why, steps aside and reports it. `None` if this host
+/// is stopping meanwhile (out of the group).
+async fn give_way(
+    session: Box<dyn Session>,
+    membership: &dyn Membership,
+    me: &Member,
+    stop: &mut watch::Receiver<bool>,
+    progress: &Instant,
+    error: &Error,
+    report: &mut (impl FnMut(HostEvent) + Send),
+) -> Result<Option<Box<dyn Session>>> {
+    let idle = progress.elapsed();
+    tracing::warn!(
+        ?idle,
+        error = %error,
+        "leading made no progress (Kafka or the checkpoint store out of this host's reach?): \
+         giving way to another member"
+    );
+    let again = step_aside(session, membership, me, stop).await?;
+    if again.is_some() {
+        report(HostEvent::GaveWay {
+            idle,
+            reason: error.to_string(),
+        });
+    }
+    Ok(again)
 }
 
 /// Leaves the group and joins it again, at the end of the order (to step
