@@ -8,325 +8,15 @@
 //! sees each (step, worker) entry once.
 #![cfg(feature = "kafka")]
 
-use crate::kafka::{brokers, fresh_name};
-use crate::support::{component, recount, s3_endpoint, sluice_cmd};
-use sluice_storage::{CheckpointLedger, LogBackend};
+use crate::kafka::fresh_name;
+use crate::support::cluster::{
+    Cluster, OwnBroker, SESSION_MS, audit, free_port, input, kcat, parts,
+};
+use crate::support::{component, sluice_cmd};
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// etcd for the group (scripts/test.sh starts one), or `None` outside CI.
-pub fn etcd_endpoint() -> Option<String> {
-    match std::env::var("SLUICE_ETCD_ENDPOINT") {
-        Ok(e) if !e.is_empty() => Some(e),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI is set but SLUICE_ETCD_ENDPOINT is not: scripts/test.sh must start etcd")
-        }
-        _ => None,
-    }
-}
-
-/// The Kafka brokers and the etcd endpoint a cluster test runs against
-/// (with the S3 server), or `None` — the test is skipped, outside CI.
-fn parts() -> Option<(String, String)> {
-    let brokers = brokers()?;
-    let (Some(_), Some(etcd)) = (s3_endpoint(), etcd_endpoint()) else {
-        eprintln!("skipped: needs SLUICE_S3_ENDPOINT and SLUICE_ETCD_ENDPOINT");
-        return None;
-    };
-    Some((brokers, etcd))
-}
-
-const WORKERS: u32 = 3;
-const SESSION_MS: u64 = 2_000;
-
-struct Cluster {
-    dir: PathBuf,
-    wasm: PathBuf,
-    brokers: String,
-    etcd: String,
-    pipeline: String,
-    store: String,
-    input: PathBuf,
-    hosts: BTreeMap<String, Child>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Cluster {
-    /// A cluster of no hosts yet for a fresh pipeline named `what-…`, word
-    /// count on `lines` lines of input in `dir`; with the recount.
-    fn new(
-        dir: &Path,
-        what: &str,
-        lines: usize,
-        brokers: &str,
-        etcd: String,
-    ) -> (Cluster, BTreeMap<String, i64>) {
-        let pipeline = fresh_name(what);
-        let input_file = dir.join("lines.jsonl");
-        let expected = input(&input_file, lines);
-        let cluster = Cluster {
-            dir: dir.to_owned(),
-            wasm: component("examples/wordcount"),
-            brokers: brokers.to_owned(),
-            etcd,
-            store: format!("s3://sluice-tests/{pipeline}"),
-            pipeline,
-            input: input_file,
-            hosts: BTreeMap::new(),
-        };
-        (cluster, expected)
-    }
-
-    fn log(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.log"))
-    }
-
-    fn stderr(&self, name: &str) -> String {
-        std::fs::read_to_string(self.log(name)).unwrap_or_default()
-    }
-
-    /// Starts host `name` on a free loopback port.
-    fn start(&mut self, name: &str) {
-        self.start_with(name, &[]);
-    }
-
-    /// [`start`](Self::start) with `extra` arguments.
-    fn start_with(&mut self, name: &str, extra: &[&str]) {
-        let log = std::fs::File::create(self.log(name)).unwrap();
-        // The leader appends the input (a host that may not write the logs
-        // cannot, and never leads).
-        let input = match extra.contains(&"--read-only-log") {
-            true => Vec::new(),
-            false => vec![format!("--input=lines={}", self.input.display())],
-        };
-        let child = sluice_cmd()
-            .arg("host")
-            .arg(&self.wasm)
-            .args(["--name", name])
-            .arg(format!("--listen=127.0.0.1:{}", free_port()))
-            .arg(format!("--etcd={}", self.etcd))
-            .arg(format!("--session-timeout-ms={SESSION_MS}"))
-            .arg("--data")
-            .arg(self.dir.join(name))
-            .arg(format!("--workers={WORKERS}"))
-            .args([
-                "--partitions",
-                "6",
-                "--max-batch",
-                "10",
-                "--checkpoint-every",
-                "6",
-            ])
-            .args(input)
-            .arg(format!("--store={}", self.store))
-            .arg(format!("--brokers={}", self.brokers))
-            .arg(format!("--pipeline={}", self.pipeline))
-            // A step window far below the run's steps: every host prunes
-            // its view of the step log and reads back what a recovery asks.
-            .arg("--step-window=4")
-            .args(extra)
-            .env("SLUICE_HOST_SECRET", "a secret the hosts share")
-            .env(
-                "SLUICE_LOG",
-                std::env::var("SLUICE_TEST_HOST_LOG").unwrap_or_else(|_| "sluice=info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        self.hosts.insert(name.to_owned(), child);
-    }
-
-    fn signal(&self, name: &str, signal: &str) {
-        let pid = self.hosts[name].id().to_string();
-        let ok = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {signal} {name}");
-    }
-
-    /// Recorded steps, as an independent consumer sees the step log (a
-    /// step record's key is the step, 8 bytes; a worker's done record's,
-    /// 12, is not counted).
-    fn steps(&self) -> usize {
-        self.step_log_records(8)
-    }
-
-    /// Workers' done records (shares of divided steps) in the step log.
-    fn done_records(&self) -> usize {
-        self.step_log_records(12)
-    }
-
-    /// Records of the step log whose key is `key_len` bytes long.
-    fn step_log_records(&self, key_len: usize) -> usize {
-        let topic = format!("{}.sluice-steps", self.pipeline);
-        kcat(&self.brokers, &topic, "%K\n")
-            .iter()
-            .filter(|len| **len == key_len.to_string())
-            .count()
-    }
-
-    /// Waits until `done` holds, failing with the hosts' logs after `limit`.
-    fn wait(&self, what: &str, limit: Duration, mut done: impl FnMut(&Self) -> bool) {
-        let start = Instant::now();
-        while !done(self) {
-            if start.elapsed() > limit {
-                let logs: Vec<String> = self
-                    .hosts
-                    .keys()
-                    .map(|n| format!("--- {n}\n{}", self.stderr(n)))
-                    .collect();
-                panic!("timed out waiting for {what}\n{}", logs.join("\n"));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The pipeline's output as an independent `read_committed` consumer
-    /// integrates it: count by word.
-    fn counts(&self) -> BTreeMap<String, i64> {
-        let topic = format!("{}.counts", self.pipeline);
-        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-        for line in kcat(&self.brokers, &topic, "%h\t%s\n") {
-            let (headers, value) = line.split_once('\t').unwrap();
-            let weight: i64 = headers
-                .split(',')
-                .find_map(|h| h.strip_prefix("sluice-weight="))
-                .unwrap()
-                .parse()
-                .unwrap();
-            let v: serde_json::Value = serde_json::from_str(value).unwrap();
-            *counts
-                .entry(v["word"].as_str().unwrap().to_owned())
-                .or_default() += weight * v["count"].as_i64().unwrap();
-        }
-        counts.retain(|_, n| *n != 0);
-        counts
-    }
-
-    /// Waits for `more` committed steps past now.
-    fn progress(&self, what: &str, more: usize) {
-        let from = self.steps();
-        self.wait(what, Duration::from_secs(90), |c| c.steps() >= from + more);
-    }
-
-    /// Whether `leader`'s last coordinator ran on exactly `hosts` (itself
-    /// first, the others in any order).
-    fn leads_on(&self, leader: &str, hosts: &[&str]) -> bool {
-        let log = self.stderr(leader);
-        let prefix = format!("host {leader}: leading on [");
-        let Some(line) = log.lines().rfind(|l| l.starts_with(&prefix)) else {
-            return false;
-        };
-        let listed = &line[prefix.len()..line.find(']').unwrap_or(line.len())];
-        let mut listed: Vec<&str> = listed.split(", ").collect();
-        let mut wanted = hosts.to_vec();
-        listed[1..].sort_unstable();
-        wanted[1..].sort_unstable();
-        self.leading(leader) && listed == wanted
-    }
-
-    /// Bytes `leader`'s last recovery read from the hosts' own copies of
-    /// the checkpoint (from its last "leading on" line with a restore).
-    fn restored_locally(&self, leader: &str) -> u64 {
-        let log = self.stderr(leader);
-        let prefix = format!("host {leader}: leading on [");
-        let line = log
-            .lines()
-            .rfind(|l| l.starts_with(&prefix) && l.contains("restored checkpoint "))
-            .unwrap_or_else(|| panic!("{leader} never recovered:\n{log}"));
-        let local = line
-            .split_once("restored checkpoint ")
-            .and_then(|(_, rest)| {
-                rest.split_once(" (")?
-                    .1
-                    .split_once(" bytes from the hosts' own")
-            })
-            .map(|(n, _)| n.parse().unwrap())
-            .unwrap_or_else(|| panic!("no restore figures in {line:?}"));
-        eprintln!("{line}");
-        local
-    }
-
-    /// The host leading now, from the hosts' logs (the last "leading" line
-    /// of a live host).
-    fn leading(&self, name: &str) -> bool {
-        let log = self.stderr(name);
-        let lead = log.rfind(&format!("host {name}: leading"));
-        let ended = log.rfind(&format!("host {name}: stopped leading"));
-        lead.is_some() && lead > ended
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for child in self.hosts.values_mut() {
-            let _ = std::process::Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Every record of `topic` as `kcat` prints it with `format`, read_committed.
-fn kcat(brokers: &str, topic: &str, format: &str) -> Vec<String> {
-    let out = std::process::Command::new("kcat")
-        .args(["-C", "-b", brokers, "-t", topic, "-e", "-q"])
-        .args(["-X", "isolation.level=read_committed", "-f", format])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Vec::new(); // the topic does not exist yet
-    }
-    // (Lossy: step log keys are binary, except checkpoint records'.)
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Lines of words, about one in twenty deleting an earlier line.
-fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut lines: Vec<(String, i64)> = Vec::new();
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
-    for i in 0..n {
-        if i > 20 && next(20) == 0 {
-            let victim = lines[next(lines.len() as u64) as usize].0.clone();
-            writeln!(f, "{}", serde_json::json!({ "delete": victim })).unwrap();
-            lines.push((victim, -1));
-        } else {
-            let words: Vec<String> = (0..1 + next(5))
-                .map(|_| format!("w{}", next(300)))
-                .collect();
-            let line = words.join(" ");
-            writeln!(f, "{}", serde_json::to_string(&line).unwrap()).unwrap();
-            lines.push((line, 1));
-        }
-    }
-    recount(lines.iter().map(|(l, w)| (l.as_str(), *w)))
-}
 
 #[test]
 fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
@@ -335,7 +25,6 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (mut c, expected) = Cluster::new(dir.path(), "hosts", 30_000, &brokers, etcd);
-    let pipeline = c.pipeline.clone();
     c.start("h1");
     c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
     c.start("h2");
@@ -425,86 +114,18 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     });
 
     // The output, as an independent consumer integrates it.
-    let topic = format!("{pipeline}.counts");
     c.wait(
         "the output to reach the recount",
         Duration::from_secs(180),
         |c| c.counts() == expected,
     );
-    // Each (step, worker) entry once. Workers' shares commit in
-    // transactions of their own, so two shares' records may interleave in
-    // a partition; but word count's entry holds each (value, weight) at most
-    // once (its output is consolidated), so an entry committed twice would
-    // repeat every record of it.
-    let mut seen: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    let mut records: std::collections::BTreeSet<(u64, u32, String, String)> = Default::default();
-    for line in kcat(&brokers, &topic, "%h\t%s\n") {
-        let (headers, value) = line.split_once('\t').unwrap();
-        let header = |key: &str| -> String {
-            headers
-                .split(',')
-                .find_map(|h| h.strip_prefix(&format!("{key}=")))
-                .unwrap()
-                .to_owned()
-        };
-        let (step, worker) = (
-            header("sluice-step").parse::<u64>().unwrap(),
-            header("sluice-worker").parse::<u32>().unwrap(),
-        );
-        *seen.entry((step, worker)).or_default() += 1;
-        let record = (step, worker, header("sluice-weight"), value.to_owned());
-        assert!(
-            records.insert(record.clone()),
-            "a record of step {step} worker {worker} committed twice: {record:?}"
-        );
-    }
-    // The step log as a fresh reader loads it: a second done record of
-    // one (step, worker) would be refused as corrupt; every step but the
-    // last is complete.
-    let log =
-        sluice_kafka::KafkaLog::open(sluice_kafka::KafkaConfig::new(&brokers, &pipeline)).unwrap();
-    let last = log.last_step().unwrap().unwrap();
-    for step in 0..last {
-        assert!(
-            log.output_hashes(step).unwrap().is_some(),
-            "step {step} is complete"
-        );
-    }
-    // Checkpoints commit as records in the step log (the leader's fenced
-    // transactions), and every recovery restored a recorded one.
-    let recorded = log.recorded_checkpoints(usize::MAX).unwrap();
-    assert!(
-        !recorded.is_empty(),
-        "no checkpoint recorded in the step log"
-    );
-    let topic_steps = format!("{pipeline}.sluice-steps");
-    let marks = kcat(&brokers, &topic_steps, "%k\n")
-        .iter()
-        .filter(|k| k.starts_with("checkpoint:"))
-        .count();
-    assert!(
-        marks >= recorded.len(),
-        "{marks} marks, {} recorded",
-        recorded.len()
-    );
-    for host in ["h1", "h2", "h3", "h4", "h5"] {
-        for line in c.stderr(host).lines() {
-            if let Some(rest) = line.split("restored checkpoint ").nth(1)
-                && let Some(step) = rest.split(' ').next().and_then(|s| s.parse::<u64>().ok())
-            {
-                assert!(
-                    recorded.iter().any(|(s, _)| *s == step),
-                    "{host} restored checkpoint {step}, which the step log does not record"
-                );
-            }
-        }
-    }
+    let (entries, _) = audit(&c, &["h1", "h2", "h3", "h4", "h5"]);
     // The hosts committed their own workers' shares of the divided steps.
     let done = c.done_records();
     assert!(
-        done > seen.len() / 2,
+        done > entries / 2,
         "{done} done records for {} entries",
-        seen.len()
+        entries
     );
     let fenced = c.stderr("h1");
     let h3 = c.stderr("h3");
@@ -513,7 +134,7 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
         "hosts test: {} steps, {} output entries, {done} workers' done records; h1's log after \
          the stall:\n{}",
         c.steps(),
-        seen.len(),
+        entries,
         fenced
             .lines()
             .filter(|l| l.contains("fenced") || l.contains("lapsed") || l.contains("leading"))
@@ -678,16 +299,7 @@ fn servers_run_a_pipeline_across_hosts() {
         }
     };
     produce();
-    let reader = Cluster {
-        dir: dir.path().to_owned(),
-        wasm: PathBuf::new(),
-        brokers: brokers.clone(),
-        etcd: String::new(),
-        pipeline: kafka_name.clone(),
-        store: store.clone(),
-        input: file.clone(),
-        hosts: BTreeMap::new(),
-    };
+    let reader = Cluster::reader(dir.path(), &brokers, &kafka_name);
     wait(
         "the output to reach the recount",
         Duration::from_secs(120),
@@ -800,7 +412,7 @@ fn an_etcd_outage_ends_no_host_and_the_pipeline_goes_on() {
         return;
     };
     let upstream = etcd.trim_start_matches("http://").trim_end_matches('/');
-    let switch = crate::support::switch::Switch::start(upstream);
+    let switch = crate::support::proxy::Proxy::start(upstream);
     let dir = tempfile::tempdir().unwrap();
     let via = format!("http://{}", switch.addr());
     let (mut c, expected) = Cluster::new(dir.path(), "etcd-outage", 30_000, &brokers, via);
@@ -960,55 +572,6 @@ fn a_leader_that_cannot_reach_kafka_gives_way() {
     }
 }
 
-/// A Kafka broker of this test's own (`scripts/kafka-broker.sh start-at`,
-/// on 127.0.0.2: each broker's controller listens on port 9093 of its
-/// address), stopped when dropped.
-struct OwnBroker {
-    addr: String,
-    dir: PathBuf,
-}
-
-impl OwnBroker {
-    fn script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-broker.sh")
-    }
-
-    fn start(dir: PathBuf) -> OwnBroker {
-        let addr = format!("127.0.0.2:{}", free_port());
-        let broker = OwnBroker { addr, dir };
-        broker.up();
-        broker
-    }
-
-    fn up(&self) {
-        let ok = std::process::Command::new(Self::script())
-            .arg("start-at")
-            .arg(&self.addr)
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "starting the broker at {}", self.addr);
-    }
-
-    fn down(&self) {
-        let ok = std::process::Command::new(Self::script())
-            .arg("stop")
-            .arg(&self.dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "stopping the broker at {}", self.addr);
-    }
-}
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        self.down();
-    }
-}
-
 /// Issue #27's acceptance, the broker restarted: a pipeline on two hosts,
 /// its broker stopped mid-run for a few seconds and started again (same
 /// data). The steps that fail meanwhile are transient failures: no host
@@ -1067,7 +630,7 @@ fn a_host_that_started_without_kafka_reaches_it_later() {
     let (mut c, expected) = Cluster::new(dir.path(), "reach-later", 30_000, &brokers, etcd);
     c.start("h1");
     c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
-    let switch = crate::support::switch::Switch::start(&brokers);
+    let switch = crate::support::proxy::Proxy::start(&brokers);
     switch.set_off(true);
     let direct = std::mem::replace(&mut c.brokers, switch.addr().to_owned());
     c.start("h2");

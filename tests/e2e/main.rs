@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod bad_records;
+mod campaign;
 mod chaos;
 mod cli;
 mod cluster;

@@ -499,9 +499,14 @@ pub struct HostArgs {
     /// listen address).
     #[arg(long)]
     pub name: Option<String>,
-    /// Where this host's worker server listens; other hosts connect here.
+    /// Where this host's worker server listens; other hosts connect here
+    /// unless `--advertise` names another address.
     #[arg(long)]
     pub listen: std::net::SocketAddr,
+    /// The address the other hosts dial to reach this one, when it is not
+    /// `--listen` (behind NAT, a container's port mapping, a proxy).
+    #[arg(long)]
+    pub advertise: Option<std::net::SocketAddr>,
     /// etcd endpoints for the group, URL[,URL…].
     #[arg(long, env = "SLUICE_ETCD", value_delimiter = ',')]
     pub etcd: Vec<String>,

@@ -93,12 +93,16 @@ impl KafkaConfig {
     }
 
     /// The settings every client of the pipeline starts from: the brokers,
-    /// Nagle's algorithm off, then the extra [`client`](Self::client) settings.
+    /// Nagle's algorithm off, reconnecting within a second, then the extra [`client`](Self::client) settings.
     pub(crate) fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
         // Small requests (watermarks, commits) otherwise wait out delayed ACKs.
         c.set("socket.nagle.disable", "true");
+        // A broker back after an outage is dialled again within a second
+        // (the client's default backs off to 10 s between attempts, which
+        // would hold every step that long after the broker answers).
+        c.set("reconnect.backoff.max.ms", "1000");
         for (k, v) in &self.client {
             c.set(k, v);
         }

@@ -200,6 +200,15 @@ impl KafkaLog {
                     f(&owned)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => check_position = true,
+                // The client reports a lost connection as an event and
+                // reconnects by itself; the events queue up while the broker
+                // is away (one per attempt), so failing on them would fail
+                // read after read long after the broker is back. Wait on,
+                // within the deadline.
+                Some(Err(KafkaError::MessageConsumption(code))) if reconnects(code) => {
+                    tracing::debug!(topic, partition, %code, "reading: the client reconnects");
+                    check_position = true;
+                }
                 Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
             }
         }
@@ -337,5 +346,23 @@ fn position(consumer: &QuietConsumer, topic: &str, partition: u32) -> Result<u64
             Some(Offset::Offset(o)) if o >= 0 => o as u64,
             _ => 0,
         },
+    )
+}
+
+/// Whether a consumer's error event is one the client recovers from by
+/// itself (it reconnects): a broker's connection lost or refused, or every
+/// broker's.
+fn reconnects(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::NetworkException
+            | C::RequestTimedOut
+            | C::OperationTimedOut
+            | C::BrokerNotAvailable
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
     )
 }

@@ -1,10 +1,12 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)]
 
+#[cfg(feature = "kafka")]
+pub mod cluster;
 pub mod crash;
 pub mod docs;
+pub mod proxy;
 pub mod server;
-pub mod switch;
 
 use sluice_core::Event;
 use sluice_pipeline::{Pipeline, PipelineConfig};

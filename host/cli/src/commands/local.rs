@@ -128,11 +128,14 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             partitions: a.partitions,
             ..PipelineConfig::new(a.data.clone(), a.workers)
         },
-        name: a
-            .name
-            .clone()
-            .unwrap_or_else(|| a.listen.to_string().replace(':', "-")),
+        name: a.name.clone().unwrap_or_else(|| {
+            a.advertise
+                .unwrap_or(a.listen)
+                .to_string()
+                .replace(':', "-")
+        }),
         listen: a.listen,
+        advertise: a.advertise,
         secret,
         session_timeout,
         tls: match (&a.tls_cert, &a.tls_key, &a.tls_ca) {

@@ -46,8 +46,13 @@ pub struct HostConfig {
     pub pipeline: PipelineConfig,
     /// This host's name in the group (stable across restarts).
     pub name: String,
-    /// Where its worker host listens (and other hosts connect).
+    /// Where its worker host listens (and other hosts connect, unless
+    /// `advertise` says otherwise).
     pub listen: std::net::SocketAddr,
+    /// The address the other hosts dial to reach this one, when it is not
+    /// `listen` (behind NAT, a container's port mapping or a proxy); the
+    /// group records it.
+    pub advertise: Option<std::net::SocketAddr>,
     /// The secret every host of the pipeline shares.
     pub secret: Vec<u8>,
     /// A connection between the hosts that delivers nothing (no frame, no
@@ -239,14 +244,14 @@ pub async fn run_host(
         )
         .into());
     }
-    if config.listen.ip().is_unspecified() {
-        // The group records the address this host listens on, and the
-        // other hosts dial it: `0.0.0.0` reaches nobody (and, as the
-        // default name, would be every host's).
+    let dialed = config.advertise.unwrap_or(config.listen);
+    if dialed.ip().is_unspecified() {
+        // The group records the address the other hosts dial: `0.0.0.0`
+        // reaches nobody (and, as the default name, would be every host's).
         return Err(sluice_core::ConfigError::Invalid(format!(
-            "listen address {}: the other hosts dial the address this host listens on, so it \
-             must be one they reach (e.g. --listen 10.0.0.1:7900), not an unspecified one",
-            config.listen
+            "address {dialed}: the other hosts dial the address this host listens on (or \
+             advertises), so it must be one they reach (e.g. --listen 10.0.0.1:7900, or \
+             --advertise 10.0.0.1:7900 with --listen 0.0.0.0:7900), not an unspecified one"
         ))
         .into());
     }
@@ -264,13 +269,14 @@ pub async fn run_host(
             path: PathBuf::from(config.listen.to_string()),
             source: e,
         })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::Io {
+    let addr = match config.advertise {
+        Some(advertised) => advertised,
+        None => listener.local_addr().map_err(|e| Error::Io {
             path: PathBuf::from(config.listen.to_string()),
             source: e,
-        })?
-        .to_string();
+        })?,
+    }
+    .to_string();
     // The pipeline's identity is its Kafka name; the worker host checks
     // that coordinators run the same.
     let identity: String = match &config.pipeline.log {
@@ -437,6 +443,9 @@ pub async fn run_host(
         // Opening the pipeline's logs fails like a lead does: Kafka out of
         // reach (a leader that reaches etcd but not Kafka) is tried again,
         // or given way to a member that may reach it.
+        // Whether this lead opens the logs afresh (else it goes on with the
+        // handle of an earlier lead).
+        let fresh = pipeline.is_none();
         let led = async {
             if pipeline.is_none() {
                 let opened =
@@ -467,6 +476,14 @@ pub async fn run_host(
         match led.await {
             Ok(reason) => {
                 failures = 0;
+                if !session.alive() {
+                    // Lapsed: another host may have led meanwhile (and
+                    // committed, checkpointed, trimmed). The next lead
+                    // opens the logs afresh, taking them over again, not
+                    // with this handle's view of them.
+                    pipeline = None;
+                    hint.clear();
+                }
                 report(HostEvent::LeadEnded { reason });
             }
             Err(e) if e.as_runtime().and_then(|r| r.refusing_host()).is_some() => {
@@ -526,6 +543,18 @@ pub async fn run_host(
                     reason: e.to_string(),
                 });
                 tokio::time::sleep(POLL).await;
+            }
+            Err(e) if !fresh => {
+                // A lead that went on with an earlier lead's handle failed
+                // for good: it may be the handle that is stale (the logs
+                // moved on under another leader). Open them afresh once
+                // before believing it.
+                tracing::warn!(error = %e, "leading failed; opening the pipeline's logs afresh");
+                pipeline = None;
+                hint.clear();
+                report(HostEvent::LeadEnded {
+                    reason: e.to_string(),
+                });
             }
             Err(e) => return Err(e),
         }

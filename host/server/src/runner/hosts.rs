@@ -105,6 +105,7 @@ pub(super) async fn open(
             pipeline,
             name: hosts.name.clone(),
             listen: std::net::SocketAddr::new(hosts.bind, 0),
+            advertise: None,
             secret: hosts.secret.clone(),
             session_timeout: hosts.session_timeout,
             tls: hosts.tls.clone(),
