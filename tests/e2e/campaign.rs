@@ -1,36 +1,41 @@
 //! Issue #27's acceptance campaign across host processes: three
 //! `sluice host`s run word count on a broker of the campaign's own, etcd
-//! and the S3 server, each part behind a fault proxy
-//! ([`Proxy`](crate::support::proxy::Proxy)): every host's worker server
-//! (the hosts advertise their proxy's address), etcd and the store. Input
-//! flows in all along (another producer, `kcat`, writing to the input
-//! topic). Trial after trial one fault is injected, held, and healed:
+//! and the S3 server. Every host's worker server is behind a fault proxy
+//! ([`Proxy`](crate::support::proxy::Proxy); the hosts advertise their
+//! proxy's address), and so are etcd and the store; the broker is stopped
+//! and started. Input flows in all along (another producer, `kcat`,
+//! writing to the input topic). Trial after trial one fault is injected,
+//! held, and healed:
 //!
 //! | fault | what | held |
 //! |---|---|---|
-//! | `drop-in` | bytes into a host held (a one-way partition) | ½–3 session timeouts |
-//! | `drop-out` | bytes out of a host held | ½–3 session timeouts |
-//! | `delay` | every byte to and from a host late by more than the session timeout | ½–3 session timeouts |
-//! | `reset` | every connection of a host reset | — |
-//! | `half-open` | every connection of a host open now silent for good | — |
-//! | `stall` | a host SIGSTOPped, then SIGCONTinued | 1½–3 session timeouts |
-//! | `kill` | a host SIGKILLed, then started again | ½–2 s |
-//! | `etcd-down` | etcd unreachable (connections ended, new ones refused) | 10 × the TTL |
+//! | `drop-in` | bytes into a worker host held (a one-way partition) | ½–3 session timeouts |
+//! | `drop-out` | bytes out of a worker host held | ½–3 session timeouts |
+//! | `delay` | every byte to and from a worker host late by more than the session timeout | ½–3 session timeouts |
+//! | `reset` | every connection of a worker host reset | — |
+//! | `half-open` | every connection of a worker host open now silent for good | — |
+//! | `stall` | a host (the leader too) SIGSTOPped, then SIGCONTinued | 1½–3 session timeouts |
+//! | `kill` | a host (the leader too) SIGKILLed, then started again | ½–2 s |
+//! | `etcd-down` | etcd unreachable (connections ended, new ones closed) | 10 × the TTL |
 //! | `store-down` | the S3 server unreachable, across several checkpoints | 4–8 s |
 //! | `broker-restart` | the broker stopped, then started again (same data) | 1–4 s |
 //!
-//! A trial fails as **stuck** when no step commits within twice the
-//! session timeout after its fault heals (steps as an independent
-//! `read_committed` consumer of the step log sees them), and the campaign
-//! fails when a host exits. At the end the output an independent consumer
-//! integrates must equal a recount of the input topic, and the logs pass
-//! the audit ([`audit`]). (The recount reads the input topic along the
-//! way: the pipeline trims what its checkpoints cover.)
+//! (Network faults hit worker hosts: the leader dials them, and its own
+//! workers run in its process.) A trial fails as **stuck** when no step
+//! *written* after its fault healed is committed within twice the session
+//! timeout (as an independent `read_committed` consumer of the step log
+//! sees the records and their timestamps: a step written before and held
+//! back does not count), and the campaign fails when a host exits. At the
+//! end the output an independent consumer integrates must equal a recount
+//! of the input, and the logs pass the audit ([`audit`]). (The recount
+//! reads the input topic from offset 0 along the way, from before the
+//! first host starts: the pipeline trims what its checkpoints cover.)
 //!
 //! `SLUICE_CAMPAIGN_TRIALS` (default 10: each fault once),
 //! `SLUICE_CAMPAIGN_SEED`; `SLUICE_CAMPAIGN_REPORT=FILE` writes the
 //! figures there too, `SLUICE_CAMPAIGN_KEEP=DIR` keeps the hosts' logs of
-//! a failed campaign.
+//! a failed campaign. The acceptance's run:
+//! `SLUICE_CAMPAIGN_TRIALS=300 scripts/test.sh --test e2e -- campaign::`.
 #![cfg(feature = "kafka")]
 
 use crate::support::cluster::{Cluster, OwnBroker, SESSION_MS, audit, free_port, parts};
@@ -41,7 +46,7 @@ use std::io::Write;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A fault the campaign injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -112,46 +117,73 @@ struct Steps {
     topic: String,
     next: u64,
     count: u64,
+    /// The newest step record's timestamp (when its leader wrote it, in
+    /// milliseconds since the epoch).
+    newest: i64,
 }
 
 impl Steps {
-    /// The step records committed so far (the last count when the broker
-    /// does not answer).
-    fn poll(&mut self) -> u64 {
+    /// The step records committed so far, or `None` when the broker does
+    /// not answer.
+    fn poll(&mut self) -> Option<u64> {
         let out = std::process::Command::new("timeout")
             .args(["5", "kcat", "-C", "-b", &self.brokers, "-t", &self.topic])
             .args(["-p", "0", "-o", &self.next.to_string(), "-e", "-q"])
-            .args(["-X", "isolation.level=read_committed", "-f", "%o %K\n"])
-            .output();
-        let Ok(out) = out else { return self.count };
+            .args(["-X", "isolation.level=read_committed", "-f", "%o %K %T\n"])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())?;
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Some((offset, key_len)) = line.split_once(' ') else {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let [offset, key_len, at] = fields[..] else {
                 continue;
             };
-            let (Ok(offset), Ok(key_len)) = (offset.parse::<u64>(), key_len.parse::<usize>())
-            else {
+            let (Ok(offset), Ok(key_len), Ok(at)) = (
+                offset.parse::<u64>(),
+                key_len.parse::<usize>(),
+                at.parse::<i64>(),
+            ) else {
                 continue;
             };
             if offset >= self.next {
                 self.next = offset + 1;
                 // A step record's key is the step, 8 bytes.
-                self.count += u64::from(key_len == 8);
+                if key_len == 8 {
+                    self.count += 1;
+                    self.newest = self.newest.max(at);
+                }
             }
         }
-        self.count
+        Some(self.count)
     }
 
-    /// Waits until a step commits past `after` step records, up to
-    /// `limit`; how long it took (`None`: not within the limit).
-    fn next_commit(&mut self, after: u64, limit: Duration) -> Option<Duration> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if self.poll() > after {
-                return Some(start.elapsed());
+    /// The step records committed so far, asking until the broker answers.
+    fn count(&mut self) -> u64 {
+        loop {
+            if let Some(n) = self.poll() {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until a step written at or after `since` (wall clock) is
+    /// committed, up to `limit`; how long after `since` it was seen
+    /// (`None`: not within the limit). A step written before (say, held
+    /// back by an open transaction) does not count.
+    fn written_since(&mut self, since: SystemTime, limit: Duration) -> Option<Duration> {
+        let at = since.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+        loop {
+            let _ = self.poll();
+            let took = since.elapsed().unwrap_or_default();
+            if self.newest >= at {
+                return Some(took);
+            }
+            if took > limit {
+                return None;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        None
     }
 }
 
@@ -159,6 +191,8 @@ impl Steps {
 #[derive(Default)]
 struct Figures {
     trials: u64,
+    /// Trials whose host was leading.
+    on_leader: u64,
     /// Steps committed while the fault held.
     during: u64,
     /// The longest time from healing to the next commit.
@@ -182,7 +216,7 @@ fn produce(brokers: String, topic: String, seed: u64, stop: Arc<AtomicBool>) {
         // reads what the topic holds.
         if let Ok(mut kcat) = std::process::Command::new("timeout")
             .args(["10", "kcat", "-P", "-b", &brokers, "-t", &topic])
-            .args(["-X", "message.timeout.ms=3000"])
+            .args(["-X", "message.timeout.ms=1000"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -218,20 +252,27 @@ fn tail_input(
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "error")
+            .set("reconnect.backoff.max.ms", "200")
             .create()
             .map_err(|e| e.to_string())?;
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..6 {
-            tpl.add_partition_offset(&topic, p, rdkafka::Offset::Offset(0))
-                .map_err(|e| e.to_string())?;
-        }
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        // Where each partition's reading goes on.
+        let mut next = [0i64; 6];
+        let assign = |next: &[i64; 6]| -> Result<(), String> {
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for (p, offset) in next.iter().enumerate() {
+                tpl.add_partition_offset(&topic, p as i32, rdkafka::Offset::Offset(*offset))
+                    .map_err(|e| e.to_string())?;
+            }
+            consumer.assign(&tpl).map_err(|e| e.to_string())
+        };
+        assign(&next)?;
         let mut lines = Vec::new();
         let mut quiet_since = Instant::now();
         loop {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
                     quiet_since = Instant::now();
+                    next[m.partition() as usize] = m.offset() + 1;
                     let weight = m
                         .headers()
                         .and_then(|h| {
@@ -247,7 +288,26 @@ fn tail_input(
                 }
                 Some(Err(KafkaError::MessageConsumption(
                     code @ (RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset),
-                ))) => return Err(format!("input trimmed before the recount read it: {code}")),
+                ))) => {
+                    // Out of range: below the partition's start (trimmed
+                    // before this read it: the recount cannot be made), or
+                    // above its high watermark (a restarted broker's may lag
+                    // its log end a moment): read on from where it was.
+                    for (p, offset) in next.iter().enumerate() {
+                        let tp = (topic.as_str(), p as i32);
+                        if let Ok((low, _)) =
+                            consumer.fetch_watermarks(tp.0, tp.1, Duration::from_secs(5))
+                            && *offset < low
+                        {
+                            return Err(format!(
+                                "input {topic}/{p} trimmed below {low} before the recount read \
+                                 {offset} on ({code})"
+                            ));
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                    assign(&next)?;
+                }
                 Some(Err(_)) | None => {
                     if stop.load(Ordering::SeqCst) && quiet_since.elapsed() > Duration::from_secs(5)
                     {
@@ -294,6 +354,15 @@ fn a_fault_campaign_across_host_processes() {
         c.advertise.insert(name.to_owned(), proxy.addr().to_owned());
         proxies.insert(name, proxy);
     }
+    // The input topic first, and its reader from offset 0: the pipeline
+    // trims what its checkpoints cover.
+    create_topic(&c.brokers, &format!("{}.lines", c.pipeline), 6);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tail = tail_input(
+        c.brokers.clone(),
+        format!("{}.lines", c.pipeline),
+        stop.clone(),
+    );
     c.start("h1");
     c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
     c.start("h2");
@@ -302,12 +371,6 @@ fn a_fault_campaign_across_host_processes() {
         "the leader to run on three hosts",
         Duration::from_secs(60),
         |c| c.leads_on("h1", &names),
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let tail = tail_input(
-        c.brokers.clone(),
-        format!("{}.lines", c.pipeline),
-        stop.clone(),
     );
     let producer = {
         let (brokers, topic) = (c.brokers.clone(), format!("{}.lines", c.pipeline));
@@ -319,6 +382,7 @@ fn a_fault_campaign_across_host_processes() {
         topic: format!("{}.sluice-steps", c.pipeline),
         next: 0,
         count: 0,
+        newest: 0,
     };
 
     let began = Instant::now();
@@ -333,17 +397,32 @@ fn a_fault_campaign_across_host_processes() {
             }
         }
         let fault = order.pop().unwrap();
-        let host = names[rng.below(names.len() as u64) as usize];
         // The pipeline runs before the fault: a step commits.
-        let now = steps.poll();
-        if steps.next_commit(now, Duration::from_secs(120)).is_none() {
+        if steps
+            .written_since(SystemTime::now(), Duration::from_secs(120))
+            .is_none()
+        {
             fail(
                 &c,
                 &format!("no step before trial {trial} ({})", fault.name()),
             );
         }
         std::thread::sleep(rng.ms(200, 1_500));
-        let before = steps.poll();
+        // A network fault cuts a worker host's links (the leader dials
+        // the others; its own workers are in its process); a stall or a
+        // kill hits any host, the leader too.
+        let leader = names.iter().find(|n| c.leading(n)).copied();
+        let network = matches!(
+            fault,
+            Fault::DropIn | Fault::DropOut | Fault::Delay | Fault::Reset | Fault::HalfOpen
+        );
+        let candidates: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !network || Some(*n) != leader)
+            .collect();
+        let host = candidates[rng.below(candidates.len() as u64) as usize];
+        let before = steps.count();
         let proxy = &proxies[host];
         let held = match fault {
             Fault::DropIn | Fault::DropOut | Fault::Delay => rng.ms(SESSION_MS / 2, SESSION_MS * 3),
@@ -354,10 +433,11 @@ fn a_fault_campaign_across_host_processes() {
             Fault::BrokerRestart => rng.ms(1_000, 4_000),
             Fault::Reset | Fault::HalfOpen => Duration::ZERO,
         };
+        let on_leader = Some(host) == leader;
         eprintln!(
-            "campaign: trial {trial}: {} {host} for {held:.1?} ({} steps so far)",
+            "campaign: trial {trial}: {} {host}{} for {held:.1?} ({before} steps so far)",
             fault.name(),
-            before
+            if on_leader { " (leading)" } else { "" },
         );
         match fault {
             Fault::DropIn => proxy.hold_in(true),
@@ -386,8 +466,10 @@ fn a_fault_campaign_across_host_processes() {
             Fault::StoreDown => store_proxy.set_off(false),
             Fault::BrokerRestart => broker.up(),
         }
-        let at_heal = steps.poll();
-        let took = steps.next_commit(at_heal, Duration::from_secs(180));
+        // Healed: a step written from now on must commit within 2T.
+        let healed = SystemTime::now();
+        let at_heal = steps.count();
+        let took = steps.written_since(healed, Duration::from_secs(180));
         let Some(took) = took else {
             fail(
                 &c,
@@ -399,18 +481,14 @@ fn a_fault_campaign_across_host_processes() {
         };
         let f = figures.entry(fault).or_default();
         f.trials += 1;
+        f.on_leader += u64::from(on_leader);
         f.during += at_heal - before;
         f.longest = f.longest.max(took);
         if took > bound {
             f.stuck += 1;
             eprintln!("campaign: trial {trial} stuck: the next step took {took:.1?}");
         }
-        for name in names {
-            let exited = c.hosts.get_mut(name).unwrap().try_wait().unwrap();
-            if let Some(status) = exited {
-                fail(&c, &format!("{name} exited ({status}) in trial {trial}"));
-            }
-        }
+        all_running(&mut c, &format!("in trial {trial}"));
     }
     stop.store(true, Ordering::SeqCst);
     producer.join().unwrap();
@@ -437,12 +515,14 @@ fn a_fault_campaign_across_host_processes() {
                 &format!("the output is not the recount of the input: {off:?}…"),
             );
         }
+        all_running(&mut c, "after the trials");
         eprintln!(
             "campaign: {} steps; words off the recount: {off:?}…",
-            steps.poll()
+            steps.count()
         );
         std::thread::sleep(Duration::from_secs(10));
     }
+    all_running(&mut c, "after the trials");
     let (entries, last) = audit(&c, &names);
     let recoveries: usize = names
         .iter()
@@ -452,8 +532,8 @@ fn a_fault_campaign_across_host_processes() {
     let mut report = format!(
         "fault campaign across host processes: {trials} trials, seed {seed}, session timeout \
          {session:?}, {ran:.0?}\n{} steps, {entries} output entries, {recoveries} coordinators \
-         opened, {} input words\n\n| fault | trials | steps while held | longest heal → next \
-         commit | stuck (> {bound:?}) |\n|---|---|---|---|---|\n",
+         opened, {} input words\n\n| fault | trials (on the leader) | steps while held | longest \
+         heal → next step written and committed | stuck (> {bound:?}) |\n|---|---|---|---|---|\n",
         last + 1,
         expected.values().sum::<i64>(),
     );
@@ -461,9 +541,10 @@ fn a_fault_campaign_across_host_processes() {
     for (fault, f) in &figures {
         stuck += f.stuck;
         report += &format!(
-            "| {} | {} | {} | {:.2?} | {} |\n",
+            "| {} | {} ({}) | {} | {:.2?} | {} |\n",
             fault.name(),
             f.trials,
+            f.on_leader,
             f.during,
             f.longest,
             f.stuck
@@ -474,6 +555,32 @@ fn a_fault_campaign_across_host_processes() {
         std::fs::write(file, &report).unwrap();
     }
     assert_eq!(stuck, 0, "stuck trials:\n{report}");
+}
+
+/// Fails the campaign if a host exited (`when`).
+fn all_running(c: &mut Cluster, when: &str) {
+    let names: Vec<String> = c.hosts.keys().cloned().collect();
+    for name in names {
+        let exited = c.hosts.get_mut(&name).unwrap().try_wait().unwrap();
+        if let Some(status) = exited {
+            fail(c, &format!("{name} exited ({status}) {when}"));
+        }
+    }
+}
+
+/// Creates `topic` with `partitions` partitions (replication 1).
+fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let created =
+        futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    for result in created {
+        result.unwrap();
+    }
 }
 
 /// Fails the campaign with `what` and the hosts' logs' tails (the whole

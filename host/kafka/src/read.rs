@@ -172,6 +172,8 @@ impl KafkaLog {
         // Everything below `range.end` may have been consumed already (the
         // last records of a partition are often transaction markers).
         let mut check_position = true;
+        // Since when the client has reported only reconnecting.
+        let mut reconnecting: Option<Instant> = None;
         loop {
             if check_position {
                 if position(&r.consumer, topic, partition)? >= range.end {
@@ -188,6 +190,7 @@ impl KafkaLog {
             check_position = false;
             match r.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(msg)) => {
+                    reconnecting = None;
                     let offset = msg.offset() as u64;
                     if offset < range.start {
                         continue;
@@ -199,21 +202,50 @@ impl KafkaLog {
                     }
                     f(&owned)?;
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) | None => check_position = true,
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {
+                    check_position = true;
+                    self.still_reconnecting(&mut reconnecting, topic, partition)?;
+                }
                 // The client reports a lost connection as an event and
                 // reconnects by itself; the events queue up while the broker
-                // is away (one per attempt), so failing on them would fail
-                // read after read long after the broker is back. Wait on,
-                // within the deadline.
+                // is away (one per attempt), so failing on the first would
+                // fail read after read long after the broker is back.
+                // `RECONNECT_GRACE` after one, with nothing read since, the
+                // broker is asked directly: the read fails if it does not
+                // answer.
                 Some(Err(KafkaError::MessageConsumption(code))) if reconnects(code) => {
                     tracing::debug!(topic, partition, %code, "reading: the client reconnects");
+                    reconnecting.get_or_insert_with(Instant::now);
                     check_position = true;
+                    self.still_reconnecting(&mut reconnecting, topic, partition)?;
                 }
                 Some(Err(e)) => return Err(kafka(format!("reading {topic}/{partition}"))(e)),
             }
         }
         r.next = Some(range.end);
         tracing::trace!(topic, partition, ?range, took = ?started.elapsed(), "read");
+        Ok(())
+    }
+
+    /// After the client reported reconnecting (`since`) and nothing was
+    /// read for [`RECONNECT_GRACE`], asks the broker for `topic`/`partition`'s
+    /// watermarks: the reports were old if it answers (the read goes on),
+    /// and the read fails (transient) if it does not.
+    fn still_reconnecting(
+        &self,
+        since: &mut Option<Instant>,
+        topic: &str,
+        partition: u32,
+    ) -> Result<()> {
+        if since.is_none_or(|s| s.elapsed() < RECONNECT_GRACE) {
+            return Ok(());
+        }
+        self.client
+            .fetch_watermarks(topic, partition as i32, RECONNECT_GRACE)
+            .map_err(kafka(format!(
+                "reading {topic}/{partition}: the broker does not answer"
+            )))?;
+        *since = None;
         Ok(())
     }
 
@@ -348,6 +380,12 @@ fn position(consumer: &QuietConsumer, topic: &str, partition: u32) -> Result<u64
         },
     )
 }
+
+/// How long a read waits through the client's reconnect events, nothing
+/// read, before asking the broker whether it answers (and how long it waits
+/// for that answer): longer than a burst of events queued during an outage
+/// that is over, short against a step's patience.
+const RECONNECT_GRACE: Duration = Duration::from_secs(2);
 
 /// Whether a consumer's error event is one the client recovers from by
 /// itself (it reconnects): a broker's connection lost or refused, or every

@@ -34,6 +34,9 @@ pub fn parts() -> Option<(String, String)> {
     Some((brokers, etcd))
 }
 
+/// The line a host's log has before each of its runs.
+const STARTED: &str = "--- (test) the host starts";
+
 pub const WORKERS: u32 = 3;
 pub const SESSION_MS: u64 = 2_000;
 
@@ -126,12 +129,15 @@ impl Cluster {
 
     /// [`start`](Self::start) with `extra` arguments.
     pub fn start_with(&mut self, name: &str, extra: &[&str]) {
-        // Appended: a host started again under its name keeps one log.
-        let log = std::fs::OpenOptions::new()
+        // Appended: a host started again under its name keeps one log,
+        // each run after a line of its own (what is said of the host now
+        // is read after the last).
+        let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log(name))
             .unwrap();
+        writeln!(log, "{STARTED}").unwrap();
         // The leader appends the input (a host that may not write the logs
         // cannot, and never leads).
         let input = match extra.contains(&"--read-only-log") {
@@ -293,9 +299,10 @@ impl Cluster {
     }
 
     /// The host leading now, from the hosts' logs (the last "leading" line
-    /// of a live host).
+    /// of its last run).
     pub fn leading(&self, name: &str) -> bool {
         let log = self.stderr(name);
+        let log = log.rsplit(STARTED).next().unwrap_or_default();
         let lead = log.rfind(&format!("host {name}: leading"));
         let ended = log.rfind(&format!("host {name}: stopped leading"));
         lead.is_some() && lead > ended

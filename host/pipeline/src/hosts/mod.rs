@@ -382,6 +382,11 @@ pub async fn run_host(
             return Err(serving_ended(config.listen, ended));
         }
         if !session.alive() {
+            // Lapsed: another host may lead meanwhile (and commit,
+            // checkpoint, trim). A next lead opens the logs afresh, taking
+            // them over again, not with this handle's view of them.
+            pipeline = None;
+            hint.clear();
             // An etcd outage never ends the host: its worker server keeps
             // serving the leader it has meanwhile.
             match rejoin(&*membership, &me, &mut stop).await? {
@@ -446,6 +451,7 @@ pub async fn run_host(
         // Whether this lead opens the logs afresh (else it goes on with the
         // handle of an earlier lead).
         let fresh = pipeline.is_none();
+        let began = Instant::now();
         let led = async {
             if pipeline.is_none() {
                 let opened =
@@ -476,14 +482,6 @@ pub async fn run_host(
         match led.await {
             Ok(reason) => {
                 failures = 0;
-                if !session.alive() {
-                    // Lapsed: another host may have led meanwhile (and
-                    // committed, checkpointed, trimmed). The next lead
-                    // opens the logs afresh, taking them over again, not
-                    // with this handle's view of them.
-                    pipeline = None;
-                    hint.clear();
-                }
                 report(HostEvent::LeadEnded { reason });
             }
             Err(e) if e.as_runtime().and_then(|r| r.refusing_host()).is_some() => {
@@ -503,7 +501,13 @@ pub async fn run_host(
                 left_out.insert(host, Instant::now());
             }
             Err(e) if e.is_transient() => {
-                failures += 1;
+                // Failures in a row back off; one after a lead that ran a
+                // while (a fault now, after a healthy run) does not wait
+                // for the faults before it.
+                failures = match began.elapsed() > membership.ttl() {
+                    true => 1,
+                    false => failures + 1,
+                };
                 tracing::warn!(error = %e, failures, "leading failed; recovering on the group as it is");
                 report(HostEvent::LeadEnded {
                     reason: e.to_string(),
