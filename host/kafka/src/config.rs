@@ -93,7 +93,8 @@ impl KafkaConfig {
     }
 
     /// The settings every client of the pipeline starts from: the brokers,
-    /// Nagle's algorithm off, reconnecting within a second, then the extra [`client`](Self::client) settings.
+    /// Nagle's algorithm off, reconnecting within a second, then the extra
+    /// [`client`](Self::client) settings.
     pub(crate) fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);

@@ -57,6 +57,8 @@ pub struct Cluster {
     /// Environment every host starts with (e.g. the S3 endpoint behind a
     /// proxy).
     pub env: Vec<(String, String)>,
+    /// The hosts' session timeout (and membership TTL), in milliseconds.
+    pub session_ms: u64,
 }
 
 pub fn free_port() -> u16 {
@@ -92,6 +94,7 @@ impl Cluster {
             ports: BTreeMap::new(),
             advertise: BTreeMap::new(),
             env: Vec::new(),
+            session_ms: SESSION_MS,
         };
         (cluster, expected)
     }
@@ -110,6 +113,7 @@ impl Cluster {
             ports: BTreeMap::new(),
             advertise: BTreeMap::new(),
             env: Vec::new(),
+            session_ms: SESSION_MS,
         }
     }
 
@@ -153,7 +157,7 @@ impl Cluster {
             .arg(format!("--listen=127.0.0.1:{port}"))
             .args(self.advertise.get(name).map(|a| format!("--advertise={a}")))
             .arg(format!("--etcd={}", self.etcd))
-            .arg(format!("--session-timeout-ms={SESSION_MS}"))
+            .arg(format!("--session-timeout-ms={}", self.session_ms))
             .arg("--data")
             .arg(self.dir.join(name))
             .arg(format!("--workers={WORKERS}"))

@@ -445,13 +445,13 @@ pub async fn run_host(
             }
             continue;
         }
+        // Whether this lead opens the logs afresh (else it goes on with the
+        // handle of an earlier lead), and when it began.
+        let fresh = pipeline.is_none();
+        let began = Instant::now();
         // Opening the pipeline's logs fails like a lead does: Kafka out of
         // reach (a leader that reaches etcd but not Kafka) is tried again,
         // or given way to a member that may reach it.
-        // Whether this lead opens the logs afresh (else it goes on with the
-        // handle of an earlier lead).
-        let fresh = pipeline.is_none();
-        let began = Instant::now();
         let led = async {
             if pipeline.is_none() {
                 let opened =
