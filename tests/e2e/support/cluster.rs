@@ -371,9 +371,11 @@ pub fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
     recount(lines.iter().map(|(l, w)| (l.as_str(), *w)))
 }
 
-/// A Kafka broker of this test's own (`scripts/kafka-broker.sh start-at`,
-/// on 127.0.0.2: each broker's controller listens on port 9093 of its
-/// address), stopped when dropped.
+/// A Kafka broker of this test's own (`scripts/kafka-broker.sh start-at`),
+/// stopped when dropped. Each broker's controller listens on port 9093 of
+/// its address, so each gets a loopback address of its own (127.0.0.2 and
+/// up) whose port 9093 is free: two tests with brokers of their own may run
+/// side by side.
 pub struct OwnBroker {
     pub addr: String,
     pub dir: PathBuf,
@@ -385,7 +387,7 @@ impl OwnBroker {
     }
 
     pub fn start(dir: PathBuf) -> OwnBroker {
-        let addr = format!("127.0.0.2:{}", free_port());
+        let addr = format!("{}:{}", own_loopback(), free_port());
         let broker = OwnBroker { addr, dir };
         broker.up();
         broker
@@ -411,6 +413,21 @@ impl OwnBroker {
             .unwrap()
             .success();
         assert!(ok, "stopping the broker at {}", self.addr);
+    }
+}
+
+/// A loopback address, 127.0.0.2 and up, not yet given out by this process
+/// and whose port 9093 (a broker's controller) is free.
+fn own_loopback() -> std::net::Ipv4Addr {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static NEXT: AtomicU8 = AtomicU8::new(2);
+    loop {
+        let last = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(last < 250, "no loopback address with port 9093 free");
+        let ip = std::net::Ipv4Addr::new(127, 0, 0, last);
+        if std::net::TcpListener::bind((ip, 9093)).is_ok() {
+            return ip;
+        }
     }
 }
 
