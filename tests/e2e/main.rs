@@ -20,6 +20,7 @@ mod hosts;
 mod incremental;
 mod invariants;
 mod kafka;
+mod memory;
 mod partitions;
 mod rescale;
 mod server;

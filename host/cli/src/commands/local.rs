@@ -104,6 +104,9 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         bail!("sluice host needs --etcd URL (or SLUICE_ETCD): the group of the pipeline's hosts");
     }
     let secret = read_host_secret(a.secret_file.as_deref())?;
+    // A long-running host: the allocator's thresholds fixed, as the
+    // server's (see `sluice_server::memory`).
+    sluice_server::memory::configure();
     let log = a.kafka.log_config(sluice_pipeline::LogKind::Kafka)?;
     let group = a
         .kafka

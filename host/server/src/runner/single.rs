@@ -208,6 +208,8 @@ impl Runner {
                         }
                     }
                     self.set_state(PipelineState::Stopped);
+                    // Its instances are gone: so is the heap their steps used.
+                    tokio::task::spawn_blocking(crate::memory::give_back);
                     self.wait_for_command().await;
                 }
                 Desired::Paused => {

@@ -1,0 +1,119 @@
+//! Issue #32, the server's half: `sluice serve` gives back what a key-heavy
+//! pipeline made it hold once the pipeline is deleted, and its peak stays
+//! near `sluice run`'s on the same input.
+
+use crate::support::server::{Server, raw};
+use crate::support::{component, sluice_cmd};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// 2 000 lines of 200 words each never seen before: 400 000 keys.
+fn new_keys(path: &Path) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for line in 0..2_000 {
+        let words: Vec<String> = (0..200).map(|w| format!("k{}", line * 200 + w)).collect();
+        writeln!(f, "{}", serde_json::to_string(&words.join(" ")).unwrap()).unwrap();
+    }
+}
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Runs `cmd` to its end, which must succeed, and returns its peak
+/// resident memory in KiB (from `wait4`, the kernel's own figure).
+fn peak_kib_of(cmd: &mut std::process::Command) -> u64 {
+    // Reaped by `wait4` below, not by `Child::wait`: the kernel's peak
+    // figure comes only with the reaping.
+    let pid = cmd
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+        .id() as i32;
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value for `wait4` to fill in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `wait4` reaps our own child and writes to the two locals it
+    // is given; the child is not waited for again.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed ({status})"
+    );
+    usage.ru_maxrss as u64
+}
+
+#[test]
+fn a_deleted_pipeline_gives_its_memory_back_and_the_peak_stays_near_sluice_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("keys.jsonl");
+    new_keys(&input);
+    let wasm = component("examples/wordcount");
+
+    let run_peak = peak_kib_of(
+        sluice_cmd()
+            .args(["run", "-q", "--workers", "2", "--data"])
+            .arg(dir.path().join("run"))
+            .arg("--input")
+            .arg(format!("lines={}", input.display()))
+            .arg(&wasm),
+    );
+
+    let server = Server::start(&dir.path().join("data"));
+    let acme = server.tenant("acme");
+    let before = status_kib(server.pid(), "VmRSS");
+    acme.deploy(&wasm, "wc", "wc", 2, false).unwrap();
+    // The whole file in one push.
+    let (code, body) = raw(
+        "POST",
+        &format!("{}/pipelines/wc/input/lines", server.url),
+        Some(acme.token()),
+        "application/x-ndjson",
+        &std::fs::read(&input).unwrap(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let s: serde_json::Value = serde_json::from_str(&acme.status(Some("wc")).unwrap()).unwrap();
+        if s["events_in"] == 2_000 && s["input_lag"] == 0 && s["events_out"] == 400_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pipeline did not finish: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = status_kib(server.pid(), "VmHWM");
+    acme.delete("wc").unwrap();
+    std::thread::sleep(Duration::from_secs(10));
+    let after = status_kib(server.pid(), "VmRSS");
+    let mib = |kib: u64| kib >> 10;
+    eprintln!(
+        "sluice run peak {} MiB; sluice serve: {} MiB before, peak {} MiB, {} MiB 10 s after the delete",
+        mib(run_peak),
+        mib(before),
+        mib(peak),
+        mib(after)
+    );
+    assert!(
+        peak * 2 <= run_peak * 3,
+        "the server peaked at {} MiB, over 1.5x sluice run's {} MiB",
+        mib(peak),
+        mib(run_peak)
+    );
+    assert!(
+        after <= before + (64 << 10),
+        "10 s after the delete the server holds {} MiB, {} MiB more than before the pipeline",
+        mib(after),
+        mib(after.saturating_sub(before))
+    );
+}
