@@ -1,6 +1,7 @@
 //! Issue #32, the server's half: `sluice serve` gives back what a key-heavy
 //! pipeline made it hold once the pipeline is deleted, and its peak stays
-//! near `sluice run`'s on the same input.
+//! near `sluice run`'s on the same input; the admin sees the server's
+//! memory and what each tenant's pipelines hold on the host.
 
 use crate::support::server::{Server, raw};
 use crate::support::{component, sluice_cmd};
@@ -93,16 +94,38 @@ fn a_deleted_pipeline_gives_its_memory_back_and_the_peak_stays_near_sluice_run()
         std::thread::sleep(Duration::from_millis(100));
     }
     let peak = status_kib(server.pid(), "VmHWM");
+    // The admin sees the server's memory and what acme's pipeline holds on
+    // the host besides its instances (its database's write buffers: the
+    // step wrote 400 000 output entries and a checkpoint).
+    let usage = || -> serde_json::Value {
+        serde_json::from_str(&server.admin().tenants().unwrap()).unwrap()
+    };
+    let u = usage();
+    let acme_host = u["tenants"][0]["host_memory_bytes"].as_u64().unwrap();
+    assert!(
+        (1 << 20..=64 << 20).contains(&acme_host),
+        "acme's host memory: {acme_host} bytes"
+    );
+    assert_eq!(u["host_memory_bytes"].as_u64(), Some(acme_host));
+    let resident = u["resident_bytes"].as_u64().unwrap() >> 10;
+    let now = status_kib(server.pid(), "VmRSS");
+    assert!(
+        resident.abs_diff(now) < now / 4,
+        "the server says it holds {resident} KiB, /proc says {now} KiB"
+    );
     acme.delete("wc").unwrap();
     std::thread::sleep(Duration::from_secs(10));
     let after = status_kib(server.pid(), "VmRSS");
+    assert_eq!(usage()["tenants"][0]["host_memory_bytes"], 0);
     let mib = |kib: u64| kib >> 10;
     eprintln!(
-        "sluice run peak {} MiB; sluice serve: {} MiB before, peak {} MiB, {} MiB 10 s after the delete",
+        "sluice run peak {} MiB; sluice serve: {} MiB before, peak {} MiB, {} MiB 10 s after the delete; \
+         acme's pipeline held {} MiB on the host besides its instances",
         mib(run_peak),
         mib(before),
         mib(peak),
-        mib(after)
+        mib(after),
+        acme_host >> 20
     );
     assert!(
         peak * 2 <= run_peak * 3,

@@ -241,13 +241,21 @@ pub fn tenant_token(created: &Value, verb: &str) -> String {
 /// The host and its tenants (`GET /tenants`).
 pub fn host(u: &Value) -> String {
     let mut out = format!(
-        "memory promised {} of {}; disk {} free of {}\n\n",
+        "memory promised {} of {}; server resident {} (pipelines' host memory {}); disk {} free of {}\n\n",
         bytes(u["memory_promised_bytes"].as_u64().unwrap_or(0)),
         bytes(u["memory_budget_bytes"].as_u64().unwrap_or(0)),
+        bytes(u["resident_bytes"].as_u64().unwrap_or(0)),
+        bytes(u["host_memory_bytes"].as_u64().unwrap_or(0)),
         bytes(u["disk_free_bytes"].as_u64().unwrap_or(0)),
         bytes(u["disk_total_bytes"].as_u64().unwrap_or(0)),
     );
-    let mut t = table(&["TENANT", "PIPELINES", "DISK", "MEMORY PROMISED"]);
+    let mut t = table(&[
+        "TENANT",
+        "PIPELINES",
+        "DISK",
+        "MEMORY PROMISED",
+        "HOST MEMORY",
+    ]);
     for tenant in u["tenants"].as_array().into_iter().flatten() {
         t.add_row(vec![
             tenant["name"].as_str().unwrap_or("?").to_owned(),
@@ -261,6 +269,7 @@ pub fn host(u: &Value) -> String {
                 bytes(tenant["disk_quota_bytes"].as_u64().unwrap_or(0))
             ),
             bytes(tenant["memory_promised_bytes"].as_u64().unwrap_or(0)),
+            bytes(tenant["host_memory_bytes"].as_u64().unwrap_or(0)),
         ]);
     }
     out.push_str(&t.to_string());

@@ -29,6 +29,10 @@ const FAMILIES: [&str; 6] = [
     CF_META,
 ];
 
+/// The memtables of a pipeline's database, all column families together,
+/// in bytes: past it RocksDB flushes the largest.
+pub const WRITE_BUFFERS: usize = 64 << 20;
+
 /// A pipeline's open database, with the lock on its data directory: while
 /// this exists, no other process can open the pipeline.
 pub struct PipelineDb {
@@ -106,6 +110,9 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_max_background_jobs(2);
+    // Every column family's memtables together, not 2 x 64 MiB each: a
+    // host runs many pipelines, and counts this in their tenants' usage.
+    opts.set_db_write_buffer_size(WRITE_BUFFERS);
     let families = FAMILIES
         .iter()
         .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
@@ -130,6 +137,25 @@ pub fn synced() -> WriteOptions {
     let mut w = WriteOptions::default();
     w.set_sync(true);
     w
+}
+
+/// Memory the database holds, in bytes: every column family's memtables
+/// (at most [`WRITE_BUFFERS`] together), table readers and block cache.
+pub fn memory_bytes(db: &DB) -> u64 {
+    const PROPERTIES: [&str; 3] = [
+        "rocksdb.cur-size-all-mem-tables",
+        "rocksdb.estimate-table-readers-mem",
+        "rocksdb.block-cache-usage",
+    ];
+    FAMILIES
+        .iter()
+        .filter_map(|name| db.cf_handle(name))
+        .flat_map(|cf| {
+            PROPERTIES
+                .iter()
+                .map(move |p| db.property_int_value_cf(cf, *p).ok().flatten().unwrap_or(0))
+        })
+        .sum()
 }
 
 /// Looks up a column family that [`open`] created.

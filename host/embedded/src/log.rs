@@ -422,6 +422,12 @@ impl WorkerCommitter for EmbeddedWorker {
 }
 
 impl LogBackend for EmbeddedLog {
+    /// RocksDB's memtables, table readers and block caches, over every
+    /// column family.
+    fn memory_bytes(&self) -> u64 {
+        db::memory_bytes(&self.db)
+    }
+
     /// This instance, in this process: only workers of hosts running in
     /// the same process and handed this log (tests, benchmarks) read it.
     fn location(&self) -> Option<String> {

@@ -359,13 +359,15 @@ function adminView() {
     el("div", { class: "card" }, el("h3", {}, "Tenants"),
       el("table", { id: "tenants" }, el("thead", {}, el("tr", {},
         el("th", {}, "Tenant"), el("th", { class: "num" }, "Pipelines"), el("th", {}, "Disk"),
-        el("th", {}, ""), el("th", {}, "Memory promised"))), tenants)));
+        el("th", {}, ""), el("th", {}, "Memory promised"), el("th", {}, "Host memory"))), tenants)));
   every(2000, async () => {
     try {
       const u = await api("GET", "/tenants");
       const fig = (label, value) => el("div", { class: "figure" }, el("div", { class: "value" }, value), el("div", { class: "label" }, label));
       host.replaceChildren(
         fig("memory promised / budget", `${bytes(u.memory_promised_bytes)} / ${bytes(u.memory_budget_bytes)}`),
+        fig("server resident (heap in use)", `${bytes(u.resident_bytes)} (${bytes(u.heap_in_use_bytes)})`),
+        fig("pipelines' host memory", bytes(u.host_memory_bytes)),
         fig("instances promised", u.pool_instances === null ? `${u.instances_promised}` : `${u.instances_promised} / ${u.pool_instances}`),
         fig("disk free / total", `${bytes(u.disk_free_bytes)} / ${bytes(u.disk_total_bytes)}`),
         fig("tenants", u.tenants.length));
@@ -374,7 +376,8 @@ function adminView() {
         el("td", { class: "num" }, `${t.pipelines} / ${t.limits.max_pipelines}`),
         el("td", {}, `${bytes(t.disk_used_bytes)} / ${bytes(t.disk_quota_bytes)}`),
         el("td", { style: "width:25%" }, el("div", { class: "bar" }, el("div", { style: `width:${Math.min(100, (100 * t.disk_used_bytes) / Math.max(1, t.disk_quota_bytes))}%` }))),
-        el("td", {}, bytes(t.memory_promised_bytes)))));
+        el("td", {}, bytes(t.memory_promised_bytes)),
+        el("td", {}, bytes(t.host_memory_bytes)))));
     } catch (e) {
       flash(e.message);
     }

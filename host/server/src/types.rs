@@ -409,6 +409,10 @@ pub struct TenantUsage {
     pub disk_quota_bytes: u64,
     /// Instance memory its loaded pipelines may use (workers × memory).
     pub memory_promised_bytes: u64,
+    /// Host memory its pipelines' logs hold on this server now (write
+    /// buffers and caches of their databases: at most 64 MiB of write
+    /// buffers a pipeline), besides their instances.
+    pub host_memory_bytes: u64,
     /// Its limits.
     pub limits: TenantLimits,
 }
@@ -424,6 +428,13 @@ pub struct HostUsage {
     pub pool_instances: Option<u32>,
     /// Instances promised to loaded pipelines.
     pub instances_promised: u64,
+    /// The server process's resident memory now.
+    pub resident_bytes: u64,
+    /// Of it, heap allocated and in use (0 where the allocator cannot
+    /// tell).
+    pub heap_in_use_bytes: u64,
+    /// Host memory every tenant's pipelines' logs hold (the sum of theirs).
+    pub host_memory_bytes: u64,
     /// Free bytes on the data directory's file system.
     pub disk_free_bytes: u64,
     /// Size of that file system.

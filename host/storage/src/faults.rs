@@ -147,6 +147,10 @@ impl FaultyLog {
 }
 
 impl LogBackend for FaultyLog {
+    fn memory_bytes(&self) -> u64 {
+        self.inner.memory_bytes()
+    }
+
     fn reachable(&self) -> Result<()> {
         self.faults.read("reachable", || self.inner.reachable())
     }

@@ -577,4 +577,12 @@ pub trait LogBackend: Send + Sync {
     /// The first step whose entries output log `output` still holds (0 if
     /// it was never trimmed).
     fn output_low(&self, output: &str) -> Result<u64>;
+
+    /// Host memory this log holds for its pipeline now (write buffers,
+    /// caches, index readers), in bytes, as far as the backend can tell:
+    /// a multi-tenant host counts it in the tenant's usage. The default: 0,
+    /// for a log that keeps nothing it can measure.
+    fn memory_bytes(&self) -> u64 {
+        0
+    }
 }

@@ -63,6 +63,12 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl PipelineHandle {
+    /// Host memory the pipeline's log holds on this server now (RocksDB's
+    /// write buffers and caches; see `LogBackend::memory_bytes`).
+    pub fn log_memory_bytes(&self) -> u64 {
+        self.log.memory_bytes()
+    }
+
     /// The pipeline's current status.
     pub fn status(&self) -> PipelineStatus {
         lock(&self.status).clone()

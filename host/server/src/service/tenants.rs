@@ -133,13 +133,22 @@ impl Service {
                 memory += per_worker * u64::from(entry.spec.workers);
             }
         }
+        let limits = t.limits;
+        let pipelines = t.pipelines.len() as u32;
+        drop(reg);
+        let host_memory = lock(&self.pipelines)
+            .iter()
+            .filter(|((owner, _), _)| owner == tenant)
+            .map(|(_, h)| h.log_memory_bytes())
+            .sum();
         Ok(TenantUsage {
             name: tenant.to_owned(),
-            pipelines: t.pipelines.len() as u32,
+            pipelines,
             disk_used_bytes: disk,
-            disk_quota_bytes: t.limits.disk_quota_mib << 20,
+            disk_quota_bytes: limits.disk_quota_mib << 20,
             memory_promised_bytes: memory,
-            limits: t.limits,
+            host_memory_bytes: host_memory,
+            limits,
         })
     }
 
@@ -159,6 +168,9 @@ impl Service {
             memory_promised_bytes: memory,
             pool_instances: self.engine.pool_size(),
             instances_promised: instances,
+            resident_bytes: crate::memory::resident_bytes(),
+            heap_in_use_bytes: crate::memory::heap_in_use_bytes(),
+            host_memory_bytes: tenants.iter().map(|t| t.host_memory_bytes).sum(),
             disk_free_bytes: disk_free,
             disk_total_bytes: disk_total,
             tenants,
