@@ -16,7 +16,7 @@
 //! returned), and [`give_back`] returns every free page inside arenas
 //! (`malloc_trim`): the server calls it when a pipeline's instances go
 //! (stop, delete) and every few seconds when much was freed since, so
-//! a burst one tenant caused is not held for the others. Together: 7-8
+//! a burst one tenant caused is not held for the others. Together: 8-15
 //! MiB above the start 10 s after the delete, and a peak 20 MiB lower.
 //! WebAssembly memories are not on this heap: an instance's goes back to
 //! the kernel when the instance is dropped.
