@@ -148,13 +148,7 @@ impl Drop for Victim {
 
 /// The server's resident memory, in MiB.
 fn rss_mib(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib >> 10
+    crate::support::server::status_kib(server.pid(), "VmRSS") >> 10
 }
 
 /// The server's open file descriptors.

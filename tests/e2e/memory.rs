@@ -3,7 +3,7 @@
 //! near `sluice run`'s on the same input; the admin sees the server's
 //! memory and what each tenant's pipelines hold on the host.
 
-use crate::support::server::{Server, raw};
+use crate::support::server::{Server, raw, status_kib};
 use crate::support::{component, sluice_cmd};
 use std::io::Write;
 use std::path::Path;
@@ -16,16 +16,6 @@ fn new_keys(path: &Path) {
         let words: Vec<String> = (0..200).map(|w| format!("k{}", line * 200 + w)).collect();
         writeln!(f, "{}", serde_json::to_string(&words.join(" ")).unwrap()).unwrap();
     }
-}
-
-/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// Runs `cmd` to its end, which must succeed, and returns its peak

@@ -4,6 +4,8 @@
 //! [`Guarded`](sluice_storage::Guarded) (it never sees a backend):
 //!
 //! - [`error`]: the runtime's errors, by layer — the bottom of the crate.
+//! - [`memory`]: the process's memory — the allocator set for a
+//!   long-running host, freed heap handed back, resident figures.
 //! - `bindings` (private): the WIT world's generated types, once;
 //!   `packed`: batches packed as one buffer with their ends.
 //! - [`determinism`]: the clock and random numbers a guest sees (I4).
@@ -52,6 +54,7 @@ pub mod error;
 pub mod exchange;
 pub mod hosts;
 mod instance;
+pub mod memory;
 mod packed;
 mod step_io;
 pub mod worker;

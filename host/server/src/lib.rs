@@ -21,12 +21,11 @@
 //!   mapping of errors to statuses and codes.
 //! - [`page`]: the console.
 //! - [`history`]: each pipeline's recent figures (for the console).
-//! - [`memory`]: freed heap handed back to the operating system.
 //! - [`serve()`]: runs the server — the accept loop with its timeouts and
 //!   connection cap, and the shutdown that checkpoints every pipeline.
 //!
 //! Files import downwards only: `error`, then `types`, `limits`,
-//! `settings`, `registry`, `history`, `memory`, `page`, then `runner`, `service`,
+//! `settings`, `registry`, `history`, `page`, then `runner`, `service`,
 //! `routes`, and `serve` on top.
 //!
 //! An admin token (never a default) creates tenants; a tenant sees only its
@@ -55,8 +54,6 @@ pub mod error;
 pub mod history;
 /// Every bound the server enforces; tenant limits whole.
 pub mod limits;
-/// Heap memory handed back to the operating system.
-pub mod memory;
 /// The console.
 pub mod page;
 /// Tenants and pipeline specs, persisted atomically.

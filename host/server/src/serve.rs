@@ -33,7 +33,7 @@ pub struct ServeOptions {
 /// Runs the server until Ctrl-C / SIGTERM, then checkpoints every running
 /// pipeline and returns.
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
-    crate::memory::configure();
+    sluice_runtime::memory::configure();
     let admin_token = opts.admin_token.trim();
     if admin_token.len() < 16 {
         anyhow::bail!("the admin token must be at least 16 characters");
@@ -89,7 +89,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             every.tick().await;
-            let _ = tokio::task::spawn_blocking(|| crate::memory::give_back_over(16 << 20)).await;
+            let _ =
+                tokio::task::spawn_blocking(|| sluice_runtime::memory::give_back_over(16 << 20))
+                    .await;
         }
     });
     accept(listener, app, &opts.limits, shutdown_signal()).await;

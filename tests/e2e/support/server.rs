@@ -322,3 +322,13 @@ pub fn integrated_counts(
     }
     sluice_tools::demo::integrate_counts(&text).unwrap()
 }
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}

@@ -105,8 +105,8 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
     }
     let secret = read_host_secret(a.secret_file.as_deref())?;
     // A long-running host: the allocator's thresholds fixed, as the
-    // server's (see `sluice_server::memory`).
-    sluice_server::memory::configure();
+    // server's (see `sluice_runtime::memory`).
+    sluice_runtime::memory::configure();
     let log = a.kafka.log_config(sluice_pipeline::LogKind::Kafka)?;
     let group = a
         .kafka

@@ -206,10 +206,11 @@ impl Runner {
                                     )));
                             }
                         }
+                        // Its instances go: so does the heap their steps used.
+                        drop(c);
+                        tokio::task::spawn_blocking(sluice_runtime::memory::give_back);
                     }
                     self.set_state(PipelineState::Stopped);
-                    // Its instances are gone: so is the heap their steps used.
-                    tokio::task::spawn_blocking(crate::memory::give_back);
                     self.wait_for_command().await;
                 }
                 Desired::Paused => {

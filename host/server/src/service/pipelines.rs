@@ -299,14 +299,14 @@ impl Service {
         self.remove_dir(&format!("{}/pipelines/{name}", tenant_dir(tenant)))
             .await;
         self.collect_versions(tenant);
-        let returned = tokio::task::spawn_blocking(crate::memory::give_back)
+        let returned = tokio::task::spawn_blocking(sluice_runtime::memory::give_back)
             .await
             .unwrap_or(0);
         tracing::debug!(
             tenant,
             pipeline = name,
             returned,
-            in_use = crate::memory::heap_in_use_bytes(),
+            in_use = sluice_runtime::memory::heap_in_use_bytes(),
             "deleted; freed heap given back"
         );
         Ok(())

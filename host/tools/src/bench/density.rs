@@ -4,20 +4,9 @@
 
 use super::report::{Row, fmt_time};
 use super::workloads::Workload;
+use sluice_runtime::memory::resident_bytes;
 use sluice_runtime::{Limits, SluiceEngine, Worker, WorkerInfo};
 use std::time::{Duration, Instant};
-
-/// The resident memory of this process, in bytes (from `/proc/self/statm`).
-fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
-}
 
 /// The density rows: the time to start a word-count worker, on demand and
 /// pooled, against a bare instantiate; and the memory of idle workers.

@@ -126,7 +126,7 @@ fn measure(config: &KafkaConfig, steps: u64) -> anyhow::Result<Measured> {
     bar.finish_and_clear();
     drop(writer);
 
-    let rss = resident();
+    let rss = sluice_runtime::memory::resident_bytes();
     let started = Instant::now();
     let leader = KafkaLog::open(config.clone())?;
     leader.fence()?;
@@ -143,10 +143,10 @@ fn measure(config: &KafkaConfig, steps: u64) -> anyhow::Result<Measured> {
     }
     let open = started.elapsed();
     let open_held = leader.steps_in_memory();
-    let open_rss = resident().saturating_sub(rss);
+    let open_rss = sluice_runtime::memory::resident_bytes().saturating_sub(rss);
     drop(leader);
 
-    let rss = resident();
+    let rss = sluice_runtime::memory::resident_bytes();
     let started = Instant::now();
     let mut whole_config = config.clone();
     whole_config.step_window = usize::MAX;
@@ -155,7 +155,7 @@ fn measure(config: &KafkaConfig, steps: u64) -> anyhow::Result<Measured> {
     anyhow::ensure!(whole.step_record(0)?.is_some(), "step 0 is missing");
     let whole_time = started.elapsed();
     let whole_held = whole.steps_in_memory();
-    let whole_rss = resident().saturating_sub(rss);
+    let whole_rss = sluice_runtime::memory::resident_bytes().saturating_sub(rss);
     Ok(Measured {
         steps,
         open,
@@ -193,14 +193,6 @@ fn division(step: u64, epoch: u64) -> StepRecord {
         prev: 0,
         layout: None,
     }
-}
-
-/// This process's resident memory, in bytes (0 where `/proc` has none).
-fn resident() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4096)
 }
 
 /// `n` with thin spaces between thousands.

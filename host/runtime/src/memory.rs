@@ -1,4 +1,5 @@
-//! Heap memory a long-running host hands back to the operating system.
+//! The process's memory: the allocator set for a long-running host, heap
+//! handed back to the operating system, and resident figures.
 //!
 //! glibc's allocator keeps what a thread frees in that thread's arena for
 //! its next allocation. Two of its habits make a server hold its peak:
@@ -84,6 +85,12 @@ pub fn free_heap_bytes() -> u64 {
     info.fordblks as u64
 }
 
+/// Bytes free in the allocator's heap arenas (unknown here: 0).
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn free_heap_bytes() -> u64 {
+    0
+}
+
 /// Bytes allocated on the heap and in use (arenas and large blocks mapped
 /// alone).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -96,12 +103,6 @@ pub fn heap_in_use_bytes() -> u64 {
 /// Bytes allocated on the heap (unknown here: 0).
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn heap_in_use_bytes() -> u64 {
-    0
-}
-
-/// Bytes free in the allocator's heap arenas (unknown here: 0).
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn free_heap_bytes() -> u64 {
     0
 }
 
