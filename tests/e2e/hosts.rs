@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-const SECRET: &[u8] = b"the hosts' shared secret";
+pub(crate) const SECRET: &[u8] = b"the hosts' shared secret";
 
-fn options() -> PipelineOptions {
+pub(crate) fn options() -> PipelineOptions {
     PipelineOptions {
         max_batch: 40,
         checkpoint_every_steps: 5,
@@ -22,7 +22,7 @@ fn options() -> PipelineOptions {
 }
 
 /// Lines of words over a small vocabulary.
-fn lines(n: usize) -> Vec<String> {
+pub(crate) fn lines(n: usize) -> Vec<String> {
     (0..n)
         .map(|i| format!("w{} w{} x{}", i % 37, (i * 7) % 101, i % 5))
         .collect()
@@ -32,7 +32,10 @@ fn lines(n: usize) -> Vec<String> {
 /// workers' input from the pipeline's log itself (the coordinator sends
 /// offsets); returns its address and the task serving it (abort it to kill
 /// the host).
-async fn start_host(harness: &Harness, pipeline: &str) -> (String, tokio::task::JoinHandle<()>) {
+pub(crate) async fn start_host(
+    harness: &Harness,
+    pipeline: &str,
+) -> (String, tokio::task::JoinHandle<()>) {
     let reach = Reach {
         checkpoints: None,
         log: Some(harness.log.clone()),
@@ -47,6 +50,16 @@ async fn start_host_reaching(
     pipeline: &str,
     reach: Reach,
 ) -> (String, tokio::task::JoinHandle<()>) {
+    let (addr, task, _) = start_host_with(harness, pipeline, reach).await;
+    (addr, task)
+}
+
+/// [`start_host_reaching`], and the host itself.
+pub(crate) async fn start_host_with(
+    harness: &Harness,
+    pipeline: &str,
+    reach: Reach,
+) -> (String, tokio::task::JoinHandle<()>, Arc<WorkerHost>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let host = WorkerHost::new_with(
@@ -57,10 +70,11 @@ async fn start_host_reaching(
         None,
         reach,
     );
+    let serving = host.clone();
     let task = tokio::spawn(async move {
-        let _ = host.serve(listener).await;
+        let _ = serving.serve(listener).await;
     });
-    (addr, task)
+    (addr, task, host)
 }
 
 /// A worker host of `h`'s pipeline using what `reach` gives it, and a
@@ -84,7 +98,7 @@ async fn on_a_host_reaching(
     (addr, serving, c)
 }
 
-async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
+pub(crate) async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
     RemoteHost::connect(addr, pipeline, SECRET, Duration::from_secs(3))
         .await
         .unwrap()
@@ -92,14 +106,14 @@ async fn connect(addr: &str, pipeline: &str) -> Arc<RemoteHost> {
 
 /// Every committed step's output hashes, by step (a divided step's from
 /// its workers' done records).
-fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
+pub(crate) fn hashes(h: &Harness) -> BTreeMap<u64, Vec<u128>> {
     let last = h.log.last_step().unwrap().unwrap();
     (0..=last)
         .map(|s| (s, h.log.output_hashes(s).unwrap().unwrap()))
         .collect()
 }
 
-async fn fill(h: &Harness, lines: &[String]) {
+pub(crate) async fn fill(h: &Harness, lines: &[String]) {
     for (i, chunk) in lines.chunks(50).enumerate() {
         let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
         h.append("lines", (i % 4) as u32, &values);
@@ -126,7 +140,7 @@ async fn run_on_one_host(
 /// Word count of `input` with `workers` workers run to the end on one
 /// host (in `dir/one`), and the same pipeline opened afresh with the input
 /// (in `dir/hosts`) for a run across hosts to match.
-async fn with_a_reference(
+pub(crate) async fn with_a_reference(
     dir: &std::path::Path,
     workers: u32,
     input: &[String],

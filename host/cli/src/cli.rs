@@ -544,6 +544,13 @@ pub struct HostArgs {
     /// existing one with another W changes layout).
     #[arg(long, default_value_t = 1)]
     pub workers: u32,
+    /// Run each worker on this many hosts at once (never two on one host;
+    /// with fewer hosts, on every host): the leader's host commits one
+    /// replica's output, the others step beside it and their output's hash
+    /// is checked every step — a difference stops the pipeline as
+    /// nondeterministic. Every host should be given the same.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub replicas: u32,
     /// Partitions of each input of a new pipeline.
     #[arg(long)]
     pub partitions: Option<u32>,

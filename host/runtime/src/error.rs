@@ -35,6 +35,10 @@ pub enum ExchangeError {
         /// What was waited for, and how long.
         message: String,
     },
+    /// Two replicas of a worker sent different events to one worker in one
+    /// round: the circuit is not deterministic (I4). The pipeline stops.
+    #[error("{0}")]
+    Diverged(String),
 }
 
 /// What can stop a pipeline's runtime.
@@ -149,6 +153,28 @@ pub enum Error {
         coordinator: String,
     },
 
+    /// I4, checked live: two replicas of a worker computed different
+    /// output for one step. Nothing of the step was committed.
+    #[error(
+        "the circuit is not deterministic: the replicas of worker {worker} computed different \
+         output for step {step} — hash {primary} on {primary_at}, hash {replica} on {replica_at} \
+         (invariant I4); the pipeline is stopped, the step was not committed"
+    )]
+    ReplicasDiverged {
+        /// The step.
+        step: u64,
+        /// The worker whose replicas differ.
+        worker: u32,
+        /// The primary's output hash.
+        primary: String,
+        /// Where the primary runs ("this host", or a host's address).
+        primary_at: String,
+        /// The other replica's output hash.
+        replica: String,
+        /// Where that replica runs.
+        replica_at: String,
+    },
+
     /// An earlier failure left the coordinator without its instances.
     #[error("the pipeline's workers were lost to an earlier failure; reopen it")]
     WorkersLost,
@@ -221,7 +247,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Guest(g) => g.kind(),
-            Error::Nondeterministic { .. } => "nondeterministic",
+            Error::Nondeterministic { .. } | Error::ReplicasDiverged { .. } => "nondeterministic",
             Error::Storage(e) if e.is_transient() => "storage",
             Error::Storage(
                 StorageError::HostEpochSuperseded { .. }

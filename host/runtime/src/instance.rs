@@ -156,9 +156,10 @@ impl sluice::circuit::exchange::Host for WorkerState {
     fn convert_exchange_error(&mut self, err: ExchangeError) -> wasmtime::Result<WitExchangeError> {
         Ok(match err {
             ExchangeError::ContractViolation(m) => WitExchangeError::ContractViolation(m),
-            ExchangeError::Aborted(m) | ExchangeError::Silent { message: m, .. } => {
-                WitExchangeError::Aborted(m)
-            }
+            // Replicas that diverged are no fault of the guest's call.
+            ExchangeError::Aborted(m)
+            | ExchangeError::Silent { message: m, .. }
+            | ExchangeError::Diverged(m) => WitExchangeError::Aborted(m),
         })
     }
 }

@@ -87,6 +87,7 @@ impl DeadLetters {
 
 /// What a worker read for one step: its batches, and the records it
 /// skipped.
+#[derive(Default)]
 pub(crate) struct StepRead {
     /// One batch per input port it read.
     pub(crate) batches: Vec<Batch>,

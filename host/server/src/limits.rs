@@ -152,6 +152,8 @@ pub mod pipeline {
     pub const CHECKPOINT_INTERVAL_MS: Range = range("checkpoint_interval_ms", 10, 86_400_000);
     /// Steps of output kept (older output below every checkpoint goes).
     pub const OUTPUT_RETENTION_STEPS: Range = range("output_retention_steps", 1, u32::MAX as u64);
+    /// Replicas of each worker (across hosts).
+    pub const REPLICAS: Range = range("replicas", 1, 8);
 }
 
 /// Ranges of the server's own flags.
@@ -239,6 +241,13 @@ impl PipelineSpec {
         }
         if let Some(steps) = self.output_retention_steps {
             OUTPUT_RETENTION_STEPS.check(steps)?;
+        }
+        REPLICAS.check(self.replicas.into())?;
+        if self.replicas > 1 && !self.across_hosts {
+            return Err(ServiceError::invalid(
+                "replicas_need_hosts",
+                "replicas run on other servers: add \"across_hosts\": true, or drop \"replicas\"",
+            ));
         }
         Ok(())
     }

@@ -112,6 +112,14 @@ pub struct PipelineSpec {
     /// directly, not pushed through the API.
     #[serde(default)]
     pub across_hosts: bool,
+    /// With `across_hosts`: run each worker on this many servers at once
+    /// (never two on one; with fewer servers, on every one). The leader
+    /// commits one replica's output; the others step beside it and their
+    /// output's hash is checked every step — a difference stops the
+    /// pipeline as nondeterministic. Each server still runs at most one
+    /// instance of each worker, so the admission budget is unchanged.
+    #[serde(default = "one")]
+    pub replicas: u32,
     /// Input port → what a record there that is not an event (not JSON, a
     /// bad `sluice-weight` header) does: `fail` (the default: the pipeline
     /// fails, naming the record's position) or `dead-letter` (the record is

@@ -126,7 +126,10 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         pipeline: PipelineConfig {
             log,
             checkpoint_store: Some(a.store.clone()),
-            options: a.steps.options(&group),
+            options: sluice_runtime::PipelineOptions {
+                replicas: a.replicas,
+                ..a.steps.options(&group)
+            },
             rescale_to: Some(a.workers),
             partitions: a.partitions,
             ..PipelineConfig::new(a.data.clone(), a.workers)

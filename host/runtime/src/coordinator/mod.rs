@@ -28,7 +28,8 @@
 //! [`recovery`] (open: take over, restore, replay), [`step`] (divide, run,
 //! commit), [`divided`] (steps whose shares other hosts commit),
 //! [`checkpoint`] (snapshot, write, trim), [`relayout`] (rescale, move
-//! workers between hosts); [`workers`] is what the coordinator drives and
+//! workers between hosts), [`replicas`] (followers beside each worker,
+//! checked every step); [`workers`] is what the coordinator drives and
 //! [`options`] what it is opened with and reports.
 
 mod checkpoint;
@@ -36,6 +37,7 @@ mod divided;
 mod options;
 mod recovery;
 mod relayout;
+mod replicas;
 mod step;
 mod workers;
 
@@ -120,8 +122,11 @@ struct WorkerPlacement {
     /// Per worker, the partitions it reads, with the input log name.
     owned: Vec<Vec<(PartitionId, String)>>,
     /// The workers' instances, here or on their hosts (`None` after a
-    /// failure: a reopen restores them).
+    /// failure: a reopen restores them) — with replicas, their primaries.
     instances: Vec<Option<AnyWorker>>,
+    /// Each worker's followers: replicas on other slots stepping beside
+    /// its primary ([`PipelineOptions::replicas`]; empty without).
+    followers: Vec<Vec<replicas::Follower>>,
     /// The other hosts running workers.
     hosts: Vec<Arc<RemoteHost>>,
     /// The slot of each worker: 0 this process, `i` `hosts[i - 1]`.
@@ -143,6 +148,7 @@ impl WorkerPlacement {
     /// restores them.
     fn drop_instances(&mut self) {
         self.instances.iter_mut().for_each(|i| *i = None);
+        self.followers.clear();
     }
 }
 
@@ -271,16 +277,21 @@ impl Coordinator {
         self.placement
             .slots
             .iter()
-            .map(|slot| match *slot as usize {
-                0 => String::new(),
-                s => self
-                    .placement
-                    .hosts
-                    .get(s - 1)
-                    .map(|h| h.addr().to_owned())
-                    .unwrap_or_default(),
-            })
+            .map(|slot| self.slot_addr(*slot))
             .collect()
+    }
+
+    /// The address of the host on `slot`, empty for this process.
+    fn slot_addr(&self, slot: u32) -> String {
+        match slot as usize {
+            0 => String::new(),
+            s => self
+                .placement
+                .hosts
+                .get(s - 1)
+                .map(|h| h.addr().to_owned())
+                .unwrap_or_default(),
+        }
     }
 
     /// The storage the coordinator commits to.

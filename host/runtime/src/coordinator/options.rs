@@ -49,6 +49,14 @@ pub struct PipelineOptions {
     /// skipped them, or had none), so changing it changes only the steps
     /// to come.
     pub bad_records: BTreeMap<String, BadRecordPolicy>,
+    /// How many instances run each worker, each on another host (the
+    /// coordinator's process counts as one): the primary, whose output is
+    /// committed, and followers that step beside it on the same input and
+    /// exchange the same events, their output's hash checked against the
+    /// primary's every step (a difference stops the pipeline:
+    /// [`Error::ReplicasDiverged`](crate::Error::ReplicasDiverged)). With fewer hosts than
+    /// this, each worker runs on every host. 1 (the default): no followers.
+    pub replicas: u32,
 }
 
 impl Default for PipelineOptions {
@@ -65,6 +73,7 @@ impl Default for PipelineOptions {
             check_output_json: false,
             placement_hint: Vec::new(),
             bad_records: BTreeMap::new(),
+            replicas: 1,
         }
     }
 }
@@ -133,4 +142,12 @@ pub struct Stats {
     /// themselves (part of `checkpoint_bytes_written`; they never reached
     /// this host).
     pub checkpoint_bytes_staged: u64,
+    /// Followers started ([`PipelineOptions::replicas`]), each from its
+    /// primary's state.
+    pub replicas_built: u64,
+    /// Bytes of state handed from primaries to the followers started.
+    pub replica_bytes: u64,
+    /// Followers' steps whose output hash was checked against their
+    /// primary's (and found the same).
+    pub replica_steps_checked: u64,
 }

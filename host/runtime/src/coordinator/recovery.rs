@@ -178,7 +178,7 @@ impl Coordinator {
         };
         let addrs: Vec<&str> = hosts.iter().map(|h| h.addr()).collect();
         let slots = placement_from_hint(&hint, layout.workers, &addrs);
-        let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &slots)?;
+        let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &slots, &[])?;
         let limits = StepLimits {
             fuel_per_call: engine.limits().fuel_per_call,
             memory: engine.limits().memory as u64,
@@ -193,6 +193,7 @@ impl Coordinator {
                 limits,
                 w,
                 layout.workers,
+                mesh.slot(w),
                 &exchange,
                 &mesh,
             )
@@ -223,6 +224,7 @@ impl Coordinator {
                 mesh,
                 exchange,
                 committers: Vec::new(),
+                followers: Vec::new(),
             },
             checkpoints: CheckpointState::none(),
             stats: Stats::default(),
@@ -235,6 +237,7 @@ impl Coordinator {
         let replaying = Instant::now();
         c.replay().await?;
         c.stats.replay_took = replaying.elapsed();
+        c.replicate().await?;
         tracing::debug!(
             pipeline = %c.options.name,
             restored = ?c.stats.restored_checkpoint,

@@ -42,6 +42,7 @@ impl Coordinator {
         // The change is committed with the step; its checkpoint shortens
         // the replay of a crash and may be delayed by a store outage.
         self.checkpoint_or_delay().await?;
+        self.replicate().await?;
         self.stats.relayouts += 1;
         tracing::info!(
             pipeline = %self.options.name,
@@ -81,6 +82,8 @@ impl Coordinator {
     pub(super) async fn relayout_inner(&mut self, next: Layout) -> Result<u64> {
         // Pieces move between workers: the next checkpoint is whole.
         self.checkpoints.base = None;
+        // The followers are built again once the new layout is committed.
+        self.placement.followers.clear();
         next.validate(&self.shape)
             .map_err(|m| ConfigError::Invalid(format!("layout {}: {m}", next.epoch)))?;
         let old = std::mem::replace(&mut self.placement.layout, next.clone());
@@ -114,7 +117,7 @@ impl Coordinator {
             self.placement.slots.push(slot);
         }
         (self.placement.exchange, self.placement.mesh) =
-            coordinator_exchange(&next, &self.placement.hosts, &self.placement.slots)?;
+            coordinator_exchange(&next, &self.placement.hosts, &self.placement.slots, &[])?;
         for slot in self.placement.instances.iter_mut() {
             let worker = slot.as_mut().ok_or(Error::WorkersLost)?;
             worker
@@ -130,6 +133,7 @@ impl Coordinator {
                 self.limits,
                 w,
                 next.workers,
+                self.placement.mesh.slot(w),
                 &self.placement.exchange,
                 &self.placement.mesh,
             )
@@ -195,12 +199,16 @@ impl Coordinator {
         if r.is_err() {
             self.placement.drop_instances();
         }
-        r
+        let moved = r?;
+        self.replicate().await?;
+        Ok(moved)
     }
 
     pub(super) async fn replace_hosts_inner(&mut self, hosts: Vec<Arc<RemoteHost>>) -> Result<u64> {
         let from: Vec<&str> = self.placement.hosts.iter().map(|h| h.addr()).collect();
         let to: Vec<&str> = hosts.iter().map(|h| h.addr()).collect();
+        // The followers are built again on the new hosts.
+        self.placement.followers.clear();
         let placement = replace_placement(&self.placement.slots, &from, &to);
         let addr = |slot: u32, hosts: &[&str]| -> Option<String> {
             (slot > 0).then(|| hosts[slot as usize - 1].to_owned())
@@ -211,7 +219,8 @@ impl Coordinator {
         let all: Vec<u32> = (0..SHARDS).collect();
         let mut moved = 0u64;
         // The workers' places change: a new exchange session for all.
-        let (exchange, mesh) = coordinator_exchange(&self.placement.layout, &hosts, &placement)?;
+        let (exchange, mesh) =
+            coordinator_exchange(&self.placement.layout, &hosts, &placement, &[])?;
         for w in 0..self.placement.layout.workers {
             if stays[w as usize] {
                 let worker = self.placement.instances[w as usize]
@@ -233,6 +242,7 @@ impl Coordinator {
                 self.limits,
                 w,
                 self.placement.layout.workers,
+                mesh.slot(w),
                 &exchange,
                 &mesh,
             )

@@ -190,6 +190,11 @@ impl Coordinator {
             target,
             &policy,
         );
+        // Followers step on the same ranges.
+        let follower_ranges = match self.has_followers() {
+            true => ranges.clone(),
+            false => Vec::new(),
+        };
         let host_reads = self.hosts_read_input();
         // In a divided step, a worker whose host reads the logs also
         // commits its share there, if the host may write them.
@@ -201,6 +206,7 @@ impl Coordinator {
                     outputs: self.shape.outputs.clone(),
                     checks: self.output_checks(),
                     now: commit == Commit::Now,
+                    follow: false,
                 })
             })
             .collect();
@@ -224,12 +230,28 @@ impl Coordinator {
             .await?
         };
         self.placement.exchange.begin_step(step);
+        let follower_tasks = match self.has_followers() {
+            true => {
+                let started = self
+                    .start_followers(&follower_ranges, target, step, time_ms)
+                    .await;
+                match started {
+                    Ok(tasks) => tasks,
+                    Err(e) => {
+                        self.placement.drop_instances();
+                        return Err(e);
+                    }
+                }
+            }
+            false => Vec::new(),
+        };
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, input) in inputs.into_iter().enumerate() {
             let mut worker = self.placement.instances[w]
                 .take()
                 .ok_or(Error::WorkersLost)?;
             let exchange = self.placement.exchange.clone();
+            let local = matches!(worker, AnyWorker::Local(_));
             tasks.push(tokio::spawn(async move {
                 let r = match input {
                     StepInput::Batches(read) => {
@@ -249,7 +271,10 @@ impl Coordinator {
                         AnyWorker::Local(_) => Err(Error::WorkersLost),
                     },
                 };
-                exchange.worker_finished(w as u32);
+                // (A worker on a host is that host's exchange's to know.)
+                if local {
+                    exchange.worker_finished(w as u32);
+                }
                 if let Err(e) = &r {
                     exchange.worker_failed(w as u32, &e.to_string());
                 }
@@ -305,11 +330,25 @@ impl Coordinator {
                 }
             }
         }
+        // The followers' output is checked against the primaries' (when
+        // every primary stepped).
+        let hashes: Vec<u128> = outputs.iter().map(|o| o.hash).collect();
+        let followed = match follower_tasks.is_empty() {
+            true => Ok(()),
+            false => {
+                let hashes = failure.is_none().then_some(hashes.as_slice());
+                self.check_followers(follower_tasks, step, hashes).await
+            }
+        };
         if let Some(e) = failure {
             // Instances stopped mid-step cannot be trusted (or re-entered).
             self.placement.drop_instances();
-            return Err(e);
+            return Err(match followed {
+                Err(f) if cause_rank(&f) > cause_rank(&e) => f,
+                _ => e,
+            });
         }
+        followed?;
         Ok(outputs)
     }
 

@@ -96,7 +96,9 @@ impl AnyWorker {
     }
 }
 
-/// Starts the instance of worker `w` of `workers`, on its host.
+/// Starts an instance of worker `w` of `workers` on slot `slot` (0 this
+/// process, `i` `hosts[i - 1]`): its primary, on `mesh.slot(w)`, or a
+/// follower.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn start_worker(
     engine: &SluiceEngine,
@@ -106,6 +108,7 @@ pub(super) async fn start_worker(
     limits: StepLimits,
     w: u32,
     workers: u32,
+    slot: u32,
     exchange: &Arc<Exchange>,
     mesh: &MeshPlan,
 ) -> Result<AnyWorker> {
@@ -115,7 +118,7 @@ pub(super) async fn start_worker(
         pipeline: options.name.clone(),
         config: options.config.clone(),
     };
-    let slot = mesh.slot(w) as usize;
+    let slot = slot as usize;
     if slot > 0 {
         let host = hosts[slot - 1].clone();
         return Ok(AnyWorker::Remote(
@@ -143,12 +146,14 @@ pub(super) async fn start_worker(
 }
 
 /// The coordinator's exchange for `layout` with workers placed on slots
-/// `placement` (slot 0 here, slot `i` `hosts[i - 1]`; a fresh session),
-/// and the plan the hosts are told; the hosts' frames go to it from now on.
+/// `placement` (slot 0 here, slot `i` `hosts[i - 1]`; a fresh session)
+/// and their followers on `followers`, and the plan the hosts are told;
+/// the hosts' frames go to it from now on.
 pub(super) fn coordinator_exchange(
     layout: &Layout,
     hosts: &[Arc<RemoteHost>],
     placement: &[u32],
+    followers: &[Vec<u32>],
 ) -> Result<(Arc<Exchange>, MeshPlan)> {
     let slots: Vec<u32> = placement.to_vec();
     let session = if hosts.is_empty() {
@@ -160,6 +165,7 @@ pub(super) fn coordinator_exchange(
     let plan = MeshPlan::new(
         session,
         slots.clone(),
+        followers.to_vec(),
         std::iter::once(String::new())
             .chain(hosts.iter().map(|h| h.addr().to_owned()))
             .collect(),
@@ -177,6 +183,7 @@ pub(super) fn coordinator_exchange(
                 session,
                 slot: 0,
                 slots,
+                followers: followers.to_vec(),
                 links,
                 // A waiting worker gives a host up when its connection has
                 // delivered nothing for the host's session timeout.

@@ -53,8 +53,13 @@ pub(crate) struct Placement {
     pub session: u64,
     /// This host's slot.
     pub slot: u32,
-    /// The slot of each worker.
+    /// The slot of each worker (of its primary, with replicas).
     pub slots: Vec<u32>,
+    /// The other slots each worker runs on (`followers[w]`; empty, or
+    /// shorter than `slots`, without replicas): every replica of a worker
+    /// receives what is sent to it and sends what it sends — the same
+    /// bytes (I4), which each receiver checks.
+    pub followers: Vec<Vec<u32>>,
     /// `links[s]`: the way to slot `s` (`None` for this slot and slots
     /// without workers).
     pub links: Vec<Option<Arc<dyn Link>>>,

@@ -3,6 +3,15 @@
 //! has contributed; delivery in worker order; failing every waiter when a
 //! worker, a host or a link fails (or another slot goes silent), and
 //! passing every failure on to the other hosts.
+//!
+//! **Replicas.** A worker may run on several slots at once (its primary
+//! and followers, [`Placement::followers`]). Each replica contributes
+//! what it sends; a receiver keeps the first copy of each `(source,
+//! destination)` part and checks every later copy against it — the
+//! copies are the same bytes by I4, and a difference is a finding
+//! ([`ExchangeError::Diverged`]), never a silent choice. Frames of a
+//! replicated exchange carry every pair, empty ones too, so that a replica
+//! sending nothing where another sent events is caught as well.
 
 use super::frame::{Frame, FrameBody, Link, Placement};
 use super::liveness::Liveness;
@@ -25,6 +34,9 @@ struct Round {
     /// `inbox[dest][src]`: what `src` sent to `dest` (for a `dest` on
     /// another host, until the frame to it leaves).
     inbox: Vec<Vec<KeyedEvents>>,
+    /// With replicas: `filled[dest][src]`, whether a copy of that part
+    /// arrived (a later copy is checked against it). Empty without.
+    filled: Vec<Vec<bool>>,
     waiters: Vec<Option<oneshot::Sender<Reply>>>,
 }
 
@@ -58,8 +70,14 @@ pub struct Exchange {
     owners: Vec<u32>,
     session: u64,
     slot: u32,
-    /// The slot of each worker.
+    /// The slot of each worker (its primary's).
     slots: Vec<u32>,
+    /// The other slots each worker runs on (its followers').
+    followers: Vec<Vec<u32>>,
+    /// Whether any worker runs on more than one slot.
+    replicated: bool,
+    /// The number of slots (the highest that runs a worker, plus one).
+    slot_count: usize,
     /// The other slots that run workers, with the way to each.
     peers: Vec<(u32, Arc<dyn Link>)>,
     state: Mutex<State>,
@@ -95,17 +113,28 @@ impl Exchange {
             session: 0,
             slot: 0,
             slots: vec![0; workers as usize],
+            followers: Vec::new(),
             links: vec![None],
             silence: Duration::MAX,
         });
-        let slots = placement.slots.iter().max().map_or(1, |m| *m as usize + 1);
-        let liveness = Liveness::new(slots.max(placement.links.len()), placement.silence);
+        let mut followers = placement.followers;
+        followers.resize_with(workers as usize, Vec::new);
+        let replicated = followers.iter().any(|f| !f.is_empty());
+        let runs =
+            |s: u32| placement.slots.contains(&s) || followers.iter().any(|f| f.contains(&s));
+        let slot_count = placement
+            .slots
+            .iter()
+            .chain(followers.iter().flatten())
+            .max()
+            .map_or(1, |m| *m as usize + 1);
+        let liveness = Liveness::new(slot_count.max(placement.links.len()), placement.silence);
         let peers = placement
             .links
             .into_iter()
             .enumerate()
             .filter_map(|(s, l)| Some((s as u32, l?)))
-            .filter(|(s, _)| *s != placement.slot && placement.slots.contains(s))
+            .filter(|(s, _)| *s != placement.slot && runs(*s))
             .collect();
         Arc::new(Exchange {
             liveness,
@@ -114,6 +143,9 @@ impl Exchange {
             session: placement.session,
             slot: placement.slot,
             slots: placement.slots,
+            followers,
+            replicated,
+            slot_count,
             peers,
             state: Mutex::new(State {
                 step: 0,
@@ -129,8 +161,14 @@ impl Exchange {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether worker `w` (a replica of it) runs on slot `slot`.
+    fn runs_on(&self, w: usize, slot: u32) -> bool {
+        self.slots.get(w) == Some(&slot) || self.followers.get(w).is_some_and(|f| f.contains(&slot))
+    }
+
+    /// Whether worker `worker` (a replica of it) runs on this slot.
     fn local(&self, worker: usize) -> bool {
-        self.slots.get(worker) == Some(&self.slot)
+        self.runs_on(worker, self.slot)
     }
 
     /// Starts step `step` (if it is not the current one): forgets the
@@ -156,8 +194,12 @@ impl Exchange {
         let w = self.workers as usize;
         Round {
             contributed: vec![false; w],
-            heard: vec![false; self.slots.iter().max().map_or(1, |m| *m as usize + 1)],
+            heard: vec![false; self.slot_count],
             inbox: (0..w).map(|_| (0..w).map(|_| empty()).collect()).collect(),
+            filled: match self.replicated {
+                true => vec![vec![false; w]; w],
+                false => Vec::new(),
+            },
             waiters: (0..w).map(|_| None).collect(),
         }
     }
@@ -256,9 +298,26 @@ impl Exchange {
             };
             let round = s.rounds.entry(key).or_insert_with(|| self.new_round());
             round.contributed[me] = true;
-            for (key, value, weight) in sent {
-                let dest = self.owners[shard_of(key) as usize] as usize;
-                push(&mut round.inbox[dest][me], key, value, weight);
+            if self.replicated {
+                let mut parts: Vec<KeyedEvents> = (0..self.workers).map(|_| empty()).collect();
+                for (key, value, weight) in sent {
+                    let dest = self.owners[shard_of(key) as usize] as usize;
+                    push(&mut parts[dest], key, value, weight);
+                }
+                let diverged = parts
+                    .into_iter()
+                    .enumerate()
+                    .find(|(dest, part)| !file(round, *dest, me, part.clone()))
+                    .map(|(dest, _)| dest);
+                if let Some(dest) = diverged {
+                    let e = self.diverged(step, channel, me, dest, "this host's replica");
+                    return Err(self.fail(&mut s, e, true));
+                }
+            } else {
+                for (key, value, weight) in sent {
+                    let dest = self.owners[shard_of(key) as usize] as usize;
+                    push(&mut round.inbox[dest][me], key, value, weight);
+                }
             }
             // Every local worker has contributed: what they sent the other
             // hosts' workers leaves, one frame per host.
@@ -272,10 +331,19 @@ impl Exchange {
                 for (slot, link) in &self.peers {
                     let mut parts = Vec::new();
                     for dest in 0..self.workers as usize {
-                        if self.slots[dest] != *slot {
+                        if !self.runs_on(dest, *slot) {
                             continue;
                         }
                         for src in 0..self.workers as usize {
+                            if self.replicated {
+                                // Every pair of a local source, empty
+                                // ones too: the receiver checks each copy.
+                                if self.local(src) {
+                                    let part = round.inbox[dest][src].clone();
+                                    parts.push((src as u32, dest as u32, part));
+                                }
+                                continue;
+                            }
                             let part = std::mem::replace(&mut round.inbox[dest][src], empty());
                             if !part.weights.is_empty() {
                                 parts.push((src as u32, dest as u32, part));
@@ -290,6 +358,12 @@ impl Exchange {
                         body: FrameBody::Parts(parts),
                     };
                     frames.push((link.clone(), frame));
+                }
+                if self.replicated {
+                    // What only other hosts' workers receive is sent.
+                    for dest in (0..self.workers as usize).filter(|d| !self.local(*d)) {
+                        round.inbox[dest].iter_mut().for_each(|p| *p = empty());
+                    }
                 }
             }
             let outcome = match self.settle(&mut s, key, Some(me)) {
@@ -436,7 +510,7 @@ impl Exchange {
         let current = s.step;
         let round = s.rounds.entry(key).or_insert_with(|| self.new_round());
         let fits = |src: u32, dest: u32| {
-            self.slots.get(src as usize) == Some(&(from as u32)) && self.local(dest as usize)
+            self.runs_on(src as usize, from as u32) && self.local(dest as usize)
         };
         if round.heard.get(from).is_none_or(|h| *h)
             || parts.iter().any(|(src, dest, _)| !fits(*src, *dest))
@@ -450,8 +524,38 @@ impl Exchange {
             return;
         }
         round.heard[from] = true;
-        for (src, dest, events) in parts {
-            round.inbox[dest as usize][src as usize] = events;
+        if self.replicated {
+            // Every pair the sender's replicas owe this host, a missing one
+            // as empty: each is the first copy or checked against it.
+            let mut sent: BTreeMap<(usize, usize), KeyedEvents> = parts
+                .into_iter()
+                .map(|(src, dest, events)| ((src as usize, dest as usize), events))
+                .collect();
+            let w = self.workers as usize;
+            let mut diverged = None;
+            'pairs: for src in (0..w).filter(|src| self.runs_on(*src, from as u32)) {
+                for dest in (0..w).filter(|dest| self.local(*dest)) {
+                    let part = sent.remove(&(src, dest)).unwrap_or_else(empty);
+                    if !file(round, dest, src, part) {
+                        diverged = Some((src, dest));
+                        break 'pairs;
+                    }
+                }
+            }
+            if let Some((src, dest)) = diverged {
+                let e = self.diverged(step, channel, src, dest, &format!("slot {from}"));
+                if step == current {
+                    self.fail(&mut s, e, true);
+                } else if s.failure.is_none() {
+                    s.failure = Some((step, e.clone()));
+                    self.tell(step, e);
+                }
+                return;
+            }
+        } else {
+            for (src, dest, events) in parts {
+                round.inbox[dest as usize][src as usize] = events;
+            }
         }
         if step != current {
             return;
@@ -487,6 +591,31 @@ impl Exchange {
             );
             self.fail(&mut s, ExchangeError::ContractViolation(msg), true);
         }
+    }
+
+    /// The finding that two replicas of worker `src` sent worker `dest`
+    /// different events on `channel` of `step` (`copy`: where the second
+    /// copy came from).
+    fn diverged(
+        &self,
+        step: u64,
+        channel: u32,
+        src: usize,
+        dest: usize,
+        copy: &str,
+    ) -> ExchangeError {
+        let mut at: Vec<String> = std::iter::once(self.slots[src])
+            .chain(self.followers[src].iter().copied())
+            .map(|s| format!("slot {s}"))
+            .collect();
+        at.dedup();
+        ExchangeError::Diverged(format!(
+            "the replicas of worker {src} (on {}) sent worker {dest} different events on \
+             channel {channel} of step {step} (seen on slot {}, the copy from {copy} differs): \
+             the circuit is not deterministic (I4)",
+            at.join(", "),
+            self.slot,
+        ))
     }
 
     fn failure_of(&self, step: u64) -> Option<ExchangeError> {
@@ -572,4 +701,21 @@ impl Exchange {
             .filter(|(at, _)| *at == s.step)
             .map(|(_, e)| e.clone())
     }
+}
+
+/// Files `part`, what worker `src` sent worker `dest`, in a replicated
+/// `round`: the first copy is kept; a later one (from another replica of
+/// `src`) must be the same bytes. Returns whether it was.
+fn file(round: &mut Round, dest: usize, src: usize, part: KeyedEvents) -> bool {
+    if !round.filled[dest][src] {
+        round.filled[dest][src] = true;
+        round.inbox[dest][src] = part;
+        return true;
+    }
+    let kept = &round.inbox[dest][src];
+    kept.keys == part.keys
+        && kept.key_ends == part.key_ends
+        && kept.values == part.values
+        && kept.ends == part.ends
+        && kept.weights == part.weights
 }

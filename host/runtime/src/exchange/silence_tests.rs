@@ -60,6 +60,7 @@ fn three(cut: (u32, u32), silence: Duration) -> (Vec<Arc<Exchange>>, tokio::task
                     session: 9,
                     slot,
                     slots: vec![0, 1, 2],
+                    followers: Vec::new(),
                     links,
                     silence,
                 },

@@ -112,32 +112,7 @@ impl Link for Broken {
 /// The exchanges of `hosts` slots joined by direct links, worker `w` on
 /// slot `w mod hosts`.
 fn mesh(layout: &Layout, hosts: u32) -> Vec<Arc<Exchange>> {
-    let cells: Vec<Arc<std::sync::OnceLock<std::sync::Weak<Exchange>>>> =
-        (0..hosts).map(|_| Arc::default()).collect();
-    let xs: Vec<Arc<Exchange>> = (0..hosts)
-        .map(|slot| {
-            let links = (0..hosts)
-                .map(|s| {
-                    (s != slot)
-                        .then(|| Arc::new(Direct(cells[s as usize].clone())) as Arc<dyn Link>)
-                })
-                .collect();
-            Exchange::across(
-                layout,
-                Placement {
-                    session: 7,
-                    slot,
-                    slots: (0..layout.workers).map(|w| w % hosts).collect(),
-                    links,
-                    silence: std::time::Duration::from_secs(60),
-                },
-            )
-        })
-        .collect();
-    for (cell, x) in cells.iter().zip(&xs) {
-        cell.set(Arc::downgrade(x)).unwrap();
-    }
-    xs
+    replicated_mesh(layout, hosts, 1)
 }
 
 fn five_workers() -> Layout {
@@ -161,16 +136,7 @@ async fn run_rounds(xs: &[Arc<Exchange>], workers: u32) -> Vec<Vec<(Vec<u8>, Vec
         for channel in [3u32, 9] {
             let calls = (0..workers).map(|w| {
                 let x = host(w);
-                let mut events = empty();
-                for i in 0..40u32 {
-                    let key = format!("k{}", (i * 7 + w * 3 + channel) % 23);
-                    push(
-                        &mut events,
-                        key.as_bytes(),
-                        &[w as u8, i as u8],
-                        i64::from(step as u32),
-                    );
-                }
+                let events = sent_by(w, step, channel);
                 tokio::spawn(async move { x.shuffle(w, step, channel, events).await })
             });
             let calls: Vec<_> = calls.collect();
@@ -240,6 +206,7 @@ async fn an_unreachable_host_fails_the_step() {
             session: 1,
             slot: 0,
             slots: vec![0, 1],
+            followers: Vec::new(),
             links: vec![None, Some(Arc::new(Broken))],
             silence: std::time::Duration::from_secs(60),
         },
@@ -268,6 +235,7 @@ async fn a_sender_stuck_on_a_full_link_gives_up_when_the_step_fails() {
             session: 1,
             slot: 0,
             slots: vec![0, 1],
+            followers: Vec::new(),
             links: vec![None, Some(Arc::new(Full))],
             silence: std::time::Duration::from_secs(60),
         },
@@ -298,4 +266,124 @@ async fn frames_of_another_session_or_an_earlier_step_are_dropped() {
         });
     }
     assert_eq!(xs[0].failure(), None);
+}
+
+/// [`mesh`] with replicas: worker `w`'s primary on slot `w mod hosts`,
+/// its followers on the next `replicas - 1` slots.
+fn replicated_mesh(layout: &Layout, hosts: u32, replicas: u32) -> Vec<Arc<Exchange>> {
+    let cells: Vec<Arc<std::sync::OnceLock<std::sync::Weak<Exchange>>>> =
+        (0..hosts).map(|_| Arc::default()).collect();
+    let followers: Vec<Vec<u32>> = (0..layout.workers)
+        .map(|w| (1..replicas).map(|r| (w + r) % hosts).collect())
+        .collect();
+    let xs: Vec<Arc<Exchange>> = (0..hosts)
+        .map(|slot| {
+            let links = (0..hosts)
+                .map(|s| {
+                    (s != slot)
+                        .then(|| Arc::new(Direct(cells[s as usize].clone())) as Arc<dyn Link>)
+                })
+                .collect();
+            Exchange::across(
+                layout,
+                Placement {
+                    session: 7,
+                    slot,
+                    slots: (0..layout.workers).map(|w| w % hosts).collect(),
+                    followers: followers.clone(),
+                    links,
+                    silence: std::time::Duration::from_secs(60),
+                },
+            )
+        })
+        .collect();
+    for (cell, x) in cells.iter().zip(&xs) {
+        cell.set(Arc::downgrade(x)).unwrap();
+    }
+    xs
+}
+
+/// What worker `w` sends on `channel` in `step` ([`run_rounds`]'s events).
+fn sent_by(w: u32, step: u64, channel: u32) -> KeyedEvents {
+    let mut events = empty();
+    for i in 0..40u32 {
+        let key = format!("k{}", (i * 7 + w * 3 + channel) % 23);
+        push(
+            &mut events,
+            key.as_bytes(),
+            &[w as u8, i as u8],
+            i64::from(step as u32),
+        );
+    }
+    events
+}
+
+#[tokio::test]
+async fn every_replica_of_a_worker_gets_what_one_host_gives_it() {
+    let layout = five_workers();
+    let one = run_rounds(&[Exchange::new(&layout)], 5).await;
+    let (hosts, replicas) = (3u32, 2u32);
+    let xs = replicated_mesh(&layout, hosts, replicas);
+    for x in &xs {
+        x.begin_step(1);
+    }
+    // Every replica of every worker shuffles on channel 3 of step 1.
+    let mut calls = Vec::new();
+    for w in 0..5u32 {
+        for r in 0..replicas {
+            let x = xs[((w + r) % hosts) as usize].clone();
+            calls.push((
+                w,
+                tokio::spawn(async move { x.shuffle(w, 1, 3, sent_by(w, 1, 3)).await }),
+            ));
+        }
+    }
+    for (w, call) in calls {
+        let got: Vec<(Vec<u8>, Vec<u8>, i64)> = unpack(&call.await.unwrap().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|(k, v, w)| (k.to_vec(), v.to_vec(), w))
+            .collect();
+        // run_rounds records (step 1, channel 3) first, in worker order.
+        assert_eq!(got, one[w as usize], "worker {w}");
+    }
+}
+
+#[tokio::test]
+async fn replicas_that_send_different_events_fail_the_step_as_nondeterministic() {
+    let layout = two_workers();
+    // Worker 0 on slots 0 and 1, worker 1 on slots 1 and 0.
+    let xs = replicated_mesh(&layout, 2, 2);
+    for x in &xs {
+        x.begin_step(1);
+    }
+    let other = evs([("a", 9)]);
+    let (a, b, c, d) = tokio::join!(
+        xs[0].shuffle(0, 1, 1, evs([("a", 0)])),
+        xs[1].shuffle(0, 1, 1, other),
+        xs[0].shuffle(1, 1, 1, evs([("b", 1)])),
+        xs[1].shuffle(1, 1, 1, evs([("b", 1)])),
+    );
+    for r in [a, b, c, d] {
+        let err = r.unwrap_err();
+        assert!(matches!(err, ExchangeError::Diverged(_)), "{err}");
+        assert!(
+            err.to_string().contains("replicas of worker 0"),
+            "names the worker: {err}"
+        );
+    }
+    // A replica that sends nothing where the other sent events is caught
+    // too (empty parts travel with replicas).
+    for x in &xs {
+        x.begin_step(2);
+    }
+    let (a, b, c, d) = tokio::join!(
+        xs[0].shuffle(0, 2, 1, evs([("a", 0)])),
+        xs[1].shuffle(0, 2, 1, empty()),
+        xs[0].shuffle(1, 2, 1, empty()),
+        xs[1].shuffle(1, 2, 1, empty()),
+    );
+    for r in [a, b, c, d] {
+        assert!(matches!(r, Err(ExchangeError::Diverged(_))), "{r:?}");
+    }
 }

@@ -17,6 +17,7 @@ use sluice_storage::{
     CheckpointStore, LogBackend, ReadBytes, StorageError, WorkerCommit, WorkerCommitter,
 };
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 
 impl WorkerHost {
@@ -141,6 +142,15 @@ impl WorkerHost {
                     Some(e) => Err(e),
                     None => w.step(step, time_ms, batches).await,
                 };
+                let stepped = match stepped {
+                    Ok(mut out) if self.alter_output.load(Ordering::Relaxed) => {
+                        if let Some(b) = out.iter_mut().find(|b| !b.weights.is_empty()) {
+                            b.weights[0] = b.weights[0].saturating_mul(2);
+                        }
+                        Ok(out)
+                    }
+                    other => other,
+                };
                 if let Some(x) = &exchange {
                     x.worker_finished(index);
                     if let Err(e) = &stepped {
@@ -157,14 +167,19 @@ impl WorkerHost {
                         dead_letters,
                     },
                     Some(spec) => {
-                        let now = spec.now;
+                        let (now, follow) = (spec.now, spec.follow);
                         let commit = share_of(index, step, spec, stepped?, dead_letters)?;
                         let done = ShareDone::of(&commit);
                         // Taken now (which ends an earlier holder's open
-                        // transaction), committed now or when told.
-                        self.take(index, share).await?;
+                        // transaction), committed now or when told. A
+                        // follower's share is only held (only its hash goes
+                        // back, for the coordinator to check): taking the
+                        // worker would fence its primary.
+                        if !follow {
+                            self.take(index, share).await?;
+                        }
                         share.held = Some(commit);
-                        if now {
+                        if now && !follow {
                             self.commit_held(index, step, share).await?;
                         }
                         Answer::Stepped {

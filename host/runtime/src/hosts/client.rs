@@ -414,7 +414,7 @@ impl RemoteWorker {
                     pipeline: info.pipeline,
                     config: info.config,
                     inherit_stderr,
-                    mesh: mesh.for_worker(worker),
+                    mesh: mesh.for_host(host.addr()),
                     component: component.to_owned(),
                 },
             )
@@ -475,6 +475,31 @@ impl RemoteWorker {
             inputs: Vec::new(),
             read,
             share,
+        };
+        self.step_call(call).await
+    }
+
+    /// Steps a follower (a replica beside the worker's primary) on
+    /// `inputs` and on the offsets `read` its host reads itself: the host
+    /// holds the output as a follower's share (`spec`) and reports only
+    /// its hash.
+    pub(crate) async fn step_follower(
+        &mut self,
+        step: u64,
+        time_ms: u64,
+        inputs: Vec<Batch>,
+        read: Vec<InputRange>,
+        spec: ShareSpec,
+    ) -> Result<Stepped> {
+        let call = Call::Step {
+            step,
+            time_ms,
+            inputs: inputs.into_iter().map(Into::into).collect(),
+            read,
+            share: Some(ShareSpec {
+                follow: true,
+                ..spec
+            }),
         };
         self.step_call(call).await
     }
@@ -627,7 +652,7 @@ impl RemoteWorker {
     pub(crate) async fn relayout(&mut self, workers: u32, mesh: &MeshPlan) -> Result<()> {
         let call = Call::Relayout {
             workers,
-            mesh: mesh.for_worker(self.worker),
+            mesh: mesh.for_host(self.host.addr()),
         };
         match self.host.call(self.worker, self.limits, call).await? {
             Answer::Done => Ok(()),
@@ -637,7 +662,7 @@ impl RemoteWorker {
 
     pub(crate) async fn rewire(&mut self, mesh: &MeshPlan) -> Result<()> {
         let call = Call::Rewire {
-            mesh: mesh.for_worker(self.worker),
+            mesh: mesh.for_host(self.host.addr()),
         };
         match self.host.call(self.worker, self.limits, call).await? {
             Answer::Done => Ok(()),

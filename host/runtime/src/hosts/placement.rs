@@ -11,34 +11,45 @@ use super::wire::WireMesh;
 pub(crate) struct MeshPlan {
     session: u64,
     slots: Vec<u32>,
+    followers: Vec<Vec<u32>>,
     addrs: Vec<String>,
     owners: Vec<u32>,
 }
 
 impl MeshPlan {
-    /// The plan of exchange `session`: worker `w` on slot `slots[w]`, slot
-    /// `s` reached at `addrs[s]` (slot 0, the coordinator's, over its
-    /// connection), shard `i` owned by worker `owners[i]`.
-    pub(crate) fn new(session: u64, slots: Vec<u32>, addrs: Vec<String>, owners: Vec<u32>) -> Self {
+    /// The plan of exchange `session`: worker `w` on slot `slots[w]` (and
+    /// its followers on `followers[w]`), slot `s` reached at `addrs[s]`
+    /// (slot 0, the coordinator's, over its connection), shard `i` owned
+    /// by worker `owners[i]`.
+    pub(crate) fn new(
+        session: u64,
+        slots: Vec<u32>,
+        followers: Vec<Vec<u32>>,
+        addrs: Vec<String>,
+        owners: Vec<u32>,
+    ) -> Self {
         MeshPlan {
             session,
             slots,
+            followers,
             addrs,
             owners,
         }
     }
 
-    /// The slot worker `w` runs on.
+    /// The slot worker `w` runs on (its primary).
     pub(crate) fn slot(&self, w: u32) -> u32 {
         self.slots.get(w as usize).copied().unwrap_or(0)
     }
 
-    /// What the host of `worker` is told.
-    pub(crate) fn for_worker(&self, worker: u32) -> WireMesh {
+    /// What the host at `addr` (as [`RemoteHost::addr`](super::RemoteHost::addr))
+    /// is told.
+    pub(crate) fn for_host(&self, addr: &str) -> WireMesh {
         WireMesh {
             session: self.session,
-            slot: self.slots.get(worker as usize).copied().unwrap_or(0),
+            slot: self.addrs.iter().position(|a| a == addr).unwrap_or(0) as u32,
             slots: self.slots.clone(),
+            followers: self.followers.clone(),
             addrs: self.addrs.clone(),
             owners: self.owners.clone(),
         }

@@ -57,6 +57,9 @@ pub struct WorkerHost {
     session_timeout: Duration,
     /// How many connections it serves at once.
     max_connections: usize,
+    /// Fault injection: this host's workers' output is altered
+    /// ([`WorkerHost::alter_output`]).
+    pub(super) alter_output: std::sync::atomic::AtomicBool,
 }
 
 /// How a [`WorkerHost`] serves: TLS, what it reaches, how long a
@@ -189,7 +192,17 @@ impl WorkerHost {
             current: Mutex::new(None),
             exchanges: Mutex::default(),
             peer_bytes,
+            alter_output: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Fault injection, for tests of the replicas' determinism audit:
+    /// while on, every step of this host's workers doubles the weight of
+    /// the first event of its first non-empty output batch — as a circuit
+    /// that is not deterministic would, on this host only. Never for a
+    /// host serving real pipelines.
+    pub fn alter_output(&self, on: bool) {
+        self.alter_output.store(on, Ordering::Relaxed);
     }
 
     /// What this host reaches of the pipeline's storage now.
@@ -390,7 +403,9 @@ impl WorkerHost {
             .enumerate()
             .map(|(slot, addr)| -> Option<Arc<dyn Link>> {
                 let slot = slot as u32;
-                if slot == mesh.slot || !mesh.slots.contains(&slot) {
+                let runs =
+                    mesh.slots.contains(&slot) || mesh.followers.iter().any(|f| f.contains(&slot));
+                if slot == mesh.slot || !runs {
                     None
                 } else if slot == 0 {
                     Some(Arc::new(HostToCoordinator {
@@ -414,6 +429,7 @@ impl WorkerHost {
                 session: mesh.session,
                 slot: mesh.slot,
                 slots: mesh.slots,
+                followers: mesh.followers,
                 links,
                 silence: self.session_timeout,
             }),

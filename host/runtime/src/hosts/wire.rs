@@ -100,6 +100,7 @@ pub(crate) enum WireExchangeError {
     ContractViolation(String),
     Aborted(String),
     Silent { slot: u32, message: String },
+    Diverged(String),
 }
 
 impl From<ExchangeError> for WireExchangeError {
@@ -108,6 +109,7 @@ impl From<ExchangeError> for WireExchangeError {
             ExchangeError::ContractViolation(m) => WireExchangeError::ContractViolation(m),
             ExchangeError::Aborted(m) => WireExchangeError::Aborted(m),
             ExchangeError::Silent { slot, message } => WireExchangeError::Silent { slot, message },
+            ExchangeError::Diverged(m) => WireExchangeError::Diverged(m),
         }
     }
 }
@@ -118,6 +120,7 @@ impl From<WireExchangeError> for ExchangeError {
             WireExchangeError::ContractViolation(m) => ExchangeError::ContractViolation(m),
             WireExchangeError::Aborted(m) => ExchangeError::Aborted(m),
             WireExchangeError::Silent { slot, message } => ExchangeError::Silent { slot, message },
+            WireExchangeError::Diverged(m) => ExchangeError::Diverged(m),
         }
     }
 }
@@ -179,8 +182,10 @@ pub(crate) struct WireMesh {
     pub(crate) session: u64,
     /// The host's slot.
     pub(crate) slot: u32,
-    /// The slot of each worker.
+    /// The slot of each worker (its primary's).
     pub(crate) slots: Vec<u32>,
+    /// The other slots each worker runs on (its followers').
+    pub(crate) followers: Vec<Vec<u32>>,
     /// Each slot's address (slot 0, the coordinator's, is reached over the
     /// coordinator's connection).
     pub(crate) addrs: Vec<String>,
@@ -203,6 +208,10 @@ pub(crate) struct ShareSpec {
     /// share until [`Call::CommitShare`] (the division is recorded once
     /// every worker computed its share).
     pub now: bool,
+    /// A follower's share (a replica beside the worker's primary): held
+    /// and its hash reported, never committed and the worker never taken
+    /// (that would fence the primary).
+    pub follow: bool,
 }
 
 /// A worker's share of a divided step, committed by its host (or found

@@ -164,5 +164,6 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         check_output_json: true,
         placement_hint: Vec::new(),
         bad_records: spec.bad_records.clone(),
+        replicas: spec.replicas.max(1),
     }
 }

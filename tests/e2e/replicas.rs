@@ -1,0 +1,204 @@
+//! Replicas of a worker (`PipelineOptions::replicas`): followers on other
+//! hosts step beside each worker's primary on the same input, exchanging
+//! the same events; only the primary's output is committed, and every
+//! follower's output hash is checked against it every step. The output
+//! must be what one host computes, step by step; a replica that computes
+//! something else must stop the pipeline with the finding, the step
+//! uncommitted.
+
+use crate::hosts::{connect, hashes, lines, options, start_host, start_host_with};
+use crate::support::{Harness, component, recount};
+use sluice_runtime::{Error, Limits, PipelineOptions, Reach};
+use std::collections::BTreeSet;
+
+fn replicated(replicas: u32) -> PipelineOptions {
+    PipelineOptions {
+        replicas,
+        ..options()
+    }
+}
+
+/// Every worker's replicas are on as many different hosts as `want` (the
+/// primary's host and each follower's, "" for the coordinator's own).
+fn assert_spread(c: &sluice_runtime::Coordinator, want: usize) {
+    let primaries = c.placement_addrs();
+    let followers = c.replica_addrs();
+    assert_eq!(followers.len(), primaries.len(), "{followers:?}");
+    for (w, (p, fs)) in primaries.iter().zip(&followers).enumerate() {
+        let on: BTreeSet<&String> = std::iter::once(p).chain(fs).collect();
+        assert_eq!(
+            on.len(),
+            want,
+            "worker {w}: primary on {p:?}, followers on {fs:?}"
+        );
+        assert_eq!(fs.len() + 1, want, "worker {w}: {fs:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_step_beside_every_worker_and_the_output_is_what_one_host_computes() {
+    let input = lines(3_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (one, h) = crate::hosts::with_a_reference(dir.path(), 3, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let ha = connect(&a, &name).await;
+    // This process and one host: every worker runs on both.
+    let mut c = h
+        .pipeline
+        .coordinator_on(replicated(2), vec![ha.clone()])
+        .await
+        .unwrap();
+    assert_spread(&c, 2);
+    assert_eq!(c.stats().replicas_built, 3);
+    for _ in 0..8 {
+        assert!(c.step().await.unwrap());
+    }
+    assert_eq!(
+        c.stats().replica_steps_checked,
+        8 * 3,
+        "every follower's output was checked at every step"
+    );
+    // A host joins: the replicas spread over three, two each.
+    c.replace_hosts(vec![ha, connect(&b, &name).await])
+        .await
+        .unwrap();
+    assert_spread(&c, 2);
+    let hosts: BTreeSet<String> = c
+        .placement_addrs()
+        .into_iter()
+        .chain(c.replica_addrs().into_iter().flatten())
+        .collect();
+    assert_eq!(hosts.len(), 3, "the new host runs replicas: {hosts:?}");
+    let before = c.stats().replica_steps_checked;
+    let mut steps = 0;
+    while c.step().await.unwrap() {
+        steps += 1;
+    }
+    assert!(steps > 0);
+    assert_eq!(c.stats().replica_steps_checked - before, steps * 3);
+    c.finish().await.unwrap();
+    drop(c);
+
+    assert!(
+        h.divided_steps() > 0,
+        "the hosts committed their primaries' shares"
+    );
+    assert_eq!(
+        hashes(&one),
+        hashes(&h),
+        "every step's output, worker by worker, is what one host computes: \
+         the followers committed nothing"
+    );
+    audited_counts(&h, &input);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_are_kept_through_a_rescale_and_a_reopen() {
+    let wasm = component("examples/wordcount");
+    let input = lines(2_400);
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 2, Limits::default()).await;
+    crate::hosts::fill(&h, &input[..1_200]).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let (ha, hb) = (connect(&a, &name).await, connect(&b, &name).await);
+    let mut c = h
+        .pipeline
+        .coordinator_on(replicated(2), vec![ha.clone(), hb.clone()])
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        assert!(c.step().await.unwrap());
+    }
+    c.rescale(3).await.unwrap();
+    assert_spread(&c, 2);
+    while c.step().await.unwrap() {}
+    let checked = c.stats().replica_steps_checked;
+    assert!(checked > 0);
+    drop(c);
+    // A new coordinator (a new leader) restores, replays, and builds the
+    // followers again — three replicas now, one on every host.
+    crate::hosts::fill(&h, &input[1_200..]).await;
+    let mut c = h
+        .pipeline
+        .coordinator_on(replicated(3), vec![ha, hb])
+        .await
+        .unwrap();
+    assert_spread(&c, 3);
+    while c.step().await.unwrap() {}
+    assert!(c.stats().replica_steps_checked > 0);
+    c.finish().await.unwrap();
+    drop(c);
+    audited_counts(&h, &input);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_that_computes_other_output_stops_the_pipeline_with_the_finding() {
+    let wasm = component("examples/wordcount");
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(&dir.path().join("p"), &wasm, 2, Limits::default()).await;
+    crate::hosts::fill(&h, &lines(1_000)).await;
+    let name = h.pipeline.options().name.clone();
+    let reach = Reach {
+        checkpoints: None,
+        log: Some(h.log.clone()),
+        read_only_log: false,
+    };
+    let (a, _ta, host_a) = start_host_with(&h, &name, reach).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            replicated(2),
+            vec![connect(&a, &name).await, connect(&b, &name).await],
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert!(c.step().await.unwrap());
+    }
+    let committed = h.log.last_step().unwrap();
+    // Host a's workers now compute other output than their replicas.
+    host_a.alter_output(true);
+    let err = c.step().await.unwrap_err();
+    let Error::ReplicasDiverged {
+        step,
+        worker,
+        primary,
+        replica,
+        primary_at,
+        replica_at,
+    } = &err
+    else {
+        panic!("not the replicas' finding: {err}");
+    };
+    assert_eq!(*step, 3, "{err}");
+    assert_ne!(primary, replica, "{err}");
+    assert!(
+        primary_at.contains(&a) || replica_at.contains(&a),
+        "names host a ({a}): {err}"
+    );
+    assert!(*worker < 2);
+    assert!(!err.is_transient(), "the pipeline stops: {err}");
+    assert_eq!(err.kind(), "nondeterministic");
+    let message = err.to_string();
+    assert!(
+        message.contains("not deterministic") && message.contains(primary.as_str()),
+        "{message}"
+    );
+    assert_eq!(
+        h.log.last_step().unwrap(),
+        committed,
+        "nothing of the step was committed"
+    );
+}
+
+/// The pipeline's log passes the audit and its counts are the input's.
+fn audited_counts(h: &Harness, input: &[String]) {
+    h.audit();
+    let expected = recount(input.iter().map(|l| (l.as_str(), 1)));
+    assert_eq!(h.word_counts(), expected);
+}
