@@ -94,6 +94,118 @@ async fn followers_step_beside_every_worker_and_the_output_is_what_one_host_comp
     audited_counts(&h, &input);
 }
 
+/// A host of a worker's replica set dies: the step in flight goes on with
+/// the other replicas (a follower takes over from a primary that was
+/// there), the dead host leaves the placement, every worker is brought
+/// back to two replicas from a survivor's state — and nothing is replayed:
+/// the coordinator never reopens, and every step's output is still what
+/// one host computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_that_dies_is_failed_over_without_a_replay() {
+    let input = lines(3_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (one, h) = crate::hosts::with_a_reference(dir.path(), 3, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            replicated(2),
+            vec![connect(&a, &name).await, connect(&b, &name).await],
+        )
+        .await
+        .unwrap();
+    assert!(
+        c.placement_addrs().contains(&a),
+        "a runs a primary: {:?}",
+        c.placement_addrs()
+    );
+    for _ in 0..5 {
+        assert!(c.step().await.unwrap());
+    }
+    // Host a dies: its listener and every connection go with the task.
+    ta.abort();
+    let _ = ta.await;
+    let mut steps = 0;
+    while c.step().await.expect("the step goes on without host a") {
+        steps += 1;
+    }
+    assert!(steps > 2);
+    let stats = c.stats().clone();
+    assert!(stats.failovers >= 1, "a follower took over: {stats:?}");
+    assert!(stats.replicas_lost >= 1, "{stats:?}");
+    assert_eq!(stats.replayed_steps, 0);
+    let on: BTreeSet<String> = c
+        .placement_addrs()
+        .into_iter()
+        .chain(c.replica_addrs().into_iter().flatten())
+        .collect();
+    assert!(!on.contains(&a), "host a left the placement: {on:?}");
+    assert_spread(&c, 2);
+    c.finish().await.unwrap();
+    drop(c);
+    assert_eq!(
+        hashes(&one),
+        hashes(&h),
+        "every step's output is what one host computes, through the failover"
+    );
+    audited_counts(&h, &input);
+}
+
+/// Host a is killed at another moment of the run in each trial — inside a
+/// step's exchange, between a divided step's division and its shares, in a
+/// checkpoint's snapshots, between steps: no step fails, none is replayed,
+/// and the output is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_killed_at_any_moment_is_failed_over_without_a_replay() {
+    let wasm = component("examples/wordcount");
+    let input = lines(1_500);
+    let mut failovers = 0;
+    for (trial, delay_ms) in [0u64, 1, 3, 6, 10, 15, 25, 40].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Harness::open(&dir.path().join("p"), &wasm, 3, Limits::default()).await;
+        crate::hosts::fill(&h, &input).await;
+        let name = h.pipeline.options().name.clone();
+        let (a, ta) = start_host(&h, &name).await;
+        let (b, _tb) = start_host(&h, &name).await;
+        let mut c = h
+            .pipeline
+            .coordinator_on(
+                PipelineOptions {
+                    checkpoint_every_steps: 2,
+                    ..replicated(2)
+                },
+                vec![connect(&a, &name).await, connect(&b, &name).await],
+            )
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert!(c.step().await.unwrap());
+        }
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            ta.abort();
+            let _ = ta.await;
+        });
+        loop {
+            match c.step().await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => panic!("trial {trial} (kill after {delay_ms} ms): a step failed: {e}"),
+            }
+        }
+        killer.await.unwrap();
+        let stats = c.stats().clone();
+        assert_eq!(stats.replayed_steps, 0);
+        failovers += stats.failovers;
+        c.finish().await.unwrap();
+        drop(c);
+        audited_counts(&h, &input);
+    }
+    assert!(failovers > 0, "some trials killed a primary's host");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_are_kept_through_a_rescale_and_a_reopen() {
     let wasm = component("examples/wordcount");

@@ -116,6 +116,12 @@ pub enum Command {
         /// timeout after a fault heals.
         #[arg(long)]
         network: bool,
+        /// The campaign across hosts with each worker on this many hosts
+        /// (implies --hosts): a host's fault must be failed over — a
+        /// follower takes over, nothing replayed — and a recovery after
+        /// one host's fault is a violation.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=3))]
+        replicas: u32,
     },
     /// Measure what the sandbox and exactly-once cost, as ratios to
     /// baselines measured in the same run; prints a table.

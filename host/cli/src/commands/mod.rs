@@ -103,9 +103,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             orders,
             hosts,
             network,
+            replicas,
         } => {
-            if hosts || network {
-                return tools::chaos_hosts(trials, seed, component, network).await;
+            if hosts || network || replicas > 1 {
+                return tools::chaos_hosts(trials, seed, component, network, replicas).await;
             }
             let workers = tools::Workers { workers, rescale };
             tools::chaos(trials, seed, component, noisy_component, workers, orders).await

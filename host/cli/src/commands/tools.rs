@@ -76,12 +76,13 @@ pub async fn chaos_hosts(
     seed: u64,
     component: Option<PathBuf>,
     network: bool,
+    replicas: u32,
 ) -> anyhow::Result<()> {
     let component = match component {
         Some(c) => c,
         None => build_guest("wordcount").await?,
     };
-    let report = campaign::chaos_hosts(&component, trials, seed, network, true).await?;
+    let report = campaign::chaos_hosts(&component, trials, seed, network, replicas, true).await?;
     println!("{report}");
     if report.violations() > 0 {
         anyhow::bail!(

@@ -136,6 +136,7 @@ impl Coordinator {
         let mut staged = Vec::new();
         let mut carried = Vec::new();
         let mut failure = None;
+        let mut failed = Vec::new();
         for (w, task) in tasks.into_iter().enumerate() {
             match task.await {
                 Ok((worker, r)) => {
@@ -158,6 +159,7 @@ impl Coordinator {
                         }
                         Err(e) => {
                             failure = failure.or(Some(e));
+                            failed.push(w as usize);
                             continue;
                         }
                     };
@@ -174,6 +176,14 @@ impl Coordinator {
             }
         }
         if let Some(e) = failure {
+            // With replicas, a follower holds the same state: it takes
+            // over from a primary whose host is lost, and the snapshots
+            // are taken again, whole (the followers' change marks are not
+            // this checkpoint's base).
+            if e.is_transient() && self.fail_over(&failed) {
+                self.checkpoints.base = None;
+                return Box::pin(self.start_checkpoint()).await;
+            }
             return Err(e);
         }
         let snapshots = started.elapsed();

@@ -163,7 +163,7 @@ impl Coordinator {
         &mut self,
         step: u64,
         frontiers: &[Frontier],
-        outputs: Vec<WorkerOutput>,
+        mut outputs: Vec<WorkerOutput>,
         commit: Commit,
     ) -> Result<u64> {
         if commit == Commit::Hold {
@@ -172,14 +172,33 @@ impl Coordinator {
             let held: Vec<_> = outputs
                 .iter()
                 .zip(&self.placement.instances)
-                .filter(|(o, _)| o.shared.is_some())
-                .filter_map(|(_, i)| match i {
-                    Some(AnyWorker::Remote(r)) => Some(tokio::spawn(r.commit_share(step))),
+                .enumerate()
+                .filter(|(_, (o, _))| o.shared.is_some())
+                .filter_map(|(w, (_, i))| match i {
+                    Some(AnyWorker::Remote(r)) => Some((w, tokio::spawn(r.commit_share(step)))),
                     _ => None,
                 })
                 .collect();
-            for task in held {
-                task.await.map_err(Error::task("committing a share"))??;
+            let mut failed = Vec::new();
+            for (w, task) in held {
+                match task.await.map_err(Error::task("committing a share"))? {
+                    Ok(_) => {}
+                    // Its host is lost: a follower holding the same share
+                    // may commit it instead.
+                    Err(e) if e.is_transient() && self.has_followers() => failed.push((w, e)),
+                    Err(e) => return Err(e),
+                }
+            }
+            for (w, e) in failed {
+                if self.commit_by_follower(w, step, outputs[w].hash).await {
+                    continue;
+                }
+                // A follower here stepped too: its output is committed
+                // here, below, with this host's holder of the worker.
+                match self.take_over_here(w) {
+                    Some(out) => outputs[w] = out,
+                    None => return Err(e),
+                }
             }
         }
         let mut events_out = 0;

@@ -127,6 +127,12 @@ struct WorkerPlacement {
     /// Each worker's followers: replicas on other slots stepping beside
     /// its primary ([`PipelineOptions::replicas`]; empty without).
     followers: Vec<Vec<replicas::Follower>>,
+    /// Replicas were lost or a follower took over in the last step: the
+    /// next one first heals the placement.
+    heal_pending: bool,
+    /// The outputs of the last divided step that followers in this process
+    /// computed, by worker: committed here if the primary's host fails to.
+    held_here: Vec<(usize, crate::step_io::WorkerOutput)>,
     /// The other hosts running workers.
     hosts: Vec<Arc<RemoteHost>>,
     /// The slot of each worker: 0 this process, `i` `hosts[i - 1]`.

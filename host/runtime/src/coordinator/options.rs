@@ -150,4 +150,11 @@ pub struct Stats {
     /// Followers' steps whose output hash was checked against their
     /// primary's (and found the same).
     pub replica_steps_checked: u64,
+    /// Steps in which a follower took over from a failed primary (its host
+    /// died, stalled or was cut off), counted per worker: the step went
+    /// on, nothing was replayed.
+    pub failovers: u64,
+    /// Replicas dropped after they failed (their hosts lost), each
+    /// replaced from a survivor's state before the next step.
+    pub replicas_lost: u64,
 }

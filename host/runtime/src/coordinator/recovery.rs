@@ -225,6 +225,8 @@ impl Coordinator {
                 exchange,
                 committers: Vec::new(),
                 followers: Vec::new(),
+                heal_pending: false,
+                held_here: Vec::new(),
             },
             checkpoints: CheckpointState::none(),
             stats: Stats::default(),

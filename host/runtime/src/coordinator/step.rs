@@ -6,7 +6,7 @@
 use super::Coordinator;
 use super::workers::AnyWorker;
 use crate::bindings::Batch;
-use crate::error::{Error, Result};
+use crate::error::{Error, ExchangeError, Result};
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{
     InputRange, OutputChecks, StepRead, WorkerOutput, blocking, convert_output, input_ranges,
@@ -72,6 +72,7 @@ impl Coordinator {
     }
 
     pub(super) async fn step_inner(&mut self, force: bool) -> Result<bool> {
+        self.heal().await?;
         let target = self.divide().await?;
         if target == self.position.frontiers && !force {
             return Ok(false);
@@ -245,6 +246,7 @@ impl Coordinator {
             }
             false => Vec::new(),
         };
+        let replicated = self.has_followers();
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, input) in inputs.into_iter().enumerate() {
             let mut worker = self.placement.instances[w]
@@ -252,6 +254,7 @@ impl Coordinator {
                 .ok_or(Error::WorkersLost)?;
             let exchange = self.placement.exchange.clone();
             let local = matches!(worker, AnyWorker::Local(_));
+            let lose = (!local && replicated).then_some(self.placement.slots[w]);
             tasks.push(tokio::spawn(async move {
                 let r = match input {
                     StepInput::Batches(read) => {
@@ -276,17 +279,24 @@ impl Coordinator {
                     exchange.worker_finished(w as u32);
                 }
                 if let Err(e) = &r {
-                    exchange.worker_failed(w as u32, &e.to_string());
+                    match lose {
+                        // With replicas, a host whose worker failed is
+                        // given up for the step: others may carry on.
+                        Some(slot) => {
+                            let why = format!("worker {w} failed there: {e}");
+                            exchange.slot_lost(slot, ExchangeError::Aborted(why));
+                        }
+                        None => exchange.worker_failed(w as u32, &e.to_string()),
+                    }
                 }
                 (worker, r)
             }));
         }
         self.position.events_read = 0;
         self.position.events_read_by_hosts = 0;
-        let mut outputs = Vec::with_capacity(tasks.len());
-        let mut failure: Option<Error> = None;
+        let mut results = Vec::with_capacity(tasks.len());
         for (w, task) in tasks.into_iter().enumerate() {
-            let result = match task.await {
+            results.push(match task.await {
                 Ok((mut worker, r)) => {
                     self.stats.fuel_used += worker.take_fuel_used();
                     self.placement.instances[w] = Some(worker);
@@ -295,61 +305,50 @@ impl Coordinator {
                         if host_reads[w] {
                             self.position.events_read_by_hosts += stepped.events;
                         }
-                        match stepped.shared {
-                            Some(done) => Ok(WorkerOutput {
-                                ports: Vec::new(),
-                                hash: done.hash,
-                                shared: Some(done.events),
-                                dead_letters: Default::default(),
-                                dead_count: done.dead_letters,
-                            }),
-                            None => self.convert(w as u32, step, stepped.outputs).map(|mut o| {
-                                o.dead_count = stepped.dead_letters.count();
-                                o.dead_letters = stepped.dead_letters;
-                                o
-                            }),
-                        }
+                        self.output_of(w as u32, step, stepped)
                     })
                 }
                 Err(e) => Err(Error::task(format!("worker {w}"))(e)),
-            };
-            match result {
-                Ok(out) => outputs.push(out),
-                // An exchange failure is usually the echo of another worker's
-                // failure: report the root cause — a worker's own failure
-                // first, then a broken exchange contract (the guest's
-                // doing), and only then an abort (a host or a link failed:
-                // transient).
-                Err(e) => {
-                    if failure
-                        .as_ref()
-                        .is_none_or(|f| cause_rank(&e) > cause_rank(f))
-                    {
-                        failure = Some(e);
-                    }
-                }
-            }
-        }
-        // The followers' output is checked against the primaries' (when
-        // every primary stepped).
-        let hashes: Vec<u128> = outputs.iter().map(|o| o.hash).collect();
-        let followed = match follower_tasks.is_empty() {
-            true => Ok(()),
-            false => {
-                let hashes = failure.is_none().then_some(hashes.as_slice());
-                self.check_followers(follower_tasks, step, hashes).await
-            }
-        };
-        if let Some(e) = failure {
-            // Instances stopped mid-step cannot be trusted (or re-entered).
-            self.placement.drop_instances();
-            return Err(match followed {
-                Err(f) if cause_rank(&f) > cause_rank(&e) => f,
-                _ => e,
             });
         }
-        followed?;
-        Ok(outputs)
+        let settled = match follower_tasks.is_empty() {
+            true => root_cause(results),
+            // Each worker's replicas: checked against each other, a failed
+            // primary replaced by a follower that stepped.
+            false => {
+                let followers = self.follower_outcomes(follower_tasks, step).await;
+                self.settle_replicas(step, results, followers, commit)
+            }
+        };
+        if settled.is_err() {
+            // Instances stopped mid-step cannot be trusted (or re-entered).
+            self.placement.drop_instances();
+        }
+        settled
+    }
+
+    /// A worker's step as its output: committed by its host (its hash and
+    /// counts), or returned here (checked and hashed).
+    pub(super) fn output_of(
+        &self,
+        worker: u32,
+        step: u64,
+        stepped: Stepped,
+    ) -> Result<WorkerOutput> {
+        match stepped.shared {
+            Some(done) => Ok(WorkerOutput {
+                ports: Vec::new(),
+                hash: done.hash,
+                shared: Some(done.events),
+                dead_letters: Default::default(),
+                dead_count: done.dead_letters,
+            }),
+            None => self.convert(worker, step, stepped.outputs).map(|mut o| {
+                o.dead_count = stepped.dead_letters.count();
+                o.dead_letters = stepped.dead_letters;
+                o
+            }),
+        }
     }
 
     /// Checks a worker's output batches and hashes them
@@ -444,11 +443,38 @@ impl Coordinator {
     }
 }
 
+/// Every worker's output, or the root cause of the step's failure: an
+/// exchange failure is usually the echo of another worker's failure, so a
+/// worker's own failure is reported first, then a broken exchange contract
+/// (the guest's doing), and only then an abort (a host or a link failed:
+/// transient).
+pub(super) fn root_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    let mut failure: Option<Error> = None;
+    let mut outputs = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(out) => outputs.push(out),
+            Err(e) => {
+                if failure
+                    .as_ref()
+                    .is_none_or(|f| cause_rank(&e) > cause_rank(f))
+                {
+                    failure = Some(e);
+                }
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(outputs),
+    }
+}
+
 /// How much a worker's error says about why a step failed: its own
 /// failure (2) over an echo of a broken exchange contract (1) over an
 /// echo of an abort (0: the cause was elsewhere — a host or a link, when
 /// nothing better is reported).
-fn cause_rank(e: &Error) -> u8 {
+pub(super) fn cause_rank(e: &Error) -> u8 {
     match (e.is_exchange_echo(), e.is_transient()) {
         (false, _) => 2,
         (true, false) => 1,

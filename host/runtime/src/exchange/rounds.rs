@@ -60,6 +60,10 @@ struct State {
     finished: Vec<bool>,
     /// The step that failed, and why.
     failure: Option<(u64, ExchangeError)>,
+    /// With replicas: the slots given up for this session (their host
+    /// died, stalled or was cut off) while every worker still ran on
+    /// another — rounds complete without them.
+    lost: Vec<bool>,
 }
 
 /// The exchange of one pipeline, for one layout and placement: on one host,
@@ -152,6 +156,7 @@ impl Exchange {
                 rounds: BTreeMap::new(),
                 finished: vec![false; workers as usize],
                 failure: None,
+                lost: vec![false; slot_count],
             }),
             failed: tokio::sync::Notify::new(),
         })
@@ -206,20 +211,25 @@ impl Exchange {
 
     /// Whether every local worker contributed and every other host's frame
     /// arrived.
-    fn complete(&self, round: &Round) -> bool {
+    fn complete(&self, round: &Round, lost: &[bool]) -> bool {
         round
             .contributed
             .iter()
             .enumerate()
             .all(|(w, c)| *c || !self.local(w))
-            && self.peers.iter().all(|(s, _)| round.heard[*s as usize])
+            && self
+                .peers
+                .iter()
+                .all(|(s, _)| round.heard[*s as usize] || lost[*s as usize])
     }
 
     /// Where round `key` stands after a contribution: complete (every
     /// local waiter but `me` handed its events, `me`'s returned), stuck on
     /// a local worker that finished without contributing, or waiting.
     fn settle(&self, s: &mut State, key: (u64, u32), me: Option<usize>) -> Settled {
-        if s.rounds.get(&key).is_some_and(|r| self.complete(r))
+        if s.rounds
+            .get(&key)
+            .is_some_and(|r| self.complete(r, &s.lost))
             && let Some(round) = s.rounds.remove(&key)
         {
             return Settled::Delivered(self.deliver(round, me));
@@ -296,6 +306,7 @@ impl Exchange {
                 );
                 return Err(self.fail(&mut s, ExchangeError::ContractViolation(msg), true));
             };
+            let lost = s.lost.clone();
             let round = s.rounds.entry(key).or_insert_with(|| self.new_round());
             round.contributed[me] = true;
             if self.replicated {
@@ -329,6 +340,9 @@ impl Exchange {
             let mut frames = Vec::new();
             if all_local {
                 for (slot, link) in &self.peers {
+                    if lost[*slot as usize] {
+                        continue;
+                    }
                     let mut parts = Vec::new();
                     for dest in 0..self.workers as usize {
                         if !self.runs_on(dest, *slot) {
@@ -357,7 +371,7 @@ impl Exchange {
                         from: self.slot,
                         body: FrameBody::Parts(parts),
                     };
-                    frames.push((link.clone(), frame));
+                    frames.push((*slot, link.clone(), frame));
                 }
                 if self.replicated {
                     // What only other hosts' workers receive is sent.
@@ -387,25 +401,36 @@ impl Exchange {
             };
             (frames, outcome)
         };
-        for (link, frame) in frames {
+        for (slot, link, frame) in frames {
             // A link whose queue stays full (a stalled host) must not hold
-            // this worker once the step has failed anyway.
-            let failed = self.failed.notified();
-            tokio::pin!(failed);
-            failed.as_mut().enable();
-            if let Some(e) = self.failure_of(step) {
-                return Err(e);
-            }
-            let sent = tokio::select! {
-                sent = link.send(frame) => sent,
-                _ = failed => return Err(self.failure_of(step).unwrap_or_else(|| {
-                    ExchangeError::Aborted("the step failed on another worker".into())
-                })),
+            // this worker once the step has failed anyway, or once that
+            // host is given up (with replicas).
+            let send = link.send(frame);
+            tokio::pin!(send);
+            let sent = loop {
+                let failed = self.failed.notified();
+                tokio::pin!(failed);
+                failed.as_mut().enable();
+                if let Some(e) = self.failure_of(step) {
+                    return Err(e);
+                }
+                if self.is_lost(slot) {
+                    break Ok(());
+                }
+                tokio::select! {
+                    sent = &mut send => break sent,
+                    _ = failed => {}
+                }
             };
             if let Err(why) = sent {
-                let msg = format!("another host of the pipeline cannot be reached: {why}");
-                let e = self.fail(&mut self.lock(), ExchangeError::Aborted(msg), true);
-                return Err(e);
+                let msg = format!(
+                    "{} (slot {slot}) of the pipeline cannot be reached: {why}",
+                    link.peer()
+                );
+                self.slot_lost(slot, ExchangeError::Aborted(msg));
+                if let Some(e) = self.failure_of(step) {
+                    return Err(e);
+                }
             }
         }
         match outcome {
@@ -438,30 +463,96 @@ impl Exchange {
     /// Fails the step if round `(step, channel)` lacks the part of a slot
     /// that has been silent for the session timeout.
     fn check_silence(&self, step: u64, channel: u32) {
-        let mut s = self.lock();
-        if s.step != step || s.failure.as_ref().is_some_and(|(at, _)| *at == step) {
-            return;
-        }
-        let Some(round) = s.rounds.get(&(step, channel)) else {
-            return;
+        let silent = {
+            let s = self.lock();
+            if s.step != step || s.failure.as_ref().is_some_and(|(at, _)| *at == step) {
+                return;
+            }
+            let Some(round) = s.rounds.get(&(step, channel)) else {
+                return;
+            };
+            self.peers
+                .iter()
+                .find(|(slot, _)| {
+                    !round.heard[*slot as usize]
+                        && !s.lost[*slot as usize]
+                        && self.liveness.lost(*slot)
+                })
+                .map(|(slot, link)| (*slot, link.peer()))
         };
-        let silent = self
-            .peers
-            .iter()
-            .find(|(slot, _)| !round.heard[*slot as usize] && self.liveness.lost(*slot));
-        if let Some((slot, link)) = silent {
+        if let Some((slot, peer)) = silent {
             let msg = format!(
-                "{} (slot {slot}) sent nothing, not even a heartbeat, for {:?} (the session \
+                "{peer} (slot {slot}) sent nothing, not even a heartbeat, for {:?} (the session \
                  timeout) while channel {channel} of step {step} waited for its part: the link \
                  from it is cut or it is stalled",
-                link.peer(),
-                self.liveness.quiet(*slot),
+                self.liveness.quiet(slot),
             );
-            let silent = ExchangeError::Silent {
-                slot: *slot,
-                message: msg,
-            };
-            self.fail(&mut s, silent, true);
+            self.slot_lost(slot, ExchangeError::Silent { slot, message: msg });
+        }
+    }
+
+    /// Whether slot `slot` was given up for this session.
+    fn is_lost(&self, slot: u32) -> bool {
+        self.lock()
+            .lost
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Slot `slot` is gone for this session: its host died, stalled or was
+    /// cut off (`error` says how). With replicas, when every worker still
+    /// runs on a slot not lost, the rounds go on without it — a waiting
+    /// round completes from the other replicas' copies, and nothing more is
+    /// sent to it. Otherwise (or without replicas) the step fails with
+    /// `error`, here and on every host.
+    pub(crate) fn slot_lost(&self, slot: u32, error: ExchangeError) {
+        let mut s = self.lock();
+        if !self.replicated || slot == self.slot || slot as usize >= s.lost.len() {
+            self.fail(&mut s, error, true);
+            return;
+        }
+        if s.lost[slot as usize] {
+            return;
+        }
+        let mut lost = s.lost.clone();
+        lost[slot as usize] = true;
+        let covered = (0..self.workers as usize).all(|w| {
+            std::iter::once(self.slots[w])
+                .chain(self.followers[w].iter().copied())
+                .any(|r| !lost[r as usize])
+        });
+        if !covered {
+            self.fail(&mut s, error, true);
+            return;
+        }
+        tracing::warn!(
+            session = self.session,
+            slot,
+            error = %error,
+            "a slot of the exchange is lost: its workers' other replicas go on"
+        );
+        s.lost = lost;
+        // A sender stuck on its link gives up on it.
+        self.failed.notify_waiters();
+        let current = s.step;
+        let waiting: Vec<(u64, u32)> = s
+            .rounds
+            .keys()
+            .filter(|(at, _)| *at == current)
+            .copied()
+            .collect();
+        for key in waiting {
+            if let Settled::Stuck(done) = self.settle(&mut s, key, None) {
+                let msg = format!(
+                    "worker {done} finished its step without calling shuffle on channel {}, \
+                     which other workers are waiting on; every worker must call shuffle on the \
+                     same channels in each step",
+                    key.1
+                );
+                self.fail(&mut s, ExchangeError::ContractViolation(msg), true);
+                return;
+            }
         }
     }
 
@@ -487,7 +578,8 @@ impl Exchange {
         }
         self.liveness.heard(frame.from);
         let mut s = self.lock();
-        if frame.step < s.step {
+        // A slot given up is not listened to again in this session.
+        if frame.step < s.step || s.lost.get(frame.from as usize) == Some(&true) {
             return;
         }
         let (step, channel, from) = (frame.step, frame.channel, frame.from as usize);
@@ -638,9 +730,7 @@ impl Exchange {
     /// the current step fails here and on every host still reachable, as
     /// that slot's silence ([`ExchangeError::Silent`]).
     pub(crate) fn went_silent(&self, slot: u32, why: String) {
-        let mut s = self.lock();
-        let silent = ExchangeError::Silent { slot, message: why };
-        self.fail(&mut s, silent, true);
+        self.slot_lost(slot, ExchangeError::Silent { slot, message: why });
     }
 
     /// A link to another host failed: the current step fails here and on

@@ -193,6 +193,9 @@ impl WorkerHost {
                 }
             }
             Call::CommitShare { step } => {
+                // A follower that takes over takes the worker now (fencing
+                // its old primary's holder); a primary took it already.
+                self.take(index, share).await?;
                 let done = self.commit_held(index, step, share).await?;
                 Answer::Shared(done)
             }

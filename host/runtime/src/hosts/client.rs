@@ -6,7 +6,7 @@
 use super::frames::{MAX_FRAME, read_frame_within, write_frame};
 use super::links::{CoordinatorToHost, send_unless_gone};
 use super::placement::MeshPlan;
-use super::transport::{HEARTBEAT, QUEUE, Tls, dial, handshake};
+use super::transport::{QUEUE, Tls, dial, handshake, heartbeat};
 use super::wire::{
     Answer, Call, CallError, FromHost, ShareDone, ShareSpec, ToHost, from_wire, to_wire,
 };
@@ -153,8 +153,17 @@ impl RemoteHost {
         let gone_tx = Arc::new(gone_tx);
         let close = {
             let (pending, closed) = (pending.clone(), closed.clone());
+            let exchange = exchange.clone();
+            let addr = addr.to_owned();
             move |why: String| {
                 gone_tx.send_replace(true);
+                // The exchange hears of it at once: without replicas (or
+                // without another of its workers' replicas) the step fails.
+                let x = exchange.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some((x, slot)) = x {
+                    let message = format!("host {addr}: {why}");
+                    x.slot_lost(slot, crate::error::ExchangeError::Aborted(message));
+                }
                 closed
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -180,7 +189,7 @@ impl RemoteHost {
             let (close, traffic) = (close.clone(), traffic.clone());
             tokio::spawn(async move {
                 // The host drops a coordinator it hears nothing from.
-                let mut beat = tokio::time::interval(HEARTBEAT);
+                let mut beat = tokio::time::interval(heartbeat(session_timeout));
                 loop {
                     let msg = tokio::select! {
                         m = queue.recv() => match m { Some(m) => m, None => return },

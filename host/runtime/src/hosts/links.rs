@@ -5,7 +5,7 @@
 //! fails fails its exchange.
 
 use super::frames::write_frame;
-use super::transport::{HEARTBEAT, QUEUE, Tls, dial, handshake};
+use super::transport::{QUEUE, Tls, dial, handshake, heartbeat};
 use super::wire::{FromHost, ToHost, ToPeer};
 use crate::exchange::{Exchange, Frame, Link};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,12 +102,14 @@ impl Drop for PeerLink {
 }
 
 impl PeerLink {
-    /// Opens the link to the host at `addr` as `dial` says, feeding its
-    /// exchange of `session` from slot `from`, its frames counted in
-    /// `dial.sent`; a failure fails the exchange in `exchange` (set once
-    /// that exchange exists).
+    /// Opens the link to the host at `addr` (slot `to_slot`) as `dial`
+    /// says, feeding its exchange of `session` from slot `from`, its frames
+    /// counted in `dial.sent`; a failure loses that slot in the exchange in
+    /// `exchange` (set once that exchange exists): the step fails, unless
+    /// other replicas of its workers go on ([`Exchange::slot_lost`]).
     pub(crate) fn open(
         addr: String,
+        to_slot: u32,
         dial_as: &PeerDial,
         exchange: Arc<OnceLock<Weak<Exchange>>>,
         session: u64,
@@ -134,7 +136,7 @@ impl PeerLink {
                 .await
                 .map_err(|_| std::io::Error::other("the handshake timed out"))??;
                 let mut msg = ToPeer::Open { session, from };
-                let mut beat = tokio::time::interval(HEARTBEAT);
+                let mut beat = tokio::time::interval(heartbeat(timeout));
                 beat.tick().await;
                 loop {
                     let n = write_frame(&mut w, &msg, timeout).await?;
@@ -152,7 +154,8 @@ impl PeerLink {
             if let Err(e) = result
                 && let Some(x) = exchange.get().and_then(Weak::upgrade)
             {
-                x.link_failed(format!("the link to host {to}: {e}"));
+                let why = format!("the link to host {to}: {e}");
+                x.slot_lost(to_slot, crate::error::ExchangeError::Aborted(why));
             }
         });
         Arc::new(PeerLink {

@@ -15,11 +15,11 @@ use super::frames::{MAX_FRAME, read_frame_within, write_frame};
 use super::links::{HostToCoordinator, PeerDial, PeerLink};
 use super::listener::{Accepting, accept_loop};
 use super::transport::{
-    HEARTBEAT, MAX_CONNECTIONS, QUEUE, Reader, SESSION_TIMEOUT, Tls, Writer, answer_on, handshake,
+    MAX_CONNECTIONS, QUEUE, Reader, SESSION_TIMEOUT, Tls, Writer, answer_on, handshake, heartbeat,
 };
 use super::wire::{Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh};
 use crate::engine::{LoadedComponent, SluiceEngine};
-use crate::error::{Error, Result};
+use crate::error::{Error, ExchangeError, Result};
 use crate::exchange::{Exchange, Link, Placement};
 use sluice_core::StepLimits;
 use sluice_storage::{CheckpointStore, LogBackend};
@@ -338,7 +338,7 @@ impl WorkerHost {
                         match e.kind() {
                             // Silent (cut one way, or the host stalled).
                             std::io::ErrorKind::TimedOut => x.went_silent(from, why),
-                            _ => x.link_failed(why),
+                            _ => x.slot_lost(from, ExchangeError::Aborted(why)),
                         }
                     }
                     return Ok(());
@@ -414,6 +414,7 @@ impl WorkerHost {
                 } else {
                     Some(PeerLink::open(
                         addr.clone(),
+                        slot,
                         &self.dial,
                         cell.clone(),
                         mesh.session,
@@ -443,7 +444,7 @@ impl WorkerHost {
         let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
         let idle = self.session_timeout;
         let writer = tokio::spawn(async move {
-            let mut beat = tokio::time::interval(HEARTBEAT);
+            let mut beat = tokio::time::interval(heartbeat(idle));
             loop {
                 let msg = tokio::select! {
                     m = queue.recv() => match m { Some(m) => m, None => return },

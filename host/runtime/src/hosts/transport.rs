@@ -13,8 +13,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
-/// How often a host tells the coordinator it is alive.
+/// How often a host tells the coordinator it is alive (and the
+/// coordinator, and a peer link, the other end): at most; see
+/// [`heartbeat`].
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// The heartbeat of a connection lost after `session` of silence:
+/// [`HEARTBEAT`], or a quarter of `session` when that is shorter — an idle
+/// end must be heard from well within the other's timeout, or waiting on a
+/// third host (a stalled one, given up after `session`) would lose the
+/// healthy connections too.
+pub fn heartbeat(session: Duration) -> Duration {
+    HEARTBEAT.min(session / 4).max(Duration::from_millis(1))
+}
 
 /// How long a connection may deliver nothing — no frame, no heartbeat, not
 /// one byte of a frame — before it is taken for lost, unless the host is

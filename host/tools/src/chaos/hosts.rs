@@ -100,6 +100,7 @@ async fn trial(
     component: &LoadedComponent,
     seed: u64,
     network: bool,
+    replicas: u32,
     report: &mut HostsChaosReport,
 ) -> anyhow::Result<()> {
     let mut rng = Rng(seed | 1);
@@ -115,6 +116,7 @@ async fn trial(
         max_batch: 5 + rng.below(20),
         checkpoint_every_steps: 2 + rng.below(6),
         checkpoint_interval: Duration::from_secs(3600),
+        replicas,
         ..PipelineOptions::default()
     };
     let store = format!("file://{}", dir.path().join("store").display());
@@ -193,8 +195,8 @@ async fn trial(
     faults.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
 
     let mut hosts = vec![
-        start_host(engine, component, &name, &reach).await?,
-        start_host(engine, component, &name, &reach).await?,
+        start_host(engine, component, &name, &reach, session).await?,
+        start_host(engine, component, &name, &reach, session).await?,
     ];
     let mut zombies = Vec::new();
     let mut ran = 0u64;
@@ -203,6 +205,9 @@ async fn trial(
     let mut stuck: Option<Duration> = None;
     // Where the workers ran under the last coordinator.
     let mut hint: Vec<String> = Vec::new();
+    // Host faults since the coordinator last ran on every live host: with
+    // replicas, a recovery after one is a replay with a live replica.
+    let mut faults_since_whole: u32;
     let deadline = Instant::now() + Duration::from_secs(120);
     'run: loop {
         anyhow::ensure!(
@@ -215,7 +220,7 @@ async fn trial(
         for i in (0..hosts.len()).rev() {
             if hosts[i].frozen.load(Ordering::Relaxed) {
                 let stalled = hosts.remove(i);
-                hosts.push(start_host(engine, component, &name, &reach).await?);
+                hosts.push(start_host(engine, component, &name, &reach, session).await?);
                 zombies.push(stalled);
             }
         }
@@ -249,11 +254,12 @@ async fn trial(
             Err(e) => return Err(e).context("opening the coordinator"),
         };
         hint = c.placement_addrs();
+        faults_since_whole = 0;
         report.replayed += c.stats().replayed_steps;
         report.restored_local_bytes += c.stats().restored_local_bytes;
         report.restored_fetched_bytes += c.stats().restored_fetched_bytes;
         // What this coordinator did, added when it ends.
-        let mut counted = (0u64, 0u64);
+        let mut counted = (0u64, 0u64, 0u64);
         loop {
             if let Some(&(at, fault)) = faults.last()
                 && ran >= at
@@ -262,18 +268,21 @@ async fn trial(
                 let i = rng.below(hosts.len() as u64) as usize;
                 let this = injected.fetch_add(1, Ordering::SeqCst) + 1;
                 *healed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                if !matches!(fault, Fault::LeaderCrash | Fault::Join | Fault::Leave) {
+                    faults_since_whole += 1;
+                }
                 match fault {
                     Fault::Kill => {
                         report.kills += 1;
                         hosts.remove(i);
-                        hosts.push(start_host(engine, component, &name, &reach).await?);
+                        hosts.push(start_host(engine, component, &name, &reach, session).await?);
                     }
                     Fault::Stall => {
                         report.stalls += 1;
                         hosts[i].frozen.store(true, Ordering::Relaxed);
                     }
                     Fault::Join if hosts.len() < 4 => {
-                        let host = start_host(engine, component, &name, &reach).await?;
+                        let host = start_host(engine, component, &name, &reach, session).await?;
                         let joined =
                             match RemoteHost::connect(&host.addr, &name, SECRET, session).await {
                                 Ok(r) => r,
@@ -384,14 +393,62 @@ async fn trial(
             let now = (
                 c.stats().events_in_read_by_hosts,
                 c.stats().checkpoint_bytes_staged,
+                c.stats().failovers,
             );
             report.events_read_by_hosts += now.0 - counted.0;
             report.staged_bytes += now.1 - counted.1;
+            report.failovers += now.2 - counted.2;
             counted = now;
             match outcome {
                 Ok(true) => {
                     ran += 1;
                     report.steps += 1;
+                    if replicas > 1 {
+                        // As a leader does when the group changes: stalled
+                        // hosts are replaced, and hosts the coordinator
+                        // left behind (lost, then healed, or fresh) join.
+                        for i in (0..hosts.len()).rev() {
+                            if hosts[i].frozen.load(Ordering::Relaxed)
+                                && !c.host_addrs().contains(&hosts[i].addr)
+                            {
+                                zombies.push(hosts.remove(i));
+                                hosts.push(
+                                    start_host(engine, component, &name, &reach, session).await?,
+                                );
+                            }
+                        }
+                        let on = c.host_addrs();
+                        let mut next: Vec<Arc<RemoteHost>> = placed
+                            .iter()
+                            .filter(|r| on.iter().any(|a| a == r.addr()))
+                            .cloned()
+                            .collect();
+                        let mut joining = 0;
+                        for h in hosts.iter().filter(|h| !on.contains(&h.addr)) {
+                            if let Ok(r) =
+                                RemoteHost::connect(&h.addr, &name, SECRET, session).await
+                            {
+                                next.push(r);
+                                joining += 1;
+                            }
+                        }
+                        if joining == 0 {
+                            // The hosts the coordinator still runs on.
+                            placed = next;
+                        } else {
+                            match c.replace_hosts(next.clone()).await {
+                                Ok(_) => {
+                                    placed = next;
+                                    hint = c.placement_addrs();
+                                }
+                                Err(e) if e.is_transient() => continue 'run,
+                                Err(e) => return Err(e).context("hosts joining again"),
+                            }
+                        }
+                        if !c.degraded() && c.host_addrs().len() == hosts.len() {
+                            faults_since_whole = 0;
+                        }
+                    }
                     let since = healed.lock().unwrap_or_else(|p| p.into_inner()).take();
                     if let Some(at) = since {
                         let took = at.elapsed();
@@ -402,8 +459,18 @@ async fn trial(
                     }
                 }
                 Ok(false) => break 'run,
-                // A host lost or stalled: recover on the hosts there are.
-                Err(e) if e.is_transient() => continue 'run,
+                // A host lost or stalled: recover on the hosts there are —
+                // with replicas, only when more than one host failed.
+                Err(e) if e.is_transient() => {
+                    if replicas > 1 && faults_since_whole <= 1 {
+                        report.replays_with_a_live_replica += 1;
+                        report.first_violation.get_or_insert(format!(
+                            "trial seed {seed}: a step failed after one host's fault, every \
+                             worker with a live replica (a replay): {e}"
+                        ));
+                    }
+                    continue 'run;
+                }
                 Err(e) => return Err(e).context("a step or the final checkpoint"),
             }
         }
@@ -477,12 +544,15 @@ async fn trial(
 }
 
 /// Runs `trials` trials of word count (`component`) across hosts, trial
-/// `i` with seed `seed + i`; with `network`, network faults too.
+/// `i` with seed `seed + i`; with `network`, network faults too; each
+/// worker on `replicas` hosts (then a recovery after one host's fault is a
+/// violation: a follower must take over, nothing replayed).
 pub async fn chaos_hosts(
     component: &std::path::Path,
     trials: u32,
     seed: u64,
     network: bool,
+    replicas: u32,
     progress: bool,
 ) -> anyhow::Result<HostsChaosReport> {
     let started = Instant::now();
@@ -491,7 +561,10 @@ pub async fn chaos_hosts(
         SluiceEngine::default_cache_dir(),
     )?);
     let component = engine.load_file(component)?;
-    let mut report = HostsChaosReport::default();
+    let mut report = HostsChaosReport {
+        replicas,
+        ..HostsChaosReport::default()
+    };
     let bar = if progress {
         ProgressBar::new(trials as u64)
     } else {
@@ -504,7 +577,7 @@ pub async fn chaos_hosts(
     }
     for i in 0..trials {
         let seed = seed.wrapping_add(i as u64);
-        trial(&engine, &component, seed, network, &mut report)
+        trial(&engine, &component, seed, network, replicas, &mut report)
             .await
             .with_context(|| format!("trial with seed {seed}"))?;
         report.trials += 1;

@@ -7,7 +7,7 @@
 //! connection, or leave the connections open now half-open for good (they
 //! carry nothing, ever, and report nothing; new ones work).
 
-use sluice_runtime::{LoadedComponent, Reach, SluiceEngine, WorkerHost};
+use sluice_runtime::{HostOptions, LoadedComponent, Reach, SluiceEngine, WorkerHost};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -138,17 +138,24 @@ async fn pump(
     }
 }
 
-/// Starts a worker host for `pipeline` (its storage as `reach` gives it)
+/// Starts a worker host for `pipeline` (its storage as `reach` gives it,
+/// its connections lost after `session` of silence, as the coordinator's)
 /// behind a proxy of its own.
 pub(super) async fn start_host(
     engine: &SluiceEngine,
     component: &LoadedComponent,
     pipeline: &str,
     reach: &dyn Fn() -> anyhow::Result<Reach>,
+    session: Duration,
 ) -> anyhow::Result<Host> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let target = listener.local_addr()?;
-    let host = WorkerHost::new_with(engine, component, pipeline, SECRET, None, reach()?);
+    let options = HostOptions {
+        reach: reach()?,
+        session_timeout: session,
+        ..HostOptions::default()
+    };
+    let host = WorkerHost::with_options(engine, component, pipeline, SECRET, options);
     let server = tokio::spawn(async move {
         let _ = host.serve(listener).await;
     });

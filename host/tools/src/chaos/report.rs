@@ -135,6 +135,15 @@ pub struct HostsChaosReport {
     pub opens: u32,
     /// Steps replayed by recoveries.
     pub replayed: u64,
+    /// Replicas of each worker (`--replicas`).
+    pub replicas: u32,
+    /// Steps in which a follower took over from a primary whose host
+    /// failed (per worker): nothing replayed.
+    pub failovers: u64,
+    /// Recoveries (a reopen, so a replay) after a single host's fault,
+    /// when every worker still had a live replica: each is a violation
+    /// with replicas.
+    pub replays_with_a_live_replica: u32,
     /// Steps committed.
     pub steps: u64,
     /// Of the committed steps' input events, those the hosts read
@@ -163,7 +172,12 @@ pub struct HostsChaosReport {
 impl HostsChaosReport {
     /// Total violations of every kind.
     pub fn violations(&self) -> u64 {
-        self.lost + self.duplicated + self.wrong + self.audit_failures as u64 + self.stuck as u64
+        self.lost
+            + self.duplicated
+            + self.wrong
+            + self.audit_failures as u64
+            + self.stuck as u64
+            + self.replays_with_a_live_replica as u64
     }
 }
 
@@ -193,6 +207,14 @@ impl std::fmt::Display for HostsChaosReport {
             self.restored_local_bytes,
             self.restored_fetched_bytes
         )?;
+        if self.replicas > 1 {
+            writeln!(
+                f,
+                "replicas: {} per worker; failovers (a follower took over, nothing replayed): {}; \
+                 recoveries after one host's fault (replays with a live replica): {}",
+                self.replicas, self.failovers, self.replays_with_a_live_replica
+            )?;
+        }
         if self.drops_in + self.drops_out + self.delays + self.resets + self.half_opens > 0 {
             writeln!(
                 f,
