@@ -144,6 +144,50 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     eprintln!("h3's live moves:\n{}", moves.join("\n"));
 }
 
+/// With `--replicas 2` a worker host killed (SIGKILL) is failed over: the
+/// leader never reopens — no restore, no replay — the steps go on, and when
+/// the group drops the dead host the leader moves on live; the output is
+/// counted once.
+#[test]
+fn with_replicas_a_killed_host_is_failed_over_without_a_replay() {
+    let Some((brokers, etcd)) = parts() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "replicas", 20_000, &brokers, etcd);
+    let replicas = ["--replicas", "2"];
+    c.start_with("r1", &replicas);
+    c.wait("r1 to lead", Duration::from_secs(60), |c| c.leading("r1"));
+    c.start_with("r2", &replicas);
+    c.start_with("r3", &replicas);
+    c.wait(
+        "the leader to run on three hosts",
+        Duration::from_secs(60),
+        |c| c.leads_on("r1", &["r1", "r2", "r3"]),
+    );
+    c.progress("steps with replicas", 10);
+    let opens = |c: &Cluster| c.stderr("r1").matches("restored checkpoint").count();
+    let before = opens(&c);
+    c.signal("r2", "-KILL");
+    c.progress("steps after the kill", 10);
+    c.wait("the leader to leave r2 out", Duration::from_secs(60), |c| {
+        c.leads_on("r1", &["r1", "r3"])
+    });
+    c.progress("steps on r1 and r3", 5);
+    assert_eq!(
+        opens(&c),
+        before,
+        "the leader never reopened (a follower took over):\n{}",
+        c.stderr("r1")
+    );
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(180),
+        |c| c.counts() == expected,
+    );
+    audit(&c, &["r1", "r2", "r3"]);
+}
+
 /// A host that may read the pipeline's topics but not write them
 /// (`--read-only-log`, for Kafka ACLs that grant it no transactional id)
 /// never leads: started first, it steps aside for the next host, which

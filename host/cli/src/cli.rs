@@ -144,6 +144,13 @@ pub enum Command {
         /// Kafka bootstrap servers for `--step-log`.
         #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
         brokers: Option<String>,
+        /// Run only these scenarios (NAME[,NAME…]): sandbox, step-boundary,
+        /// exactly-once, checkpoint, incremental, native-peer, large-state,
+        /// rescale, hosts, replicas, replay, density, durable-commit. Prints
+        /// the table; --markdown and --chart are written only by a whole
+        /// run.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Generate benchmark input as JSON lines.
     Gen {

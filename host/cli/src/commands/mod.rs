@@ -117,9 +117,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             chart,
             step_log,
             brokers,
+            only,
         } => match step_log {
             true => tools::bench_step_log(brokers, quick).await,
-            false => tools::bench(quick, markdown, chart).await,
+            false => tools::bench(quick, markdown, chart, only).await,
         },
         Command::Gen {
             what: GenCommand::Nexmark { events, rate, out },

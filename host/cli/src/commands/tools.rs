@@ -98,11 +98,22 @@ pub async fn bench(
     quick: bool,
     markdown: Option<PathBuf>,
     chart: Option<PathBuf>,
+    only: Vec<String>,
 ) -> anyhow::Result<()> {
+    if let Some(bad) = only
+        .iter()
+        .find(|o| !benchmarks::SCENARIOS.contains(&o.as_str()))
+    {
+        anyhow::bail!(
+            "--only {bad}: no such scenario (there are: {})",
+            benchmarks::SCENARIOS.join(", ")
+        );
+    }
     benchmarks::bench(&benchmarks::BenchOptions {
         quick,
         markdown,
         chart,
+        only,
     })
     .await?;
     Ok(())

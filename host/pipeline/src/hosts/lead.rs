@@ -121,13 +121,23 @@ pub(super) async fn lead(
                     );
                 }
             }
+            // With replicas, a host whose connection ended is given up by
+            // the coordinator (a follower took over): it leaves the
+            // placement live, and is dialed again like a member not
+            // connected, taking its share back when it answers.
+            let on = coordinator.host_addrs();
+            let usable =
+                |h: &Arc<RemoteHost>| h.closed().is_none() || on.iter().any(|a| a == h.addr());
+            let given_up = connected.iter().any(|(_, h)| !usable(h));
             if let Ok(now) = &now {
                 // Dial the members not connected (again every RETRY).
                 dialing.retain(|(n, _)| now.contains(n));
                 if last_dial.is_none_or(|t| t.elapsed() >= RETRY) {
                     last_dial = Some(Instant::now());
                     for member in now.members.iter().filter(others) {
-                        let known = connected.iter().any(|(n, _)| *n == member.name)
+                        let known = connected
+                            .iter()
+                            .any(|(n, h)| *n == member.name && usable(h))
                             || dialing.iter().any(|(n, _)| *n == member.name);
                         if !known {
                             let dial = tokio::spawn(connect(member.addr.clone()));
@@ -155,15 +165,18 @@ pub(super) async fn lead(
             match now {
                 Ok(now)
                     if now.leader() == view.leader()
-                        && (now != view || !answered.is_empty())
+                        && (now != view || !answered.is_empty() || given_up)
                         && {
                             // Hosts that left are still reachable (they
                             // leave gracefully, serving until their workers
-                            // are moved).
+                            // are moved), or the coordinator no longer runs
+                            // on them (replicas: a follower took over).
                             connected
                                 .iter()
                                 .filter(|(n, _)| !now.contains(n))
-                                .all(|(_, h)| h.closed().is_none())
+                                .all(|(_, h)| {
+                                    h.closed().is_none() || !on.iter().any(|a| a == h.addr())
+                                })
                         } =>
                 {
                     // Move only the workers whose host changes, live, from
@@ -173,9 +186,9 @@ pub(super) async fn lead(
                     let started = Instant::now();
                     let mut next = Vec::new();
                     for member in now.members.iter().filter(|m| m.name != config.name) {
-                        let host = connected
+                        let host = answered
                             .iter()
-                            .chain(&answered)
+                            .chain(connected.iter().filter(|(_, h)| usable(h)))
                             .find(|(n, _)| *n == member.name);
                         if let Some((_, h)) = host {
                             next.push((member.name.clone(), h.clone()));

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 /// CPU time this process has used (all threads, user and system), from
 /// `/proc/self/stat` (clock ticks of 10 ms).
-fn cpu_time() -> Duration {
+pub(super) fn cpu_time() -> Duration {
     let ticks = std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| {
@@ -33,7 +33,7 @@ fn cpu_time() -> Duration {
 /// Worker hosts in this process, on loopback TCP, for `pipeline`: the
 /// coordinator's connections to them, and the hosts (with the tasks serving
 /// them).
-async fn worker_hosts(
+pub(super) async fn worker_hosts(
     engine: &SluiceEngine,
     component: &LoadedComponent,
     pipeline: &str,
@@ -61,6 +61,87 @@ async fn worker_hosts(
     Ok((hosts, tasks))
 }
 
+/// The word-count input of the runs across hosts: 200 000 lines of text
+/// (20 000 with `quick`) as events.
+pub(super) fn line_events(quick: bool) -> Vec<Event> {
+    text_lines(if quick { 20_000 } else { 200_000 })
+        .iter()
+        .map(|l| Event {
+            value: serde_json::to_vec(l).unwrap_or_default(),
+            weight: 1,
+        })
+        .collect()
+}
+
+/// What one run of word count across hosts measured.
+pub(super) struct Across {
+    /// CPU this process used (the hosts' included).
+    pub(super) cpu: Duration,
+    /// Wall time.
+    pub(super) wall: Duration,
+    /// Every byte between hosts: the coordinator's connections both ways,
+    /// and what the hosts sent each other directly.
+    pub(super) bytes: u64,
+    /// Of those, exchange frames.
+    pub(super) exchanged: u64,
+}
+
+/// Word count of `lines` (in six partitions) with W=3 on this process and
+/// `hosts` worker hosts that read their workers' input themselves,
+/// `replicas` per worker, to the end.
+pub(super) async fn wordcount_across(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    lines: &[Event],
+    hosts: usize,
+    replicas: u32,
+) -> anyhow::Result<Across> {
+    let dir = tempfile::tempdir()?;
+    let config = PipelineConfig {
+        options: manual_checkpoints(2_000),
+        partitions: Some(6),
+        ..PipelineConfig::new(dir.path(), 3)
+    };
+    let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
+    let log = pipeline.storage().log.clone();
+    for (p, chunk) in lines.chunks(lines.len().div_ceil(6)).enumerate() {
+        log.append(AppendBatch {
+            appends: vec![("lines".into(), p as u32, chunk.to_vec())],
+            ..AppendBatch::default()
+        })?;
+    }
+    let name = pipeline.options().name.clone();
+    let reach = || {
+        Ok(Reach {
+            checkpoints: None,
+            log: Some(log.clone()),
+            read_only_log: false,
+        })
+    };
+    let (remote, served) = worker_hosts(engine, &wc.component, &name, hosts, reach).await?;
+    let options = PipelineOptions {
+        replicas,
+        ..pipeline.options().clone()
+    };
+    let (cpu, wall) = (cpu_time(), Instant::now());
+    let mut c = pipeline.coordinator_on(options, remote.clone()).await?;
+    while c.step().await? {}
+    let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
+    let peers = served.iter().map(|(h, _)| h.peer_traffic()).sum::<u64>();
+    let bytes = remote
+        .iter()
+        .map(|h| h.traffic().0 + h.traffic().1)
+        .sum::<u64>()
+        + peers;
+    let exchanged = remote.iter().map(|h| h.exchange_traffic()).sum::<u64>() + peers;
+    Ok(Across {
+        cpu,
+        wall,
+        bytes,
+        exchanged,
+    })
+}
+
 /// A pipeline across hosts (in one process, loopback TCP): events per
 /// CPU-second and exchange bytes per event at 1, 2 and 3 hosts; the state a
 /// host joining moves against the ideal; failover (reopening on the hosts
@@ -71,54 +152,11 @@ pub(super) async fn hosts_cost(
     quick: bool,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let lines: Vec<Event> = text_lines(if quick { 20_000 } else { 200_000 })
-        .iter()
-        .map(|l| Event {
-            value: serde_json::to_vec(l).unwrap_or_default(),
-            weight: 1,
-        })
-        .collect();
+    let lines = line_events(quick);
     let mut one_host = 0f64;
     for n in 1..=3usize {
-        let dir = tempfile::tempdir()?;
-        let config = PipelineConfig {
-            options: manual_checkpoints(2_000),
-            partitions: Some(6),
-            ..PipelineConfig::new(dir.path(), 3)
-        };
-        let pipeline = Pipeline::open(engine.clone(), wc.component.clone(), config).await?;
-        let log = pipeline.storage().log.clone();
-        for (p, chunk) in lines.chunks(lines.len().div_ceil(6)).enumerate() {
-            log.append(AppendBatch {
-                appends: vec![("lines".into(), p as u32, chunk.to_vec())],
-                ..AppendBatch::default()
-            })?;
-        }
-        let name = pipeline.options().name.clone();
-        // The hosts read their workers' input from the log themselves.
-        let reach = || {
-            Ok(Reach {
-                checkpoints: None,
-                log: Some(log.clone()),
-                read_only_log: false,
-            })
-        };
-        let (hosts, served) = worker_hosts(engine, &wc.component, &name, n - 1, reach).await?;
-        let (cpu, wall) = (cpu_time(), Instant::now());
-        let mut c = pipeline
-            .coordinator_on(pipeline.options().clone(), hosts.clone())
-            .await?;
-        while c.step().await? {}
-        let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
-        // Every byte between hosts: the coordinator's connections both
-        // ways, and what the hosts sent each other directly.
-        let peers = served.iter().map(|(h, _)| h.peer_traffic()).sum::<u64>();
-        let bytes: u64 = hosts
-            .iter()
-            .map(|h| h.traffic().0 + h.traffic().1)
-            .sum::<u64>()
-            + peers;
-        let exchanged = hosts.iter().map(|h| h.exchange_traffic()).sum::<u64>() + peers;
+        let run = wordcount_across(engine, wc, &lines, n - 1, 1).await?;
+        let (cpu, wall, bytes, exchanged) = (run.cpu, run.wall, run.bytes, run.exchanged);
         let per_cpu = lines.len() as f64 / cpu.as_secs_f64().max(0.01);
         if n == 1 {
             one_host = per_cpu;

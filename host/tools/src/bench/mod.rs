@@ -28,6 +28,8 @@ mod large_state;
 mod native_peer;
 /// **Recovery by replay** of 1 M events without a checkpoint.
 mod replay;
+/// **Replicas**: two per worker against one — CPU, exchange bytes, failover.
+mod replicas;
 /// **Rescale**: the state a layout change moves, and its pause.
 mod rescale;
 /// **Sandbox cost**: WASM components against the same circuits native.
@@ -60,6 +62,36 @@ pub struct BenchOptions {
     pub markdown: Option<PathBuf>,
     /// Write the chart (SVG) here.
     pub chart: Option<PathBuf>,
+    /// Run only these scenarios (empty: all): `sandbox`, `step-boundary`,
+    /// `exactly-once`, `checkpoint`, `incremental`, `native-peer`,
+    /// `large-state`, `rescale`, `hosts`, `replicas`, `replay`, `density`,
+    /// `durable-commit`. A partial run prints its table but writes no
+    /// markdown or chart (they hold every scenario).
+    pub only: Vec<String>,
+}
+
+/// The scenarios' names, for [`BenchOptions::only`].
+pub const SCENARIOS: [&str; 13] = [
+    "sandbox",
+    "step-boundary",
+    "exactly-once",
+    "checkpoint",
+    "incremental",
+    "native-peer",
+    "large-state",
+    "rescale",
+    "hosts",
+    "replicas",
+    "replay",
+    "density",
+    "durable-commit",
+];
+
+impl BenchOptions {
+    /// Whether scenario `name` runs.
+    fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
 }
 
 /// Runs the step-log scenario alone, against the Kafka brokers at
@@ -88,43 +120,73 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     let loads = workloads::workloads(&engine, opts.quick).await?;
     let reps = if opts.quick { 1 } else { 3 };
     let mut rows = Vec::new();
-    eprintln!("bench: sandbox cost …");
-    sandbox::sandbox_cost(&engine, &loads, reps, &mut rows).await?;
-    eprintln!("bench: step boundary …");
-    step_boundary::step_boundary(&engine, &loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: exactly-once cost …");
-    exactly_once::exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows).await?;
-    eprintln!("bench: checkpoint and recovery …");
-    checkpoint::checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: incremental checkpoint …");
-    incremental::incremental_checkpoint(&loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: native peer …");
-    native_peer::native_peer(&engine, &loads, reps, &mut rows).await?;
-    eprintln!("bench: large state …");
-    large_state::large_state(&engine, opts.quick, &mut rows).await?;
-    eprintln!("bench: rescale …");
-    rescale::rescale_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: hosts …");
-    hosts::hosts_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: recovery by replay …");
-    replay::replay_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: density …");
-    density::density(&loads[0], opts.quick, &mut rows).await?;
-    eprintln!("bench: durable commit …");
-    let quick = opts.quick;
-    let mut commit_rows = Vec::new();
-    tokio::task::spawn_blocking(move || {
-        durable_commit::durable_commit(quick, &mut commit_rows).map(|()| commit_rows)
-    })
-    .await??
-    .into_iter()
-    .for_each(|r| rows.push(r));
+    if opts.runs("sandbox") {
+        eprintln!("bench: sandbox cost …");
+        sandbox::sandbox_cost(&engine, &loads, reps, &mut rows).await?;
+    }
+    if opts.runs("step-boundary") {
+        eprintln!("bench: step boundary …");
+        step_boundary::step_boundary(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("exactly-once") {
+        eprintln!("bench: exactly-once cost …");
+        exactly_once::exactly_once_cost(&engine, &loads[0], opts.quick, reps.min(2), &mut rows)
+            .await?;
+    }
+    if opts.runs("checkpoint") {
+        eprintln!("bench: checkpoint and recovery …");
+        checkpoint::checkpoint_and_recovery(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("incremental") {
+        eprintln!("bench: incremental checkpoint …");
+        incremental::incremental_checkpoint(&loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("native-peer") {
+        eprintln!("bench: native peer …");
+        native_peer::native_peer(&engine, &loads, reps, &mut rows).await?;
+    }
+    if opts.runs("large-state") {
+        eprintln!("bench: large state …");
+        large_state::large_state(&engine, opts.quick, &mut rows).await?;
+    }
+    if opts.runs("rescale") {
+        eprintln!("bench: rescale …");
+        rescale::rescale_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("hosts") {
+        eprintln!("bench: hosts …");
+        hosts::hosts_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("replicas") {
+        eprintln!("bench: replicas …");
+        replicas::replicas_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("replay") {
+        eprintln!("bench: recovery by replay …");
+        replay::replay_cost(&engine, &loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("density") {
+        eprintln!("bench: density …");
+        density::density(&loads[0], opts.quick, &mut rows).await?;
+    }
+    if opts.runs("durable-commit") {
+        eprintln!("bench: durable commit …");
+        let quick = opts.quick;
+        let mut commit_rows = Vec::new();
+        tokio::task::spawn_blocking(move || {
+            durable_commit::durable_commit(quick, &mut commit_rows).map(|()| commit_rows)
+        })
+        .await??
+        .into_iter()
+        .for_each(|r| rows.push(r));
+    }
 
+    let whole = opts.only.is_empty();
     report::write(
         &rows,
         opts.quick,
-        opts.markdown.as_deref(),
-        opts.chart.as_deref(),
+        opts.markdown.as_deref().filter(|_| whole),
+        opts.chart.as_deref().filter(|_| whole),
     )?;
     Ok(rows)
 }

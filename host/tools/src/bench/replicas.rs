@@ -1,0 +1,212 @@
+//! **Replicas**: what running each worker on two hosts costs and buys, side
+//! by side with one (in one process, loopback TCP, a coordinator and two
+//! worker hosts): CPU per event and exchange bytes per event; and failover
+//! time — a host killed (its server and every connection gone at once) to
+//! the next committed step — at two state sizes. With one replica the
+//! coordinator reopens on the hosts left (restore the checkpoint, replay the
+//! steps after it); with two, a follower takes over and nothing is
+//! replayed.
+
+use super::hosts::{line_events, wordcount_across, worker_hosts};
+use super::report::{Row, fmt_time};
+use super::workloads::{Workload, load, manual_checkpoints};
+use sluice_core::Event;
+use sluice_pipeline::{Pipeline, PipelineConfig};
+use sluice_runtime::{Limits, PipelineOptions, Reach, SluiceEngine};
+use sluice_storage::AppendBatch;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Replicas against none: CPU and exchange bytes per event (word count),
+/// and failover time at two state sizes (the `blobs` circuit: 28 MiB and
+/// 1 GiB; 4 and 16 MiB with `quick`).
+pub(super) async fn replicas_cost(
+    engine: &Arc<SluiceEngine>,
+    wc: &Workload,
+    quick: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let lines = line_events(quick);
+    let mut one = (0f64, 0f64);
+    for replicas in [1u32, 2] {
+        let run = wordcount_across(engine, wc, &lines, 2, replicas).await?;
+        let (cpu, bytes) = (run.cpu, run.exchanged);
+        let per_event = (
+            cpu.as_secs_f64() * 1e6 / lines.len() as f64,
+            bytes as f64 / lines.len() as f64,
+        );
+        if replicas == 1 {
+            one = per_event;
+        }
+        rows.push(Row {
+            scenario: "replicas",
+            case: format!(
+                "wordcount W=3 on 3 hosts, {} replica{} per worker, {} lines",
+                replicas,
+                if replicas == 1 { "" } else { "s" },
+                lines.len()
+            ),
+            measured: format!(
+                "{:.1} µs CPU/event, {:.0} exchange B/event",
+                per_event.0, per_event.1
+            ),
+            baseline: format!("1 replica: {:.1} µs CPU/event, {:.0} B/event", one.0, one.1),
+            ratio: per_event.0 / one.0.max(1e-9),
+            goal: "informational (CPU ratio; 2 cores)",
+            met: None,
+        });
+    }
+    let sizes: [usize; 2] = if quick {
+        [4 << 20, 16 << 20]
+    } else {
+        [28 << 20, 1 << 30]
+    };
+    for state in sizes {
+        let mut without = Duration::ZERO;
+        for replicas in [1u32, 2] {
+            let f = failover(engine, state, replicas).await?;
+            if replicas == 1 {
+                without = f.took;
+            }
+            rows.push(Row {
+                scenario: "replicas",
+                case: format!(
+                    "failover: a host of 3 killed, {} MiB of state, {} replica{}",
+                    state >> 20,
+                    replicas,
+                    if replicas == 1 { "" } else { "s" }
+                ),
+                measured: format!(
+                    "{} from the kill to the next committed step ({} steps replayed, {} \
+                     failovers)",
+                    fmt_time(f.took),
+                    f.replayed,
+                    f.failovers
+                ),
+                baseline: format!("1 replica: {}", fmt_time(without)),
+                ratio: f.took.as_secs_f64() / without.as_secs_f64().max(1e-9),
+                goal: "informational",
+                met: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What one failover measured.
+struct Failover {
+    /// From the kill to the next committed step.
+    took: Duration,
+    /// Steps the recovery replayed.
+    replayed: u64,
+    /// Followers that took over.
+    failovers: u64,
+}
+
+/// The `blobs` circuit holding `state` bytes (64 KiB strings), W=4 on this
+/// process and two worker hosts, `replicas` per worker: a checkpoint, steps
+/// after it (a replay's worth), then a host is killed with input waiting;
+/// how long until a step is committed again — with one replica by
+/// reopening on the host left, as a leader does.
+async fn failover(
+    engine: &Arc<SluiceEngine>,
+    state: usize,
+    replicas: u32,
+) -> anyhow::Result<Failover> {
+    const BLOB: usize = 64 << 10;
+    const W: u32 = 4;
+    let big = Arc::new(engine.with_limits(Limits {
+        memory: 3 << 30,
+        ..engine.limits()
+    }));
+    let (_, component) = load(&big, "../benches/guests/blobs").await?;
+    let dir = tempfile::tempdir()?;
+    let store = format!("file://{}", dir.path().join("store").display());
+    let config = PipelineConfig {
+        options: manual_checkpoints(64),
+        partitions: Some(W),
+        checkpoint_store: Some(store.clone()),
+        ..PipelineConfig::new(dir.path().join("leader"), W)
+    };
+    let pipeline = Pipeline::open(big.clone(), component.clone(), config).await?;
+    let log = pipeline.storage().log.clone();
+    let filler = "x".repeat(BLOB - 16);
+    let append = |from: usize, to: usize| -> anyhow::Result<()> {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(16) {
+            let events: Vec<Event> = chunk
+                .iter()
+                .map(|i| Event {
+                    value: serde_json::to_vec(&format!("{i:012}{filler}")).unwrap_or_default(),
+                    weight: 1,
+                })
+                .collect();
+            log.append(AppendBatch {
+                appends: vec![("blobs".into(), (chunk[0] / 16) as u32 % W, events)],
+                ..AppendBatch::default()
+            })?;
+        }
+        Ok(())
+    };
+    let copies = std::sync::atomic::AtomicU32::new(0);
+    let reach = || -> anyhow::Result<Reach> {
+        let n = copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Reach {
+            checkpoints: Some(Arc::new(
+                sluice_objstore::ObjectCheckpointStore::open(&store)?
+                    .with_cache(dir.path().join(format!("host{n}")))?,
+            )),
+            log: Some(log.clone()),
+            read_only_log: false,
+        })
+    };
+    let name = pipeline.options().name.clone();
+    let (hosts, served) = worker_hosts(&big, &component, &name, 2, reach).await?;
+    let options = PipelineOptions {
+        replicas,
+        ..pipeline.options().clone()
+    };
+    let mut c = pipeline
+        .coordinator_on(options.clone(), hosts.clone())
+        .await?;
+    let n = state / BLOB;
+    // Nine tenths before the checkpoint, the rest after it (replayed by a
+    // recovery), then one more batch waiting when the host dies.
+    append(0, n * 9 / 10)?;
+    while c.step().await? {}
+    c.checkpoint().await?;
+    append(n * 9 / 10, n)?;
+    while c.step().await? {}
+    append(n, n + 16)?;
+    let hint = c.placement_addrs();
+    let killed = Instant::now();
+    served[0].1.abort();
+    let committed = match c.step().await {
+        Ok(true) => Some(c.stats().clone()),
+        Ok(false) => anyhow::bail!("the step after the kill found no input"),
+        Err(_) => None,
+    };
+    let stats = match committed {
+        Some(stats) => stats,
+        None => {
+            drop(c);
+            let options = PipelineOptions {
+                placement_hint: hint,
+                ..options
+            };
+            let mut c = pipeline
+                .coordinator_on(options, vec![hosts[1].clone()])
+                .await?;
+            anyhow::ensure!(c.step().await?, "the recovered pipeline found no input");
+            c.stats().clone()
+        }
+    };
+    let took = killed.elapsed();
+    for (_, task) in &served {
+        task.abort();
+    }
+    Ok(Failover {
+        took,
+        replayed: stats.replayed_steps,
+        failovers: stats.failovers,
+    })
+}
