@@ -47,10 +47,10 @@ pub(super) async fn replicas_cost(
                 lines.len()
             ),
             measured: format!(
-                "{:.1} µs CPU/event, {:.0} exchange B/event",
+                "{:.1} µs CPU/event, {:.2} exchange B/event",
                 per_event.0, per_event.1
             ),
-            baseline: format!("1 replica: {:.1} µs CPU/event, {:.0} B/event", one.0, one.1),
+            baseline: format!("1 replica: {:.1} µs CPU/event, {:.2} B/event", one.0, one.1),
             ratio: per_event.0 / one.0.max(1e-9),
             goal: "informational (CPU ratio; 2 cores)",
             met: None,
@@ -78,10 +78,16 @@ pub(super) async fn replicas_cost(
                 ),
                 measured: format!(
                     "{} from the kill to the next committed step ({} steps replayed, {} \
-                     failovers)",
+                     failovers); the step after: {}{}",
                     fmt_time(f.took),
                     f.replayed,
-                    f.failovers
+                    f.failovers,
+                    fmt_time(f.after),
+                    if replicas > 1 {
+                        " (followers rebuilt from the survivors first)"
+                    } else {
+                        ""
+                    }
                 ),
                 baseline: format!("1 replica: {}", fmt_time(without)),
                 ratio: f.took.as_secs_f64() / without.as_secs_f64().max(1e-9),
@@ -101,6 +107,9 @@ struct Failover {
     replayed: u64,
     /// Followers that took over.
     failovers: u64,
+    /// The step after that one (with replicas, the followers lost are
+    /// rebuilt first, from full snapshots of their primaries).
+    after: Duration,
 }
 
 /// The `blobs` circuit holding `state` bytes (64 KiB strings), W=4 on this
@@ -185,8 +194,8 @@ async fn failover(
         Ok(false) => anyhow::bail!("the step after the kill found no input"),
         Err(_) => None,
     };
-    let stats = match committed {
-        Some(stats) => stats,
+    let mut c = match committed {
+        Some(_) => c,
         None => {
             drop(c);
             let options = PipelineOptions {
@@ -197,10 +206,15 @@ async fn failover(
                 .coordinator_on(options, vec![hosts[1].clone()])
                 .await?;
             anyhow::ensure!(c.step().await?, "the recovered pipeline found no input");
-            c.stats().clone()
+            c
         }
     };
     let took = killed.elapsed();
+    let stats = c.stats().clone();
+    append(n + 16, n + 32)?;
+    let t = Instant::now();
+    anyhow::ensure!(c.step().await?, "the step after found no input");
+    let after = t.elapsed();
     for (_, task) in &served {
         task.abort();
     }
@@ -208,5 +222,6 @@ async fn failover(
         took,
         replayed: stats.replayed_steps,
         failovers: stats.failovers,
+        after,
     })
 }
