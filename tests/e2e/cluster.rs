@@ -174,6 +174,17 @@ fn with_replicas_a_killed_host_is_failed_over_without_a_replay() {
         c.leads_on("r1", &["r1", "r3"])
     });
     c.progress("steps on r1 and r3", 5);
+    // The leader says where each worker's replicas run and how many
+    // failovers there were: r2 is in no replica set any more.
+    let said = c.stderr("r1");
+    let replicas = said
+        .lines()
+        .rfind(|l| l.starts_with("host r1: replicas (primary first): "))
+        .unwrap_or_else(|| panic!("no replica sets reported:\n{said}"));
+    assert!(
+        !replicas.contains("r2") && !replicas.contains("; 0 failovers"),
+        "{replicas}"
+    );
     assert_eq!(
         opens(&c),
         before,

@@ -277,7 +277,13 @@ function pipelineView(name) {
         fig("dead letters", s.dead_letters || 0, "fig-dead-letters"),
         fig("in / s", rate(s.events_in_per_sec), "fig-in-rate"), fig("input lag", s.input_lag, "fig-lag"),
         fig("last checkpoint", (s.last_checkpoint === null ? "none" : `step ${s.last_checkpoint}`) + (s.checkpoints_behind ? " — behind: " + s.checkpoints_behind : ""), "fig-checkpoint"),
-        fig("component", s.component_hash.slice(0, 12), "fig-component"));
+        fig("component", s.component_hash.slice(0, 12), "fig-component"),
+        // Across hosts with replicas: each worker's replica set (the
+        // primary, which commits, first) and the failovers so far.
+        ...(s.hosts && s.hosts.replicas && s.hosts.replicas.length
+          ? [fig("replicas (primary first)", s.hosts.replicas.map((on, w) => `w${w}: ${on.join(", ")}`).join("; "), "fig-replicas"),
+             fig("failovers / checked", `${s.hosts.failovers} / ${s.hosts.replica_steps_checked}`, "fig-failovers")]
+          : []));
       if (!scaleTo.value) scaleTo.value = s.workers;
       if (!port.options.length) {
         s.outputs.forEach((o) => port.append(el("option", { value: o }, o)));

@@ -312,6 +312,19 @@ pub struct HostsStatus {
     pub leading: bool,
     /// While leading: the hosts the coordinator runs on, itself first.
     pub group: Vec<String>,
+    /// While leading with `replicas` > 1: per worker, the servers its
+    /// replicas run on, the primary's (which commits its output) first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<Vec<String>>,
+    /// While leading: steps in which a follower took over from a failed
+    /// primary since this server opened the pipeline (nothing replayed).
+    #[serde(default)]
+    pub failovers: u64,
+    /// While leading: followers' steps whose output hash was checked
+    /// against their primary's (a mismatch stops the pipeline, its error
+    /// naming both).
+    #[serde(default)]
+    pub replica_steps_checked: u64,
 }
 
 /// `POST /tenants`.

@@ -215,6 +215,19 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
                 "host {name}: leading on [{}]; moved {workers} workers ({bytes} bytes of state) live in {took:.2?}",
                 hosts.join(", ")
             ),
+            HostEvent::Replicas {
+                placement,
+                failovers,
+                checked,
+            } => eprintln!(
+                "host {name}: replicas (primary first): {}; {failovers} failovers, {checked} follower steps checked",
+                placement
+                    .iter()
+                    .enumerate()
+                    .map(|(w, on)| format!("w{w} [{}]", on.join(", ")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
             HostEvent::SteppedAside => eprintln!(

@@ -85,6 +85,8 @@ pub(super) async fn lead(
         replayed: coordinator.stats().replayed_steps,
         took: started.elapsed(),
     });
+    // With replicas: what was last said of them.
+    let mut replicas_said: Option<(Vec<Vec<String>>, u64)> = None;
     let mut view = view.clone();
     let mut last_check = Instant::now();
     // Members not connected yet (joined, or did not answer), being dialed
@@ -266,6 +268,20 @@ pub(super) async fn lead(
             }
         };
         *progress = Instant::now();
+        if coordinator.replicas_wanted() > 1 {
+            let placement = replica_names(&coordinator, &config.name, &connected);
+            let failovers = coordinator.stats().failovers;
+            let now = Some((placement, failovers));
+            if now != replicas_said {
+                let (placement, failovers) = now.clone().unwrap_or_default();
+                report(HostEvent::Replicas {
+                    placement,
+                    failovers,
+                    checked: coordinator.stats().replica_steps_checked,
+                });
+                replicas_said = now;
+            }
+        }
         if !stepped {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -273,4 +289,32 @@ pub(super) async fn lead(
             }
         }
     }
+}
+
+/// Per worker, the names of the hosts its replicas run on (its primary's
+/// first): this host's `me`, a connected member's name, or — for a host
+/// not connected under a name — its address.
+fn replica_names(
+    c: &Coordinator,
+    me: &str,
+    connected: &[(String, Arc<RemoteHost>)],
+) -> Vec<Vec<String>> {
+    let name = |addr: &String| -> String {
+        if addr.is_empty() {
+            return me.to_owned();
+        }
+        connected
+            .iter()
+            .find(|(_, h)| h.addr() == addr)
+            .map_or_else(|| addr.clone(), |(n, _)| n.clone())
+    };
+    c.placement_addrs()
+        .iter()
+        .zip(
+            c.replica_addrs()
+                .iter()
+                .chain(std::iter::repeat(&Vec::new())),
+        )
+        .map(|(p, fs)| std::iter::once(p).chain(fs).map(name).collect())
+        .collect()
 }

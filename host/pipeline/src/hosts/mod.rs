@@ -135,6 +135,20 @@ pub enum HostEvent {
         /// The last failure.
         reason: String,
     },
+    /// Leading with replicas (`replicas` > 1): where each worker's
+    /// replicas run, and what they did — reported when the leader opens
+    /// and whenever either changes.
+    Replicas {
+        /// Per worker, the names of the hosts its replicas run on, the
+        /// primary's (which commits the worker's output) first.
+        placement: Vec<Vec<String>>,
+        /// Steps in which a follower took over from a failed primary, per
+        /// worker, since the leader opened: nothing was replayed.
+        failovers: u64,
+        /// Followers' steps whose output hash was checked against their
+        /// primary's (a difference stops the pipeline, naming both).
+        checked: u64,
+    },
 }
 
 /// How often a host that could not reach the pipeline's logs at start

@@ -41,7 +41,7 @@ pub(super) type FollowerTask = (
 impl Coordinator {
     /// How many replicas each worker gets: the option, at most one per
     /// slot (this process and every host).
-    fn replicas_wanted(&self) -> usize {
+    pub fn replicas_wanted(&self) -> usize {
         (self.options.replicas.max(1) as usize).min(self.placement.hosts.len() + 1)
     }
 

@@ -88,6 +88,9 @@ pub(super) async fn open(
             host: hosts.name.clone(),
             leading: false,
             group: Vec::new(),
+            replicas: Vec::new(),
+            failovers: 0,
+            replica_steps_checked: 0,
         }),
         ..PipelineStatus::starting(&spec, &component.hash, &shape, 0, None)
     }));
@@ -259,14 +262,25 @@ impl Host {
                     s.last_checkpoint = s.last_checkpoint.max(restored);
                 }
                 HostEvent::Moved { hosts, .. } => h.group = hosts,
+                HostEvent::Replicas {
+                    placement,
+                    failovers,
+                    checked,
+                } => {
+                    h.replicas = placement;
+                    h.failovers = failovers;
+                    h.replica_steps_checked = checked;
+                }
                 HostEvent::LeadEnded { reason } => {
                     h.leading = false;
                     h.group.clear();
+                    h.replicas.clear();
                     s.last_error = Some(reason);
                 }
                 HostEvent::Rejoined | HostEvent::SteppedAside | HostEvent::GaveWay { .. } => {
                     h.leading = false;
                     h.group.clear();
+                    h.replicas.clear();
                 }
             }
         };
