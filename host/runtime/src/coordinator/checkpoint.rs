@@ -233,6 +233,7 @@ impl Coordinator {
             started,
             snapshots,
             pieces: all,
+            base: true,
             write,
         });
         self.checkpoints.last_at = Instant::now();
@@ -290,7 +291,7 @@ impl Coordinator {
             }
         }
         self.checkpoints.step = Some(p.step);
-        self.checkpoints.base = Some(Base {
+        self.checkpoints.base = p.base.then_some(Base {
             step: p.step,
             pieces: p.pieces,
         });

@@ -225,6 +225,11 @@ struct PendingCheckpoint {
     /// Its pieces, `(shard, worker)`, written or carried: the base of the
     /// next incremental checkpoint once it is committed.
     pieces: BTreeSet<(u32, u32)>,
+    /// Whether, once committed, it is the base of the next incremental
+    /// checkpoint: not when an instance whose snapshot it does not hold
+    /// took a worker over meanwhile (a follower promoted: its changes
+    /// count from its own start, not from this checkpoint).
+    base: bool,
     write: tokio::task::JoinHandle<Written>,
 }
 

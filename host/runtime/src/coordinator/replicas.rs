@@ -566,6 +566,13 @@ impl Coordinator {
         let follower = &mut self.placement.followers[w][i];
         std::mem::swap(&mut self.placement.instances[w], &mut follower.instance);
         std::mem::swap(&mut self.placement.slots[w], &mut follower.slot);
+        // Its change marks count from its own start, not from the newest
+        // checkpoint (nor from one being written): the next checkpoint is
+        // whole (the WIT contract of `snapshot(changed-only)`).
+        self.checkpoints.base = None;
+        if let Some(p) = self.checkpoints.pending.as_mut() {
+            p.base = false;
+        }
         // Whoever held the worker here holds it no longer: the new
         // primary's host takes it.
         if let Some(c) = self.placement.committers.get_mut(w) {
