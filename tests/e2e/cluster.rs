@@ -199,6 +199,53 @@ fn with_replicas_a_killed_host_is_failed_over_without_a_replay() {
     audit(&c, &["r1", "r2", "r3"]);
 }
 
+/// With `--replicas 2` on three hosts, the leader is SIGKILLed: the other
+/// hosts keep the workers it ran on them, and the next leader adopts them —
+/// it says so, and restores and replays nothing — and the output equals the
+/// recount and the logs pass the audit.
+#[test]
+fn with_replicas_a_killed_leader_is_followed_by_one_that_adopts_its_workers() {
+    let Some((brokers, etcd)) = parts() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "adopt", 20_000, &brokers, etcd);
+    let replicas = ["--replicas", "2"];
+    c.start_with("a1", &replicas);
+    c.wait("a1 to lead", Duration::from_secs(60), |c| c.leading("a1"));
+    c.start_with("a2", &replicas);
+    c.start_with("a3", &replicas);
+    c.wait(
+        "the leader to run on three hosts",
+        Duration::from_secs(60),
+        |c| c.leads_on("a1", &["a1", "a2", "a3"]),
+    );
+    c.progress("steps with replicas", 10);
+    c.signal("a1", "-KILL");
+    c.wait("another host to lead", Duration::from_secs(60), |c| {
+        c.leading("a2") || c.leading("a3")
+    });
+    let leader = if c.leading("a2") { "a2" } else { "a3" };
+    c.progress("steps under the new leader", 10);
+    let said = c.stderr(leader);
+    let took_over = said
+        .lines()
+        .rfind(|l| l.starts_with(&format!("host {leader}: leading on [")))
+        .unwrap_or_else(|| panic!("{leader} never said it leads:\n{said}"));
+    assert!(
+        took_over.contains("adopted ") && took_over.contains("nothing replayed"),
+        "the new leader adopted the workers the dead one left: {took_over}\n{said}"
+    );
+    assert!(!said.contains("restored checkpoint"), "{said}");
+    eprintln!("{took_over}");
+    c.wait(
+        "the output to reach the recount",
+        Duration::from_secs(180),
+        |c| c.counts() == expected,
+    );
+    audit(&c, &["a1", "a2", "a3"]);
+}
+
 /// A host that may read the pipeline's topics but not write them
 /// (`--read-only-log`, for Kafka ACLs that grant it no transactional id)
 /// never leads: started first, it steps aside for the next host, which

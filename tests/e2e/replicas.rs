@@ -157,9 +157,12 @@ async fn a_host_that_dies_is_failed_over_without_a_replay() {
     // before it: the next checkpoint after a failover is whole).
     let more = lines(600);
     crate::hosts::fill(&h, &more).await;
+    // A fresh host (b kept the workers it ran, which a coordinator would
+    // adopt instead of restoring).
+    let (d, _td) = start_host(&h, &name).await;
     let mut c = h
         .pipeline
-        .coordinator_on(replicated(2), vec![connect(&b, &name).await])
+        .coordinator_on(replicated(2), vec![connect(&d, &name).await])
         .await
         .unwrap();
     assert!(c.stats().restored_checkpoint.is_some());
@@ -181,25 +184,9 @@ async fn a_host_killed_at_any_moment_is_failed_over_without_a_replay() {
     let mut failovers = 0;
     for (trial, delay_ms) in [0u64, 1, 3, 6, 10, 15, 25, 40].into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
-        let h = Harness::open(&dir.path().join("p"), &wasm, 3, Limits::default()).await;
-        crate::hosts::fill(&h, &input).await;
-        let name = h.pipeline.options().name.clone();
-        let (a, ta) = start_host(&h, &name).await;
-        let (b, _tb) = start_host(&h, &name).await;
-        let mut c = h
-            .pipeline
-            .coordinator_on(
-                PipelineOptions {
-                    checkpoint_every_steps: 2,
-                    ..replicated(2)
-                },
-                vec![connect(&a, &name).await, connect(&b, &name).await],
-            )
-            .await
-            .unwrap();
-        for _ in 0..3 {
-            assert!(c.step().await.unwrap());
-        }
+        let t = Trial::start(dir.path(), &wasm, &input).await;
+        let (h, ta) = (&t.harness, t.a_task);
+        let mut c = t.coordinator;
         let killer = tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
             ta.abort();
@@ -218,9 +205,118 @@ async fn a_host_killed_at_any_moment_is_failed_over_without_a_replay() {
         failovers += stats.failovers;
         c.finish().await.unwrap();
         drop(c);
-        audited_counts(&h, &input);
+        audited_counts(h, &input);
     }
     assert!(failovers > 0, "some trials killed a primary's host");
+}
+
+/// The coordinator dies between steps (its connections just end, as a
+/// killed process's would): the hosts keep their workers, and the next
+/// coordinator adopts them — nothing restored, nothing replayed — and
+/// every step's output is still what one host computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_coordinator_adopts_the_workers_a_dead_one_left() {
+    let input = lines(3_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (one, h) = crate::hosts::with_a_reference(dir.path(), 3, &input).await;
+    let name = h.pipeline.options().name.clone();
+    let (a, _ta) = start_host(&h, &name).await;
+    let (b, _tb) = start_host(&h, &name).await;
+    let mut last_adopted = 0;
+    for round in 0..3 {
+        let mut c = h
+            .pipeline
+            .coordinator_on(
+                replicated(2),
+                vec![connect(&a, &name).await, connect(&b, &name).await],
+            )
+            .await
+            .unwrap();
+        let stats = c.stats().clone();
+        if round > 0 {
+            assert_eq!(stats.restored_checkpoint, None, "round {round}: {stats:?}");
+            assert_eq!(stats.replayed_steps, 0, "round {round}: {stats:?}");
+            // W = 3 on three slots, two replicas each: the four instances
+            // on the two hosts.
+            assert_eq!(stats.adopted, 4, "round {round}: {stats:?}");
+            last_adopted = stats.adopted;
+        }
+        assert_spread(&c, 2);
+        for _ in 0..4 {
+            assert!(c.step().await.unwrap());
+        }
+        c.crash();
+    }
+    assert_eq!(last_adopted, 4);
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            replicated(2),
+            vec![connect(&a, &name).await, connect(&b, &name).await],
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.stats().replayed_steps, 0);
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+    assert_eq!(
+        hashes(&one),
+        hashes(&h),
+        "every step's output is what one host computes, through the take-overs"
+    );
+    audited_counts(&h, &input);
+}
+
+/// The coordinator dies at another moment in each trial — before a step's
+/// calls go out, inside its exchange, between its division and its
+/// shares, in a checkpoint: the next one adopts the workers the hosts kept
+/// (completing the step in flight where every worker computed it) or, where
+/// it cannot, restores; either way the output is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_coordinator_that_dies_at_any_moment_is_followed_without_loss() {
+    let wasm = component("examples/wordcount");
+    let input = lines(1_500);
+    let mut adopted = 0;
+    let mut in_flight = 0;
+    for (trial, delay_us) in [0u64, 200, 1_000, 3_000, 6_000, 10_000, 20_000, 40_000]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trial::start(dir.path(), &wasm, &input).await;
+        let (h, name, a, b) = (&t.harness, &t.name, &t.a, &t.b);
+        let mut c = t.coordinator;
+        let before = h.log.last_step().unwrap();
+        let wait = std::time::Duration::from_micros(delay_us);
+        let _ = tokio::time::timeout(wait, c.step()).await;
+        let _ = c.settle().await;
+        c.crash();
+        let mut c = h
+            .pipeline
+            .coordinator_on(
+                trial_options(),
+                vec![connect(a, name).await, connect(b, name).await],
+            )
+            .await
+            .unwrap();
+        let stats = c.stats().clone();
+        eprintln!(
+            "trial {trial} (dies after {delay_us} µs): last step {before:?} -> {:?}, {stats:?}",
+            c.next_step()
+        );
+        if stats.adopted > 0 {
+            adopted += 1;
+            assert_eq!(stats.replayed_steps, 0);
+            in_flight += stats.adopted_in_flight;
+        }
+        while c.step().await.unwrap() {}
+        c.finish().await.unwrap();
+        drop(c);
+        audited_counts(h, &input);
+    }
+    eprintln!("{adopted} of 8 trials adopted, {in_flight} completing the step in flight");
+    assert!(adopted >= 6, "{adopted} of 8 trials adopted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -323,6 +419,53 @@ async fn a_replica_that_computes_other_output_stops_the_pipeline_with_the_findin
         committed,
         "nothing of the step was committed"
     );
+}
+
+/// A trial's pipeline: W = 3 on this process and two hosts (a and b), two
+/// replicas each, three steps run.
+struct Trial {
+    harness: Harness,
+    name: String,
+    a: String,
+    a_task: tokio::task::JoinHandle<()>,
+    b: String,
+    _b_task: tokio::task::JoinHandle<()>,
+    coordinator: sluice_runtime::Coordinator,
+}
+
+fn trial_options() -> PipelineOptions {
+    PipelineOptions {
+        checkpoint_every_steps: 2,
+        ..replicated(2)
+    }
+}
+
+impl Trial {
+    async fn start(dir: &std::path::Path, wasm: &std::path::Path, input: &[String]) -> Trial {
+        let harness = Harness::open(&dir.join("p"), wasm, 3, Limits::default()).await;
+        crate::hosts::fill(&harness, input).await;
+        let name = harness.pipeline.options().name.clone();
+        let (a, a_task) = start_host(&harness, &name).await;
+        let (b, _b_task) = start_host(&harness, &name).await;
+        let hosts = vec![connect(&a, &name).await, connect(&b, &name).await];
+        let mut coordinator = harness
+            .pipeline
+            .coordinator_on(trial_options(), hosts)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert!(coordinator.step().await.unwrap());
+        }
+        Trial {
+            harness,
+            name,
+            a,
+            a_task,
+            b,
+            _b_task,
+            coordinator,
+        }
+    }
 }
 
 /// The pipeline's log passes the audit and its counts are the input's.

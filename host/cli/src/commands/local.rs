@@ -196,11 +196,21 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
             ),
             HostEvent::Leading {
                 hosts,
+                adopted,
+                took,
+                ..
+            } if adopted > 0 => eprintln!(
+                "host {name}: leading on [{}]; adopted {adopted} worker instances the leader before left at the log's last step (nothing restored, nothing replayed) in {took:.2?}",
+                hosts.join(", "),
+            ),
+            HostEvent::Leading {
+                hosts,
                 restored,
                 restored_local,
                 restored_fetched,
                 replayed,
                 took,
+                ..
             } => eprintln!(
                 "host {name}: leading on [{}]; restored checkpoint {} ({restored_local} bytes from the hosts' own copies, {restored_fetched} fetched), replayed {replayed} steps in {took:.2?}",
                 hosts.join(", "),

@@ -8,7 +8,7 @@ use super::{HostConfig, HostEvent, LEFT_OUT, POLL, RETRY};
 use crate::error::Result;
 use crate::pipeline::Pipeline;
 use sluice_cluster::{Member, Membership, Session, View};
-use sluice_runtime::{Coordinator, RemoteHost};
+use sluice_runtime::{Coordinator, RemoteHost, WorkerHost};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use tokio::sync::watch;
 pub(super) async fn lead(
     pipeline: &Pipeline,
     config: &HostConfig,
+    own: &Arc<WorkerHost>,
     view: &View,
     membership: &dyn Membership,
     session: &dyn Session,
@@ -68,8 +69,11 @@ pub(super) async fn lead(
             .chain(connected.iter().map(|(n, _)| n.clone()))
             .collect()
     };
+    // The workers a leader before left on this host and the others are
+    // adopted where they hold the log's last step.
     let options = sluice_runtime::PipelineOptions {
         placement_hint: hint.clone(),
+        own_host: Some(own.clone()),
         ..pipeline.options().clone()
     };
     let mut coordinator: Coordinator = pipeline
@@ -83,6 +87,7 @@ pub(super) async fn lead(
         restored_local: coordinator.stats().restored_local_bytes,
         restored_fetched: coordinator.stats().restored_fetched_bytes,
         replayed: coordinator.stats().replayed_steps,
+        adopted: coordinator.stats().adopted,
         took: started.elapsed(),
     });
     // With replicas: what was last said of them.

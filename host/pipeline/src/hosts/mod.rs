@@ -99,6 +99,10 @@ pub enum HostEvent {
         restored_fetched: u64,
         /// Steps replayed on recovery.
         replayed: u64,
+        /// Instances adopted instead: the workers the leader before left on
+        /// the hosts, at the log's last step (then nothing was restored or
+        /// replayed).
+        adopted: u64,
         /// How long opening (connecting, restoring, replaying) took.
         took: Duration,
     },
@@ -482,6 +486,7 @@ pub async fn run_host(
             lead::lead(
                 p,
                 &config,
+                &worker_host,
                 &view,
                 &*membership,
                 &*session,

@@ -32,6 +32,7 @@
 //! checked every step); [`workers`] is what the coordinator drives and
 //! [`options`] what it is opened with and reports.
 
+mod adopt;
 mod checkpoint;
 mod divided;
 mod options;
@@ -244,6 +245,17 @@ struct Base {
 }
 
 impl Coordinator {
+    /// Drops the coordinator as the death of its process would: its
+    /// connections to the hosts just end (no worker there is told to
+    /// stop), so the hosts keep their workers for the next coordinator to
+    /// adopt; its own instances are gone. For fault campaigns and tests —
+    /// a coordinator that stops on purpose [`finish`](Self::finish)es.
+    pub fn crash(self) {
+        for h in &self.placement.hosts {
+            h.sever();
+        }
+    }
+
     /// The step of the newest checkpoint this coordinator restored or took.
     pub fn checkpointed_step(&self) -> Option<u64> {
         self.checkpoints.step

@@ -57,6 +57,10 @@ pub struct PipelineOptions {
     /// [`Error::ReplicasDiverged`](crate::Error::ReplicasDiverged)). With fewer hosts than
     /// this, each worker runs on every host. 1 (the default): no followers.
     pub replicas: u32,
+    /// This process's own worker host, if it runs one (as `sluice host`
+    /// does): a coordinator opened here adopts the workers an earlier
+    /// coordinator left on it, as it adopts those on the other hosts.
+    pub own_host: Option<std::sync::Arc<crate::hosts::WorkerHost>>,
 }
 
 impl Default for PipelineOptions {
@@ -74,6 +78,7 @@ impl Default for PipelineOptions {
             placement_hint: Vec::new(),
             bad_records: BTreeMap::new(),
             replicas: 1,
+            own_host: None,
         }
     }
 }
@@ -157,4 +162,12 @@ pub struct Stats {
     /// Replicas dropped after they failed (their hosts lost), each
     /// replaced from a survivor's state before the next step.
     pub replicas_lost: u64,
+    /// Instances this coordinator adopted when it opened: workers (and
+    /// followers) an earlier coordinator left on the hosts, at the log's
+    /// last step — nothing restored, nothing replayed (0: it restored).
+    pub adopted: u64,
+    /// Of the adoptions, steps this coordinator recorded when it opened:
+    /// the one in flight when the coordinator before went, which every
+    /// worker had computed (0 or 1).
+    pub adopted_in_flight: u64,
 }

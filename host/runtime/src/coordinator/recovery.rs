@@ -168,6 +168,27 @@ impl Coordinator {
         layout
             .validate(&shape)
             .map_err(|m| ConfigError::Invalid(format!("the checkpoint's layout: {m}")))?;
+        let limits = StepLimits {
+            fuel_per_call: engine.limits().fuel_per_call,
+            memory: engine.limits().memory as u64,
+        };
+        // The coordinator before went and the hosts kept its workers at
+        // the log's last step: adopt them (nothing restored or replayed).
+        let opening = super::adopt::Opening {
+            engine,
+            component,
+            storage: &storage,
+            options: &options,
+            hosts: &hosts,
+            checkpoint: checkpoint.as_ref(),
+            layout: &layout,
+            epoch,
+            limits,
+        };
+        if let Some(mut c) = Self::adopt(opening).await {
+            c.stats.restore_took = opened.elapsed();
+            return Ok(c);
+        }
         // Without a hint (a new leader), workers go where their state is:
         // the host with most of a worker's pieces in its own copy.
         let hint = match &checkpoint {
@@ -179,10 +200,6 @@ impl Coordinator {
         let addrs: Vec<&str> = hosts.iter().map(|h| h.addr()).collect();
         let slots = placement_from_hint(&hint, layout.workers, &addrs);
         let (exchange, mesh) = coordinator_exchange(&layout, &hosts, &slots, &[])?;
-        let limits = StepLimits {
-            fuel_per_call: engine.limits().fuel_per_call,
-            memory: engine.limits().memory as u64,
-        };
         let mut instances = Vec::with_capacity(layout.workers as usize);
         for w in 0..layout.workers {
             let worker = start_worker(
@@ -406,7 +423,13 @@ impl Coordinator {
                 // incomplete completes here.
                 self.take_holders().await?;
                 let outputs = self
-                    .execute(&record.frontiers, step, record.time_ms, Commit::Now, true)
+                    .execute(
+                        &record.frontiers,
+                        step,
+                        record.time_ms,
+                        Commit::Now,
+                        Some(record.epoch),
+                    )
                     .await?;
                 self.commit_shares(step, &record.frontiers, outputs, Commit::Now)
                     .await?;
@@ -417,7 +440,13 @@ impl Coordinator {
                 continue;
             }
             let outputs = self
-                .execute(&record.frontiers, step, record.time_ms, Commit::Whole, true)
+                .execute(
+                    &record.frontiers,
+                    step,
+                    record.time_ms,
+                    Commit::Whole,
+                    Some(record.epoch),
+                )
                 .await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {
                 if out.hash != *committed {

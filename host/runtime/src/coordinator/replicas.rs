@@ -263,6 +263,7 @@ impl Coordinator {
                 checks: self.output_checks(),
                 now: false,
                 follow: true,
+                epoch: self.epoch,
             };
             let offsets = if reads { ranges[w].clone() } else { Vec::new() };
             let slot = self.placement.followers[w][i].slot;

@@ -84,7 +84,7 @@ impl Coordinator {
             return self.step_divided(target, step, time_ms).await;
         }
         let mut outputs = self
-            .execute(&target, step, time_ms, Commit::Whole, false)
+            .execute(&target, step, time_ms, Commit::Whole, None)
             .await?;
         crash_point(CrashPoint::MidStep);
         // Events, not offsets: Kafka's offsets include transaction markers.
@@ -166,24 +166,26 @@ impl Coordinator {
 
     /// Runs one step on every worker: the input between the current
     /// frontiers and `target`. Does not commit. A record that is not an
-    /// event follows its input's bad-record policy — in a `replay` of a
-    /// recorded step, always `dead-letter`: the step skipped it when it
-    /// ran (under `fail` it would not have been recorded), and its replay
-    /// must read what it read.
+    /// event follows its input's bad-record policy — in a replay of a
+    /// step recorded in epoch `replay`, always `dead-letter`: the step
+    /// skipped it when it ran (under `fail` it would not have been
+    /// recorded), and its replay must read what it read. (The hosts note
+    /// the epoch a step is recorded in with its share: see
+    /// [`ShareSpec::epoch`].)
     pub(super) async fn execute(
         &mut self,
         target: &[Frontier],
         step: u64,
         time_ms: u64,
         commit: Commit,
-        replay: bool,
+        replay: Option<u64>,
     ) -> Result<Vec<WorkerOutput>> {
         // A worker whose host reads this pipeline's logs reads its own
         // input (only the offsets travel); the others' is read here.
         let policies = &self.options.bad_records;
         let policy = |input: &str| match replay {
-            true => BadRecordPolicy::DeadLetter,
-            false => policies.get(input).copied().unwrap_or_default(),
+            Some(_) => BadRecordPolicy::DeadLetter,
+            None => policies.get(input).copied().unwrap_or_default(),
         };
         let ranges = input_ranges(
             &self.placement.owned,
@@ -208,6 +210,7 @@ impl Coordinator {
                     checks: self.output_checks(),
                     now: commit == Commit::Now,
                     follow: false,
+                    epoch: replay.unwrap_or(self.epoch),
                 })
             })
             .collect();

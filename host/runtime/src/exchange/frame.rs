@@ -44,6 +44,10 @@ pub(crate) trait Link: Send + Sync {
     fn peer(&self) -> String {
         "another host".into()
     }
+
+    /// Ends the way for good, as a host that went would (the other end
+    /// gives this slot up): the session it served is over.
+    fn close(&self) {}
 }
 
 /// Where the workers run: the slot of each, this exchange's slot, and the

@@ -733,11 +733,13 @@ impl Exchange {
         self.slot_lost(slot, ExchangeError::Silent { slot, message: why });
     }
 
-    /// A link to another host failed: the current step fails here and on
-    /// every host still reachable.
-    pub(crate) fn link_failed(&self, why: String) {
-        let mut s = self.lock();
-        self.fail(&mut s, ExchangeError::Aborted(why), true);
+    /// Ends this host's links to the others for good: its session is over
+    /// (its coordinator went), and the other hosts give this slot up
+    /// rather than wait for parts it will never send.
+    pub(crate) fn close_links(&self) {
+        for (_, link) in &self.peers {
+            link.close();
+        }
     }
 
     /// Records a failure of the current step and wakes every waiter with it;

@@ -4,6 +4,7 @@
 //! hand shards off, change layout. One task per worker takes its calls in
 //! order.
 
+use super::kept::{Parkable, TaskMsg};
 use super::server::WorkerHost;
 use super::wire::{Answer, Call, CallError, FromHost, ShareDone, ShareSpec, from_wire, to_wire};
 use crate::bindings::Batch;
@@ -16,25 +17,50 @@ use sluice_core::StepLimits;
 use sluice_storage::{
     CheckpointStore, LogBackend, ReadBytes, StorageError, WorkerCommit, WorkerCommitter,
 };
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 impl WorkerHost {
-    /// Runs one worker's calls in order until the coordinator stops it or
-    /// goes away.
+    /// Runs one worker's calls in order until the coordinator stops it, or
+    /// it is handed to a coordinator in this process.
     pub(super) async fn run_worker(
         self: Arc<Self>,
         index: u32,
-        mut calls: mpsc::UnboundedReceiver<(u64, StepLimits, Call)>,
-        out: mpsc::Sender<FromHost>,
+        mut calls: mpsc::UnboundedReceiver<TaskMsg>,
+        state: Arc<Mutex<Parkable>>,
     ) {
         let mut worker: Option<Worker> = None;
         let mut share = Share::default();
-        while let Some((id, limits, call)) = calls.recv().await {
+        let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(msg) = calls.recv().await {
+            let (id, limits, call, out) = match msg {
+                TaskMsg::Call {
+                    id,
+                    limits,
+                    call,
+                    out,
+                } => (id, limits, *call, out),
+                TaskMsg::Release(to) => {
+                    let _ = to.send(worker.take());
+                    return;
+                }
+            };
+            let mark = lock().before(&call, limits);
+            let commits = match &call {
+                Call::CommitShare { step } => Some(*step),
+                _ => None,
+            };
             let result = self
                 .answer(index, &mut worker, &mut share, limits, call, &out)
                 .await;
+            let held = share.held.as_ref().map(|c| (c.step, c.hash));
+            lock().after(
+                mark,
+                result.is_ok(),
+                held,
+                commits.filter(|_| result.is_ok()),
+            );
             let result = result.map_err(|e| CallError {
                 // Either would fail again anywhere — but an exchange that
                 // was aborted (a host, a link or another worker failed) is
@@ -52,9 +78,9 @@ impl WorkerHost {
                 silent_slot: e.silent_slot(),
                 message: e.to_string(),
             });
-            if out.send(FromHost::Answer { id, result }).await.is_err() {
-                return;
-            }
+            // A connection that ended leaves the worker kept on the host,
+            // for the next coordinator.
+            let _ = out.send(FromHost::Answer { id, result }).await;
         }
     }
 
@@ -271,6 +297,18 @@ impl WorkerHost {
             Call::Rewire { mesh } => {
                 w.rewire(self.exchange_for(mesh, out));
                 Answer::Done
+            }
+            Call::Adopt { mesh, .. } => {
+                w.rewire(self.exchange_for(mesh, out));
+                // A new session: the worker is taken anew when it first
+                // commits (its holder from before may have been fenced
+                // since, by a replica that committed instead).
+                share.holder = None;
+                Answer::Started {
+                    store: self.reach().checkpoints.and_then(|c| c.location()),
+                    log: self.log_reached().await,
+                    commits: !self.reach().read_only_log,
+                }
             }
         })
     }

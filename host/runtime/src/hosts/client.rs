@@ -8,7 +8,7 @@ use super::links::{CoordinatorToHost, send_unless_gone};
 use super::placement::MeshPlan;
 use super::transport::{QUEUE, Tls, dial, handshake, heartbeat};
 use super::wire::{
-    Answer, Call, CallError, FromHost, ShareDone, ShareSpec, ToHost, from_wire, to_wire,
+    Answer, Call, CallError, FromHost, ShareDone, ShareSpec, ToHost, WireParked, from_wire, to_wire,
 };
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
@@ -84,6 +84,9 @@ pub struct RemoteHost {
     /// Bytes sent to the host and received from it.
     traffic: Arc<Traffic>,
     tasks: Vec<tokio::task::AbortHandle>,
+    /// Cut off as a dead coordinator's would be ([`sever`](Self::sever)):
+    /// its workers are not told to stop.
+    severed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RemoteHost {
@@ -278,7 +281,19 @@ impl RemoteHost {
             gone,
             traffic,
             tasks: vec![writer.abort_handle(), reader.abort_handle()],
+            severed: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Ends the connection as the death of the coordinator's process
+    /// would: nothing more is sent (no worker is told to stop), and the
+    /// host keeps its workers for the next coordinator. For fault
+    /// campaigns and tests ([`Coordinator::crash`](crate::Coordinator::crash)).
+    pub fn sever(&self) {
+        self.severed.store(true, Ordering::SeqCst);
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 
     /// The host's address.
@@ -333,24 +348,44 @@ impl RemoteHost {
     /// checkpoint `step` the host has in its own copy (nothing when it
     /// keeps no copy): where a worker restores without downloading.
     pub(crate) async fn locality(&self, step: u64) -> Result<Vec<(u32, u64)>> {
+        match self.ask(|id| ToHost::Locality { id, step }).await? {
+            Answer::Locality(held) => Ok(held),
+            _ => Err(unexpected(self, "locality")),
+        }
+    }
+
+    /// Asks the host itself (not one of its workers) what `msg` asks.
+    async fn ask(&self, msg: impl FnOnce(u64) -> ToHost) -> Result<Answer> {
         if let Some(why) = self.closed() {
             return Err(Error::remote(&self.addr, why));
         }
         let (id, rx) = register(&self.pending, &self.next);
-        if !send_unless_gone(&self.out, ToHost::Locality { id, step }, &self.gone).await {
-            return Err(Error::remote(
-                &self.addr,
-                "the connection to the host has ended",
-            ));
+        let ended = || Error::remote(&self.addr, "the connection to the host has ended");
+        if !send_unless_gone(&self.out, msg(id), &self.gone).await {
+            return Err(ended());
         }
         match rx.await {
-            Ok(Ok(Answer::Locality(held))) => Ok(held),
-            Ok(_) => Err(unexpected(self, "locality")),
-            Err(_) => Err(Error::remote(
-                &self.addr,
-                "the connection to the host has ended",
-            )),
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(Error::remote(&self.addr, e.message)),
+            Err(_) => Err(ended()),
         }
+    }
+
+    /// The workers the host kept when an earlier coordinator's connection
+    /// ended, for this one to adopt ([`RemoteWorker::adopt`]).
+    pub(crate) async fn parked(&self) -> Result<Vec<WireParked>> {
+        match self.ask(|id| ToHost::Parked { id }).await? {
+            Answer::Parked(kept) => Ok(kept),
+            _ => Err(unexpected(self, "parked")),
+        }
+    }
+
+    /// Has the host drop the workers it kept from an earlier coordinator
+    /// (best effort: a host whose connection ended dropped them when
+    /// another coordinator started workers there, or will when they have
+    /// waited too long).
+    pub(crate) async fn drop_parked(&self) {
+        let _ = send_unless_gone(&self.out, ToHost::DropParked, &self.gone).await;
     }
 
     async fn call(&self, worker: u32, limits: StepLimits, call: Call) -> Result<Answer> {
@@ -428,13 +463,24 @@ impl RemoteWorker {
                 },
             )
             .await?;
+        Self::started(host, worker, limits, started, "start")
+    }
+
+    /// The worker a start or an adoption (`call`) answered with `answer`.
+    fn started(
+        host: Arc<RemoteHost>,
+        worker: u32,
+        limits: StepLimits,
+        answer: Answer,
+        call: &str,
+    ) -> Result<Self> {
         let Answer::Started {
             store,
             log,
             commits,
-        } = started
+        } = answer
         else {
-            return Err(unexpected(&host, "start"));
+            return Err(unexpected(&host, call));
         };
         Ok(RemoteWorker {
             host,
@@ -445,6 +491,25 @@ impl RemoteWorker {
             commits: commits && log.is_some(),
             log,
         })
+    }
+
+    /// Adopts worker `worker`, which `host` kept from an earlier
+    /// coordinator, exchanging as `mesh` places it, under `limits`.
+    /// `recorded`: the epoch this coordinator recorded the step it holds
+    /// in, if it did (the step was in flight when the one before went).
+    pub(crate) async fn adopt(
+        host: Arc<RemoteHost>,
+        worker: u32,
+        mesh: &MeshPlan,
+        limits: StepLimits,
+        recorded: Option<u64>,
+    ) -> Result<Self> {
+        let call = Call::Adopt {
+            mesh: mesh.for_host(host.addr()),
+            recorded,
+        };
+        let answer = host.call(worker, limits, call).await?;
+        Self::started(host, worker, limits, answer, "adopt")
     }
 
     /// The host it runs on.
@@ -682,6 +747,9 @@ impl RemoteWorker {
 
 impl Drop for RemoteWorker {
     fn drop(&mut self) {
+        if self.host.severed.load(Ordering::SeqCst) {
+            return;
+        }
         // Best effort: a host whose connection ended dropped it already.
         let id = self.host.next.fetch_add(1, Ordering::Relaxed);
         let stop = ToHost::Call {

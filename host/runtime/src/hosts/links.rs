@@ -175,6 +175,10 @@ impl Link for PeerLink {
             .map_err(|_| format!("the link to host {} is down", self.addr))
     }
 
+    fn close(&self) {
+        self.task.abort();
+    }
+
     fn peer(&self) -> String {
         format!("host {}", self.addr)
     }

@@ -41,7 +41,12 @@
 //! fails the step); a host fails the exchanges it fed, and they tell the
 //! other hosts. A large frame that keeps arriving is never cut. A host
 //! accepts one coordinator at a time: a new connection replaces the one
-//! before (its workers are dropped).
+//! before. The workers of a connection that ended are kept for a while,
+//! for the next coordinator to adopt ([`Coordinator::open_on`] checks each
+//! against the step log: a new leader then restores and replays nothing);
+//! a coordinator that starts workers on the host drops them.
+//!
+//! [`Coordinator::open_on`]: crate::Coordinator::open_on
 //!
 //! **The listener** reads at most [`HANDSHAKE_MAX`](frames::HANDSHAKE_MAX)
 //! bytes a frame before the other end proved it knows the secret, serves
@@ -54,11 +59,14 @@
 //! loop),
 //! `placement` (which slot each worker runs on), `client` (the
 //! coordinator's [`RemoteHost`] and [`RemoteWorker`]), `server`
-//! ([`WorkerHost`]) and `calls` (what each call does to a worker there).
+//! ([`WorkerHost`]), `kept` (what a worker's task takes, and what the host
+//! keeps of it for the next coordinator) and `calls` (what each call does
+//! to a worker there).
 
 mod calls;
 mod client;
 mod frames;
+mod kept;
 mod links;
 mod listener;
 pub(crate) mod placement;

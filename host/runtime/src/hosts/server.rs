@@ -12,12 +12,15 @@
 //! exchanges it fed fail (and tell the other hosts).
 
 use super::frames::{MAX_FRAME, read_frame_within, write_frame};
+use super::kept::{Parkable, TaskMsg};
 use super::links::{HostToCoordinator, PeerDial, PeerLink};
 use super::listener::{Accepting, accept_loop};
 use super::transport::{
     MAX_CONNECTIONS, QUEUE, Reader, SESSION_TIMEOUT, Tls, Writer, answer_on, handshake, heartbeat,
 };
-use super::wire::{Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh};
+use super::wire::{
+    Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh, WireParked,
+};
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, ExchangeError, Result};
 use crate::exchange::{Exchange, Link, Placement};
@@ -26,9 +29,14 @@ use sluice_storage::{CheckpointStore, LogBackend};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+/// How long a host keeps the workers of a coordinator whose connection
+/// ended, for the next coordinator to adopt, at least: a new leader is
+/// chosen once the group's lease of the old one lapses.
+const PARK_AT_LEAST: Duration = Duration::from_secs(60);
 
 /// A host that runs workers for the coordinator of a pipeline: the other
 /// hosts' end of [`RemoteHost`].
@@ -60,6 +68,50 @@ pub struct WorkerHost {
     /// Fault injection: this host's workers' output is altered
     /// ([`WorkerHost::alter_output`]).
     pub(super) alter_output: std::sync::atomic::AtomicBool,
+    /// The workers of a coordinator whose connection ended, kept for the
+    /// next coordinator to adopt ([`Call::Adopt`]) until one starts
+    /// workers here or they have waited too long.
+    parked: Mutex<Parked>,
+    /// Its server ended (or was dropped): nothing is kept any more.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for WorkerHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHost")
+            .field("pipeline", &self.pipeline)
+            .field("reach", &self.reach())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A worker's task on this host: its queue of calls, and what it last did
+/// (what a new coordinator checks before adopting it).
+pub(super) struct WorkerTask {
+    calls: mpsc::UnboundedSender<TaskMsg>,
+    state: Arc<Mutex<Parkable>>,
+    _task: AbortOnDrop,
+}
+
+/// Workers kept from a coordinator whose connection ended.
+#[derive(Default)]
+struct Parked {
+    workers: HashMap<u32, WorkerTask>,
+    since: Option<Instant>,
+}
+
+/// A connection's workers: parked on the host when the connection ends
+/// (however it ends: the coordinator went, fell silent, or another
+/// replaced it).
+struct ParkOnDrop {
+    host: Arc<WorkerHost>,
+    workers: HashMap<u32, WorkerTask>,
+}
+
+impl Drop for ParkOnDrop {
+    fn drop(&mut self) {
+        self.host.park(std::mem::take(&mut self.workers));
+    }
 }
 
 /// How a [`WorkerHost`] serves: TLS, what it reaches, how long a
@@ -193,7 +245,124 @@ impl WorkerHost {
             exchanges: Mutex::default(),
             peer_bytes,
             alter_output: std::sync::atomic::AtomicBool::new(false),
+            parked: Mutex::default(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Keeps the workers of a connection that ended for the next
+    /// coordinator, for [`PARK_AT_LEAST`] (or ten session timeouts, if
+    /// longer) after the last connection ended.
+    fn park(self: &Arc<Self>, workers: HashMap<u32, WorkerTask>) {
+        if workers.is_empty() || self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        parked.workers.extend(workers);
+        let since = Instant::now();
+        parked.since = Some(since);
+        let keep = PARK_AT_LEAST.max(self.session_timeout * 10);
+        let host = Arc::downgrade(self);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                tokio::time::sleep(keep).await;
+                if let Some(host) = host.upgrade() {
+                    let mut parked = host.parked.lock().unwrap_or_else(|p| p.into_inner());
+                    if parked.since == Some(since) {
+                        let gone = std::mem::take(&mut parked.workers).len();
+                        tracing::info!(pipeline = %host.pipeline, workers = gone, "no coordinator adopted the workers kept here: dropped");
+                    }
+                }
+            });
+        }
+        tracing::info!(
+            pipeline = %self.pipeline,
+            workers = ?parked.workers.keys().collect::<Vec<_>>(),
+            "the coordinator's connection ended: its workers here are kept for the next one"
+        );
+    }
+
+    /// Drops the workers kept from an earlier coordinator (a coordinator
+    /// starts workers here: it adopted what it wanted).
+    pub(crate) fn drop_parked(&self) {
+        let gone = std::mem::take(
+            &mut self
+                .parked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .workers,
+        );
+        if !gone.is_empty() {
+            tracing::debug!(pipeline = %self.pipeline, workers = gone.len(), "kept workers dropped");
+        }
+    }
+
+    /// The workers kept from an earlier coordinator, as a new one sees them.
+    pub(crate) fn parked(&self) -> Vec<WireParked> {
+        let parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<WireParked> = parked
+            .workers
+            .iter()
+            .map(|(w, t)| {
+                t.state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .describe(*w)
+            })
+            .collect();
+        all.sort_by_key(|p| p.worker);
+        all
+    }
+
+    /// Makes call `call` on kept worker `worker` here, in this process (a
+    /// coordinator in this process adopting it).
+    pub(crate) async fn call_parked(
+        &self,
+        worker: u32,
+        limits: StepLimits,
+        call: Call,
+    ) -> Result<Answer> {
+        let calls = self
+            .parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .workers
+            .get(&worker)
+            .map(|t| t.calls.clone())
+            .ok_or(Error::WorkersLost)?;
+        let (out, mut answers) = mpsc::channel(QUEUE);
+        calls
+            .send(TaskMsg::Call {
+                id: 0,
+                limits,
+                call: Box::new(call),
+                out,
+            })
+            .map_err(|_| Error::WorkersLost)?;
+        loop {
+            match answers.recv().await {
+                Some(FromHost::Answer { result, .. }) => {
+                    return result.map_err(|e| Error::remote("this host", e.message));
+                }
+                Some(_) => continue,
+                None => return Err(Error::WorkersLost),
+            }
+        }
+    }
+
+    /// Takes kept worker `worker` out of its task, for a coordinator in
+    /// this process to run as its own instance (`None` if it is not kept
+    /// here, or its task ended).
+    pub(crate) async fn unpark(&self, worker: u32) -> Option<crate::worker::Worker> {
+        let task = self
+            .parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .workers
+            .remove(&worker)?;
+        let (tx, rx) = oneshot::channel();
+        task.calls.send(TaskMsg::Release(tx)).ok()?;
+        rx.await.ok().flatten()
     }
 
     /// Fault injection, for tests of the replicas' determinism audit:
@@ -235,6 +404,8 @@ impl WorkerHost {
     }
 
     pub(super) async fn serve_from(self: Arc<Self>, listener: impl Accepting) -> Result<()> {
+        // However serving ends, the host keeps no worker after it.
+        let _closing = CloseOnDrop(self.clone());
         let cap = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
         let host = self.clone();
         accept_loop(
@@ -355,9 +526,13 @@ impl WorkerHost {
         }
     }
 
-    /// The coordinator's connection ended or fell silent: every exchange
-    /// here fails (and tells the other hosts).
-    fn coordinator_lost(&self, why: &str) {
+    /// The coordinator's connection ended or fell silent: its slot (0) is
+    /// lost to every exchange here — which fails (and tells the other
+    /// hosts) unless every worker runs on another slot too: then the step
+    /// goes on without the coordinator, and its instances here are kept
+    /// with the step's share for the next coordinator to adopt.
+    /// Returns those exchanges (their sessions end once their steps do).
+    fn coordinator_lost(&self, why: &str) -> Vec<Weak<Exchange>> {
         let all: Vec<Arc<Exchange>> = self
             .exchanges
             .lock()
@@ -365,9 +540,11 @@ impl WorkerHost {
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        for x in all {
-            x.link_failed(format!("the coordinator's connection: {why}"));
+        for x in &all {
+            let why = format!("the coordinator's connection: {why}");
+            x.slot_lost(0, ExchangeError::Aborted(why));
         }
+        all.iter().map(Arc::downgrade).collect()
     }
 
     /// Hands a frame to the exchange of its session (a frame of a session
@@ -456,10 +633,13 @@ impl WorkerHost {
             }
         });
         let _writer = AbortOnDrop(writer.abort_handle());
-        // One task per worker, taking its calls in order.
-        let mut workers: HashMap<u32, mpsc::UnboundedSender<(u64, StepLimits, Call)>> =
-            HashMap::new();
-        let mut tasks = Vec::new();
+        // One task per worker, taking its calls in order; kept for the
+        // next coordinator when this connection ends.
+        let mut mine = ParkOnDrop {
+            host: self.clone(),
+            workers: HashMap::new(),
+        };
+        let workers = &mut mine.workers;
         loop {
             let host = self.clone();
             let mut progress = move || host.heard_from_coordinator();
@@ -467,13 +647,29 @@ impl WorkerHost {
             {
                 Ok((m, _)) => m,
                 Err(e) => {
-                    self.coordinator_lost(&e.to_string());
+                    let sessions = self.coordinator_lost(&e.to_string());
+                    let busy = workers.values().map(|t| t.state.clone()).collect();
+                    tokio::spawn(end_sessions_when_idle(
+                        sessions,
+                        busy,
+                        self.session_timeout * 4,
+                    ));
                     break;
                 }
             };
             match msg {
                 ToHost::Heartbeat => {}
                 ToHost::Mesh(frame) => self.route(frame),
+                ToHost::DropParked => self.drop_parked(),
+                ToHost::Parked { id } => {
+                    let answer = FromHost::Answer {
+                        id,
+                        result: Ok(Answer::Parked(self.parked())),
+                    };
+                    if out.send(answer).await.is_err() {
+                        break;
+                    }
+                }
                 ToHost::Locality { id, step } => {
                     let (store, out) = (self.reach().checkpoints, out.clone());
                     tokio::spawn(async move {
@@ -503,14 +699,40 @@ impl WorkerHost {
                         continue;
                     }
                     if let Call::Start { .. } = call {
+                        // A coordinator that starts workers adopted what
+                        // it wanted of those kept here.
+                        self.drop_parked();
                         let (tx, rx) = mpsc::unbounded_channel();
-                        workers.insert(worker, tx);
-                        let task = tokio::spawn(self.clone().run_worker(worker, rx, out.clone()));
-                        tasks.push(AbortOnDrop(task.abort_handle()));
+                        let state: Arc<Mutex<Parkable>> = Arc::default();
+                        let task = tokio::spawn(self.clone().run_worker(worker, rx, state.clone()));
+                        workers.insert(
+                            worker,
+                            WorkerTask {
+                                calls: tx,
+                                state,
+                                _task: AbortOnDrop(task.abort_handle()),
+                            },
+                        );
+                    }
+                    if let Call::Adopt { .. } = call {
+                        let kept = self
+                            .parked
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .workers
+                            .remove(&worker);
+                        if let Some(kept) = kept {
+                            workers.insert(worker, kept);
+                        }
                     }
                     match workers.get(&worker) {
-                        Some(tx) => {
-                            let _ = tx.send((id, limits, call));
+                        Some(task) => {
+                            let _ = task.calls.send(TaskMsg::Call {
+                                id,
+                                limits,
+                                call: Box::new(call),
+                                out: out.clone(),
+                            });
                         }
                         None => {
                             let answer = FromHost::Answer {
@@ -532,6 +754,44 @@ impl WorkerHost {
             }
         }
         Ok(())
+    }
+}
+
+/// Once none of the workers whose coordinator went is in a call (a step
+/// going on without it ends), or after `at_most` (a step that waits for a
+/// host that never began it does not end), the coordinator's sessions are
+/// over here: their exchanges' links to the other hosts close, and those
+/// hosts give this one up instead of waiting for parts it will never send
+/// (the links would otherwise go on beating for the workers kept here).
+/// A session a new coordinator began meanwhile is not among them.
+async fn end_sessions_when_idle(
+    sessions: Vec<Weak<Exchange>>,
+    workers: Vec<Arc<Mutex<Parkable>>>,
+    at_most: Duration,
+) {
+    let until = tokio::time::Instant::now() + at_most;
+    let busy = || {
+        workers
+            .iter()
+            .any(|w| w.lock().unwrap_or_else(|p| p.into_inner()).is_busy())
+    };
+    while busy() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for x in sessions.iter().filter_map(Weak::upgrade) {
+        x.close_links();
+    }
+}
+
+/// Closes a host when its server ends: what it kept goes, and it keeps
+/// nothing more (the workers' tasks hold the host: kept, they would keep
+/// it, and the pipeline's storage it reaches, alive).
+struct CloseOnDrop(Arc<WorkerHost>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+        self.0.drop_parked();
     }
 }
 

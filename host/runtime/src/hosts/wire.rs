@@ -212,6 +212,57 @@ pub(crate) struct ShareSpec {
     /// and its hash reported, never committed and the worker never taken
     /// (that would fence the primary).
     pub follow: bool,
+    /// The fencing epoch of the coordinator whose step this is (the epoch
+    /// its division is recorded with): a worker left behind when its
+    /// coordinator went is adopted by the next one only if the log's last
+    /// step is this step, recorded in this epoch, on this frontier.
+    pub epoch: u64,
+}
+
+/// The step a worker's instance last computed a share of (and so the state
+/// it holds): what a new coordinator checks against the step log before
+/// it adopts the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StepMark {
+    pub step: u64,
+    /// The epoch of the coordinator that ran it.
+    pub epoch: u64,
+    /// The worker's frontier after it.
+    pub frontier: sluice_core::Frontier,
+    /// The step's time.
+    pub time_ms: u64,
+    /// The limits it ran under.
+    pub limits: StepLimits,
+}
+
+/// A worker instance a host kept when its coordinator's connection ended
+/// ([`ToHost::Parked`]): what a new coordinator needs to decide whether it
+/// may adopt it instead of restoring and replaying.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WireParked {
+    pub worker: u32,
+    /// W of the layout it is in.
+    pub workers: u32,
+    /// The owner of each shard in that layout.
+    pub owners: Vec<u32>,
+    /// The step it last computed a share of, unless a call since changed
+    /// its state otherwise (a restore, a hand-off, a layout change).
+    pub at: Option<StepMark>,
+    /// The step it computed a share of before that one, if nothing else
+    /// changed its state in between.
+    pub before: Option<StepMark>,
+    /// The hash of the share it holds.
+    pub held_hash: Option<u128>,
+    /// Every call it took succeeded (a failed call may have left the
+    /// instance half-way).
+    pub clean: bool,
+    /// A call is still running (a step its coordinator started before it
+    /// went, going on without it).
+    pub busy: bool,
+    /// The step whose share it holds, not committed.
+    pub held: Option<u64>,
+    /// The step whose share it last committed.
+    pub committed: Option<u64>,
 }
 
 /// A worker's share of a divided step, committed by its host (or found
@@ -280,6 +331,15 @@ pub(crate) enum Call {
     Rewire {
         mesh: WireMesh,
     },
+    /// Take over the worker this host kept from an earlier coordinator
+    /// ([`ToHost::Parked`]), shuffling as `mesh` says (answered
+    /// [`Answer::Started`]).
+    Adopt {
+        mesh: WireMesh,
+        /// The adopting coordinator recorded the step the worker holds
+        /// (it was in flight when the one before went), in this epoch.
+        recorded: Option<u64>,
+    },
     Stop,
 }
 
@@ -333,6 +393,8 @@ pub(crate) enum Answer {
     },
     /// `(worker, bytes)` of a checkpoint's state in the host's own copy.
     Locality(Vec<(u32, u64)>),
+    /// The workers the host kept from an earlier coordinator.
+    Parked(Vec<WireParked>),
 }
 
 /// A failed call: the worker's error as text, and whether it was the
@@ -365,6 +427,12 @@ pub(crate) enum ToHost {
     /// How much of each worker's state in checkpoint `step` the host has
     /// in its own copy (answered `Answer::Locality`).
     Locality { id: u64, step: u64 },
+    /// Which worker instances the host kept when an earlier coordinator's
+    /// connection ended (answered [`Answer::Parked`]).
+    Parked { id: u64 },
+    /// Drop the worker instances kept from an earlier coordinator (this one
+    /// adopted what it wanted).
+    DropParked,
     /// The coordinator is alive (sent every [`HEARTBEAT`](super::HEARTBEAT)):
     /// a host that hears nothing for its session timeout drops the
     /// connection and fails its exchanges.

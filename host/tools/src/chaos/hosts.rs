@@ -14,7 +14,9 @@
 //!   replaced and resumes later as a zombie (its late bytes go nowhere);
 //! - **leader crash**: the coordinator is dropped at a random moment of a
 //!   step (its in-flight commit may or may not land, racing the next
-//!   leader's fencing), as if its process died;
+//!   leader's fencing), as if its process died — its connections just end,
+//!   and the next coordinator adopts the workers the hosts kept where they
+//!   hold the log's last step (or the step in flight, which it records);
 //! - **join**: a fresh host joins the running coordinator and takes its
 //!   share of the workers live (up to four hosts);
 //! - **leave**: a host leaves gracefully — its workers move live to the
@@ -208,6 +210,8 @@ async fn trial(
     // Host faults since the coordinator last ran on every live host: with
     // replicas, a recovery after one is a replay with a live replica.
     let mut faults_since_whole: u32;
+    // The coordinator crashed: the next one opened takes over from it.
+    let mut leader_crashed = false;
     let deadline = Instant::now() + Duration::from_secs(120);
     'run: loop {
         anyhow::ensure!(
@@ -255,6 +259,13 @@ async fn trial(
         };
         hint = c.placement_addrs();
         faults_since_whole = 0;
+        if std::mem::take(&mut leader_crashed) {
+            match c.stats().adopted {
+                0 => report.leader_takeovers_restored += 1,
+                _ => report.leader_takeovers_adopted += 1,
+            }
+            report.in_flight_recorded += c.stats().adopted_in_flight;
+        }
         report.replayed += c.stats().replayed_steps;
         report.restored_local_bytes += c.stats().restored_local_bytes;
         report.restored_fetched_bytes += c.stats().restored_fetched_bytes;
@@ -373,7 +384,10 @@ async fn trial(
                         // A step commit still in flight is left to race
                         // the next leader's fencing, as a zombie's would.
                         let _ = c.settle().await;
-                        drop(c);
+                        // Its connections just end: the hosts keep their
+                        // workers for the next coordinator to adopt.
+                        c.crash();
+                        leader_crashed = true;
                         continue 'run;
                     }
                 }

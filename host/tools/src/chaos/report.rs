@@ -144,6 +144,17 @@ pub struct HostsChaosReport {
     /// when every worker still had a live replica: each is a violation
     /// with replicas.
     pub replays_with_a_live_replica: u32,
+    /// Coordinators opened after a leader crash that adopted the workers
+    /// the hosts kept: nothing restored, nothing replayed.
+    pub leader_takeovers_adopted: u32,
+    /// Coordinators opened after a leader crash that restored a checkpoint
+    /// and replayed instead (some worker had no kept instance at the log's
+    /// last step: without replicas, always).
+    pub leader_takeovers_restored: u32,
+    /// Of the adopting take-overs, steps that were in flight when the
+    /// leader crashed and that the next one recorded as the workers ran
+    /// them.
+    pub in_flight_recorded: u64,
     /// Steps committed.
     pub steps: u64,
     /// Of the committed steps' input events, those the hosts read
@@ -207,6 +218,16 @@ impl std::fmt::Display for HostsChaosReport {
             self.restored_local_bytes,
             self.restored_fetched_bytes
         )?;
+        if self.leader_crashes > 0 {
+            writeln!(
+                f,
+                "leader take-overs: {} adopted the workers the hosts kept (nothing restored or \
+                 replayed; {} of them recorded the step in flight), {} restored and replayed",
+                self.leader_takeovers_adopted,
+                self.in_flight_recorded,
+                self.leader_takeovers_restored
+            )?;
+        }
         if self.replicas > 1 {
             writeln!(
                 f,
