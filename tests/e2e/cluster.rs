@@ -185,6 +185,11 @@ fn with_replicas_a_killed_host_is_failed_over_without_a_replay() {
         !replicas.contains("r2") && !replicas.contains("; 0 failovers"),
         "{replicas}"
     );
+    // From the step the failover committed on, other primaries' output.
+    assert!(
+        replicas.contains("the primaries' output committed since step "),
+        "{replicas}"
+    );
     assert_eq!(
         opens(&c),
         before,

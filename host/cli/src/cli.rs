@@ -489,6 +489,11 @@ pub struct ServeHostsArgs {
     /// group, in milliseconds; at least 2000.
     #[arg(long, default_value_t = 3_000)]
     pub hosts_session_timeout_ms: u64,
+    /// This server's failure domain (a rack, an availability zone): the
+    /// replicas of each worker of a pipeline across hosts go to servers in
+    /// different zones where they can.
+    #[arg(long, value_parser = zone_label)]
+    pub hosts_zone: Option<String>,
     /// This server's TLS certificate chain (PEM): with `--hosts-tls-key`
     /// and `--hosts-tls-ca`, every connection between the servers of a
     /// pipeline is mutual TLS. The certificate must name `--hosts-bind`.
@@ -564,6 +569,11 @@ pub struct HostArgs {
     /// nondeterministic. Every host should be given the same.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub replicas: u32,
+    /// This host's failure domain (a rack, an availability zone): the
+    /// leader places the replicas of each worker in different zones where
+    /// it can (hosts without a zone count as a zone each).
+    #[arg(long, value_parser = zone_label)]
+    pub zone: Option<String>,
     /// Partitions of each input of a new pipeline.
     #[arg(long)]
     pub partitions: Option<u32>,
@@ -800,6 +810,19 @@ pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// A zone label: 1 to 64 letters, digits, `.`, `-` or `_`.
+pub(crate) fn zone_label(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    match ok {
+        true => Ok(s.to_owned()),
+        false => Err(format!(
+            "a zone is 1 to 64 letters, digits, '.', '-' or '_', not {s:?}"
+        )),
     }
 }
 

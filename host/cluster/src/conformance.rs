@@ -10,6 +10,7 @@ fn member(name: &str) -> Member {
     Member {
         name: name.into(),
         addr: format!("127.0.0.1:{}", 10_000 + name.len()),
+        zone: None,
     }
 }
 
@@ -102,6 +103,7 @@ pub async fn a_name_another_address_holds_is_refused(group: &dyn Membership) {
     let elsewhere = Member {
         name: "a".into(),
         addr: "127.0.0.2:10001".into(),
+        zone: None,
     };
     let asked = Instant::now();
     match group.join(elsewhere.clone()).await {

@@ -268,6 +268,7 @@ mod tests {
         let bad = Member {
             name: "x/y".into(),
             addr: "127.0.0.1:1".into(),
+            zone: None,
         };
         assert!(m.join(bad).await.is_err());
     }

@@ -70,6 +70,10 @@ pub struct Member {
     pub name: String,
     /// Where its worker host listens (`IP:PORT`).
     pub addr: String,
+    /// Its failure domain (a rack, an availability zone), if labelled:
+    /// replicas of one worker go to different zones where they can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// The group as one read saw it.

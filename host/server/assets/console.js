@@ -282,7 +282,11 @@ function pipelineView(name) {
         // primary, which commits, first) and the failovers so far.
         ...(s.hosts && s.hosts.replicas && s.hosts.replicas.length
           ? [fig("replicas (primary first)", s.hosts.replicas.map((on, w) => `w${w}: ${on.join(", ")}`).join("; "), "fig-replicas"),
-             fig("failovers / checked", `${s.hosts.failovers} / ${s.hosts.replica_steps_checked}`, "fig-failovers")]
+             fig("failovers / checked", `${s.hosts.failovers} / ${s.hosts.replica_steps_checked}`, "fig-failovers"),
+             // Whose output each worker's steps committed, from which step.
+             ...(s.hosts.committed_by && s.hosts.committed_by.length
+               ? [fig("committed by", s.hosts.committed_by.slice(-3).map((c) => `from step ${c.from_step}: ${c.hosts.map((h, w) => `w${w} ${h}`).join(", ")}`).join("; "), "fig-committed-by")]
+               : [])]
           : []));
       if (!scaleTo.value) scaleTo.value = s.workers;
       if (!port.options.length) {

@@ -43,6 +43,9 @@ pub struct HostsSettings {
     pub session_timeout: Duration,
     /// Mutual TLS on every connection between the servers, if set.
     pub tls: Option<sluice_runtime::Tls>,
+    /// This server's failure domain, if labelled: replicas of a worker go
+    /// to servers in different zones where they can.
+    pub zone: Option<String>,
 }
 
 impl std::fmt::Debug for HostsSettings {
@@ -54,6 +57,7 @@ impl std::fmt::Debug for HostsSettings {
             .field("name", &self.name)
             .field("session_timeout", &self.session_timeout)
             .field("tls", &self.tls.is_some())
+            .field("zone", &self.zone)
             .finish_non_exhaustive()
     }
 }

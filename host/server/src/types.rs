@@ -325,6 +325,22 @@ pub struct HostsStatus {
     /// naming both).
     #[serde(default)]
     pub replica_steps_checked: u64,
+    /// While leading with `replicas` > 1: whose output was committed, as
+    /// its changes since this server opened the pipeline (the last 16):
+    /// from `from_step` on, per worker, the server whose replica's output
+    /// was committed (until the next entry).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub committed_by: Vec<CommittedBy>,
+}
+
+/// From which step each worker's output was committed from which server's
+/// replica ([`HostsStatus::committed_by`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommittedBy {
+    /// The first step committed so.
+    pub from_step: u64,
+    /// Per worker, the server whose replica's output was committed.
+    pub hosts: Vec<String>,
 }
 
 /// `POST /tenants`.

@@ -152,6 +152,7 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
         },
         inputs: a.inputs.clone(),
         read_only_log: a.read_only_log,
+        zone: a.zone.clone(),
     };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -229,14 +230,19 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
                 placement,
                 failovers,
                 checked,
+                committed_by,
             } => eprintln!(
-                "host {name}: replicas (primary first): {}; {failovers} failovers, {checked} follower steps checked",
+                "host {name}: replicas (primary first): {}; {failovers} failovers, {checked} follower steps checked{}",
                 placement
                     .iter()
                     .enumerate()
                     .map(|(w, on)| format!("w{w} [{}]", on.join(", ")))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                committed_by
+                    .last()
+                    .map(|(step, _)| format!("; the primaries' output committed since step {step}"))
+                    .unwrap_or_default()
             ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
@@ -442,6 +448,7 @@ pub async fn serve(
                     }
                     _ => None,
                 },
+                zone: hosts.hosts_zone,
             })
         }
     };

@@ -74,6 +74,7 @@ pub(super) async fn lead(
     let options = sluice_runtime::PipelineOptions {
         placement_hint: hint.clone(),
         own_host: Some(own.clone()),
+        zones: zones(view, config),
         ..pipeline.options().clone()
     };
     let mut coordinator: Coordinator = pipeline
@@ -202,6 +203,7 @@ pub(super) async fn lead(
                         }
                     }
                     view = now;
+                    coordinator.set_zones(zones(&view, config));
                     let same = next.len() == connected.len()
                         && next.iter().zip(&connected).all(|((a, _), (b, _))| a == b);
                     if same {
@@ -279,10 +281,18 @@ pub(super) async fn lead(
             let now = Some((placement, failovers));
             if now != replicas_said {
                 let (placement, failovers) = now.clone().unwrap_or_default();
+                let name = host_name(&config.name, &connected);
+                let committed_by = coordinator
+                    .stats()
+                    .committed_by
+                    .iter()
+                    .map(|(step, by)| (*step, by.iter().map(&name).collect()))
+                    .collect();
                 report(HostEvent::Replicas {
                     placement,
                     failovers,
                     checked: coordinator.stats().replica_steps_checked,
+                    committed_by,
                 });
                 replicas_said = now;
             }
@@ -296,6 +306,39 @@ pub(super) async fn lead(
     }
 }
 
+/// The zone of each member that has one, by the address the leader dials
+/// (this host's own under "", as the coordinator knows its own process).
+fn zones(view: &View, config: &HostConfig) -> std::collections::BTreeMap<String, String> {
+    let mut zones: std::collections::BTreeMap<String, String> = view
+        .members
+        .iter()
+        .filter(|m| m.name != config.name)
+        .filter_map(|m| Some((m.addr.clone(), m.zone.clone()?)))
+        .collect();
+    if let Some(zone) = &config.zone {
+        zones.insert(String::new(), zone.clone());
+    }
+    zones
+}
+
+/// The name of the host at a coordinator's address for it: this host's
+/// `me` (empty: the coordinator's own process), a connected member's name,
+/// or — for a host not connected under a name — its address.
+fn host_name<'a>(
+    me: &'a str,
+    connected: &'a [(String, Arc<RemoteHost>)],
+) -> impl Fn(&String) -> String + 'a {
+    move |addr: &String| -> String {
+        if addr.is_empty() {
+            return me.to_owned();
+        }
+        connected
+            .iter()
+            .find(|(_, h)| h.addr() == addr)
+            .map_or_else(|| addr.clone(), |(n, _)| n.clone())
+    }
+}
+
 /// Per worker, the names of the hosts its replicas run on (its primary's
 /// first): this host's `me`, a connected member's name, or — for a host
 /// not connected under a name — its address.
@@ -304,15 +347,7 @@ fn replica_names(
     me: &str,
     connected: &[(String, Arc<RemoteHost>)],
 ) -> Vec<Vec<String>> {
-    let name = |addr: &String| -> String {
-        if addr.is_empty() {
-            return me.to_owned();
-        }
-        connected
-            .iter()
-            .find(|(_, h)| h.addr() == addr)
-            .map_or_else(|| addr.clone(), |(n, _)| n.clone())
-    };
+    let name = host_name(me, connected);
     c.placement_addrs()
         .iter()
         .zip(
@@ -320,6 +355,6 @@ fn replica_names(
                 .iter()
                 .chain(std::iter::repeat(&Vec::new())),
         )
-        .map(|(p, fs)| std::iter::once(p).chain(fs).map(name).collect())
+        .map(|(p, fs)| std::iter::once(p).chain(fs).map(&name).collect())
         .collect()
 }

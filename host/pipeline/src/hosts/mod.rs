@@ -69,6 +69,10 @@ pub struct HostConfig {
     /// (ACLs): its workers read their own input, and the leader commits
     /// their output. (It cannot lead: a leader writes.)
     pub read_only_log: bool,
+    /// This host's failure domain (a rack, an availability zone), if
+    /// labelled: the leader places the replicas of each worker in
+    /// different zones where it can.
+    pub zone: Option<String>,
 }
 
 /// What a host reports as it goes.
@@ -152,6 +156,10 @@ pub enum HostEvent {
         /// Followers' steps whose output hash was checked against their
         /// primary's (a difference stops the pipeline, naming both).
         checked: u64,
+        /// Whose output was committed, as its changes since the leader
+        /// opened (the last few): from step `.0` on, per worker, the name
+        /// of the host whose replica's output was committed.
+        committed_by: Vec<(u64, Vec<String>)>,
     },
 }
 
@@ -369,6 +377,7 @@ pub async fn run_host(
     let me = Member {
         name: config.name.clone(),
         addr: addr.clone(),
+        zone: config.zone.clone(),
     };
     let mut session: Box<dyn Session> = membership.join(me.clone()).await?;
     report(HostEvent::Joined {

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workers::AnyWorker;
 
-pub use options::{PipelineOptions, Relayout, Stats};
+pub use options::{COMMITTED_BY_KEPT, PipelineOptions, Relayout, Stats};
 
 /// The runtime of one pipeline.
 pub struct Coordinator {
@@ -259,6 +259,12 @@ impl Coordinator {
     /// The step of the newest checkpoint this coordinator restored or took.
     pub fn checkpointed_step(&self) -> Option<u64> {
         self.checkpoints.step
+    }
+
+    /// The hosts' zones from now on ([`PipelineOptions::zones`]): where the
+    /// followers built from now on go (those running stay where they are).
+    pub fn set_zones(&mut self, zones: std::collections::BTreeMap<String, String>) {
+        self.options.zones = zones;
     }
 
     /// Turns incremental checkpoints on or off from the next checkpoint on

@@ -57,6 +57,12 @@ pub struct PipelineOptions {
     /// [`Error::ReplicasDiverged`](crate::Error::ReplicasDiverged)). With fewer hosts than
     /// this, each worker runs on every host. 1 (the default): no followers.
     pub replicas: u32,
+    /// The zone (failure domain) of each host, by its address
+    /// ([`RemoteHost::addr`](crate::RemoteHost::addr); empty for the
+    /// coordinator's own process): the replicas of each worker go to
+    /// different zones first, then to the least loaded hosts. A host
+    /// without a zone is a zone of its own.
+    pub zones: BTreeMap<String, String>,
     /// This process's own worker host, if it runs one (as `sluice host`
     /// does): a coordinator opened here adopts the workers an earlier
     /// coordinator left on it, as it adopts those on the other hosts.
@@ -78,6 +84,7 @@ impl Default for PipelineOptions {
             placement_hint: Vec::new(),
             bad_records: BTreeMap::new(),
             replicas: 1,
+            zones: BTreeMap::new(),
             own_host: None,
         }
     }
@@ -98,6 +105,9 @@ pub struct Relayout {
     /// one committed (the hand-off and that step).
     pub pause: Duration,
 }
+
+/// How many changes of [`Stats::committed_by`] a coordinator keeps.
+pub const COMMITTED_BY_KEPT: usize = 16;
 
 /// What a coordinator has done since it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -166,6 +176,12 @@ pub struct Stats {
     /// followers) an earlier coordinator left on the hosts, at the log's
     /// last step — nothing restored, nothing replayed (0: it restored).
     pub adopted: u64,
+    /// Whose output was committed, step by step, as its changes: from step
+    /// `.0` on, per worker, the address of the host of the replica whose
+    /// output was committed (its primary; empty: the coordinator's own
+    /// process), until the next entry. The last [`COMMITTED_BY_KEPT`]
+    /// changes since the coordinator opened.
+    pub committed_by: Vec<(u64, Vec<String>)>,
     /// Of the adoptions, steps this coordinator recorded when it opened:
     /// the one in flight when the coordinator before went, which every
     /// worker had computed (0 or 1).

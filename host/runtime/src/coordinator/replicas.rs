@@ -17,6 +17,7 @@ use super::Coordinator;
 use super::step::{Commit, cause_rank, root_cause};
 use super::workers::{AnyWorker, coordinator_exchange, start_worker};
 use crate::error::{Error, ExchangeError, Result};
+use crate::hosts::placement::replica_slot;
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{InputRange, StepRead, WorkerOutput, blocking, read_batches};
 
@@ -52,6 +53,16 @@ impl Coordinator {
             .iter()
             .map(|fs| fs.iter().map(|f| f.slot).collect())
             .collect()
+    }
+
+    /// The zone of the host on `slot` ([`PipelineOptions::zones`](super::PipelineOptions::zones)),
+    /// if it has one.
+    pub(super) fn slot_zone(&self, slot: u32) -> Option<&str> {
+        let addr = match slot as usize {
+            0 => "",
+            s => self.placement.hosts.get(s - 1)?.addr(),
+        };
+        self.options.zones.get(addr).map(String::as_str)
     }
 
     /// Who runs on `slot`, for messages: "this host" or a host's address.
@@ -128,15 +139,16 @@ impl Coordinator {
         }
         let mut planned = self.follower_slots();
         let mut new: Vec<(u32, u32)> = Vec::new();
+        let zones: Vec<Option<&str>> = (0..slots as u32).map(|s| self.slot_zone(s)).collect();
+        let zone = |s: u32| zones.get(s as usize).copied().flatten();
         for (w, followers) in planned.iter_mut().enumerate() {
             let primary = self.placement.slots[w];
             while followers.len() + 1 < wanted {
-                // The least loaded free slot; ties: the highest, so this
-                // process is the last to take more.
-                let Some(slot) = (0..slots as u32)
-                    .filter(|s| *s != primary && !followers.contains(s))
-                    .min_by_key(|s| (load[*s as usize], std::cmp::Reverse(*s)))
-                else {
+                // Another zone first, then the least loaded free slot.
+                let taken: Vec<u32> = std::iter::once(primary)
+                    .chain(followers.iter().copied())
+                    .collect();
+                let Some(slot) = replica_slot(&taken, &load, zone) else {
                     break;
                 };
                 load[slot as usize] += 1;

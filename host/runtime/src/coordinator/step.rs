@@ -4,6 +4,7 @@
 //! record at once), then move on — and start a checkpoint if one is due.
 
 use super::Coordinator;
+use super::options::COMMITTED_BY_KEPT;
 use super::workers::AnyWorker;
 use crate::bindings::Batch;
 use crate::error::{Error, ExchangeError, Result};
@@ -421,6 +422,17 @@ impl Coordinator {
             );
         }
         self.stats.dead_letters += skipped;
+        // Whose output this step committed: its primaries'.
+        let by = self.placement_addrs();
+        if self.stats.committed_by.last().is_none_or(|(_, h)| *h != by) {
+            self.stats.committed_by.push((step, by));
+            let over = self
+                .stats
+                .committed_by
+                .len()
+                .saturating_sub(COMMITTED_BY_KEPT);
+            self.stats.committed_by.drain(..over);
+        }
         self.position.frontiers = target;
         self.position.last_time_ms = time_ms;
         self.position.next_step += 1;

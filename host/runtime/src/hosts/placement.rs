@@ -152,9 +152,47 @@ pub(crate) fn place_one(placement: &[u32], slots: usize) -> u32 {
     least_loaded(&load) as u32
 }
 
+/// The slot for one more replica of a worker whose replicas run on
+/// `taken`, among `load.len()` slots loaded as `load`: a slot in a zone
+/// none of them is in first (`zone` of a slot; a slot without a zone is a
+/// zone of its own), then the least loaded; ties: the highest slot, so the
+/// coordinator's own process is the last to take more. `None` when every
+/// slot runs one already.
+pub(crate) fn replica_slot<'z>(
+    taken: &[u32],
+    load: &[u32],
+    zone: impl Fn(u32) -> Option<&'z str>,
+) -> Option<u32> {
+    let shares_a_zone = |s: u32| zone(s).is_some_and(|z| taken.iter().any(|t| zone(*t) == Some(z)));
+    (0..load.len() as u32)
+        .filter(|s| !taken.contains(s))
+        .min_by_key(|s| (shares_a_zone(*s), load[*s as usize], std::cmp::Reverse(*s)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_goes_to_another_zone_first_then_to_the_least_loaded_slot() {
+        // Slots 0 and 1 in zone a, 2 and 3 in zone b.
+        let zones = ["a", "a", "b", "b"];
+        let zone = |s: u32| zones.get(s as usize).copied();
+        // The primary on 0 (zone a): the follower goes to zone b, the less
+        // loaded of its slots.
+        assert_eq!(replica_slot(&[0], &[1, 0, 3, 2], zone), Some(3));
+        // With both zones taken, the least loaded slot left.
+        assert_eq!(replica_slot(&[0, 3], &[1, 0, 3, 2], zone), Some(1));
+        // Without zones: the least loaded, ties to the highest slot.
+        assert_eq!(replica_slot(&[0], &[1, 1, 1, 1], |_| None), Some(3));
+        assert_eq!(replica_slot(&[0], &[1, 0, 1, 1], |_| None), Some(1));
+        // A slot without a zone is a zone of its own.
+        let partial = [Some("a"), Some("a"), None];
+        let zone = |s: u32| partial[s as usize];
+        assert_eq!(replica_slot(&[0], &[1, 0, 5], zone), Some(2));
+        // Every slot runs one already.
+        assert_eq!(replica_slot(&[0, 1, 2], &[1, 1, 1], zone), None);
+    }
 
     fn loads(placement: &[u32], slots: usize) -> Vec<u32> {
         let mut l = vec![0; slots];

@@ -51,6 +51,7 @@ use utoipa::OpenApi;
         crate::types::PipelineState,
         crate::types::PipelineStatus,
         crate::types::HostsStatus,
+        crate::types::CommittedBy,
         crate::types::PushAck,
         crate::types::ProducerInfo,
         crate::types::PartitionRange,

@@ -165,7 +165,9 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         placement_hint: Vec::new(),
         bad_records: spec.bad_records.clone(),
         replicas: spec.replicas.max(1),
-        // Set where the pipeline runs across hosts (each host's own).
+        // Set where the pipeline runs across hosts (each host's own, the
+        // group's zones).
+        zones: Default::default(),
         own_host: None,
     }
 }

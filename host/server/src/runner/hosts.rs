@@ -14,7 +14,9 @@
 use super::handle::{Control, PipelineHandle, lock, options};
 use crate::limits::EffectiveLimits;
 use crate::settings::{KafkaSettings, kafka_name};
-use crate::types::{Desired, HostsStatus, PipelineSpec, PipelineState, PipelineStatus};
+use crate::types::{
+    CommittedBy, Desired, HostsStatus, PipelineSpec, PipelineState, PipelineStatus,
+};
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_pipeline::{HostConfig, HostEvent, LogConfig, PipelineConfig};
 use sluice_runtime::{LoadedComponent, SluiceEngine};
@@ -91,6 +93,7 @@ pub(super) async fn open(
             replicas: Vec::new(),
             failovers: 0,
             replica_steps_checked: 0,
+            committed_by: Vec::new(),
         }),
         ..PipelineStatus::starting(&spec, &component.hash, &shape, 0, None)
     }));
@@ -114,6 +117,7 @@ pub(super) async fn open(
             tls: hosts.tls.clone(),
             inputs: Vec::new(),
             read_only_log: false,
+            zone: hosts.zone.clone(),
         },
         etcd: hosts.etcd.clone(),
         group: name,
@@ -266,10 +270,15 @@ impl Host {
                     placement,
                     failovers,
                     checked,
+                    committed_by,
                 } => {
                     h.replicas = placement;
                     h.failovers = failovers;
                     h.replica_steps_checked = checked;
+                    h.committed_by = committed_by
+                        .into_iter()
+                        .map(|(from_step, hosts)| CommittedBy { from_step, hosts })
+                        .collect();
                 }
                 HostEvent::LeadEnded { reason } => {
                     h.leading = false;

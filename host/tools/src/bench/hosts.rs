@@ -33,6 +33,9 @@ pub(super) fn cpu_time() -> Duration {
 /// Worker hosts in this process, on loopback TCP, for `pipeline`: the
 /// coordinator's connections to them, and the hosts (with the tasks serving
 /// them).
+/// The secret the bench's hosts share.
+pub(super) const SECRET: &[u8] = b"the bench's shared secret";
+
 pub(super) async fn worker_hosts(
     engine: &SluiceEngine,
     component: &LoadedComponent,
@@ -43,7 +46,6 @@ pub(super) async fn worker_hosts(
     Vec<Arc<RemoteHost>>,
     Vec<(Arc<WorkerHost>, tokio::task::JoinHandle<()>)>,
 )> {
-    const SECRET: &[u8] = b"the bench's shared secret";
     let (mut hosts, mut tasks) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -5,14 +5,17 @@
 //! the next committed step — at two state sizes. With one replica the
 //! coordinator reopens on the hosts left (restore the checkpoint, replay the
 //! steps after it); with two, a follower takes over and nothing is
-//! replayed.
+//! replayed. And the leader's death: the coordinator dropped as a killed
+//! process is (its connections just end) to the next committed step under a
+//! new one — with one replica it restores and replays, with two it adopts
+//! the workers the hosts kept.
 
-use super::hosts::{line_events, wordcount_across, worker_hosts};
+use super::hosts::{SECRET, line_events, wordcount_across, worker_hosts};
 use super::report::{Row, fmt_time};
 use super::workloads::{Workload, load, manual_checkpoints};
 use sluice_core::Event;
 use sluice_pipeline::{Pipeline, PipelineConfig};
-use sluice_runtime::{Limits, PipelineOptions, Reach, SluiceEngine};
+use sluice_runtime::{Limits, PipelineOptions, Reach, RemoteHost, SluiceEngine};
 use sluice_storage::AppendBatch;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,42 +64,73 @@ pub(super) async fn replicas_cost(
     } else {
         [28 << 20, 1 << 30]
     };
-    for state in sizes {
-        let mut without = Duration::ZERO;
-        for replicas in [1u32, 2] {
-            let f = failover(engine, state, replicas).await?;
-            if replicas == 1 {
-                without = f.took;
+    for kill in [Kill::Host, Kill::Leader] {
+        for state in sizes {
+            let mut without = Duration::ZERO;
+            for replicas in [1u32, 2] {
+                let f = failover(engine, state, replicas, kill).await?;
+                if replicas == 1 {
+                    without = f.took;
+                }
+                rows.push(failover_row(kill, state, replicas, &f, without));
             }
-            rows.push(Row {
-                scenario: "replicas",
-                case: format!(
-                    "failover: a host of 3 killed, {} MiB of state, {} replica{}",
-                    state >> 20,
-                    replicas,
-                    if replicas == 1 { "" } else { "s" }
-                ),
-                measured: format!(
-                    "{} from the kill to the next committed step ({} steps replayed, {} \
-                     failovers); the step after: {}{}",
-                    fmt_time(f.took),
-                    f.replayed,
-                    f.failovers,
-                    fmt_time(f.after),
-                    if replicas > 1 {
-                        " (followers rebuilt from the survivors first)"
-                    } else {
-                        ""
-                    }
-                ),
-                baseline: format!("1 replica: {}", fmt_time(without)),
-                ratio: f.took.as_secs_f64() / without.as_secs_f64().max(1e-9),
-                goal: "informational",
-                met: None,
-            });
         }
     }
     Ok(())
+}
+
+/// Whose death a failover measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    /// A worker host's: its server and every connection end at once.
+    Host,
+    /// The leader's: the coordinator is dropped as a killed process is
+    /// (its connections just end, its own instances are gone) and a new
+    /// one opens on the hosts.
+    Leader,
+}
+
+fn failover_row(kill: Kill, state: usize, replicas: u32, f: &Failover, without: Duration) -> Row {
+    let plural = if replicas == 1 { "" } else { "s" };
+    let (case, how) = match kill {
+        Kill::Host => (
+            format!(
+                "failover: a host of 3 killed, {} MiB of state, {replicas} replica{plural}",
+                state >> 20
+            ),
+            format!("{} failovers", f.failovers),
+        ),
+        Kill::Leader => (
+            format!(
+                "leader take-over: the coordinator killed, {} MiB of state, {replicas} \
+                 replica{plural}",
+                state >> 20
+            ),
+            format!(
+                "{} instances adopted, {} followers rebuilt",
+                f.adopted, f.rebuilt
+            ),
+        ),
+    };
+    let rebuilt_first = match (kill, replicas > 1) {
+        (Kill::Host, true) => " (followers rebuilt from the survivors first)",
+        _ => "",
+    };
+    Row {
+        scenario: "replicas",
+        case,
+        measured: format!(
+            "{} from the kill to the next committed step ({} steps replayed, {how}); the step \
+             after: {}{rebuilt_first}",
+            fmt_time(f.took),
+            f.replayed,
+            fmt_time(f.after),
+        ),
+        baseline: format!("1 replica: {}", fmt_time(without)),
+        ratio: f.took.as_secs_f64() / without.as_secs_f64().max(1e-9),
+        goal: "informational",
+        met: None,
+    }
 }
 
 /// What one failover measured.
@@ -107,6 +141,11 @@ struct Failover {
     replayed: u64,
     /// Followers that took over.
     failovers: u64,
+    /// Instances a new coordinator adopted (a leader's death).
+    adopted: u64,
+    /// Followers built (a new coordinator's, rebuilding those that died
+    /// with the leader).
+    rebuilt: u64,
     /// The step after that one (with replicas, the followers lost are
     /// rebuilt first, from full snapshots of their primaries).
     after: Duration,
@@ -121,6 +160,7 @@ async fn failover(
     engine: &Arc<SluiceEngine>,
     state: usize,
     replicas: u32,
+    kill: Kill,
 ) -> anyhow::Result<Failover> {
     const BLOB: usize = 64 << 10;
     const W: u32 = 4;
@@ -188,25 +228,42 @@ async fn failover(
     append(n, n + 16)?;
     let hint = c.placement_addrs();
     let killed = Instant::now();
-    served[0].1.abort();
-    let committed = match c.step().await {
-        Ok(true) => Some(c.stats().clone()),
-        Ok(false) => anyhow::bail!("the step after the kill found no input"),
-        Err(_) => None,
-    };
-    let mut c = match committed {
-        Some(_) => c,
-        None => {
-            drop(c);
-            let options = PipelineOptions {
-                placement_hint: hint,
-                ..options
-            };
-            let mut c = pipeline
-                .coordinator_on(options, vec![hosts[1].clone()])
-                .await?;
-            anyhow::ensure!(c.step().await?, "the recovered pipeline found no input");
+    let mut c = match kill {
+        // The coordinator dies; a new one opens on the hosts (with
+        // replicas, it adopts what they kept).
+        Kill::Leader => {
+            c.crash();
+            let mut again = Vec::new();
+            for h in &hosts {
+                let timeout = Duration::from_secs(30);
+                again.push(RemoteHost::connect(h.addr(), &name, SECRET, timeout).await?);
+            }
+            let mut c = pipeline.coordinator_on(options, again).await?;
+            anyhow::ensure!(c.step().await?, "the new coordinator found no input");
             c
+        }
+        Kill::Host => {
+            served[0].1.abort();
+            let committed = match c.step().await {
+                Ok(true) => Some(c.stats().clone()),
+                Ok(false) => anyhow::bail!("the step after the kill found no input"),
+                Err(_) => None,
+            };
+            match committed {
+                Some(_) => c,
+                None => {
+                    drop(c);
+                    let options = PipelineOptions {
+                        placement_hint: hint,
+                        ..options
+                    };
+                    let mut c = pipeline
+                        .coordinator_on(options, vec![hosts[1].clone()])
+                        .await?;
+                    anyhow::ensure!(c.step().await?, "the recovered pipeline found no input");
+                    c
+                }
+            }
         }
     };
     let took = killed.elapsed();
@@ -222,6 +279,8 @@ async fn failover(
         took,
         replayed: stats.replayed_steps,
         failovers: stats.failovers,
+        adopted: stats.adopted,
+        rebuilt: stats.replicas_built,
         after,
     })
 }
