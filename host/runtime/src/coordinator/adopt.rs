@@ -188,7 +188,7 @@ impl Coordinator {
         // count from their own last snapshot, not from the newest
         // checkpoint.
         checkpoints.step = o.checkpoint.map(|m| m.step);
-        let mut c = Coordinator {
+        let c = Coordinator {
             storage: o.storage.clone(),
             shape,
             component: o.component.clone(),
@@ -215,7 +215,11 @@ impl Coordinator {
                 exchange,
                 committers: Vec::new(),
                 followers,
-                heal_pending: false,
+                // The followers that died with the coordinator before are
+                // rebuilt after the first step (as after a host's failover),
+                // not before it: the pipeline goes on at once.
+                heal_pending: true,
+                heal_not_before: step + 2,
                 held_here: Vec::new(),
             },
             checkpoints,
@@ -233,7 +237,6 @@ impl Coordinator {
         for h in o.hosts {
             h.drop_parked().await;
         }
-        c.replicate().await?;
         tracing::info!(
             pipeline = %c.options.name,
             step,

@@ -131,6 +131,10 @@ struct WorkerPlacement {
     /// Replicas were lost or a follower took over in the last step: the
     /// next one first heals the placement.
     heal_pending: bool,
+    /// …but not before this step (a coordinator that adopted its workers
+    /// commits a step before it rebuilds the followers that died with the
+    /// coordinator before it).
+    heal_not_before: u64,
     /// The outputs of the last divided step that followers in this process
     /// computed, by worker: committed here if the primary's host fails to.
     held_here: Vec<(usize, crate::step_io::WorkerOutput)>,

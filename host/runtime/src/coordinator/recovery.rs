@@ -243,6 +243,7 @@ impl Coordinator {
                 committers: Vec::new(),
                 followers: Vec::new(),
                 heal_pending: false,
+                heal_not_before: 0,
                 held_here: Vec::new(),
             },
             checkpoints: CheckpointState::none(),

@@ -605,7 +605,8 @@ impl Coordinator {
     /// brought back to their replicas from the survivors' state. On
     /// failure the instances are dropped (reopening recovers).
     pub(super) async fn heal(&mut self) -> Result<()> {
-        if !self.placement.heal_pending {
+        if !self.placement.heal_pending || self.position.next_step < self.placement.heal_not_before
+        {
             return Ok(());
         }
         let r = self.heal_inner().await;

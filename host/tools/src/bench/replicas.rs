@@ -106,15 +106,12 @@ fn failover_row(kill: Kill, state: usize, replicas: u32, f: &Failover, without: 
                  replica{plural}",
                 state >> 20
             ),
-            format!(
-                "{} instances adopted, {} followers rebuilt",
-                f.adopted, f.rebuilt
-            ),
+            format!("{} instances adopted", f.adopted),
         ),
     };
-    let rebuilt_first = match (kill, replicas > 1) {
-        (Kill::Host, true) => " (followers rebuilt from the survivors first)",
-        _ => "",
+    let rebuilt_first = match replicas > 1 {
+        true => " (the followers lost rebuilt from the survivors first)",
+        false => "",
     };
     Row {
         scenario: "replicas",
@@ -143,9 +140,6 @@ struct Failover {
     failovers: u64,
     /// Instances a new coordinator adopted (a leader's death).
     adopted: u64,
-    /// Followers built (a new coordinator's, rebuilding those that died
-    /// with the leader).
-    rebuilt: u64,
     /// The step after that one (with replicas, the followers lost are
     /// rebuilt first, from full snapshots of their primaries).
     after: Duration,
@@ -280,7 +274,6 @@ async fn failover(
         replayed: stats.replayed_steps,
         failovers: stats.failovers,
         adopted: stats.adopted,
-        rebuilt: stats.replicas_built,
         after,
     })
 }
