@@ -257,15 +257,21 @@ async fn a_new_coordinator_adopts_the_workers_a_dead_one_left() {
         c.crash();
     }
     assert_eq!(last_adopted, 4);
+    // A coordinator with other pipeline settings than the kept instances
+    // were started with adopts none of them: it restores and replays.
     let mut c = h
         .pipeline
         .coordinator_on(
-            replicated(2),
+            PipelineOptions {
+                config: vec![("a-setting".into(), "another value".into())],
+                ..replicated(2)
+            },
             vec![connect(&a, &name).await, connect(&b, &name).await],
         )
         .await
         .unwrap();
-    assert_eq!(c.stats().replayed_steps, 0);
+    assert_eq!(c.stats().adopted, 0, "{:?}", c.stats());
+    assert!(c.stats().replayed_steps > 0, "{:?}", c.stats());
     while c.step().await.unwrap() {}
     c.finish().await.unwrap();
     drop(c);

@@ -34,9 +34,9 @@ use super::workers::{AnyWorker, coordinator_exchange};
 use super::{CheckpointState, Coordinator, StepPosition, WorkerPlacement};
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
-use crate::hosts::wire::{Answer, Call, WireParked};
-use crate::hosts::{MeshPlan, RemoteHost, RemoteWorker, WorkerHost};
-use crate::step_io::blocking;
+use crate::hosts::wire::WireParked;
+use crate::hosts::{Adopt, MeshPlan, RemoteHost, RemoteWorker, WorkerHost};
+use crate::step_io::{blocking, share_error};
 use sluice_core::{Layout, StepLimits, StepRecord};
 use sluice_storage::{CheckpointMeta, Guarded};
 use std::sync::Arc;
@@ -75,10 +75,12 @@ impl Coordinator {
                     error = %e,
                     "adopting the workers the coordinator before left failed: restoring instead"
                 );
-                // The other hosts drop theirs when the restore starts
-                // workers there; this process starts its own.
+                // What is kept goes: the restore starts its own workers.
                 if let Some(own) = &opening.options.own_host {
                     own.drop_parked();
+                }
+                for h in opening.hosts {
+                    h.drop_parked().await;
                 }
                 None
             }
@@ -141,34 +143,44 @@ impl Coordinator {
                     if let Some(own) = &own {
                         own.drop_parked();
                     }
+                    for h in o.hosts {
+                        h.drop_parked().await;
+                    }
                     return Ok(None);
                 }
             },
         };
         let in_flight_recorded = u64::from(recorded.is_some());
-        let (exchange, mesh) =
-            coordinator_exchange(o.layout, o.hosts, &chosen.slots, &chosen.followers)?;
+        let slots: Vec<u32> = chosen.primaries.iter().map(|k| k.slot).collect();
+        let follower_slots: Vec<Vec<u32>> = chosen
+            .followers
+            .iter()
+            .map(|fs| fs.iter().map(|k| k.slot).collect())
+            .collect();
+        let (exchange, mesh) = coordinator_exchange(o.layout, o.hosts, &slots, &follower_slots)?;
         let step = record.step;
-        let mut instances = Vec::with_capacity(chosen.slots.len());
-        let mut followers: Vec<Vec<Follower>> = Vec::with_capacity(chosen.slots.len());
+        let mut instances = Vec::with_capacity(slots.len());
+        let mut followers: Vec<Vec<Follower>> = Vec::with_capacity(slots.len());
         let mut adopted = 0u64;
-        for (w, slot) in chosen.slots.iter().enumerate() {
-            let w32 = w as u32;
+        let adopt = AdoptOne {
+            own: own.as_deref(),
+            hosts: o.hosts,
+            storage: o.storage,
+            exchange: &exchange,
+            mesh: &mesh,
+            limits: o.limits,
+            recorded,
+            component: &o.component.hash,
+            config: &o.options.config,
+        };
+        for (w, primary) in chosen.primaries.iter().enumerate() {
             let commit = chosen.commit[w].then_some(step);
-            let adopt = AdoptOne {
-                own: own.as_deref(),
-                hosts: o.hosts,
-                exchange: &exchange,
-                mesh: &mesh,
-                limits: o.limits,
-                recorded,
-            };
-            instances.push(Some(adopt.one(w32, *slot, commit).await?));
+            instances.push(Some(adopt.one(primary, commit).await?));
             let mut mine = Vec::new();
             for f in &chosen.followers[w] {
                 mine.push(Follower {
-                    slot: *f,
-                    instance: Some(adopt.one(w32, *f, None).await?),
+                    slot: f.slot,
+                    instance: Some(adopt.one(f, None).await?),
                 });
             }
             adopted += 1 + mine.len() as u64;
@@ -210,7 +222,7 @@ impl Coordinator {
                 owned,
                 instances,
                 hosts: o.hosts.to_vec(),
-                slots: chosen.slots,
+                slots,
                 mesh,
                 exchange,
                 committers: Vec::new(),
@@ -297,11 +309,11 @@ async fn kept_now(own: Option<&WorkerHost>, hosts: &[Arc<RemoteHost>]) -> Vec<Ke
 }
 
 /// Which kept instance runs each worker.
-struct Chosen {
-    /// Each worker's primary's slot.
-    slots: Vec<u32>,
-    /// Each worker's followers' slots.
-    followers: Vec<Vec<u32>>,
+struct Chosen<'k> {
+    /// Each worker's primary.
+    primaries: Vec<&'k Kept>,
+    /// Each worker's followers.
+    followers: Vec<Vec<&'k Kept>>,
     /// Per worker: its primary holds its share of the last step, whose
     /// done record is not in the log yet — it commits it on adoption.
     commit: Vec<bool>,
@@ -310,7 +322,12 @@ struct Chosen {
 /// The instances to adopt, if every worker has one at the log's last
 /// step (`record`, complete or not): primaries spread over the slots,
 /// followers up to the replicas wanted.
-fn choose(o: &Opening<'_>, record: &StepRecord, complete: bool, kept: &[Kept]) -> Option<Chosen> {
+fn choose<'k>(
+    o: &Opening<'_>,
+    record: &StepRecord,
+    complete: bool,
+    kept: &'k [Kept],
+) -> Option<Chosen<'k>> {
     let workers = o.layout.workers as usize;
     if !record.is_division() || record.frontiers.len() != workers {
         return None;
@@ -331,7 +348,22 @@ fn choose(o: &Opening<'_>, record: &StepRecord, complete: bool, kept: &[Kept]) -
             && (complete || p.held == Some(step) || p.committed == Some(step))
     };
     let candidates = by_worker(kept, workers, fits)?;
-    Some(place(o, candidates, step, complete))
+    // The replicas that hold a share of the step must hold the same one.
+    for (w, c) in candidates.iter().enumerate() {
+        let mut held = c.iter().filter(|k| k.parked.held == Some(step));
+        if let Some(first) = held.next()
+            && held.any(|k| k.parked.held_hash != first.parked.held_hash)
+        {
+            tracing::warn!(
+                pipeline = %o.options.name,
+                worker = w,
+                step,
+                "the instances kept of a worker hold different shares of a step: not adopted"
+            );
+            return None;
+        }
+    }
+    place(o, candidates, step, complete)
 }
 
 /// The kept instances that `fit`, by worker — if every one of the
@@ -354,46 +386,52 @@ fn by_worker(
 /// (preferring one that holds the share of `step` still to commit, when
 /// the step is not `complete`), the others its followers, up to the
 /// replicas wanted. Every worker has a candidate.
-fn place(o: &Opening<'_>, candidates: Vec<Vec<&Kept>>, step: u64, complete: bool) -> Chosen {
+fn place<'k>(
+    o: &Opening<'_>,
+    candidates: Vec<Vec<&'k Kept>>,
+    step: u64,
+    complete: bool,
+) -> Option<Chosen<'k>> {
     let workers = candidates.len();
     let wanted = (o.options.replicas.max(1) as usize).min(o.hosts.len() + 1);
     let mut load = vec![0u32; o.hosts.len() + 1];
     let mut chosen = Chosen {
-        slots: Vec::with_capacity(workers),
+        primaries: Vec::with_capacity(workers),
         followers: Vec::with_capacity(workers),
         commit: Vec::with_capacity(workers),
     };
-    for c in candidates.into_iter().filter(|c| !c.is_empty()) {
-        let Some(primary) = c
-            .iter()
-            .min_by_key(|k| {
-                (
-                    load.get(k.slot as usize).copied().unwrap_or(u32::MAX),
-                    k.parked.held != Some(step),
-                )
-            })
-            .copied()
-        else {
-            continue;
-        };
+    // The share of `step` still to commit: a primary holding it commits
+    // it — one that read the step's input itself (its share carries the
+    // input records skipped).
+    let to_commit =
+        |k: &Kept| !complete && k.parked.held == Some(step) && k.parked.committed != Some(step);
+    let may_commit = |k: &Kept| k.parked.at.as_ref().is_some_and(|m| m.own_input);
+    for c in candidates {
+        let primary = c.iter().copied().min_by_key(|k| {
+            (
+                to_commit(k) && !may_commit(k),
+                load.get(k.slot as usize).copied().unwrap_or(u32::MAX),
+                k.parked.held != Some(step),
+            )
+        })?;
+        let commit = to_commit(primary);
+        if commit && !may_commit(primary) {
+            return None;
+        }
         if let Some(l) = load.get_mut(primary.slot as usize) {
             *l += 1;
         }
-        chosen.slots.push(primary.slot);
-        chosen.commit.push(
-            !complete
-                && primary.parked.held == Some(step)
-                && primary.parked.committed != Some(step),
-        );
+        chosen.primaries.push(primary);
+        chosen.commit.push(commit);
         chosen.followers.push(
             c.iter()
+                .copied()
                 .filter(|k| k.slot != primary.slot)
                 .take(wanted.saturating_sub(1))
-                .map(|k| k.slot)
                 .collect(),
         );
     }
-    chosen
+    Some(chosen)
 }
 
 /// The instances to adopt when every worker has one that computed the
@@ -402,7 +440,11 @@ fn place(o: &Opening<'_>, candidates: Vec<Vec<&Kept>>, step: u64, complete: bool
 /// to record for it: the frontiers, time and limits the instances ran it
 /// with. The replicas of each worker must hold the same share (else that
 /// is a nondeterminism finding for the recovery's replay to make).
-fn in_flight(o: &Opening<'_>, record: &StepRecord, kept: &[Kept]) -> Option<(Chosen, StepRecord)> {
+fn in_flight<'k>(
+    o: &Opening<'_>,
+    record: &StepRecord,
+    kept: &'k [Kept],
+) -> Option<(Chosen<'k>, StepRecord)> {
     let workers = o.layout.workers as usize;
     if !record.is_division() || record.frontiers.len() != workers {
         return None;
@@ -458,36 +500,49 @@ fn in_flight(o: &Opening<'_>, record: &StepRecord, kept: &[Kept]) -> Option<(Cho
     };
     // Every primary holds its share: it commits it once the division is
     // recorded.
-    Some((place(o, candidates, next, false), division))
+    Some((place(o, candidates, next, false)?, division))
 }
 
 /// Adopts kept instances into a new session.
 struct AdoptOne<'a> {
     own: Option<&'a WorkerHost>,
     hosts: &'a [Arc<RemoteHost>],
+    storage: &'a Arc<Guarded>,
     exchange: &'a Arc<crate::exchange::Exchange>,
     mesh: &'a MeshPlan,
     limits: StepLimits,
     /// The epoch this coordinator recorded the adopted step in, if it did.
     recorded: Option<u64>,
+    /// The coordinator's component and the pipeline's settings: a kept
+    /// instance of another is refused.
+    component: &'a str,
+    config: &'a [(String, String)],
 }
 
 impl AdoptOne<'_> {
-    /// Adopts worker `w`'s instance on `slot`, committing its share of step
-    /// `commit` first, if given.
-    async fn one(&self, w: u32, slot: u32, commit: Option<u64>) -> Result<AnyWorker> {
+    /// Adopts `kept`, committing its share of step `commit` first, if
+    /// given. Refused where the instance moved on since it was seen.
+    async fn one(&self, kept: &Kept, commit: Option<u64>) -> Result<AnyWorker> {
+        let (w, slot) = (kept.parked.worker, kept.slot);
+        let at = kept.parked.at.as_ref().ok_or(Error::WorkersLost)?;
         if slot == 0 {
             let own = self.own.ok_or(Error::WorkersLost)?;
+            let (mut worker, held) = own
+                .unpark(w, at, self.config)
+                .await
+                .ok_or(Error::WorkersLost)?;
             if let Some(step) = commit {
-                match own
-                    .call_parked(w, self.limits, Call::CommitShare { step })
-                    .await?
-                {
-                    Answer::Shared(_) => {}
-                    _ => return Err(Error::WorkersLost),
-                }
+                // Committed here, with this process's holder of the worker
+                // (fencing any other).
+                let share = held.filter(|c| c.step == step).ok_or(Error::WorkersLost)?;
+                let storage = self.storage.clone();
+                blocking(move || {
+                    let mut holder = storage.take_worker(w)?;
+                    holder.commit(&share).map_err(share_error)?;
+                    Ok::<_, Error>(())
+                })
+                .await?;
             }
-            let mut worker = own.unpark(w).await.ok_or(Error::WorkersLost)?;
             worker.rewire(self.exchange.clone());
             worker.set_step_limits(self.limits);
             return Ok(AnyWorker::Local(Box::new(worker)));
@@ -497,7 +552,13 @@ impl AdoptOne<'_> {
             .get(slot as usize - 1)
             .ok_or(Error::WorkersLost)?
             .clone();
-        let remote = RemoteWorker::adopt(host, w, self.mesh, self.limits, self.recorded).await?;
+        let adopt = Adopt {
+            recorded: self.recorded,
+            at: at.clone(),
+            component: self.component.to_owned(),
+            config: self.config.to_vec(),
+        };
+        let remote = RemoteWorker::adopt(host, w, self.mesh, self.limits, adopt).await?;
         if let Some(step) = commit {
             remote.commit_share(step).await?;
         }

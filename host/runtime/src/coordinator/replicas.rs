@@ -276,6 +276,7 @@ impl Coordinator {
                 now: false,
                 follow: true,
                 epoch: self.epoch,
+                own_input: reads,
             };
             let offsets = if reads { ranges[w].clone() } else { Vec::new() };
             let slot = self.placement.followers[w][i].slot;

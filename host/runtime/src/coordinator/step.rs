@@ -212,6 +212,8 @@ impl Coordinator {
                     now: commit == Commit::Now,
                     follow: false,
                     epoch: replay.unwrap_or(self.epoch),
+                    // A host that commits reads its input itself.
+                    own_input: true,
                 })
             })
             .collect();

@@ -41,11 +41,32 @@ impl WorkerHost {
                     call,
                     out,
                 } => (id, limits, *call, out),
-                TaskMsg::Release(to) => {
-                    let _ = to.send(worker.take());
+                TaskMsg::Release { at, config, to } => {
+                    if lock().refuses(&at, &config).is_some() {
+                        let _ = to.send(None);
+                        continue;
+                    }
+                    let held = share.held.take();
+                    let _ = to.send(worker.take().map(|w| (w, held)));
                     return;
                 }
             };
+            // Adopted only where the coordinator saw it, with its settings.
+            let refused = match &call {
+                Call::Adopt { at, config, .. } => lock().refuses(at, config),
+                _ => None,
+            };
+            if let Some(why) = refused {
+                let result = Err(CallError {
+                    message: why,
+                    guest: false,
+                    exchange: false,
+                    refused: false,
+                    silent_slot: None,
+                });
+                let _ = out.send(FromHost::Answer { id, result }).await;
+                continue;
+            }
             let mark = lock().before(&call, limits);
             let commits = match &call {
                 Call::CommitShare { step } => Some(*step),
@@ -298,7 +319,15 @@ impl WorkerHost {
                 w.rewire(self.exchange_for(mesh, out));
                 Answer::Done
             }
-            Call::Adopt { mesh, .. } => {
+            Call::Adopt {
+                mesh, component, ..
+            } => {
+                if component != self.component.hash {
+                    return Err(Error::ComponentDiffers {
+                        here: self.component.hash.clone(),
+                        coordinator: component,
+                    });
+                }
                 w.rewire(self.exchange_for(mesh, out));
                 // A new session: the worker is taken anew when it first
                 // commits (its holder from before may have been fenced

@@ -8,7 +8,8 @@ use super::links::{CoordinatorToHost, send_unless_gone};
 use super::placement::MeshPlan;
 use super::transport::{QUEUE, Tls, dial, handshake, heartbeat};
 use super::wire::{
-    Answer, Call, CallError, FromHost, ShareDone, ShareSpec, ToHost, WireParked, from_wire, to_wire,
+    Answer, Call, CallError, FromHost, ShareDone, ShareSpec, StepMark, ToHost, WireParked,
+    from_wire, to_wire,
 };
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
@@ -397,7 +398,7 @@ impl RemoteHost {
             id,
             worker,
             limits,
-            call,
+            call: Box::new(call),
         };
         if !send_unless_gone(&self.out, msg, &self.gone).await {
             return Err(Error::remote(
@@ -417,6 +418,20 @@ impl RemoteHost {
             silent_slot: e.silent_slot,
         })
     }
+}
+
+/// What a coordinator adopting a kept worker says of it
+/// ([`RemoteWorker::adopt`]).
+pub(crate) struct Adopt {
+    /// The epoch this coordinator recorded the step the worker holds in,
+    /// if it did (the step was in flight when the one before went).
+    pub(crate) recorded: Option<u64>,
+    /// Where the coordinator saw it.
+    pub(crate) at: StepMark,
+    /// The coordinator's component (its SHA-256) and the pipeline's
+    /// settings.
+    pub(crate) component: String,
+    pub(crate) config: Vec<(String, String)>,
 }
 
 /// A worker running on another host, driven through its [`RemoteHost`].
@@ -495,18 +510,26 @@ impl RemoteWorker {
 
     /// Adopts worker `worker`, which `host` kept from an earlier
     /// coordinator, exchanging as `mesh` places it, under `limits`.
-    /// `recorded`: the epoch this coordinator recorded the step it holds
-    /// in, if it did (the step was in flight when the one before went).
+    /// The host refuses if the instance is not as `adopt` says.
     pub(crate) async fn adopt(
         host: Arc<RemoteHost>,
         worker: u32,
         mesh: &MeshPlan,
         limits: StepLimits,
-        recorded: Option<u64>,
+        adopt: Adopt,
     ) -> Result<Self> {
+        let Adopt {
+            recorded,
+            at,
+            component,
+            config,
+        } = adopt;
         let call = Call::Adopt {
             mesh: mesh.for_host(host.addr()),
             recorded,
+            at,
+            component,
+            config,
         };
         let answer = host.call(worker, limits, call).await?;
         Self::started(host, worker, limits, answer, "adopt")
@@ -756,7 +779,7 @@ impl Drop for RemoteWorker {
             id,
             worker: self.worker,
             limits: self.limits,
-            call: Call::Stop,
+            call: Box::new(Call::Stop),
         };
         if let Err(mpsc::error::TrySendError::Full(stop)) = self.host.out.try_send(stop)
             && let Ok(rt) = tokio::runtime::Handle::try_current()

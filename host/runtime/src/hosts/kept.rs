@@ -6,6 +6,7 @@
 use super::wire::{Call, FromHost, StepMark, WireParked};
 use crate::worker::Worker;
 use sluice_core::StepLimits;
+use sluice_storage::WorkerCommit;
 use tokio::sync::{mpsc, oneshot};
 
 /// What a worker's task takes.
@@ -18,8 +19,13 @@ pub(super) enum TaskMsg {
         call: Box<Call>,
         out: mpsc::Sender<FromHost>,
     },
-    /// Hand the instance to a coordinator in this process, and end.
-    Release(oneshot::Sender<Option<Worker>>),
+    /// Hand the instance, and the share it holds, to a coordinator in this
+    /// process, if it is still at `at`; and end.
+    Release {
+        at: StepMark,
+        config: Vec<(String, String)>,
+        to: oneshot::Sender<Option<(Worker, Option<WorkerCommit>)>>,
+    },
 }
 
 /// What a worker's instance holds, as far as its calls say: kept up to
@@ -29,6 +35,8 @@ pub(super) enum TaskMsg {
 pub(super) struct Parkable {
     workers: u32,
     owners: Vec<u32>,
+    /// The pipeline settings it was started with.
+    config: Vec<(String, String)>,
     at: Option<StepMark>,
     before: Option<StepMark>,
     held_hash: Option<u128>,
@@ -44,6 +52,18 @@ impl Parkable {
     /// Whether a call is running.
     pub(super) fn is_busy(&self) -> bool {
         self.busy
+    }
+
+    /// Why a coordinator that saw the instance at `at` may not adopt it
+    /// with `config`, if it may not: it moved on since, a call failed, or
+    /// it runs with other settings.
+    pub(super) fn refuses(&self, at: &StepMark, config: &[(String, String)]) -> Option<String> {
+        if self.failed || self.busy || self.at.as_ref() != Some(at) {
+            return Some("the kept instance is no longer where it was".into());
+        }
+        (self.config != config).then(|| {
+            "the kept instance runs with other pipeline settings than the coordinator's".into()
+        })
     }
 
     pub(super) fn describe(&self, worker: u32) -> WireParked {
@@ -66,10 +86,16 @@ impl Parkable {
     pub(super) fn before(&mut self, call: &Call, limits: StepLimits) -> Option<StepMark> {
         self.busy = true;
         match call {
-            Call::Start { workers, mesh, .. } => {
+            Call::Start {
+                workers,
+                mesh,
+                config,
+                ..
+            } => {
                 *self = Parkable {
                     workers: *workers,
                     owners: mesh.owners.clone(),
+                    config: config.clone(),
                     busy: true,
                     ..Parkable::default()
                 };
@@ -86,6 +112,7 @@ impl Parkable {
                 frontier: spec.frontier.clone(),
                 time_ms: *time_ms,
                 limits,
+                own_input: spec.own_input,
             }),
             // State no step of the log names: not adoptable until the next
             // step.
@@ -106,7 +133,7 @@ impl Parkable {
                 self.owners = mesh.owners.clone();
                 None
             }
-            Call::Adopt { mesh, recorded } => {
+            Call::Adopt { mesh, recorded, .. } => {
                 self.owners = mesh.owners.clone();
                 if let (Some(epoch), Some(at)) = (recorded, self.at.as_mut()) {
                     at.epoch = *epoch;

@@ -74,7 +74,7 @@ mod server;
 mod transport;
 pub(crate) mod wire;
 
-pub(crate) use client::Stepped;
+pub(crate) use client::{Adopt, Stepped};
 pub use client::{RemoteHost, RemoteWorker};
 pub(crate) use placement::MeshPlan;
 pub use server::{HostOptions, Reach, WorkerHost};

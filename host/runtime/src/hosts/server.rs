@@ -19,13 +19,12 @@ use super::transport::{
     MAX_CONNECTIONS, QUEUE, Reader, SESSION_TIMEOUT, Tls, Writer, answer_on, handshake, heartbeat,
 };
 use super::wire::{
-    Answer, Call, CallError, FromHost, ToHost, ToPeer, WireFrame, WireMesh, WireParked,
+    Answer, Call, CallError, FromHost, StepMark, ToHost, ToPeer, WireFrame, WireMesh, WireParked,
 };
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, ExchangeError, Result};
 use crate::exchange::{Exchange, Link, Placement};
-use sluice_core::StepLimits;
-use sluice_storage::{CheckpointStore, LogBackend};
+use sluice_storage::{CheckpointStore, LogBackend, WorkerCommit};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -106,10 +105,38 @@ struct Parked {
 struct ParkOnDrop {
     host: Arc<WorkerHost>,
     workers: HashMap<u32, WorkerTask>,
+    /// The exchange sessions the connection's coordinator began here.
+    sessions: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// Why the connection ended, when it ended by a failure (else another
+    /// coordinator replaced it).
+    why: String,
 }
 
 impl Drop for ParkOnDrop {
     fn drop(&mut self) {
+        // The coordinator's slot is lost to its sessions' exchanges here
+        // (a step going on without it where every worker runs elsewhere
+        // too), and their links close once its steps end.
+        let why = match self.why.is_empty() {
+            true => "another coordinator replaced it",
+            false => self.why.as_str(),
+        };
+        let sessions: Vec<u64> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        let ended = self.host.coordinator_lost(&sessions, why);
+        let busy = self.workers.values().map(|t| t.state.clone()).collect();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(end_sessions_when_idle(
+                ended,
+                busy,
+                self.host.session_timeout * 4,
+            ));
+        }
         self.host.park(std::mem::take(&mut self.workers));
     }
 }
@@ -314,54 +341,29 @@ impl WorkerHost {
         all
     }
 
-    /// Makes call `call` on kept worker `worker` here, in this process (a
-    /// coordinator in this process adopting it).
-    pub(crate) async fn call_parked(
+    /// Takes kept worker `worker` out of its task, with the share it
+    /// holds, for a coordinator in this process to run as its own instance
+    /// — if it is still at `at` and runs with `config` (`None` if not, or
+    /// if it is not kept here).
+    pub(crate) async fn unpark(
         &self,
         worker: u32,
-        limits: StepLimits,
-        call: Call,
-    ) -> Result<Answer> {
-        let calls = self
-            .parked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .workers
-            .get(&worker)
-            .map(|t| t.calls.clone())
-            .ok_or(Error::WorkersLost)?;
-        let (out, mut answers) = mpsc::channel(QUEUE);
-        calls
-            .send(TaskMsg::Call {
-                id: 0,
-                limits,
-                call: Box::new(call),
-                out,
-            })
-            .map_err(|_| Error::WorkersLost)?;
-        loop {
-            match answers.recv().await {
-                Some(FromHost::Answer { result, .. }) => {
-                    return result.map_err(|e| Error::remote("this host", e.message));
-                }
-                Some(_) => continue,
-                None => return Err(Error::WorkersLost),
-            }
-        }
-    }
-
-    /// Takes kept worker `worker` out of its task, for a coordinator in
-    /// this process to run as its own instance (`None` if it is not kept
-    /// here, or its task ended).
-    pub(crate) async fn unpark(&self, worker: u32) -> Option<crate::worker::Worker> {
+        at: &StepMark,
+        config: &[(String, String)],
+    ) -> Option<(crate::worker::Worker, Option<WorkerCommit>)> {
         let task = self
             .parked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .workers
             .remove(&worker)?;
-        let (tx, rx) = oneshot::channel();
-        task.calls.send(TaskMsg::Release(tx)).ok()?;
+        let (to, rx) = oneshot::channel();
+        let release = TaskMsg::Release {
+            at: at.clone(),
+            config: config.to_vec(),
+            to,
+        };
+        task.calls.send(release).ok()?;
         rx.await.ok().flatten()
     }
 
@@ -519,9 +521,14 @@ impl WorkerHost {
     }
 
     /// The coordinator (slot 0 of every exchange here) was heard from.
-    fn heard_from_coordinator(&self) {
+    fn heard_from_coordinator(&self, sessions: &Mutex<std::collections::HashSet<u64>>) {
+        let sessions = sessions.lock().unwrap_or_else(|p| p.into_inner());
         let all = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
-        for x in all.values().filter_map(Weak::upgrade) {
+        for x in sessions
+            .iter()
+            .filter_map(|s| all.get(s))
+            .filter_map(Weak::upgrade)
+        {
             x.heard_from(0);
         }
     }
@@ -532,14 +539,15 @@ impl WorkerHost {
     /// goes on without the coordinator, and its instances here are kept
     /// with the step's share for the next coordinator to adopt.
     /// Returns those exchanges (their sessions end once their steps do).
-    fn coordinator_lost(&self, why: &str) -> Vec<Weak<Exchange>> {
-        let all: Vec<Arc<Exchange>> = self
-            .exchanges
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
+    fn coordinator_lost(&self, sessions: &[u64], why: &str) -> Vec<Weak<Exchange>> {
+        let all: Vec<Arc<Exchange>> = {
+            let exchanges = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+            sessions
+                .iter()
+                .filter_map(|s| exchanges.get(s))
+                .filter_map(Weak::upgrade)
+                .collect()
+        };
         for x in &all {
             let why = format!("the coordinator's connection: {why}");
             x.slot_lost(0, ExchangeError::Aborted(why));
@@ -635,28 +643,33 @@ impl WorkerHost {
         let _writer = AbortOnDrop(writer.abort_handle());
         // One task per worker, taking its calls in order; kept for the
         // next coordinator when this connection ends.
+        let sessions: Arc<Mutex<std::collections::HashSet<u64>>> = Arc::default();
         let mut mine = ParkOnDrop {
             host: self.clone(),
             workers: HashMap::new(),
+            sessions: sessions.clone(),
+            why: String::new(),
         };
-        let workers = &mut mine.workers;
         loop {
-            let host = self.clone();
-            let mut progress = move || host.heard_from_coordinator();
+            let (host, heard) = (self.clone(), sessions.clone());
+            let mut progress = move || host.heard_from_coordinator(&heard);
             let msg: ToHost = match read_frame_within(&mut r, idle, MAX_FRAME, &mut progress).await
             {
                 Ok((m, _)) => m,
                 Err(e) => {
-                    let sessions = self.coordinator_lost(&e.to_string());
-                    let busy = workers.values().map(|t| t.state.clone()).collect();
-                    tokio::spawn(end_sessions_when_idle(
-                        sessions,
-                        busy,
-                        self.session_timeout * 4,
-                    ));
+                    mine.why = e.to_string();
                     break;
                 }
             };
+            if let ToHost::Call { call, .. } = &msg
+                && let Some(session) = call.session()
+            {
+                sessions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(session);
+            }
+            let workers = &mut mine.workers;
             match msg {
                 ToHost::Heartbeat => {}
                 ToHost::Mesh(frame) => self.route(frame),
@@ -694,11 +707,11 @@ impl WorkerHost {
                     limits,
                     call,
                 } => {
-                    if let Call::Stop = call {
+                    if let Call::Stop = *call {
                         workers.remove(&worker);
                         continue;
                     }
-                    if let Call::Start { .. } = call {
+                    if let Call::Start { .. } = *call {
                         // A coordinator that starts workers adopted what
                         // it wanted of those kept here.
                         self.drop_parked();
@@ -714,7 +727,7 @@ impl WorkerHost {
                             },
                         );
                     }
-                    if let Call::Adopt { .. } = call {
+                    if let Call::Adopt { .. } = *call {
                         let kept = self
                             .parked
                             .lock()
@@ -730,7 +743,7 @@ impl WorkerHost {
                             let _ = task.calls.send(TaskMsg::Call {
                                 id,
                                 limits,
-                                call: Box::new(call),
+                                call,
                                 out: out.clone(),
                             });
                         }

@@ -217,6 +217,12 @@ pub(crate) struct ShareSpec {
     /// coordinator went is adopted by the next one only if the log's last
     /// step is this step, recorded in this epoch, on this frontier.
     pub epoch: u64,
+    /// The host reads the step's input itself (the ranges of the call), so
+    /// the share carries the input records it skipped; input the
+    /// coordinator sends comes without them (they are committed with the
+    /// primary's share), and such a share is only held, never committed
+    /// by an adopting coordinator.
+    pub own_input: bool,
 }
 
 /// The step a worker's instance last computed a share of (and so the state
@@ -233,6 +239,11 @@ pub(crate) struct StepMark {
     pub time_ms: u64,
     /// The limits it ran under.
     pub limits: StepLimits,
+    /// The host read the step's input itself (or there was none): the
+    /// share it holds carries the input records it skipped, so it may be
+    /// committed as it is (input sent by the coordinator comes without
+    /// them).
+    pub own_input: bool,
 }
 
 /// A worker instance a host kept when its coordinator's connection ended
@@ -339,8 +350,29 @@ pub(crate) enum Call {
         /// The adopting coordinator recorded the step the worker holds
         /// (it was in flight when the one before went), in this epoch.
         recorded: Option<u64>,
+        /// What the coordinator saw kept: refused if the instance is not
+        /// there any more (a call still queued from the coordinator before
+        /// ran since).
+        at: StepMark,
+        /// The SHA-256 of the coordinator's component and the pipeline's
+        /// settings: refused where they are not the kept instance's.
+        component: String,
+        config: Vec<(String, String)>,
     },
     Stop,
+}
+
+impl Call {
+    /// The exchange session a call places the worker in, if it does.
+    pub(crate) fn session(&self) -> Option<u64> {
+        match self {
+            Call::Start { mesh, .. }
+            | Call::Relayout { mesh, .. }
+            | Call::Rewire { mesh }
+            | Call::Adopt { mesh, .. } => Some(mesh.session),
+            _ => None,
+        }
+    }
 }
 
 /// What a call returned.
@@ -420,7 +452,7 @@ pub(crate) enum ToHost {
         worker: u32,
         /// The deterministic limits the call runs under.
         limits: StepLimits,
-        call: Call,
+        call: Box<Call>,
     },
     /// The coordinator's exchange frame for the host's workers.
     Mesh(WireFrame),

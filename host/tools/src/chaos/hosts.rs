@@ -258,7 +258,10 @@ async fn trial(
             Err(e) => return Err(e).context("opening the coordinator"),
         };
         hint = c.placement_addrs();
-        faults_since_whole = 0;
+        // A coordinator that adopted the workers a crashed one left runs
+        // without the replicas that died with it until its first step is
+        // committed: the crash was a host's fault too.
+        faults_since_whole = u32::from(c.degraded());
         if std::mem::take(&mut leader_crashed) {
             match c.stats().adopted {
                 0 => report.leader_takeovers_restored += 1,
