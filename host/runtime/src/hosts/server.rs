@@ -47,7 +47,9 @@ pub struct WorkerHost {
     /// How its peer links dial the other hosts.
     dial: PeerDial,
     /// The connection being served: a new coordinator replaces it.
-    current: Mutex<Option<tokio::task::AbortHandle>>,
+    /// (With what tells that the workers of the connection are kept, once
+    /// it ended.)
+    current: Mutex<Option<(tokio::task::AbortHandle, oneshot::Receiver<()>)>>,
     /// The exchanges of this host's workers, by session: where frames from
     /// other hosts go.
     exchanges: Mutex<HashMap<u64, Weak<Exchange>>>,
@@ -110,6 +112,9 @@ struct ParkOnDrop {
     /// Why the connection ended, when it ended by a failure (else another
     /// coordinator replaced it).
     why: String,
+    /// Dropped once the workers are kept: a coordinator replacing this
+    /// one waits for it.
+    kept: Option<oneshot::Sender<()>>,
 }
 
 impl Drop for ParkOnDrop {
@@ -138,6 +143,7 @@ impl Drop for ParkOnDrop {
             ));
         }
         self.host.park(std::mem::take(&mut self.workers));
+        self.kept.take();
     }
 }
 
@@ -451,16 +457,30 @@ impl WorkerHost {
         if role == "peer" {
             return self.serve_peer(r).await;
         }
-        let served = tokio::spawn(self.clone().serve_connection(r, w));
-        let _served = AbortOnDrop(served.abort_handle());
         let previous = self
             .current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .replace(served.abort_handle());
-        if let Some(previous) = previous {
+            .take();
+        if let Some((previous, kept)) = previous {
             previous.abort();
+            // Its workers are kept before this coordinator asks what is
+            // kept (a new leader adopting them).
+            let _ = tokio::time::timeout(self.session_timeout, kept).await;
             tracing::info!(pipeline = %self.pipeline, "a new coordinator replaced the one before");
+        }
+        let (kept_tx, kept_rx) = oneshot::channel();
+        let served = tokio::spawn(self.clone().serve_connection(r, w, kept_tx));
+        let _served = AbortOnDrop(served.abort_handle());
+        let replaced = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace((served.abort_handle(), kept_rx));
+        if let Some((other, _)) = replaced {
+            // Another coordinator's connection came in meanwhile: the
+            // newest one is served.
+            other.abort();
         }
         match served.await {
             Ok(r) => r,
@@ -625,7 +645,12 @@ impl WorkerHost {
         x
     }
 
-    async fn serve_connection(self: Arc<Self>, mut r: Reader, mut w: Writer) -> Result<()> {
+    async fn serve_connection(
+        self: Arc<Self>,
+        mut r: Reader,
+        mut w: Writer,
+        kept: oneshot::Sender<()>,
+    ) -> Result<()> {
         let (out, mut queue) = mpsc::channel::<FromHost>(QUEUE);
         let idle = self.session_timeout;
         let writer = tokio::spawn(async move {
@@ -649,6 +674,7 @@ impl WorkerHost {
             workers: HashMap::new(),
             sessions: sessions.clone(),
             why: String::new(),
+            kept: Some(kept),
         };
         loop {
             let (host, heard) = (self.clone(), sessions.clone());
