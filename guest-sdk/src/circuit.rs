@@ -1,6 +1,7 @@
 //! The circuit: a graph of operators built once by user code, then run one
 //! step at a time on Z-set deltas.
 
+use crate::batch::EventBatch;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, RawEvent};
@@ -28,9 +29,9 @@ pub(crate) type NodeId = usize;
 /// Everything an operator may touch while it runs one step.
 pub(crate) struct StepContext<'a> {
     /// Input events per input port (values are JSON).
-    pub inputs: &'a [Vec<RawEvent>],
+    pub inputs: &'a [EventBatch],
     /// Output events per output port (values are JSON).
-    pub outputs: &'a mut [Vec<RawEvent>],
+    pub outputs: &'a mut [EventBatch],
     /// The exchange between workers.
     pub exchange: &'a mut dyn Exchange,
 }
@@ -43,6 +44,19 @@ pub(crate) trait Operator {
     /// Computes this step's output delta (a boxed `ZSet<_>`) from the input
     /// deltas of this step.
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>>;
+    /// [`eval`](Self::eval) with the inputs this operator is the last to
+    /// read given to it ([`StepInput::Owned`]), so that it can free them
+    /// before it builds its output: a key-heavy step then never holds an
+    /// operator's input and output at once. By default the inputs are lent
+    /// to `eval` and freed when it returns.
+    fn eval_owned(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
+        let refs: Vec<&dyn Any> = inputs.iter().map(StepInput::get).collect();
+        self.eval(cx, &refs)
+    }
     /// Whether the operator keeps state across steps (and so takes part in
     /// snapshots).
     fn stateful(&self) -> bool {
@@ -304,12 +318,34 @@ impl CircuitInstance {
     }
 
     /// Runs one step. `inputs[p]` holds input port `p`'s events (JSON
-    /// values); returns each output port's consolidated events.
+    /// values); returns each output port's consolidated events. (A copy of
+    /// [`step_batches`](Self::step_batches) for callers that hold events one
+    /// by one, such as tests.)
     pub fn step(
         &mut self,
-        mut inputs: Vec<Vec<RawEvent>>,
+        inputs: Vec<Vec<RawEvent>>,
         exchange: &mut dyn Exchange,
     ) -> Result<Vec<Vec<RawEvent>>> {
+        let inputs = inputs
+            .iter()
+            .map(|events| EventBatch::from_events(events))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self
+            .step_batches(inputs, exchange)?
+            .iter()
+            .map(EventBatch::to_events)
+            .collect())
+    }
+
+    /// Runs one step on packed events: `inputs[p]` holds input port `p`'s
+    /// events (JSON values); returns each output port's consolidated events.
+    /// Records are decoded from slices of the inputs and encoded straight
+    /// into the outputs.
+    pub fn step_batches(
+        &mut self,
+        mut inputs: Vec<EventBatch>,
+        exchange: &mut dyn Exchange,
+    ) -> Result<Vec<EventBatch>> {
         if inputs.len() > self.graph.inputs.len() {
             return Err(Error::Protocol(format!(
                 "step got {} input ports, the circuit has {}",
@@ -317,22 +353,53 @@ impl CircuitInstance {
                 self.graph.inputs.len()
             )));
         }
-        inputs.resize_with(self.graph.inputs.len(), Vec::new);
-        let mut outputs = vec![Vec::new(); self.graph.outputs.len()];
+        inputs.resize_with(self.graph.inputs.len(), EventBatch::new);
+        let mut outputs = vec![EventBatch::new(); self.graph.outputs.len()];
         let mut cx = StepContext {
             inputs: &inputs,
             outputs: &mut outputs,
             exchange,
         };
+        // A node's value is dropped as soon as its last reader has run, so a
+        // step holds only the batches still to be read, not every operator's
+        // output at once (in a key-heavy step each is as large as the input).
+        let mut last_reader = vec![0; self.graph.nodes.len()];
+        for (reader, node) in self.graph.nodes.iter().enumerate() {
+            for &i in &node.inputs {
+                last_reader[i] = reader;
+            }
+        }
         let mut values: Vec<Option<Box<dyn Any>>> = Vec::with_capacity(self.graph.nodes.len());
-        for node in &mut self.graph.nodes {
-            let ins: Vec<&dyn Any> = node
+        for (index, node) in self.graph.nodes.iter_mut().enumerate() {
+            // Inputs this node reads last (and once) are given to it.
+            let mut given: Vec<Option<Box<dyn Any>>> = node
                 .inputs
                 .iter()
-                .map(|&i| values[i].as_deref().expect("inputs precede their readers"))
+                .map(|&i| {
+                    let once = node.inputs.iter().filter(|&&j| j == i).count() == 1;
+                    (once && last_reader[i] == index)
+                        .then(|| values[i].take())
+                        .flatten()
+                })
                 .collect();
-            let out = node.op.eval(&mut cx, &ins)?;
+            let ins: Vec<StepInput<'_>> = node
+                .inputs
+                .iter()
+                .zip(&mut given)
+                .map(|(&i, given)| match given.take() {
+                    Some(value) => StepInput::Owned(value),
+                    None => StepInput::Shared(
+                        values[i].as_deref().expect("inputs precede their readers"),
+                    ),
+                })
+                .collect();
+            let out = node.op.eval_owned(&mut cx, ins)?;
             values.push(Some(out));
+            for &i in &node.inputs {
+                if last_reader[i] == index {
+                    values[i] = None;
+                }
+            }
         }
         Ok(outputs)
     }
@@ -517,6 +584,43 @@ impl CircuitInstance {
             op.restore(name, shard, bytes)?;
         }
         Ok(())
+    }
+}
+
+/// An operator's input in a step: lent, or given to it because no later
+/// operator reads it.
+pub(crate) enum StepInput<'a> {
+    /// Another operator reads it later.
+    Shared(&'a dyn Any),
+    /// This operator is its last reader: dropping it frees it.
+    Owned(Box<dyn Any>),
+}
+
+impl StepInput<'_> {
+    /// The input, to read.
+    pub(crate) fn get(&self) -> &dyn Any {
+        match self {
+            StepInput::Shared(v) => *v,
+            StepInput::Owned(v) => &**v,
+        }
+    }
+
+    /// The input as the Z-set type the builder promised.
+    pub(crate) fn zset<T: 'static>(&self) -> &crate::ZSet<T> {
+        self.get()
+            .downcast_ref::<crate::ZSet<T>>()
+            .expect("the builder connects streams of matching types")
+    }
+
+    /// The input itself, if this operator was given it.
+    pub(crate) fn into_owned<T: 'static>(self) -> Option<crate::ZSet<T>> {
+        match self {
+            StepInput::Shared(_) => None,
+            StepInput::Owned(v) => Some(
+                *v.downcast::<crate::ZSet<T>>()
+                    .expect("the builder connects streams of matching types"),
+            ),
+        }
     }
 }
 

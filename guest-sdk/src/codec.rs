@@ -4,6 +4,12 @@
 use crate::error::{Error, Result};
 use serde::{Serialize, de::DeserializeOwned};
 
+/// Appends the JSON encoding of a port value to `out`.
+pub fn write_json<T: Serialize>(out: &mut Vec<u8>, value: &T) -> Result<()> {
+    serde_json::to_writer(out, value)
+        .map_err(|e| Error::Failed(format!("encoding output as JSON: {e}")))
+}
+
 /// Encodes a port value as JSON.
 pub fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(|e| Error::Failed(format!("encoding output as JSON: {e}")))
@@ -12,6 +18,14 @@ pub fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
 /// Decodes a port value from JSON.
 pub fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
     serde_json::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// Appends the postcard encoding of `value` to `out` (what
+/// [`to_bytes`] returns, without a vector of its own).
+pub fn write_bytes<T: Serialize>(out: &mut Vec<u8>, value: &T) -> Result<()> {
+    postcard::to_io(value, out)
+        .map(|_| ())
+        .map_err(|e| Error::Failed(format!("encoding state: {e}")))
 }
 
 /// Encodes internal data (exchange keys and values, operator state).

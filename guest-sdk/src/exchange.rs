@@ -3,6 +3,7 @@
 //! Inside a component the host implements it (`exchange.shuffle` in the WIT
 //! world); natively, [`LocalExchange`] stands in for a single worker.
 
+pub use crate::batch::KeyedBatch;
 use crate::error::Result;
 use crate::zset::Weight;
 
@@ -21,8 +22,9 @@ pub struct RawEvent {
 pub trait Exchange {
     /// Sends `events` on `channel` and returns the events this worker owns,
     /// from all workers, in worker order. Every worker calls it once per
-    /// keyed operator per step.
-    fn shuffle(&mut self, channel: u32, events: Vec<RawEvent>) -> Result<Vec<RawEvent>>;
+    /// keyed operator per step. Events travel packed ([`KeyedBatch`]), as
+    /// they cross the WIT boundary: an event costs no allocation of its own.
+    fn shuffle(&mut self, channel: u32, events: KeyedBatch) -> Result<KeyedBatch>;
 
     /// The number of workers W. With one worker every event stays where it
     /// is, and keyed operators skip the exchange altogether.
@@ -34,7 +36,7 @@ pub trait Exchange {
 pub struct LocalExchange;
 
 impl Exchange for LocalExchange {
-    fn shuffle(&mut self, _channel: u32, events: Vec<RawEvent>) -> Result<Vec<RawEvent>> {
+    fn shuffle(&mut self, _channel: u32, events: KeyedBatch) -> Result<KeyedBatch> {
         Ok(events)
     }
 
@@ -43,10 +45,10 @@ impl Exchange for LocalExchange {
     }
 }
 
-/// Sends keyed pairs through the exchange (key and value postcard-encoded)
-/// and decodes what this worker receives. With one worker nothing moves, so
-/// nothing is encoded or sent: the pairs come back as they are, in order,
-/// exactly what the exchange would have returned.
+/// Sends keyed pairs through the exchange (key and value postcard-encoded,
+/// straight into the batch) and decodes what this worker receives. With one
+/// worker nothing moves, so nothing is encoded or sent: the pairs come back
+/// as they are, in order, exactly what the exchange would have returned.
 pub(crate) fn shuffle_keyed<K: crate::Data, V: crate::Data>(
     exchange: &mut dyn Exchange,
     channel: u32,
@@ -56,25 +58,25 @@ pub(crate) fn shuffle_keyed<K: crate::Data, V: crate::Data>(
     if exchange.workers() == 1 {
         return Ok(pairs.into_iter().filter(|(_, w)| *w != 0).collect());
     }
-    let mut send = Vec::new();
+    let mut send = KeyedBatch::new();
     for ((k, v), weight) in pairs {
         if weight != 0 {
-            send.push(RawEvent {
-                key: codec::to_bytes(&k)?,
-                value: codec::to_bytes(&v)?,
+            send.push_with(
+                |out| codec::write_bytes(out, &k),
                 weight,
-            });
+                |out| codec::write_bytes(out, &v),
+            )?;
         }
     }
     let received = exchange.shuffle(channel, send)?;
     received
-        .into_iter()
-        .map(|e| {
-            let k = codec::from_bytes(&e.key)
+        .iter()
+        .map(|(key, value, weight)| {
+            let k = codec::from_bytes(key)
                 .map_err(|m| Error::Failed(format!("exchange: undecodable key: {m}")))?;
-            let v = codec::from_bytes(&e.value)
+            let v = codec::from_bytes(value)
                 .map_err(|m| Error::Failed(format!("exchange: undecodable value: {m}")))?;
-            Ok(((k, v), e.weight))
+            Ok(((k, v), weight))
         })
         .collect()
 }

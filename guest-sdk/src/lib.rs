@@ -30,6 +30,7 @@
 
 extern crate self as sluice_guest;
 
+pub mod batch;
 mod circuit;
 pub mod codec;
 mod error;
@@ -47,6 +48,7 @@ pub mod testing;
 mod types;
 pub mod zset;
 
+pub use batch::{EventBatch, KeyedBatch};
 pub use circuit::{Circuit, CircuitInstance, Data, Pieces, Stream};
 pub use error::{Error, Result};
 pub use operator::Sum;

@@ -4,8 +4,8 @@
 //!
 //! Users never name anything here; [`circuit!`](crate::circuit!) does.
 
-use crate::exchange::{Exchange, RawEvent};
-use crate::{Circuit, CircuitInstance, Error};
+use crate::exchange::{Exchange, KeyedBatch};
+use crate::{Circuit, CircuitInstance, Error, EventBatch};
 use std::cell::RefCell;
 
 #[doc(hidden)]
@@ -101,32 +101,33 @@ pub fn init(build: fn(&mut Circuit), info: WorkerInfo) -> Result<(), CircuitErro
     })
 }
 
-/// `step` export.
+/// `step` export. The host's buffers become the step's input batches as
+/// they are, and the output batches go back as they are.
 #[doc(hidden)]
 pub fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
     with_instance(|c| {
-        let mut ports: Vec<Vec<RawEvent>> = vec![Vec::new(); c.inputs().len()];
+        let mut ports: Vec<EventBatch> = vec![EventBatch::new(); c.inputs().len()];
         for batch in inputs {
             let slot = ports.get_mut(batch.port as usize).ok_or_else(|| {
                 Error::Protocol(format!("input batch for unknown port {}", batch.port))
             })?;
-            let values =
-                Packed::new(&batch.values, &batch.ends, batch.weights.len()).ok_or_else(|| {
-                    Error::Protocol(format!("malformed batch for port {}", batch.port))
-                })?;
-            slot.extend(values.zip(&batch.weights).map(|(value, weight)| RawEvent {
-                key: Vec::new(),
-                value: value.to_vec(),
-                weight: *weight,
-            }));
+            let events = EventBatch::from_parts(batch.values, batch.ends, batch.weights)
+                .map_err(|_| Error::Protocol(format!("malformed batch for port {}", batch.port)))?;
+            if slot.is_empty() {
+                *slot = events;
+            } else {
+                for (value, weight) in events.iter() {
+                    slot.push(value, weight)?;
+                }
+            }
         }
-        let outputs = c.step(ports, &mut HostExchange)?;
+        let outputs = c.step_batches(ports, &mut HostExchange)?;
         Ok(outputs
             .into_iter()
             .enumerate()
             .filter(|(_, events)| !events.is_empty())
             .map(|(port, events)| {
-                let (values, ends, weights) = pack(events.iter().map(|e| (&e.value[..], e.weight)));
+                let (values, ends, weights) = events.into_parts();
                 Batch {
                     port: port as u32,
                     values,
@@ -136,49 +137,6 @@ pub fn step(inputs: Vec<Batch>) -> Result<Vec<Batch>, CircuitError> {
             })
             .collect())
     })
-}
-
-/// The slices of a packed buffer: `ends[i]` is where slice `i` ends.
-struct Packed<'a> {
-    bytes: &'a [u8],
-    ends: std::slice::Iter<'a, u32>,
-    start: usize,
-}
-
-impl<'a> Packed<'a> {
-    /// `None` unless there are `count` ends, ascending, within `bytes`.
-    fn new(bytes: &'a [u8], ends: &'a [u32], count: usize) -> Option<Self> {
-        let ascending = ends.windows(2).all(|w| w[0] <= w[1]);
-        let within = ends.last().is_none_or(|e| *e as usize <= bytes.len());
-        (ends.len() == count && ascending && within).then(|| Packed {
-            bytes,
-            ends: ends.iter(),
-            start: 0,
-        })
-    }
-}
-
-impl<'a> Iterator for Packed<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let end = *self.ends.next()? as usize;
-        let slice = &self.bytes[self.start..end];
-        self.start = end;
-        Some(slice)
-    }
-}
-
-/// Packs `(bytes, weight)` pairs: the bytes back to back, where each ends,
-/// the weights.
-fn pack<'a>(items: impl Iterator<Item = (&'a [u8], i64)>) -> (Vec<u8>, Vec<u32>, Vec<i64>) {
-    let (mut bytes, mut ends, mut weights) = (Vec::new(), Vec::new(), Vec::new());
-    for (b, w) in items {
-        bytes.extend_from_slice(b);
-        ends.push(bytes.len() as u32);
-        weights.push(w);
-    }
-    (bytes, ends, weights)
 }
 
 fn to_wit_pieces(pieces: crate::Pieces) -> Vec<ShardState> {
@@ -231,10 +189,9 @@ pub fn set_workers(workers: u32) {
 struct HostExchange;
 
 impl Exchange for HostExchange {
-    fn shuffle(&mut self, channel: u32, events: Vec<RawEvent>) -> crate::Result<Vec<RawEvent>> {
+    fn shuffle(&mut self, channel: u32, events: KeyedBatch) -> crate::Result<KeyedBatch> {
         use bindings::sluice::circuit::exchange::{ExchangeError, shuffle};
-        let (keys, key_ends, _) = pack(events.iter().map(|e| (&e.key[..], 0)));
-        let (values, ends, weights) = pack(events.iter().map(|e| (&e.value[..], e.weight)));
+        let (keys, key_ends, values, ends, weights) = events.into_parts();
         let sent = wit::KeyedEvents {
             keys,
             key_ends,
@@ -244,20 +201,11 @@ impl Exchange for HostExchange {
         };
         match shuffle(channel, &sent) {
             Ok(got) => {
-                let n = got.weights.len();
-                let malformed =
-                    || Error::Failed("exchange: the host returned a malformed batch".into());
-                let keys = Packed::new(&got.keys, &got.key_ends, n).ok_or_else(malformed)?;
-                let values = Packed::new(&got.values, &got.ends, n).ok_or_else(malformed)?;
-                Ok(keys
-                    .zip(values)
-                    .zip(&got.weights)
-                    .map(|((key, value), weight)| RawEvent {
-                        key: key.to_vec(),
-                        value: value.to_vec(),
-                        weight: *weight,
+                drop(sent);
+                KeyedBatch::from_parts(got.keys, got.key_ends, got.values, got.ends, got.weights)
+                    .map_err(|_| {
+                        Error::Failed("exchange: the host returned a malformed batch".into())
                     })
-                    .collect())
             }
             // The step fails; the host already knows why and reports it.
             Err(ExchangeError::ContractViolation(m) | ExchangeError::Aborted(m)) => {

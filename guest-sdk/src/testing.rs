@@ -16,7 +16,7 @@
 //! assert_eq!(counts.into_iter().collect::<Vec<_>>(), vec![(("a".into(), 1), 1), (("b".into(), 1), 1)]);
 //! ```
 
-use crate::exchange::{Exchange, RawEvent};
+use crate::exchange::{Exchange, KeyedBatch, RawEvent};
 use crate::state::{SHARDS, shard_of};
 use crate::{Circuit, CircuitInstance, Error, Pieces, Result, Weight};
 use serde::Serialize;
@@ -103,7 +103,7 @@ struct Shared {
     /// The owner of each shard.
     owners: Vec<u32>,
     /// `inbox[dest][src]`.
-    inbox: Mutex<Vec<Vec<Vec<RawEvent>>>>,
+    inbox: Mutex<Vec<Vec<KeyedBatch>>>,
     rendezvous: Rendezvous,
 }
 
@@ -115,22 +115,24 @@ struct ThreadExchange {
 }
 
 impl Exchange for ThreadExchange {
-    fn shuffle(&mut self, _channel: u32, events: Vec<RawEvent>) -> Result<Vec<RawEvent>> {
+    fn shuffle(&mut self, _channel: u32, events: KeyedBatch) -> Result<KeyedBatch> {
         let w = self.shared.workers;
         {
             let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            for e in events {
-                let dest = self.shared.owners[shard_of(&e.key) as usize] as usize;
-                inbox[dest][self.me].push(e);
+            for (key, value, weight) in events.iter() {
+                let dest = self.shared.owners[shard_of(key) as usize] as usize;
+                inbox[dest][self.me].push(key, value, weight)?;
             }
         }
         self.shared.rendezvous.wait()?;
-        let mine: Vec<RawEvent> = {
+        let mine = {
             let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            std::mem::replace(&mut inbox[self.me], vec![Vec::new(); w])
-                .into_iter()
-                .flatten()
-                .collect()
+            let from = std::mem::replace(&mut inbox[self.me], vec![KeyedBatch::new(); w]);
+            let mut mine = KeyedBatch::new();
+            for batch in &from {
+                mine.extend_from(batch)?;
+            }
+            mine
         };
         self.shared.rendezvous.wait()?;
         Ok(mine)
@@ -278,7 +280,7 @@ fn run_phase(
     let shared = Arc::new(Shared {
         workers,
         owners: phase.owners.clone(),
-        inbox: Mutex::new(vec![vec![Vec::new(); workers]; workers]),
+        inbox: Mutex::new(vec![vec![KeyedBatch::new(); workers]; workers]),
         rendezvous: Rendezvous {
             state: Mutex::new((0, 0)),
             cv: Condvar::new(),

@@ -860,9 +860,12 @@ fn a_component_name_cannot_overwrite_a_pinned_version() {
 #[test]
 fn pipelines_are_admitted_against_the_host_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
+    // Each pipeline is promised its instances and its database's bound.
+    let db = sluice_pipeline::storage::HOST_MEMORY_BOUND;
+    assert_eq!(db, 40 << 20);
     let server = Server::start_with(
         &dir.path().join("data"),
-        &["--memory-budget-mib=600".into()],
+        &["--memory-budget-mib=700".into()],
     );
     let token = tenant_with(&server, "big", serde_json::json!({"memory_mib": 256}));
     upload_wordcount(&server, &token);
@@ -872,7 +875,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
             &serde_json::json!({"name": name, "component": "wc", "workers": workers}),
         )
     };
-    // 2 × 256 MiB fits 600 MiB; one more worker does not.
+    // 2 × 256 + 40 MiB fits 700 MiB; one more worker (256 + 40) does not.
     let (status, body) = create("first", 2);
     assert_eq!(status, 201, "{body}");
     let (status, body) = create("second", 1);
@@ -881,7 +884,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
         (503, "host_memory_exhausted"),
         "{body}"
     );
-    // A pipeline asking for less memory fits.
+    // A pipeline asking for less memory (64 + 40) fits.
     let (status, body) = server.create(
         &token,
         &serde_json::json!({"name": "small", "component": "wc", "limits": {"memory_mib": 64}}),
@@ -907,8 +910,11 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
     // The admin sees the budget and what is promised.
     let (_, usage) = get(&server, "/tenants", ADMIN);
     let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
-    assert_eq!(usage["memory_budget_bytes"], 600u64 << 20);
-    assert_eq!(usage["memory_promised_bytes"], (256u64 + 64) << 20);
+    assert_eq!(usage["memory_budget_bytes"], 700u64 << 20);
+    assert_eq!(
+        usage["memory_promised_bytes"],
+        ((256u64 + 64) << 20) + 2 * db
+    );
     assert!(usage["disk_free_bytes"].as_u64().unwrap() > 0);
 }
 

@@ -8,10 +8,10 @@
 //! updates its state and emits, for every key whose result changed, a delete
 //! of the old result and an insert of the new one.
 
-use crate::circuit::{Data, Operator, StepContext, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput};
 use crate::codec;
 use crate::error::{Error, Result};
-use crate::exchange::RawEvent;
+use crate::exchange::KeyedBatch;
 use crate::state::Shards;
 use crate::table::{Change, KeyedTable, Slot, encode_key};
 use crate::types::OrdF64;
@@ -86,6 +86,10 @@ struct GroupSum<T, K, S, O, KF, VF, EF> {
     _type: PhantomData<fn(T) -> (K, O)>,
 }
 
+/// Keys of a step's combining table kept for the next step: a larger table
+/// is dropped once sent.
+const LOCAL_KEPT: usize = 1 << 14;
+
 /// The operator's name in snapshots written before keyed tables: a piece
 /// holding the sorted `(key, accumulator)` pairs of a shard.
 const LEGACY_NAME: &str = "group_sum";
@@ -125,9 +129,18 @@ where
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        self.eval_owned(cx, vec![StepInput::Shared(inputs[0])])
+    }
+
+    fn eval_owned(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        mut inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
         self.state.begin_step();
         let mut touched: Vec<(Slot, Acc<S>)> = Vec::new();
-        let records = input::<T>(inputs, 0);
+        let input = inputs.pop().expect("group_sum has one input");
+        let records = input.zset::<T>();
         if cx.exchange.workers() == 1 {
             // Nothing moves: apply each record where it is.
             for (record, weight) in records {
@@ -139,6 +152,8 @@ where
                 delta.sum.add_weighted(&(self.value)(record), *weight);
                 apply(&mut self.state, &mut touched, &self.buf, &delta)?;
             }
+            // Freed (if given) before the output is built.
+            drop(input);
         } else {
             // Combine this worker's share per key before it crosses the
             // exchange; the key's encoding is what the exchange routes by.
@@ -149,26 +164,39 @@ where
                 acc.count += weight;
                 acc.sum.add_weighted(&(self.value)(record), *weight);
             }
-            let mut send = Vec::new();
+            // The records are combined: freed (if given) before the
+            // exchange brings the other workers' changes.
+            drop(input);
+            let mut send = KeyedBatch::new();
             for (key, acc) in self.local.iter() {
                 if !acc.is_empty() {
-                    send.push(RawEvent {
-                        key: key.to_vec(),
-                        value: codec::to_bytes(acc)?,
-                        weight: 1,
-                    });
+                    send.push_with(
+                        |out| {
+                            out.extend_from_slice(key);
+                            Ok(())
+                        },
+                        1,
+                        |out| codec::write_bytes(out, acc),
+                    )?;
                 }
             }
-            for e in cx.exchange.shuffle(self.channel, send)? {
-                let delta: Acc<S> = codec::from_bytes(&e.value).map_err(|m| {
+            if self.local.len() > LOCAL_KEPT {
+                // A large step's table is not kept for the next: its memory
+                // goes to the state, which grows next.
+                self.local = KeyedTable::new(false);
+            }
+            let received = cx.exchange.shuffle(self.channel, send)?;
+            for (key, value, _) in received.iter() {
+                let delta: Acc<S> = codec::from_bytes(value).map_err(|m| {
                     Error::Failed(format!("exchange: undecodable accumulator: {m}"))
                 })?;
-                apply(&mut self.state, &mut touched, &e.key, &delta)?;
+                apply(&mut self.state, &mut touched, key, &delta)?;
             }
         }
 
-        // Emit, for every key whose result changed, the old and new result.
-        let mut out: ZSet<(K, O)> = Vec::new();
+        // Emit, for every key whose result changed, the old and new result
+        // (one record for a key that is new or gone, two for a change).
+        let mut out: ZSet<(K, O)> = Vec::with_capacity(touched.len());
         let mut emptied = Vec::new();
         for (slot, old) in touched {
             let (key, acc) = self.state.get(slot);

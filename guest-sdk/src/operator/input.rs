@@ -30,13 +30,13 @@ impl<T: Data> Operator for Input<T> {
     fn eval(&mut self, cx: &mut StepContext<'_>, _: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let events = &cx.inputs[self.port];
         let mut out: ZSet<T> = Vec::with_capacity(events.len());
-        for (index, e) in events.iter().enumerate() {
-            let value = codec::from_json(&e.value).map_err(|message| Error::BadInput {
+        for (index, (bytes, weight)) in events.iter().enumerate() {
+            let value = codec::from_json(bytes).map_err(|message| Error::BadInput {
                 port: self.name.clone(),
                 index,
                 message,
             })?;
-            out.push((value, e.weight));
+            out.push((value, weight));
         }
         Ok(Box::new(out))
     }

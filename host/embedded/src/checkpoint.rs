@@ -289,7 +289,15 @@ impl RocksCheckpointStore {
             }
         }
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
-        let mut wb = WriteBatch::default();
+        // Sized before it is filled (each piece with its key, lengths and
+        // tag; the rest is small): grown by doubling, the batch would hold
+        // up to twice the checkpoint again.
+        let pieces: usize = checkpoint.pieces.iter().map(|p| p.state.len() + 32).sum();
+        let meta = postcard::to_allocvec(&checkpoint.meta)
+            .map_err(StorageError::corrupt("checkpoint metadata"))?;
+        let mut wb = WriteBatch::with_capacity_bytes(
+            pieces + checkpoint.pieces.len() * 16 + refs.len() * 48 + meta.len() + 4096,
+        );
         // Replace any earlier write of this step.
         wb.delete_range_cf(cf, step_start(step), step_start(step + 1));
         wb.delete_range_cf(cf, ref_start(step), ref_start(step + 1));
@@ -305,8 +313,6 @@ impl RocksCheckpointStore {
         let list = postcard::to_allocvec(&written)
             .map_err(StorageError::corrupt("checkpoint piece list"))?;
         wb.put_cf(cf, written_key(step), list);
-        let meta = postcard::to_allocvec(&checkpoint.meta)
-            .map_err(StorageError::corrupt("checkpoint metadata"))?;
         wb.put_cf(cf, meta_key(step), meta);
         let mut kept: Vec<u64> = metas
             .iter()

@@ -30,8 +30,22 @@ const FAMILIES: [&str; 6] = [
 ];
 
 /// The memtables of a pipeline's database, all column families together,
-/// in bytes: past it RocksDB flushes the largest.
-pub const WRITE_BUFFERS: usize = 64 << 20;
+/// in bytes: past it RocksDB flushes the largest, and writers wait. (A key-heavy run of
+/// `sluice run` held 64 MiB of memtables with the former limit, more than
+/// dbsp's whole process holds of the same keys; flushing sooner costs a
+/// few more small files, which compaction merges.)
+pub const WRITE_BUFFERS: usize = 16 << 20;
+
+/// The block cache of a pipeline's database, in bytes, shared by its column
+/// families, holding their index and filter blocks too (so that table
+/// readers do not grow with the data).
+pub const BLOCK_CACHE: usize = 8 << 20;
+
+/// What a pipeline's database holds in memory at most, in bytes, for the
+/// host's memory budget: the memtables being written and those being
+/// flushed (twice [`WRITE_BUFFERS`]) and the block cache. A single write
+/// larger than that (a step's whole output) is held until it is flushed.
+pub const MEMORY_BOUND: u64 = 2 * WRITE_BUFFERS as u64 + BLOCK_CACHE as u64;
 
 /// A pipeline's open database, with the lock on its data directory: while
 /// this exists, no other process can open the pipeline.
@@ -112,10 +126,28 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.set_max_background_jobs(2);
     // Every column family's memtables together, not 2 x 64 MiB each: a
     // host runs many pipelines, and counts this in their tenants' usage.
-    opts.set_db_write_buffer_size(WRITE_BUFFERS);
+    // Past the limit RocksDB flushes the largest, and writers wait for the
+    // flush (without the stall the limit only starts flushes, and
+    // memtables of six families written at once reached 70 MiB).
+    let buffers = rocksdb::WriteBufferManager::new_write_buffer_manager(WRITE_BUFFERS, true);
+    opts.set_write_buffer_manager(&buffers);
+    // One block cache for the database, with the index and filter blocks
+    // in it: the database's memory stays within `MEMORY_BOUND`.
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE);
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_block_cache(&cache);
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    let family = || {
+        let mut o = Options::default();
+        o.set_write_buffer_size(WRITE_BUFFERS / 2);
+        o.set_block_based_table_factory(&table);
+        o
+    };
+    opts.set_block_based_table_factory(&table);
     let families = FAMILIES
         .iter()
-        .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+        .map(|name| ColumnFamilyDescriptor::new(*name, family()));
     let db = DB::open_cf_descriptors(&opts, &path, families).map_err(|source| {
         let text = source.to_string();
         if text.contains("LOCK") && (text.contains("lock") || text.contains("Resource temporarily"))
@@ -140,22 +172,26 @@ pub fn synced() -> WriteOptions {
 }
 
 /// Memory the database holds, in bytes: every column family's memtables
-/// (at most [`WRITE_BUFFERS`] together), table readers and block cache.
+/// (flushed past [`WRITE_BUFFERS`] together) and table readers, and the
+/// block cache they share (counted once).
 pub fn memory_bytes(db: &DB) -> u64 {
-    const PROPERTIES: [&str; 3] = [
+    const PER_FAMILY: [&str; 2] = [
         "rocksdb.cur-size-all-mem-tables",
         "rocksdb.estimate-table-readers-mem",
-        "rocksdb.block-cache-usage",
     ];
-    FAMILIES
+    let property = |cf, p: &str| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0);
+    let families: Vec<_> = FAMILIES
         .iter()
         .filter_map(|name| db.cf_handle(name))
-        .flat_map(|cf| {
-            PROPERTIES
-                .iter()
-                .map(move |p| db.property_int_value_cf(cf, *p).ok().flatten().unwrap_or(0))
-        })
-        .sum()
+        .collect();
+    let cache = families
+        .first()
+        .map_or(0, |cf| property(*cf, "rocksdb.block-cache-usage"));
+    families
+        .iter()
+        .flat_map(|cf| PER_FAMILY.iter().map(|p| property(*cf, p)))
+        .sum::<u64>()
+        + cache
 }
 
 /// Looks up a column family that [`open`] created.
@@ -179,4 +215,40 @@ pub fn push_name(key: &mut Vec<u8>, name: &str) {
 pub fn rocks(what: impl Into<String>) -> impl FnOnce(rocksdb::Error) -> StorageError {
     let what = what.into();
     move |source| StorageError::backend("RocksDB", what, true, source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipeline's database holds at most `MEMORY_BOUND` whatever passes
+    /// through it: 256 MiB written to every column family in batches of
+    /// 4 MiB, each read back, with the memory measured after every batch.
+    #[test]
+    fn the_database_stays_within_its_memory_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(dir.path()).unwrap();
+        let value = vec![b'7'; 1000];
+        let mut highest = 0;
+        for batch in 0..64u32 {
+            let name = FAMILIES[batch as usize % FAMILIES.len()];
+            let family = cf(&db, name).unwrap();
+            let mut wb = rocksdb::WriteBatch::default();
+            for i in 0..4096u32 {
+                let key = [batch.to_be_bytes(), i.to_be_bytes()].concat();
+                wb.put_cf(family, key, &value);
+            }
+            db.write(wb).unwrap();
+            let key = [batch.to_be_bytes(), 7u32.to_be_bytes()].concat();
+            assert_eq!(db.get_cf(family, key).unwrap().as_deref(), Some(&value[..]));
+            highest = highest.max(memory_bytes(&db));
+        }
+        assert!(highest > 0, "the database reports no memory");
+        assert!(
+            highest <= MEMORY_BOUND,
+            "the database held {} MiB, over its bound of {} MiB",
+            highest >> 20,
+            MEMORY_BOUND >> 20
+        );
+    }
 }

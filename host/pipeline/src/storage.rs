@@ -9,6 +9,12 @@ use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
 use sluice_storage::{CheckpointLedger, CheckpointStore, Guarded, LogBackend, Result};
 use std::sync::Arc;
 
+/// What a pipeline's data-directory database holds in memory at most, in
+/// bytes (its memtables, those being flushed, and its block cache): the
+/// host memory a server promises every running pipeline besides its
+/// instances.
+pub const HOST_MEMORY_BOUND: u64 = db::MEMORY_BOUND;
+
 /// A pipeline's open storage. While it exists, the data directory is
 /// locked: no other process can open the pipeline.
 #[derive(Clone)]

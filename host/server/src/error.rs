@@ -91,7 +91,7 @@ pub enum ServiceError {
     #[error(
         "the host's memory budget is {budget_mib} MiB with {free_mib} MiB not promised to \
          pipelines; this pipeline may use {needed_mib} MiB ({workers} workers × {per_worker_mib} \
-         MiB): stop another pipeline or ask for less memory"
+         MiB, and its database's memtables and cache): stop another pipeline or ask for less memory"
     )]
     HostMemory {
         /// The host's budget.

@@ -16,6 +16,10 @@ use std::time::Duration;
 
 /// `sluice run`.
 pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+    // The allocator's thresholds fixed, as the server's: a key-heavy step's
+    // large host buffers go back to the kernel when freed instead of
+    // raising the thresholds (see `sluice_runtime::memory`).
+    sluice_runtime::memory::configure();
     for (_, file) in &a.inputs {
         if !file.is_file() {
             bail!("input file {} does not exist", file.display());

@@ -11,6 +11,7 @@ use crate::runner::PipelineHandle;
 use crate::settings::kafka_name;
 use crate::types::{Desired, PipelineSpec, PipelineStatus};
 use sluice_core::validate_name;
+use sluice_pipeline::storage::HOST_MEMORY_BOUND;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,7 +101,10 @@ impl Service {
             self.admit(&reg, None, spec.workers, memory)?;
             reg.creating.insert(
                 key.clone(),
-                (memory * u64::from(spec.workers), spec.workers.into()),
+                (
+                    memory * u64::from(spec.workers) + HOST_MEMORY_BOUND,
+                    spec.workers.into(),
+                ),
             );
             Reservation { service: self, key }
         };

@@ -10,6 +10,7 @@ use crate::registry::{self, Registry};
 use crate::runner::PipelineHandle;
 use crate::settings::KafkaSettings;
 use crate::types::{Desired, TenantLimits};
+use sluice_pipeline::storage::HOST_MEMORY_BOUND;
 use sluice_runtime::SluiceEngine;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -189,7 +190,9 @@ impl Service {
     // --------------------------------------------------------- admission --
 
     /// Memory and instances promised to pipelines that hold instances (not
-    /// stopped) and to pipelines being created, except `except`.
+    /// stopped) and to pipelines being created, except `except`: each
+    /// pipeline's instances at their memory limit and its database's bound
+    /// ([`HOST_MEMORY_BOUND`]).
     pub(super) fn promised(&self, reg: &Registry, except: Option<(&str, &str)>) -> (u64, u64) {
         let (mut memory, mut instances) = (0u64, 0u64);
         for (t, tenant) in &reg.tenants {
@@ -199,7 +202,7 @@ impl Service {
                 }
                 let per_worker = effective_limits(&entry.spec, &tenant.limits)
                     .map_or(tenant.limits.memory_mib << 20, |e| e.instance.memory as u64);
-                memory += per_worker * u64::from(entry.spec.workers);
+                memory += per_worker * u64::from(entry.spec.workers) + HOST_MEMORY_BOUND;
                 instances += u64::from(entry.spec.workers);
             }
         }
@@ -211,8 +214,9 @@ impl Service {
     }
 
     /// Whether the host can promise `workers` more instances of `memory`
-    /// bytes each (the memory budget, and the instance pool if there is
-    /// one, keeping one instance for the probes of uploads).
+    /// bytes each, and a pipeline's database ([`HOST_MEMORY_BOUND`]) with
+    /// them (the memory budget, and the instance pool if there is one,
+    /// keeping one instance for the probes of uploads).
     pub(super) fn admit(
         &self,
         reg: &Registry,
@@ -221,7 +225,7 @@ impl Service {
         memory: u64,
     ) -> Result<()> {
         let (promised_memory, promised_instances) = self.promised(reg, except);
-        let needed = u64::from(workers) * memory;
+        let needed = u64::from(workers) * memory + HOST_MEMORY_BOUND;
         let budget = self.limits.memory_budget;
         if promised_memory + needed > budget {
             return Err(ServiceError::HostMemory {

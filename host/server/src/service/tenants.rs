@@ -7,6 +7,7 @@ use crate::limits::effective_limits;
 use crate::registry::{self, Tenant};
 use crate::types::{CreateTenant, Desired, HostUsage, TenantCreated, TenantUsage};
 use sluice_core::validate_name;
+use sluice_pipeline::storage::HOST_MEMORY_BOUND;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -130,7 +131,7 @@ impl Service {
             if entry.desired != Desired::Stopped {
                 let per_worker = effective_limits(&entry.spec, &t.limits)
                     .map_or(t.limits.memory_mib << 20, |e| e.instance.memory as u64);
-                memory += per_worker * u64::from(entry.spec.workers);
+                memory += per_worker * u64::from(entry.spec.workers) + HOST_MEMORY_BOUND;
             }
         }
         let limits = t.limits;

@@ -24,6 +24,9 @@ mod hosts;
 mod incremental;
 /// **Large state**: checkpoint and restore of 1 GiB in few keys.
 mod large_state;
+/// **Memory against dbsp**: `sluice run` and `sluice serve` against the
+/// `dbsp` crate's word count, throughput and peak memory.
+mod memory;
 /// **Native peer**: a whole exactly-once pipeline against the circuit native.
 mod native_peer;
 /// **Recovery by replay** of 1 M events without a checkpoint.
@@ -65,13 +68,13 @@ pub struct BenchOptions {
     /// Run only these scenarios (empty: all): `sandbox`, `step-boundary`,
     /// `exactly-once`, `checkpoint`, `incremental`, `native-peer`,
     /// `large-state`, `rescale`, `hosts`, `replicas`, `replay`, `density`,
-    /// `durable-commit`. A partial run prints its table but writes no
+    /// `durable-commit`, `memory`. A partial run prints its table but writes no
     /// markdown or chart (they hold every scenario).
     pub only: Vec<String>,
 }
 
 /// The scenarios' names, for [`BenchOptions::only`].
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "sandbox",
     "step-boundary",
     "exactly-once",
@@ -85,6 +88,7 @@ pub const SCENARIOS: [&str; 13] = [
     "replay",
     "density",
     "durable-commit",
+    "memory",
 ];
 
 impl BenchOptions {
@@ -179,6 +183,10 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
         .await??
         .into_iter()
         .for_each(|r| rows.push(r));
+    }
+    if opts.runs("memory") {
+        eprintln!("bench: memory against dbsp …");
+        memory::memory(&loads[0], opts.quick, reps.min(2), &mut rows).await?;
     }
 
     let whole = opts.only.is_empty();
