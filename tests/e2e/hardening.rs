@@ -862,7 +862,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
     // Each pipeline is promised its instances and its database's bound.
     let db = sluice_pipeline::storage::HOST_MEMORY_BOUND;
-    assert_eq!(db, 40 << 20);
+    assert_eq!(db, 56 << 20);
     let server = Server::start_with(
         &dir.path().join("data"),
         &["--memory-budget-mib=700".into()],
@@ -875,7 +875,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
             &serde_json::json!({"name": name, "component": "wc", "workers": workers}),
         )
     };
-    // 2 × 256 + 40 MiB fits 700 MiB; one more worker (256 + 40) does not.
+    // 2 × 256 + 56 MiB fits 700 MiB; one more worker (256 + 56) does not.
     let (status, body) = create("first", 2);
     assert_eq!(status, 201, "{body}");
     let (status, body) = create("second", 1);
@@ -884,7 +884,7 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
         (503, "host_memory_exhausted"),
         "{body}"
     );
-    // A pipeline asking for less memory (64 + 40) fits.
+    // A pipeline asking for less memory (64 + 56) fits.
     let (status, body) = server.create(
         &token,
         &serde_json::json!({"name": "small", "component": "wc", "limits": {"memory_mib": 64}}),

@@ -93,7 +93,7 @@ fn a_deleted_pipeline_gives_its_memory_back_and_the_peak_stays_near_sluice_run()
     let u = usage();
     let acme_host = u["tenants"][0]["host_memory_bytes"].as_u64().unwrap();
     assert!(
-        (1 << 20..=64 << 20).contains(&acme_host),
+        (1 << 20..=sluice_pipeline::storage::HOST_MEMORY_BOUND).contains(&acme_host),
         "acme's host memory: {acme_host} bytes"
     );
     assert_eq!(u["host_memory_bytes"].as_u64(), Some(acme_host));

@@ -241,7 +241,7 @@ pub fn tenant_token(created: &Value, verb: &str) -> String {
 /// The host and its tenants (`GET /tenants`).
 pub fn host(u: &Value) -> String {
     let mut out = format!(
-        "memory promised {} of {}; server resident {} (pipelines' host memory {}); disk {} free of {}\n\n",
+        "memory promised {} of {}; server resident {} (host memory besides instances {}); disk {} free of {}\n\n",
         bytes(u["memory_promised_bytes"].as_u64().unwrap_or(0)),
         bytes(u["memory_budget_bytes"].as_u64().unwrap_or(0)),
         bytes(u["resident_bytes"].as_u64().unwrap_or(0)),

@@ -30,7 +30,7 @@ const FAMILIES: [&str; 6] = [
 ];
 
 /// The memtables of a pipeline's database, all column families together,
-/// in bytes: past it RocksDB flushes the largest, and writers wait. (A key-heavy run of
+/// in bytes: past it RocksDB flushes the largest. (A key-heavy run of
 /// `sluice run` held 64 MiB of memtables with the former limit, more than
 /// dbsp's whole process holds of the same keys; flushing sooner costs a
 /// few more small files, which compaction merges.)
@@ -41,11 +41,17 @@ pub const WRITE_BUFFERS: usize = 16 << 20;
 /// readers do not grow with the data).
 pub const BLOCK_CACHE: usize = 8 << 20;
 
+/// One column family's memtable, in bytes: it is flushed once full, and a
+/// family has at most two (one written, one being flushed; writes to the
+/// family wait for the flush past that).
+const FAMILY_BUFFER: usize = WRITE_BUFFERS / 4;
+
 /// What a pipeline's database holds in memory at most, in bytes, for the
-/// host's memory budget: the memtables being written and those being
-/// flushed (twice [`WRITE_BUFFERS`]) and the block cache. A single write
-/// larger than that (a step's whole output) is held until it is flushed.
-pub const MEMORY_BOUND: u64 = 2 * WRITE_BUFFERS as u64 + BLOCK_CACHE as u64;
+/// host's memory budget: every family's two memtables and the block cache
+/// (56 MiB). Flushes start well before (past [`WRITE_BUFFERS`] together);
+/// a single write larger than a memtable (a step's whole output) is held
+/// until it is flushed.
+pub const MEMORY_BOUND: u64 = (FAMILIES.len() * 2 * FAMILY_BUFFER + BLOCK_CACHE) as u64;
 
 /// A pipeline's open database, with the lock on its data directory: while
 /// this exists, no other process can open the pipeline.
@@ -126,11 +132,12 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.set_max_background_jobs(2);
     // Every column family's memtables together, not 2 x 64 MiB each: a
     // host runs many pipelines, and counts this in their tenants' usage.
-    // Past the limit RocksDB flushes the largest, and writers wait for the
-    // flush (without the stall the limit only starts flushes, and
-    // memtables of six families written at once reached 70 MiB).
-    let buffers = rocksdb::WriteBufferManager::new_write_buffer_manager(WRITE_BUFFERS, true);
-    opts.set_write_buffer_manager(&buffers);
+    // Past the limit RocksDB flushes the largest. Writers never wait for a
+    // flush (a stalling write-buffer manager would hold them until memory
+    // drops, and memtables an open iterator pins do not drop): each
+    // family's own memtables are kept small instead (with 8 MiB each, six
+    // families written at once reached 70 MiB before the flushes caught up).
+    opts.set_db_write_buffer_size(WRITE_BUFFERS);
     // One block cache for the database, with the index and filter blocks
     // in it: the database's memory stays within `MEMORY_BOUND`.
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE);
@@ -140,7 +147,8 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     let family = || {
         let mut o = Options::default();
-        o.set_write_buffer_size(WRITE_BUFFERS / 2);
+        o.set_write_buffer_size(FAMILY_BUFFER);
+        o.set_max_write_buffer_number(2);
         o.set_block_based_table_factory(&table);
         o
     };

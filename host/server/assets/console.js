@@ -377,7 +377,7 @@ function adminView() {
       host.replaceChildren(
         fig("memory promised / budget", `${bytes(u.memory_promised_bytes)} / ${bytes(u.memory_budget_bytes)}`),
         fig("server resident (heap in use)", `${bytes(u.resident_bytes)} (${bytes(u.heap_in_use_bytes)})`),
-        fig("pipelines' host memory", bytes(u.host_memory_bytes)),
+        fig("host memory besides instances (databases, pushes)", bytes(u.host_memory_bytes)),
         fig("instances promised", u.pool_instances === null ? `${u.instances_promised}` : `${u.instances_promised} / ${u.pool_instances}`),
         fig("disk free / total", `${bytes(u.disk_free_bytes)} / ${bytes(u.disk_total_bytes)}`),
         fig("tenants", u.tenants.length));

@@ -444,11 +444,13 @@ pub struct TenantUsage {
     pub disk_used_bytes: u64,
     /// Its disk quota in bytes.
     pub disk_quota_bytes: u64,
-    /// Instance memory its loaded pipelines may use (workers × memory).
+    /// Memory promised to its pipelines that are not stopped: their
+    /// instances (workers × memory) and each one's database bound (56 MiB).
     pub memory_promised_bytes: u64,
-    /// Host memory its pipelines' logs hold on this server now (write
-    /// buffers and caches of their databases: at most 64 MiB of write
-    /// buffers a pipeline), besides their instances.
+    /// Host memory it holds on this server now besides its instances: its
+    /// pipelines' databases (memtables, table readers and block cache, at
+    /// most 56 MiB a pipeline) and its pushes in flight (their bodies, then
+    /// their parsed events).
     pub host_memory_bytes: u64,
     /// Its limits.
     pub limits: TenantLimits,
@@ -459,7 +461,7 @@ pub struct TenantUsage {
 pub struct HostUsage {
     /// The memory budget instances are admitted against.
     pub memory_budget_bytes: u64,
-    /// Memory promised to loaded pipelines.
+    /// Memory promised to loaded pipelines (instances and databases).
     pub memory_promised_bytes: u64,
     /// The instance pool's size, if the host uses one.
     pub pool_instances: Option<u32>,
@@ -470,7 +472,8 @@ pub struct HostUsage {
     /// Of it, heap allocated and in use (0 where the allocator cannot
     /// tell).
     pub heap_in_use_bytes: u64,
-    /// Host memory every tenant's pipelines' logs hold (the sum of theirs).
+    /// Host memory every tenant holds besides instances (the sum of
+    /// theirs).
     pub host_memory_bytes: u64,
     /// Free bytes on the data directory's file system.
     pub disk_free_bytes: u64,

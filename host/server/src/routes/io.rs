@@ -150,6 +150,8 @@ pub(super) async fn push(
         "max_push_bytes",
     )
     .await?;
+    // Counted in the tenant's host memory while the push holds it.
+    let mut held = state.service.hold_push_bytes(&tenant, bytes.len() as u64);
     let text =
         std::str::from_utf8(&bytes).map_err(|_| bad("invalid_body", "the body is not UTF-8"))?;
     let max_events = usize::try_from(limits.max_push_events).unwrap_or(usize::MAX);
@@ -163,10 +165,17 @@ pub(super) async fn push(
         ),
     })?;
     drop(bytes);
+    held.set(
+        events
+            .iter()
+            .map(|e| (e.value.capacity() + std::mem::size_of::<sluice_core::Event>()) as u64)
+            .sum(),
+    );
     let ack = state
         .service
         .push(&tenant, &name, &port, events, producer)
         .await?;
+    drop(held);
     Ok(axum::Json(ack))
 }
 

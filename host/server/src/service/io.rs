@@ -2,7 +2,7 @@
 //! server's concurrency bounds and the tenant's disk quota) and what the
 //! pipeline remembers of each producer.
 
-use super::state::Service;
+use super::state::{Service, lock};
 use crate::error::{Result, ServiceError};
 use crate::limits::Permit;
 use crate::types::{PartitionRange, ProducerInfo, PushAck};
@@ -22,6 +22,24 @@ impl Service {
             .try_enter(tenant, limits.max_concurrent_pushes as usize)?;
         self.check_disk(tenant, 0).await?;
         Ok((permit, limits))
+    }
+
+    /// Counts `bytes` of a push of `tenant`'s as held on the host until the
+    /// returned guard is dropped (or [`PushBytes::set`] changes them): what
+    /// `GET /tenants` shows of the tenant's pushes in flight.
+    pub fn hold_push_bytes(&self, tenant: &str, bytes: u64) -> PushBytes<'_> {
+        let mut held = PushBytes {
+            service: self,
+            tenant: tenant.to_owned(),
+            bytes: 0,
+        };
+        held.set(bytes);
+        held
+    }
+
+    /// Bytes `tenant`'s pushes in flight hold now.
+    pub(super) fn push_bytes(&self, tenant: &str) -> u64 {
+        lock(&self.pushing).get(tenant).copied().unwrap_or(0)
     }
 
     /// Admits one long-poll or output stream of `tenant`'s: within the
@@ -152,5 +170,68 @@ impl Service {
             last_seq: state.last_seq,
             mark: mark.map(|m| String::from_utf8_lossy(&m).into_owned()),
         })
+    }
+}
+
+/// Bytes a push holds on the host, counted in its tenant's usage while this
+/// lives.
+pub struct PushBytes<'a> {
+    service: &'a Service,
+    tenant: String,
+    bytes: u64,
+}
+
+impl PushBytes<'_> {
+    /// The push now holds `bytes` (its body, then its parsed events).
+    pub fn set(&mut self, bytes: u64) {
+        let mut pushing = lock(&self.service.pushing);
+        let held = pushing.entry(self.tenant.clone()).or_insert(0);
+        *held = held.saturating_sub(self.bytes) + bytes;
+        if *held == 0 {
+            pushing.remove(&self.tenant);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for PushBytes<'_> {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::ServerLimits;
+    use sluice_runtime::{Limits, SluiceEngine};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_push_counts_what_it_holds_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine =
+            Arc::new(SluiceEngine::new(Limits::default(), Some(dir.path().join("cache"))).unwrap());
+        let service = Service::new(
+            dir.path().join("data"),
+            "admin-token-admin-token",
+            engine,
+            None,
+            ServerLimits::default(),
+        )
+        .unwrap();
+        let mut first = service.hold_push_bytes("acme", 1000);
+        let second = service.hold_push_bytes("acme", 500);
+        let other = service.hold_push_bytes("zeta", 7);
+        assert_eq!(service.push_bytes("acme"), 1500);
+        first.set(3000);
+        assert_eq!(service.push_bytes("acme"), 3500);
+        drop(first);
+        assert_eq!(service.push_bytes("acme"), 500);
+        drop(second);
+        assert_eq!(service.push_bytes("acme"), 0);
+        assert_eq!(service.push_bytes("zeta"), 7);
+        drop(other);
+        assert!(lock(&service.pushing).is_empty());
     }
 }

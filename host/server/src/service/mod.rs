@@ -26,5 +26,6 @@ mod tenants;
 pub use crate::error::{Result, ServiceError};
 pub use crate::limits::{EffectiveLimits, PROBE_LIMITS, effective_limits};
 pub use crate::settings::kafka_name;
+pub use io::PushBytes;
 pub use state::{Caller, Service};
 pub use tenants::DISK_MEASURE_AGE;

@@ -63,6 +63,9 @@ pub struct Service {
     pub(crate) gates: Gates,
     /// Each tenant's disk usage and when it was measured.
     pub(super) disk: Mutex<HashMap<String, (Instant, u64)>>,
+    /// Bytes each tenant's pushes in flight hold on the host (bodies, then
+    /// their parsed events), while they are held.
+    pub(super) pushing: Mutex<HashMap<String, u64>>,
 }
 
 /// A pipeline being created: counted against its tenant's quota and the
@@ -112,6 +115,7 @@ impl Service {
                 compiles: Gate::new("compiles", limits.max_compiles),
             },
             disk: Mutex::new(HashMap::new()),
+            pushing: Mutex::new(HashMap::new()),
         })
     }
 

@@ -141,7 +141,8 @@ impl Service {
             .iter()
             .filter(|((owner, _), _)| owner == tenant)
             .map(|(_, h)| h.log_memory_bytes())
-            .sum();
+            .sum::<u64>()
+            + self.push_bytes(tenant);
         Ok(TenantUsage {
             name: tenant.to_owned(),
             pipelines,
