@@ -19,27 +19,35 @@ fn new_keys(path: &Path) {
 }
 
 /// Runs `cmd` to its end, which must succeed, and returns its peak
-/// resident memory in KiB (from `wait4`, the kernel's own figure).
+/// resident memory in KiB: its own high-water mark (`VmHWM`), read every
+/// few milliseconds while it runs (it only grows). Not `wait4`'s
+/// `ru_maxrss`: Linux counts in it the memory of the process that spawned
+/// the child (this test binary, with every other test's threads) as it was
+/// at the `exec`.
 fn peak_kib_of(cmd: &mut std::process::Command) -> u64 {
-    // Reaped by `wait4` below, not by `Child::wait`: the kernel's peak
-    // figure comes only with the reaping.
-    let pid = cmd
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-        .id() as i32;
-    let mut status = 0;
-    // SAFETY: an all-zero `rusage` is a valid value for `wait4` to fill in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `wait4` reaps our own child and writes to the two locals it
-    // is given; the child is not waited for again.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(reaped, pid, "wait4");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{cmd:?} failed ({status})"
-    );
-    usage.ru_maxrss as u64
+    let mut child = cmd.stdout(std::process::Stdio::null()).spawn().unwrap();
+    let hwm = |pid: u32| -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    let mut peak = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        peak = hwm(child.id()).unwrap_or(0).max(peak);
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert!(status.success(), "{cmd:?} failed ({status})");
+    assert!(peak > 0, "no VmHWM read of {cmd:?}");
+    peak
 }
 
 #[test]
