@@ -102,6 +102,9 @@ pub(crate) trait Operator {
 struct Node {
     op: Box<dyn Operator>,
     inputs: Vec<NodeId>,
+    /// The last node that reads this one's value (itself while none
+    /// does): after it runs, the value is dropped.
+    last_reader: NodeId,
 }
 
 #[derive(Default)]
@@ -115,8 +118,16 @@ pub(crate) struct Graph {
 
 impl Graph {
     pub(crate) fn add(&mut self, op: Box<dyn Operator>, inputs: Vec<NodeId>) -> NodeId {
-        self.nodes.push(Node { op, inputs });
-        self.nodes.len() - 1
+        let id = self.nodes.len();
+        for &i in &inputs {
+            self.nodes[i].last_reader = id;
+        }
+        self.nodes.push(Node {
+            op,
+            inputs,
+            last_reader: id,
+        });
+        id
     }
 
     fn port(&mut self, kind: &str, name: &str, output: bool) -> usize {
@@ -363,23 +374,19 @@ impl CircuitInstance {
         // A node's value is dropped as soon as its last reader has run, so a
         // step holds only the batches still to be read, not every operator's
         // output at once (in a key-heavy step each is as large as the input).
-        let mut last_reader = vec![0; self.graph.nodes.len()];
-        for (reader, node) in self.graph.nodes.iter().enumerate() {
-            for &i in &node.inputs {
-                last_reader[i] = reader;
-            }
-        }
         let mut values: Vec<Option<Box<dyn Any>>> = Vec::with_capacity(self.graph.nodes.len());
-        for (index, node) in self.graph.nodes.iter_mut().enumerate() {
+        for index in 0..self.graph.nodes.len() {
+            // A node's inputs come before it.
+            let (before, rest) = self.graph.nodes.split_at_mut(index);
+            let node = &mut rest[0];
+            let last = |i: NodeId| before[i].last_reader == index;
             // Inputs this node reads last (and once) are given to it.
             let mut given: Vec<Option<Box<dyn Any>>> = node
                 .inputs
                 .iter()
                 .map(|&i| {
                     let once = node.inputs.iter().filter(|&&j| j == i).count() == 1;
-                    (once && last_reader[i] == index)
-                        .then(|| values[i].take())
-                        .flatten()
+                    (once && last(i)).then(|| values[i].take()).flatten()
                 })
                 .collect();
             let ins: Vec<StepInput<'_>> = node
@@ -396,7 +403,7 @@ impl CircuitInstance {
             let out = node.op.eval_owned(&mut cx, ins)?;
             values.push(Some(out));
             for &i in &node.inputs {
-                if last_reader[i] == index {
+                if last(i) {
                     values[i] = None;
                 }
             }

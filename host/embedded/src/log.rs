@@ -644,23 +644,27 @@ impl LogBackend for EmbeddedLog {
         let out = db::cf(&self.db, CF_OUTPUT)?;
         let record =
             postcard::to_allocvec(&commit.record).map_err(Error::corrupt("step record"))?;
+        let entries: Vec<(Vec<u8>, &OutputEntry)> = commit
+            .logs()
+            .flat_map(|(name, entries)| {
+                entries
+                    .iter()
+                    .map(move |entry| (output_key(name, step, entry.worker), entry))
+            })
+            .collect();
         // The batch is sized before it is filled: grown by doubling, a
         // key-heavy step's batch would hold up to twice its output again.
         let mut capacity = record.len() + 64;
-        for (name, entries) in commit.logs() {
-            for entry in entries {
-                let size = postcard::experimental::serialized_size(entry)
-                    .map_err(Error::corrupt("output entry"))?;
-                // The value and key, each with its length, and the tag.
-                capacity += size + output_key(name, step, entry.worker).len() + 16;
-            }
+        for (key, entry) in &entries {
+            let size = postcard::experimental::serialized_size(entry)
+                .map_err(Error::corrupt("output entry"))?;
+            // The value and key, each with its length, and the tag.
+            capacity += size + key.len() + 16;
         }
         let mut wb = WriteBatch::with_capacity_bytes(capacity);
-        for (name, entries) in commit.logs() {
-            for entry in entries {
-                let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
-                wb.put_cf(out, output_key(name, step, entry.worker), value);
-            }
+        for (key, entry) in entries {
+            let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
+            wb.put_cf(out, key, value);
         }
         wb.put_cf(db::cf(&self.db, CF_STEPS)?, step.to_be_bytes(), record);
         self.db
