@@ -12,6 +12,10 @@
 #                               schemathesis and moto[server] from PyPI in a
 #                               virtualenv under ~/.cache/sluice (the API
 #                               document's test; the S3-protocol server)
+#                               and componentize-py (as --python does)
+#   scripts/setup.sh --python   also componentize-py, pinned, from PyPI into
+#                               that virtualenv: `sluice build` of a Python
+#                               circuit runs it
 #   scripts/setup.sh --dry-run  print what would be installed, install nothing
 #
 # Packages are checked with dpkg, never by looking for a file that might
@@ -28,11 +32,13 @@ cd "$(dirname "$0")/.."
 
 dry_run=0
 tests=0
+python=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry_run=1 ;;
-    --tests) tests=1 ;;
-    *) echo "setup: unknown argument $arg (use --tests, --dry-run)" >&2; exit 2 ;;
+    --tests) tests=1; python=1 ;;
+    --python) python=1 ;;
+    *) echo "setup: unknown argument $arg (use --tests, --python, --dry-run)" >&2; exit 2 ;;
   esac
 done
 
@@ -121,5 +127,18 @@ if [ "$tests" -eq 1 ]; then
     echo "setup: installing moto[server] into $venv" >&2
     [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]==5.2.1'
+  fi
+fi
+
+if [ "$python" -eq 1 ]; then
+  # componentize-py, pinned (host/tools/src/python.rs names the same
+  # version): CPython and a Python circuit in one component.
+  venv="${SLUICE_VENV:-$HOME/.cache/sluice/venv}"
+  want=0.25.1
+  have=$("$venv/bin/componentize-py" --version 2>/dev/null | awk '{print $2}' || true)
+  if [ "$have" != "$want" ]; then
+    echo "setup: installing componentize-py $want into $venv" >&2
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$want"
   fi
 fi

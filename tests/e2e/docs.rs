@@ -26,8 +26,8 @@ use std::process::{Command, Output, Stdio};
 const DOCS: [&str; 2] = ["README.md", "docs/tutorial.md"];
 
 /// Flags the prose names that belong to other programs: `scripts/setup.sh
-/// --tests`, cargo's `--no-default-features`.
-const NOT_SLUICE_FLAGS: [&str; 2] = ["--tests", "--no-default-features"];
+/// --tests` and `--python`, cargo's `--no-default-features`.
+const NOT_SLUICE_FLAGS: [&str; 3] = ["--tests", "--python", "--no-default-features"];
 
 fn read(file: &str) -> String {
     std::fs::read_to_string(repo().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))

@@ -22,6 +22,7 @@ mod invariants;
 mod kafka;
 mod memory;
 mod partitions;
+mod python;
 mod replicas;
 mod rescale;
 mod server;

@@ -23,12 +23,17 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Build the circuit crate at PATH for wasm32-wasip2; prints the
-    /// component's path as the last line.
+    /// Build the circuit at PATH (a Rust crate, or a Python circuit) into a
+    /// wasm32-wasip2 component; prints the component's path as the last
+    /// line.
     Build {
-        /// The crate directory (or its Cargo.toml).
+        /// The crate directory (or its Cargo.toml), or a Python circuit:
+        /// a directory with `circuit.py` (or a pyproject.toml naming the
+        /// module in `[tool.sluice]`), or the `.py` file itself.
         path: PathBuf,
-        /// Cargo target directory (default: cargo's).
+        /// Cargo target directory (default: cargo's; a Python circuit's
+        /// component goes to its `python/` subdirectory, by default under
+        /// the circuit's `target/`).
         #[arg(long)]
         target_dir: Option<PathBuf>,
     },
@@ -93,6 +98,14 @@ pub enum Command {
         /// --component is not given either: build tests/guests/noisy).
         #[arg(long)]
         noisy_component: Option<PathBuf>,
+        /// A word-count component (Rust or Python, e.g. `sluice build
+        /// examples/python-wordcount`): the trials that do not run the noisy
+        /// circuit run it over lines with deletes, checked against
+        /// examples/wordcount's split of the words, instead of the orders
+        /// join (the noisy circuit then runs only when --noisy-component is
+        /// given).
+        #[arg(long, conflicts_with = "component")]
+        wordcount: Option<PathBuf>,
         /// Workers W.
         #[arg(long, default_value_t = 2)]
         workers: u32,
@@ -100,7 +113,7 @@ pub enum Command {
         /// changes between runs and, with crashes, during them.
         #[arg(long)]
         rescale: bool,
-        /// Orders per trial.
+        /// Orders per trial (lines, with --wordcount).
         #[arg(long, default_value_t = 1500)]
         orders: u32,
         /// The campaign across hosts instead: word count with deletes on a
@@ -146,7 +159,8 @@ pub enum Command {
         brokers: Option<String>,
         /// Run only these scenarios (NAME[,NAME…]): sandbox, step-boundary,
         /// exactly-once, checkpoint, incremental, native-peer, large-state,
-        /// rescale, hosts, replicas, replay, density, durable-commit. Prints
+        /// rescale, hosts, replicas, replay, density, durable-commit, memory,
+        /// python. Prints
         /// the table; --markdown and --chart are written only by a whole
         /// run.
         #[arg(long, value_delimiter = ',')]

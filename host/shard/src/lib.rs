@@ -53,4 +53,36 @@ mod tests {
             (0..10_000u32).map(|i| shard_of(&i.to_le_bytes())).collect();
         assert!(spread.len() > 1000, "keys spread over the shards");
     }
+
+    /// The keys of the vectors the Python SDK's `shard.py` is checked
+    /// against: every length through each of XXH3's code paths.
+    fn vector_keys() -> Vec<Vec<u8>> {
+        let lengths = (0..=260).chain([511, 1024, 1025, 2049, 4100]);
+        lengths
+            .map(|n| (0..n).map(|i| ((i * 31 + n * 7) % 251) as u8).collect())
+            .collect()
+    }
+
+    /// `guest-sdk/python/tests/shard_vectors.txt` holds this crate's hash
+    /// of each vector key (hex key, space, hash): the Python SDK reads it
+    /// in its tests. Regenerate with `SLUICE_BLESS=1`.
+    #[test]
+    fn the_python_sdk_s_vectors_are_this_crate_s_hashes() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../guest-sdk/python/tests/shard_vectors.txt"
+        );
+        let want: String = vector_keys()
+            .iter()
+            .map(|k| {
+                let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{hex} {}\n", hash(k))
+            })
+            .collect();
+        if std::env::var_os("SLUICE_BLESS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(have == want, "{path} is stale: run with SLUICE_BLESS=1");
+    }
 }

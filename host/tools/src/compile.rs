@@ -1,6 +1,8 @@
 //! `sluice build`: compiling a circuit crate into a component.
 //!
-//! Runs `cargo build --release --target wasm32-wasip2` on the crate and finds
+//! A Python circuit (a directory with `circuit.py`, see
+//! [`python`](crate::python)) is built with componentize-py instead. For a
+//! Rust crate, runs `cargo build --release --target wasm32-wasip2` on the crate and finds
 //! the `.wasm` it produced from cargo's JSON messages. On `wasm32-wasip2` a
 //! `cdylib` is already a component.
 
@@ -17,6 +19,22 @@ pub const TARGET: &str = "wasm32-wasip2";
 /// or the manifest itself) and returns the component's path. Cargo's own
 /// progress goes to stderr. `target_dir` overrides cargo's target directory.
 pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<PathBuf> {
+    if crate_dir.extension().is_some_and(|e| e == "py") && crate_dir.is_file() {
+        let module = crate_dir
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("a Python file's name")?;
+        let dir = crate_dir.parent().unwrap_or(Path::new("."));
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        return crate::python::build(dir, module, target_dir);
+    }
+    if let Some(module) = crate::python::circuit_module(crate_dir)? {
+        return crate::python::build(crate_dir, &module, target_dir);
+    }
     let manifest = if crate_dir.is_file() {
         crate_dir.to_owned()
     } else {
@@ -24,7 +42,7 @@ pub fn build_component(crate_dir: &Path, target_dir: Option<&Path>) -> Result<Pa
     };
     if !manifest.is_file() {
         bail!(
-            "{} is not a Rust crate (no Cargo.toml there)",
+            "{} is not a circuit: no Cargo.toml (a Rust crate) and no circuit.py (a Python circuit)",
             crate_dir.display()
         );
     }

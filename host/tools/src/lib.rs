@@ -4,7 +4,8 @@
 //! need (plotters, the Nexmark generator, the example circuits compiled
 //! natively as baselines), kept out of the libraries:
 //!
-//! - [`compile`]: `sluice build`, a circuit crate → a component.
+//! - [`compile`]: `sluice build`, a circuit crate → a component;
+//!   [`python`]: the same for a Python circuit, with componentize-py.
 //! - [`bench`]: `sluice bench`, costs as ratios to same-run baselines.
 //! - [`chaos`]: `sluice chaos`, the crash campaigns (on one host, and with
 //!   `--hosts` across hosts).
@@ -25,6 +26,7 @@ pub mod chaos;
 pub mod compile;
 pub mod demo;
 pub mod generate;
+pub mod python;
 
 /// The source tree's `examples/` directory (the demo, the bench and the
 /// campaign build their circuits from it).

@@ -98,6 +98,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             seed,
             component,
             noisy_component,
+            wordcount,
             workers,
             rescale,
             orders,
@@ -109,7 +110,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 return tools::chaos_hosts(trials, seed, component, network, replicas).await;
             }
             let workers = tools::Workers { workers, rescale };
-            tools::chaos(trials, seed, component, noisy_component, workers, orders).await
+            let circuits = tools::ChaosCircuits {
+                component,
+                noisy: noisy_component,
+                wordcount,
+            };
+            tools::chaos(trials, seed, circuits, workers, orders).await
         }
         Command::Bench {
             quick,

@@ -32,18 +32,34 @@ pub struct Workers {
     pub rescale: bool,
 }
 
+/// The circuits of a one-host campaign (see `sluice chaos --help`).
+pub struct ChaosCircuits {
+    /// The orders-join component (built when absent).
+    pub component: Option<PathBuf>,
+    /// The noisy component (built when absent and no word count is given).
+    pub noisy: Option<PathBuf>,
+    /// A word-count component, instead of the orders join.
+    pub wordcount: Option<PathBuf>,
+}
+
 /// `sluice chaos`.
 pub async fn chaos(
     trials: u32,
     seed: u64,
-    component: Option<PathBuf>,
-    noisy: Option<PathBuf>,
+    circuits: ChaosCircuits,
     workers: Workers,
     orders: u32,
 ) -> anyhow::Result<()> {
-    let (component, noisy) = match (component, noisy) {
-        (Some(c), noisy) => (c, noisy),
-        (None, noisy) => {
+    let ChaosCircuits {
+        component,
+        noisy,
+        wordcount,
+    } = circuits;
+    let (component, noisy) = match (component, noisy, &wordcount) {
+        // The word count replaces the orders join: nothing else to build.
+        (_, noisy, Some(wc)) => (wc.clone(), noisy),
+        (Some(c), noisy, None) => (c, noisy),
+        (None, noisy, None) => {
             let noisy = match noisy {
                 Some(n) => n,
                 None => build_guest("../tests/guests/noisy").await?,
@@ -57,6 +73,7 @@ pub async fn chaos(
         seed,
         component,
         noisy,
+        wordcount,
         workers: workers.workers,
         rescale: workers.rescale,
         orders,

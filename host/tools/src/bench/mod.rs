@@ -29,6 +29,8 @@ mod large_state;
 mod memory;
 /// **Native peer**: a whole exactly-once pipeline against the circuit native.
 mod native_peer;
+/// **Python**: Python circuits against the same circuits in Rust.
+mod python;
 /// **Recovery by replay** of 1 M events without a checkpoint.
 mod replay;
 /// **Replicas**: two per worker against one — CPU, exchange bytes, failover.
@@ -68,13 +70,13 @@ pub struct BenchOptions {
     /// Run only these scenarios (empty: all): `sandbox`, `step-boundary`,
     /// `exactly-once`, `checkpoint`, `incremental`, `native-peer`,
     /// `large-state`, `rescale`, `hosts`, `replicas`, `replay`, `density`,
-    /// `durable-commit`, `memory`. A partial run prints its table but writes no
+    /// `durable-commit`, `memory`, `python`. A partial run prints its table but writes no
     /// markdown or chart (they hold every scenario).
     pub only: Vec<String>,
 }
 
 /// The scenarios' names, for [`BenchOptions::only`].
-pub const SCENARIOS: [&str; 14] = [
+pub const SCENARIOS: [&str; 15] = [
     "sandbox",
     "step-boundary",
     "exactly-once",
@@ -89,6 +91,7 @@ pub const SCENARIOS: [&str; 14] = [
     "density",
     "durable-commit",
     "memory",
+    "python",
 ];
 
 impl BenchOptions {
@@ -187,6 +190,10 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     if opts.runs("memory") {
         eprintln!("bench: memory against dbsp …");
         memory::memory(&loads[0], opts.quick, reps.min(2), &mut rows).await?;
+    }
+    if opts.runs("python") {
+        eprintln!("bench: Python circuits …");
+        python::python(&engine, &loads, opts.quick, reps.min(2), &mut rows).await?;
     }
 
     let whole = opts.only.is_empty();

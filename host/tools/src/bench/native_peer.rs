@@ -3,13 +3,9 @@
 //! engine figure measured before (issue #17) beside it.
 
 use super::report::{Row, fmt_rate, rate};
-use super::workloads::{Workload, manual_checkpoints, run_native};
-use sluice_core::Event;
-use sluice_pipeline::{Pipeline, PipelineConfig};
+use super::workloads::{Workload, run_exactly_once, run_native};
 use sluice_runtime::SluiceEngine;
-use sluice_storage::AppendBatch;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The native engine figure issue #17 measured on this machine class: the
 /// `dbsp` crate (0.349), in memory, word count over the same 200 000
@@ -30,38 +26,8 @@ pub(super) async fn native_peer(
         let (mut pipeline, mut native) = (0f64, 0f64);
         for _ in 0..reps {
             native = native.max(rate(w.events, run_native(w.native, &w.steps)?));
-            let dir = tempfile::tempdir()?;
-            let p = Pipeline::open(
-                engine.clone(),
-                w.component.clone(),
-                PipelineConfig {
-                    options: manual_checkpoints(10_000),
-                    partitions: Some(1),
-                    ..PipelineConfig::new(dir.path(), 1)
-                },
-            )
-            .await?;
-            let names = p.shape().input_names();
-            // The steps hold each port's events in order: append them so.
-            let mut appends = vec![Vec::new(); names.len()];
-            for step in &w.steps {
-                for (port, events) in step.iter().enumerate() {
-                    appends[port].extend(events.iter().map(|e| Event {
-                        value: e.value.clone(),
-                        weight: e.weight,
-                    }));
-                }
-            }
-            for (name, events) in names.iter().zip(appends) {
-                p.storage().log.append(AppendBatch {
-                    appends: vec![(name.clone(), 0, events)],
-                    ..AppendBatch::default()
-                })?;
-            }
-            let mut c = p.coordinator().await?;
-            let t = Instant::now();
-            while c.step().await? {}
-            pipeline = pipeline.max(rate(w.events, t.elapsed()));
+            let took = run_exactly_once(engine, &w.component, &w.steps).await?;
+            pipeline = pipeline.max(rate(w.events, took));
         }
         let ratio = pipeline / native;
         rows.push(Row {

@@ -203,6 +203,48 @@ pub(super) async fn run_wasm(
     Ok(total)
 }
 
+/// Runs `steps` through `component` as a whole exactly-once pipeline (W=1,
+/// one partition, synced commits, sandboxed, 10 000 events per step, no
+/// checkpoint) in a fresh directory: the time the steps took.
+pub(super) async fn run_exactly_once(
+    engine: &Arc<SluiceEngine>,
+    component: &LoadedComponent,
+    steps: &[Vec<Vec<RawEvent>>],
+) -> anyhow::Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let p = Pipeline::open(
+        engine.clone(),
+        component.clone(),
+        PipelineConfig {
+            options: manual_checkpoints(10_000),
+            partitions: Some(1),
+            ..PipelineConfig::new(dir.path(), 1)
+        },
+    )
+    .await?;
+    let names = p.shape().input_names();
+    // The steps hold each port's events in order: append them so.
+    let mut appends = vec![Vec::new(); names.len()];
+    for step in steps {
+        for (port, events) in step.iter().enumerate() {
+            appends[port].extend(events.iter().map(|e| Event {
+                value: e.value.clone(),
+                weight: e.weight,
+            }));
+        }
+    }
+    for (name, events) in names.iter().zip(appends) {
+        p.storage().log.append(AppendBatch {
+            appends: vec![(name.clone(), 0, events)],
+            ..AppendBatch::default()
+        })?;
+    }
+    let mut c = p.coordinator().await?;
+    let t = Instant::now();
+    while c.step().await? {}
+    Ok(t.elapsed())
+}
+
 /// A word-count pipeline (W=2, input `lines` in 2 partitions) in `dir`,
 /// never checkpointing by itself, with `max_batch` events per partition per
 /// step; `synced` says whether its step commits are fsynced.

@@ -28,7 +28,7 @@
 
 use super::Rng;
 use super::report::{ChaosReport, Differences};
-use super::workloads::{Workload, noisy, orders_join};
+use super::workloads::{Workload, noisy, orders_join, wordcount};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_core::crash::CrashPoint;
@@ -59,7 +59,11 @@ pub struct ChaosOptions {
     /// Change W at random (1 to 4) on every run of a trial: layout changes
     /// between and, with crashes, during runs.
     pub rescale: bool,
-    /// Orders per trial.
+    /// A word-count component (Rust or Python): when given, the trials
+    /// that do not run the noisy circuit run it over lines with deletes,
+    /// instead of the orders join.
+    pub wordcount: Option<PathBuf>,
+    /// Orders per trial (lines, for word count).
     pub orders: u32,
     /// Show a progress bar.
     pub progress: bool,
@@ -199,7 +203,13 @@ fn trial(
             report.noisy_trials += 1;
             noisy(dir, &mut rng, opts.orders, component)?
         }
-        _ => orders_join(dir, &mut rng, opts.orders, &opts.component)?,
+        _ => match &opts.wordcount {
+            Some(component) => {
+                report.wordcount_trials += 1;
+                wordcount(dir, &mut rng, opts.orders, component)?
+            }
+            None => orders_join(dir, &mut rng, opts.orders, &opts.component)?,
+        },
     };
     let expected = &work.expected;
     let crashes = 1 + rng.below(3);

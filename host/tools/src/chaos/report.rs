@@ -25,6 +25,8 @@ pub struct ChaosReport {
     pub kills_in_steps: u32,
     /// Trials of the noisy circuit.
     pub noisy_trials: u32,
+    /// Trials of the word count (`--wordcount`).
+    pub wordcount_trials: u32,
     /// Runs asked to run with another W than the run before (layout
     /// changes asked for; a crash may undo one before it commits).
     pub rescales: u32,
@@ -49,9 +51,13 @@ impl ChaosReport {
 
 impl std::fmt::Display for ChaosReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let wordcount = match self.wordcount_trials {
+            0 => String::new(),
+            n => format!("; {n} of word count"),
+        };
         writeln!(
             f,
-            "trials: {} ({} of the noisy circuit)  runs: {}  restarts: {}  rescales: {}  random kills: {} ({} while steps ran)",
+            "trials: {} ({} of the noisy circuit{wordcount})  runs: {}  restarts: {}  rescales: {}  random kills: {} ({} while steps ran)",
             self.trials,
             self.noisy_trials,
             self.runs,

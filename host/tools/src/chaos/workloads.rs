@@ -126,3 +126,61 @@ pub(super) fn noisy(
         key: |v| v["v"].to_string(),
     })
 }
+
+/// The word-count workload (any word-count component, Rust or Python):
+/// `lines` lines of words from a small vocabulary, in mixed case and with
+/// punctuation, some deleted later; the expected output is the count of
+/// every word of the live lines as `wordcount::words` splits them.
+pub(super) fn wordcount(
+    dir: &Path,
+    rng: &mut Rng,
+    lines: u32,
+    component: &Path,
+) -> anyhow::Result<Workload> {
+    const VOCABULARY: [&str; 12] = [
+        "stream", "Sluice", "state", "shard", "WORKER", "step", "log", "trim", "replay", "fence",
+        "exactly", "once",
+    ];
+    let mut live: Vec<String> = Vec::new();
+    let mut input = Vec::new();
+    for _ in 0..lines {
+        if rng.below(7) == 0 && !live.is_empty() {
+            let line = live.swap_remove(rng.below(live.len() as u64) as usize);
+            input.push(json!({ "delete": line }).to_string());
+            continue;
+        }
+        let n = 1 + rng.below(6);
+        let words: Vec<String> = (0..n)
+            .map(|_| {
+                let w = VOCABULARY[rng.below(VOCABULARY.len() as u64) as usize];
+                match rng.below(5) {
+                    0 => format!("{w},"),
+                    1 => format!("({w})"),
+                    2 => format!("{w}{}", rng.below(40)),
+                    _ => w.to_owned(),
+                }
+            })
+            .collect();
+        let line = words.join(" ");
+        input.push(json!(line).to_string());
+        live.push(line);
+    }
+    std::fs::write(dir.join("lines.jsonl"), input.join("\n") + "\n")?;
+    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+    for line in &live {
+        for w in wordcount::words(line) {
+            *counts.entry(w).or_default() += 1;
+        }
+    }
+    Ok(Workload {
+        component: component.to_owned(),
+        inputs: vec![("lines", dir.join("lines.jsonl"))],
+        output: ("counts", dir.join("counts.jsonl")),
+        expected: counts
+            .into_iter()
+            .map(|(word, count)| (json!({"word": word, "count": count}).to_string(), 1))
+            .collect(),
+        key: |v| v.to_string(),
+    })
+}
+

@@ -1,0 +1,334 @@
+"""The circuit: a graph of operators built once by user code, then run one
+step at a time on Z-set deltas.
+
+A delta is a list of ``(value, weight)`` pairs: weight +1 inserts a record,
+-1 deletes one. Every operator turns the deltas of one step into the delta
+of its output, keeping whatever state it needs; stateful operators keep it
+split by shard (see ``shard``) so the host can checkpoint it incrementally
+and move shards between workers.
+"""
+
+import pickle
+
+from . import values as _values
+from .errors import CircuitError
+from .shard import SHARDS
+
+ENVELOPE_FORMAT = 1
+"""The format of a snapshot piece this SDK writes and reads."""
+
+
+class Node:
+    """An operator in the graph, with the nodes it reads."""
+
+    __slots__ = ("op", "inputs")
+
+    def __init__(self, op, inputs):
+        self.op = op
+        self.inputs = inputs
+
+
+class StepContext:
+    """What an operator may touch while it runs one step."""
+
+    __slots__ = ("inputs", "outputs", "exchange")
+
+    def __init__(self, inputs, outputs, exchange):
+        self.inputs = inputs
+        self.outputs = outputs
+        self.exchange = exchange
+
+
+class Circuit:
+    """The builder a circuit's build function is given.
+
+    ``c.input("lines")`` declares an input port and returns its ``Stream``;
+    the streams' methods add operators; ``stream.output("counts")`` declares
+    an output port. The build function runs once per worker instance, so it
+    must build the same graph every time.
+    """
+
+    def __init__(self):
+        self._nodes = []
+        self._inputs = []
+        self._outputs = []
+        self._version = 1
+        self._errors = []
+
+    def input(self, name: str) -> "Stream":
+        """Declares input port ``name``: its events, JSON decoded (objects as
+        ``Record``, arrays as tuples), with their weights."""
+        from .operators import Input
+
+        self._port(self._inputs, "input", name)
+        return Stream(self, self._add(Input(len(self._inputs) - 1), []))
+
+    def snapshot_version(self, version: int) -> None:
+        """Sets the version recorded in snapshots (default 1); a restore of a
+        snapshot of another version is refused."""
+        self._version = int(version)
+
+    def _port(self, ports, kind, name):
+        if not isinstance(name, str) or not name or name in ports:
+            self._errors.append(f"{kind} port {name!r} is empty or declared twice")
+        ports.append(name)
+
+    def _add(self, op, inputs):
+        self._nodes.append(Node(op, inputs))
+        return len(self._nodes) - 1
+
+    def _channel(self):
+        # As the Rust SDK: a keyed operator's exchange channels are derived
+        # from its position, 16 per operator.
+        return len(self._nodes) << 4
+
+
+class Stream:
+    """A stream of records in the circuit being built. Methods add operators
+    and return their output streams; see the SDK's README for the list."""
+
+    __slots__ = ("_circuit", "_node")
+
+    def __init__(self, circuit, node):
+        self._circuit = circuit
+        self._node = node
+
+    def _unary(self, op):
+        return Stream(self._circuit, self._circuit._add(op, [self._node]))
+
+    def _binary(self, other, op):
+        if other._circuit is not self._circuit:
+            raise ValueError("both streams must belong to the same circuit")
+        return Stream(self._circuit, self._circuit._add(op, [self._node, other._node]))
+
+    def map(self, f) -> "Stream":
+        """``f(record)`` for every record."""
+        from .operators import Map
+
+        return self._unary(Map(f))
+
+    def filter(self, keep) -> "Stream":
+        """The records for which ``keep(record)`` is true."""
+        from .operators import Filter
+
+        return self._unary(Filter(keep))
+
+    def flat_map(self, f) -> "Stream":
+        """Every item of the iterable ``f(record)``, for every record."""
+        from .operators import FlatMap
+
+        return self._unary(FlatMap(f))
+
+    def key_by(self, key) -> "Stream":
+        """``(key(record), record)`` pairs: an indexed stream, as ``join``
+        takes."""
+        return self.map(lambda r: (key(r), r))
+
+    def union(self, *others) -> "Stream":
+        """The records of this stream and of ``others``."""
+        from .operators import Union
+
+        node = self._circuit._add(Union(), [self._node] + [o._node for o in others])
+        return Stream(self._circuit, node)
+
+    def negate(self) -> "Stream":
+        """Every record with its weight negated."""
+        from .operators import Negate
+
+        return self._unary(Negate())
+
+    def count_by(self, key) -> "Stream":
+        """``(key, count)`` for every key with a positive count. When a count
+        changes the old pair is deleted and the new one inserted. Re-shards
+        by key."""
+        from .operators import GroupSum
+
+        return self._unary(GroupSum(self._circuit._channel(), key, None, "count"))
+
+    def sum_by(self, key, value) -> "Stream":
+        """``(key, sum of value(record))`` per key with records (each record
+        counted with its weight). Re-shards by key."""
+        from .operators import GroupSum
+
+        return self._unary(GroupSum(self._circuit._channel(), key, value, "sum"))
+
+    def avg_by(self, key, value) -> "Stream":
+        """``(key, average of value(record))`` per key with records, a float
+        (the sum and the count as floats, divided: the Rust SDK's rounding).
+        ``value`` must return integers. Re-shards by key."""
+        from .operators import GroupSum
+
+        return self._unary(GroupSum(self._circuit._channel(), key, value, "avg"))
+
+    def min_by(self, key, value) -> "Stream":
+        """``(key, smallest value(record))`` per key with records, exact under
+        deletes. Re-shards by key."""
+        from .operators import Group
+
+        return self._unary(Group(self._circuit._channel(), "min_by", key, value, min))
+
+    def max_by(self, key, value) -> "Stream":
+        """``(key, largest value(record))`` per key with records, exact under
+        deletes. Re-shards by key."""
+        from .operators import Group
+
+        return self._unary(Group(self._circuit._channel(), "max_by", key, value, max))
+
+    def distinct(self) -> "Stream":
+        """Each record once, while its weight is positive. Re-shards by
+        record."""
+        from .operators import Distinct
+
+        return self._unary(Distinct(self._circuit._channel()))
+
+    def join(self, other: "Stream", f) -> "Stream":
+        """Inner join of two indexed streams (``(key, value)`` pairs, see
+        ``key_by``): ``f(key, a, b)`` for every ``(key, a)`` here and
+        ``(key, b)`` in ``other``, with the product of their weights.
+        Re-shards both by key."""
+        from .operators import Join
+
+        return self._binary(other, Join(self._circuit._channel(), f))
+
+    def tumbling(self, ts, size: int) -> "Stream":
+        """``(Window, record)`` with the window ``[start, start + size)``
+        holding ``ts(record)``, windows starting at multiples of ``size``."""
+        return self.hopping(ts, size, size)
+
+    def hopping(self, ts, size: int, hop: int) -> "Stream":
+        """``(Window, record)`` for every window ``[start, start + size)``
+        holding ``ts(record)``, windows starting at multiples of ``hop``."""
+        if size <= 0 or hop <= 0:
+            self._circuit._errors.append(f"window size ({size}) and hop ({hop}) must be positive")
+            size, hop = max(size, 1), max(hop, 1)
+        Window = _values.Window
+
+        def windows(record):
+            at = ts(record)
+            start = at // hop * hop
+            out = []
+            while start + size > at:
+                out.append((Window(start, start + size), record))
+                start -= hop
+            return out
+
+        return self.flat_map(windows)
+
+    def output(self, name: str) -> None:
+        """Declares output port ``name``: this stream's deltas, consolidated,
+        written as JSON."""
+        from .operators import Output
+
+        c = self._circuit
+        c._port(c._outputs, "output", name)
+        self._unary(Output(len(c._outputs) - 1))
+
+
+class LocalExchange:
+    """The exchange of a single-worker circuit: every event stays here."""
+
+    def workers(self) -> int:
+        return 1
+
+    def shuffle(self, channel, events):
+        return events
+
+
+class Instance:
+    """A built circuit that runs steps: what one worker instance holds."""
+
+    def __init__(self, build):
+        c = Circuit()
+        build(c)
+        if c._errors:
+            raise CircuitError("failed", "; ".join(c._errors))
+        self.inputs = list(c._inputs)
+        self.outputs = list(c._outputs)
+        self.snapshot_version = c._version
+        self._nodes = c._nodes
+        self._stateful = [(i, n.op) for i, n in enumerate(self._nodes) if n.op.stateful]
+
+    def step(self, inputs, exchange=None):
+        """Runs one step. ``inputs[p]`` is input port ``p``'s delta (decoded
+        values with weights); returns, per output port, the consolidated
+        delta as ``(JSON bytes, weight)`` pairs in byte order."""
+        exchange = exchange or LocalExchange()
+        if len(inputs) > len(self.inputs):
+            raise CircuitError(
+                "protocol", f"step got {len(inputs)} input ports, the circuit has {len(self.inputs)}"
+            )
+        inputs = list(inputs) + [[] for _ in range(len(self.inputs) - len(inputs))]
+        outputs = [[] for _ in self.outputs]
+        cx = StepContext(inputs, outputs, exchange)
+        results = []
+        for node in self._nodes:
+            results.append(node.op.eval(cx, [results[i] for i in node.inputs]))
+        return outputs
+
+    def _pieces(self, only):
+        by_shard = {}
+        for index, op in self._stateful:
+            for shard, entries in op.snapshot(only).items():
+                by_shard.setdefault(shard, []).append((index, op.name, entries))
+        return {
+            shard: pickle.dumps((ENVELOPE_FORMAT, self.snapshot_version, ops), protocol=5)
+            for shard, ops in sorted(by_shard.items())
+        }
+
+    def snapshot(self):
+        """The state as pieces, ``{shard: bytes}`` for every shard holding
+        any; every shard is unchanged afterwards."""
+        pieces = self._pieces(None)
+        for _, op in self._stateful:
+            op.dirty.clear()
+        return pieces
+
+    def snapshot_changed(self):
+        """The shards changed since the last snapshot (or restore), and their
+        pieces written whole: ``(changed, {shard: bytes})``."""
+        changed = set()
+        for _, op in self._stateful:
+            changed |= op.dirty
+        pieces = self._pieces(changed)
+        for _, op in self._stateful:
+            op.dirty.clear()
+        return sorted(changed), pieces
+
+    def export_shards(self, shards):
+        """The pieces of ``shards``, which are then forgotten."""
+        only = set(shards)
+        pieces = self._pieces(only)
+        for _, op in self._stateful:
+            op.forget(only)
+        return pieces
+
+    def restore(self, pieces):
+        """Adds pieces (``(shard, bytes)`` pairs) of a circuit with the same
+        shape and snapshot version to the state."""
+        for shard, piece in pieces:
+            if not 0 <= shard < SHARDS:
+                raise CircuitError("incompatible-snapshot", f"a piece of shard {shard}")
+            try:
+                fmt, version, ops = pickle.loads(piece)
+            except Exception as e:  # noqa: BLE001 - any unreadable piece
+                raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
+            if fmt != ENVELOPE_FORMAT:
+                raise CircuitError(
+                    "incompatible-snapshot",
+                    f"piece format {fmt} (this SDK reads {ENVELOPE_FORMAT})",
+                )
+            if version != self.snapshot_version:
+                raise CircuitError(
+                    "incompatible-snapshot",
+                    f"snapshot version {version} but the circuit reads version "
+                    f"{self.snapshot_version}",
+                )
+            for index, name, entries in ops:
+                node = self._nodes[index] if 0 <= index < len(self._nodes) else None
+                if node is None or not node.op.stateful or node.op.name != name:
+                    raise CircuitError(
+                        "incompatible-snapshot",
+                        f"operator {index} `{name}` in the snapshot is not a stateful "
+                        "operator of that name in the circuit",
+                    )
+                node.op.restore(shard, entries)
