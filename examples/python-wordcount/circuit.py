@@ -9,18 +9,26 @@ output records ``{"word": …, "count": …}``.
 import sluice
 
 
+def trim(w):
+    """``w`` without what is not a letter or digit at either end."""
+    start, end = 0, len(w)
+    while start < end and not w[start].isalnum():
+        start += 1
+    while end > start and not w[end - 1].isalnum():
+        end -= 1
+    return w[start:end]
+
+
 def words(line):
     """The line's words: split on white space, trimmed of what is not a
     letter or digit at both ends, lower-cased; empty ones dropped."""
     out = []
     for w in line.split():
-        start, end = 0, len(w)
-        while start < end and not w[start].isalnum():
-            start += 1
-        while end > start and not w[end - 1].isalnum():
-            end -= 1
-        if start < end:
-            out.append(w[start:end].lower())
+        if not w.isalnum():
+            w = trim(w)
+            if not w:
+                continue
+        out.append(w.lower())
     return out
 
 

@@ -108,6 +108,8 @@ def export(build):
                 for batch in inputs:
                     if not 0 <= batch.port < len(ports):
                         raise CircuitError("protocol", f"input batch for unknown port {batch.port}")
+                    if len(batch.weights) != len(batch.ends):
+                        raise CircuitError("protocol", f"malformed batch for port {batch.port}")
                     try:
                         decoded = decode_all(batch.values, batch.ends)
                     except ValueError as e:

@@ -5,11 +5,19 @@ through the exchange and keep their state split by shard.
 Every stateful operator has ``stateful = True``, a ``name`` recorded in
 snapshots, a ``dirty`` set of changed shards, and ``snapshot(only)``,
 ``restore(shard, entries)`` and ``forget(shards)``.
+
+A key, and a record in a multiset, is identified by its canonical bytes
+(``values.key_bytes``: JSON with sorted object fields), never by Python
+equality: ``1``, ``1.0`` and ``True`` are equal in Python but are three
+records on the wire, and two objects with their fields in another order
+are one. The exchange routes by the same bytes, so a key's state is one
+entry on one worker at any W, and values need not be hashable.
 """
 
 import pickle
 
 from . import values as _values
+from .errors import CircuitError
 from .shard import shard_of
 
 
@@ -81,9 +89,10 @@ class Negate(Stateless):
 
 
 class Output(Stateless):
-    """Consolidates the delta by its JSON encoding: one ``(bytes, weight)``
-    per distinct record with a non-zero weight, in byte order (so a replay
-    writes the same bytes whatever order the records came in)."""
+    """Consolidates the delta by its canonical JSON (object fields sorted):
+    one ``(bytes, weight)`` per distinct record with a non-zero weight, in
+    byte order (so a replay writes the same bytes whatever order the records
+    came in)."""
 
     name = "output"
 
@@ -93,17 +102,27 @@ class Output(Stateless):
     def eval(self, cx, inputs):
         encode = _values.encode
         total = {}
-        for v, w in inputs[0]:
-            b = encode(v)
-            total[b] = total.get(b, 0) + w
+        try:
+            for v, w in inputs[0]:
+                b = encode(v)
+                total[b] = total.get(b, 0) + w
+        except (TypeError, ValueError) as e:
+            raise CircuitError("failed", f"an output record is not JSON: {e}") from None
         cx.outputs[self.port] = sorted((b, w) for b, w in total.items() if w != 0)
         return None
 
 
+def _wrap64(n):
+    """``n`` wrapped to a signed 64-bit integer, as the Rust SDK's sums."""
+    if type(n) is int and not -(1 << 63) <= n < (1 << 63):
+        return ((n + (1 << 63)) % (1 << 64)) - (1 << 63)
+    return n
+
+
 class Keyed:
-    """Base of stateful operators: entries by key, each key's shard
+    """Base of stateful operators: entries by key bytes, each key's shard
     remembered (computed once, when the key is new), changed shards in
-    ``dirty``."""
+    ``dirty``. An entry's first element is the key itself."""
 
     stateful = True
 
@@ -113,60 +132,59 @@ class Keyed:
         self.shards = {}
         self.dirty = set()
 
-    def _mark(self, key, kb):
-        shard = self.shards.get(key)
+    def _mark(self, kb):
+        shard = self.shards.get(kb)
         if shard is None:
-            shard = shard_of(kb if kb is not None else _values.key_bytes(key))
-            self.shards[key] = shard
+            shard = shard_of(kb)
+            self.shards[kb] = shard
         self.dirty.add(shard)
 
-    def _drop(self, key):
-        del self.entries[key]
-        del self.shards[key]
+    def _drop(self, kb):
+        del self.entries[kb]
+        del self.shards[kb]
 
     def _shuffle(self, cx, channel, items):
-        """Sends ``(key, payload)`` items to the workers owning their keys;
-        returns what this worker owns as ``(key bytes or None, payload)``.
-        With one worker nothing moves (and nothing is encoded)."""
+        """Sends ``(key bytes, payload)`` items to the workers owning their
+        keys; returns what this worker owns, the same way. With one worker
+        nothing moves (and nothing is pickled)."""
         exchange = cx.exchange
         if exchange.workers() == 1:
-            return [(None, p) for _, p in items]
-        kb, dumps = _values.key_bytes, pickle.dumps
-        sent = [(kb(k), dumps(p, protocol=5), 1) for k, p in items]
-        loads = pickle.loads
-        return [(k, loads(p)) for k, p, _ in exchange.shuffle(channel, sent)]
+            return items
+        dumps, loads = pickle.dumps, pickle.loads
+        sent = [(kb, dumps(p, protocol=5), 1) for kb, p in items]
+        return [(kb, loads(p)) for kb, p, _ in exchange.shuffle(channel, sent)]
 
     def snapshot(self, only):
         by_shard = {}
         shards = self.shards
-        for key, entry in self.entries.items():
-            s = shards[key]
+        for kb, entry in self.entries.items():
+            s = shards[kb]
             if only is None or s in only:
-                by_shard.setdefault(s, []).append((key, entry))
+                by_shard.setdefault(s, []).append((kb, entry))
         return by_shard
 
     def restore(self, shard, entries):
         """Adds a piece of ``shard`` (its keys all lie there: their shard is
         not computed again)."""
-        for key, entry in entries:
-            mine = self.entries.get(key)
+        for kb, entry in entries:
+            mine = self.entries.get(kb)
             if mine is None:
-                self.entries[key] = entry
-                self.shards[key] = shard
+                self.entries[kb] = entry
+                self.shards[kb] = shard
             else:
                 self._merge(mine, entry)
                 if self._empty(mine):
-                    self._drop(key)
+                    self._drop(kb)
 
     def forget(self, shards):
-        for key in [k for k, s in self.shards.items() if s in shards]:
-            self.dirty.add(self.shards[key])
-            self._drop(key)
+        for kb in [k for k, s in self.shards.items() if s in shards]:
+            self.dirty.add(self.shards[kb])
+            self._drop(kb)
 
 
 class GroupSum(Keyed):
-    """``count_by``, ``sum_by``, ``avg_by``: a count and a weighted sum per
-    key, combined on this worker before they cross the exchange."""
+    """``count_by``, ``sum_by``, ``avg_by``: per key ``[key, count, sum]``,
+    combined on this worker before they cross the exchange."""
 
     name = "keyed_sum"
 
@@ -187,44 +205,46 @@ class GroupSum(Keyed):
 
     @staticmethod
     def _merge(mine, other):
-        mine[0] += other[0]
         mine[1] += other[1]
+        mine[2] = _wrap64(mine[2] + other[2])
 
     @staticmethod
     def _empty(entry):
-        return entry[0] == 0 and entry[1] == 0
+        return entry[1] == 0 and entry[2] == 0
 
     def eval(self, cx, inputs):
-        key, value = self.key, self.value
+        key, value, kb_of = self.key, self.value, _values.key_bytes
         local = {}
         for v, w in inputs[0]:
             k = key(v)
-            acc = local.get(k)
+            kb = kb_of(k)
+            acc = local.get(kb)
             if acc is None:
-                local[k] = acc = [0, 0]
-            acc[0] += w
+                local[kb] = acc = [k, 0, 0]
+            acc[1] += w
             if value is not None:
-                acc[1] += value(v) * w
-        items = [(k, (k, c, s)) for k, (c, s) in local.items() if c != 0 or s != 0]
+                acc[2] += value(v) * w
+        items = [(kb, acc) for kb, acc in local.items() if acc[1] != 0 or acc[2] != 0]
         touched = {}
         entries = self.entries
         for kb, (k, c, s) in self._shuffle(cx, self.channel, items):
-            entry = entries.get(k)
+            entry = entries.get(kb)
             if entry is None:
-                entries[k] = entry = [0, 0]
-            if k not in touched:
-                touched[k] = (entry[0], entry[1])
-            self._mark(k, kb)
-            entry[0] += c
-            entry[1] += s
+                entries[kb] = entry = [k, 0, 0]
+            if kb not in touched:
+                touched[kb] = (entry[1], entry[2])
+            self._mark(kb)
+            entry[1] += c
+            entry[2] = _wrap64(entry[2] + s)
         out = []
-        for k, (count, total) in touched.items():
-            entry = entries[k]
+        for kb, (count, total) in touched.items():
+            entry = entries[kb]
             old = self._emit(count, total)
-            new = self._emit(entry[0], entry[1])
-            if entry[0] == 0 and entry[1] == 0:
-                self._drop(k)
+            new = self._emit(entry[1], entry[2])
+            if entry[1] == 0 and entry[2] == 0:
+                self._drop(kb)
             if old != new:
+                k = entry[0]
                 if old is not None:
                     out.append(((k, old), -1))
                 if new is not None:
@@ -232,24 +252,43 @@ class GroupSum(Keyed):
         return out
 
 
-def _add(group, value, weight):
-    w = group.get(value, 0) + weight
-    if w == 0:
-        group.pop(value, None)
+def _add(group, vb, value, weight):
+    """Adds ``weight`` copies of ``value`` (canonical bytes ``vb``) to the
+    multiset ``group`` (``{bytes: [value, weight]}``)."""
+    slot = group.get(vb)
+    if slot is None:
+        if weight != 0:
+            group[vb] = [value, weight]
     else:
-        group[value] = w
+        slot[1] += weight
+        if slot[1] == 0:
+            del group[vb]
 
 
-def _consolidated(pairs):
+def _merge_groups(mine, other):
+    for vb, (value, weight) in other.items():
+        _add(mine, vb, value, weight)
+
+
+def _pairs(delta, key, value):
+    """The delta as ``(key bytes, [key, value bytes, value, weight])``,
+    consolidated by the bytes of both."""
+    kb_of = _values.key_bytes
     total = {}
-    for p, w in pairs:
-        total[p] = total.get(p, 0) + w
-    return [(p, w) for p, w in total.items() if w != 0]
+    for r, w in delta:
+        k, v = key(r), value(r)
+        kb, vb = kb_of(k), kb_of(v)
+        slot = total.get((kb, vb))
+        if slot is None:
+            total[(kb, vb)] = [k, vb, v, w]
+        else:
+            slot[3] += w
+    return [(kb, slot) for (kb, _), slot in total.items() if slot[3] != 0]
 
 
 class Group(Keyed):
-    """``min_by`` and ``max_by``: each key's values as a multiset; a touched
-    key's result is recomputed before and after the change."""
+    """``min_by`` and ``max_by``: per key ``[key, multiset of values]``; a
+    touched key's result is recomputed before and after the change."""
 
     def __init__(self, channel, name, key, value, pick):
         super().__init__(channel)
@@ -260,38 +299,44 @@ class Group(Keyed):
 
     @staticmethod
     def _merge(mine, other):
-        for v, w in other.items():
-            _add(mine, v, w)
+        _merge_groups(mine[1], other[1])
 
     @staticmethod
     def _empty(entry):
-        return not entry
+        return not entry[1]
 
     def _result(self, group):
-        live = [v for v, w in group.items() if w > 0]
-        return self.pick(live) if live else None
+        live = [v for v, w in group.values() if w > 0]
+        if not live:
+            return None
+        try:
+            return self.pick(live)
+        except TypeError as e:
+            raise CircuitError(
+                "failed",
+                f"{self.name}: values must be orderable (numbers, strings, tuples of them): {e}",
+            ) from None
 
     def eval(self, cx, inputs):
-        key, value = self.key, self.value
-        pairs = _consolidated(((key(v), value(v)), w) for v, w in inputs[0])
-        items = [(k, (k, x, w)) for (k, x), w in pairs]
+        items = _pairs(inputs[0], self.key, self.value)
         touched = {}
         entries = self.entries
-        for kb, (k, x, w) in self._shuffle(cx, self.channel, items):
-            group = entries.get(k)
-            if group is None:
-                entries[k] = group = {}
-            if k not in touched:
-                touched[k] = self._result(group)
-            self._mark(k, kb)
-            _add(group, x, w)
+        for kb, (k, vb, v, w) in self._shuffle(cx, self.channel, items):
+            entry = entries.get(kb)
+            if entry is None:
+                entries[kb] = entry = [k, {}]
+            if kb not in touched:
+                touched[kb] = self._result(entry[1])
+            self._mark(kb)
+            _add(entry[1], vb, v, w)
         out = []
-        for k, old in touched.items():
-            group = entries[k]
-            new = self._result(group)
-            if not group:
-                self._drop(k)
+        for kb, old in touched.items():
+            entry = entries[kb]
+            new = self._result(entry[1])
+            if not entry[1]:
+                self._drop(kb)
             if old != new:
+                k = entry[0]
                 if old is not None:
                     out.append(((k, old), -1))
                 if new is not None:
@@ -300,46 +345,59 @@ class Group(Keyed):
 
 
 class Distinct(Keyed):
-    """``distinct``: each record once while its weight is positive."""
+    """``distinct``: each record once while its weight is positive; per
+    record ``[record, weight]``."""
 
     name = "distinct"
 
     @staticmethod
     def _merge(mine, other):
-        raise AssertionError("distinct entries are weights, merged in restore")
+        mine[1] += other[1]
 
-    def restore(self, shard, entries):
-        for key, w in entries:
-            total = self.entries.get(key, 0) + w
-            if total == 0:
-                self.entries.pop(key, None)
-                self.shards.pop(key, None)
-            else:
-                self.entries[key] = total
-                self.shards[key] = shard
+    @staticmethod
+    def _empty(entry):
+        return entry[1] == 0
 
     def eval(self, cx, inputs):
-        items = [(v, (v, w)) for v, w in _consolidated(inputs[0])]
+        kb_of = _values.key_bytes
+        local = {}
+        for v, w in inputs[0]:
+            vb = kb_of(v)
+            slot = local.get(vb)
+            if slot is None:
+                local[vb] = [v, w]
+            else:
+                slot[1] += w
+        items = [(vb, slot) for vb, slot in local.items() if slot[1] != 0]
         out = []
         entries = self.entries
-        for kb, (v, w) in self._shuffle(cx, self.channel, items):
-            old = entries.get(v, 0)
-            new = old + w
-            self._mark(v, kb)
+        for vb, (v, w) in self._shuffle(cx, self.channel, items):
+            entry = entries.get(vb)
+            if entry is None:
+                entries[vb] = entry = [v, 0]
+            old = entry[1]
+            entry[1] = new = old + w
+            self._mark(vb)
             if new == 0:
-                self._drop(v)
-            else:
-                entries[v] = new
+                self._drop(vb)
             if old <= 0 < new:
-                out.append((v, 1))
+                out.append((entry[0], 1))
             elif new <= 0 < old:
-                out.append((v, -1))
+                out.append((entry[0], -1))
         return out
+
+
+def _first(pair):
+    return pair[0]
+
+
+def _second(pair):
+    return pair[1]
 
 
 class Join(Keyed):
     """Inner join of two indexed streams: Δ(A⋈B) = ΔA⋈B + A'⋈ΔB, each side
-    integrated per key as a multiset."""
+    integrated per key as a multiset: per key ``[key, left, right]``."""
 
     name = "join"
 
@@ -349,44 +407,38 @@ class Join(Keyed):
 
     @staticmethod
     def _merge(mine, other):
-        for side in (0, 1):
-            for v, w in other[side].items():
-                _add(mine[side], v, w)
+        _merge_groups(mine[1], other[1])
+        _merge_groups(mine[2], other[2])
 
     @staticmethod
     def _empty(entry):
-        return not entry[0] and not entry[1]
+        return not entry[1] and not entry[2]
 
-    def _side(self, cx, channel, delta):
-        items = [(k, (k, v, w)) for (k, v), w in _consolidated(delta)]
-        return self._shuffle(cx, channel, items)
+    def _entry(self, kb, k):
+        entry = self.entries.get(kb)
+        if entry is None:
+            self.entries[kb] = entry = [k, {}, {}]
+        self._mark(kb)
+        return entry
 
     def eval(self, cx, inputs):
-        da = self._side(cx, self.channel, inputs[0])
-        db = self._side(cx, self.channel + 1, inputs[1])
+        da = self._shuffle(cx, self.channel, _pairs(inputs[0], _first, _second))
+        db = self._shuffle(cx, self.channel + 1, _pairs(inputs[1], _first, _second))
         f, entries, out = self.f, self.entries, []
-        for _, (k, a, wa) in da:
-            entry = entries.get(k)
+        for kb, (k, _, a, wa) in da:
+            entry = entries.get(kb)
             if entry is not None:
-                out.extend((f(k, a, b), wa * wb) for b, wb in entry[1].items())
-        for kb, (k, a, wa) in da:
-            entry = entries.get(k)
-            if entry is None:
-                entries[k] = entry = ({}, {})
-            self._mark(k, kb)
-            _add(entry[0], a, wa)
-        for _, (k, b, wb) in db:
-            entry = entries.get(k)
+                out.extend((f(k, a, b), wa * wb) for b, wb in entry[2].values())
+        for kb, (k, vb, a, wa) in da:
+            _add(self._entry(kb, k)[1], vb, a, wa)
+        for kb, (k, _, b, wb) in db:
+            entry = entries.get(kb)
             if entry is not None:
-                out.extend((f(k, a, b), wa * wb) for a, wa in entry[0].items())
-        for kb, (k, b, wb) in db:
-            entry = entries.get(k)
-            if entry is None:
-                entries[k] = entry = ({}, {})
-            self._mark(k, kb)
-            _add(entry[1], b, wb)
-        for k in {k for _, (k, _, _) in da} | {k for _, (k, _, _) in db}:
-            entry = entries.get(k)
+                out.extend((f(k, a, b), wa * wb) for a, wa in entry[1].values())
+        for kb, (k, vb, b, wb) in db:
+            _add(self._entry(kb, k)[2], vb, b, wb)
+        for kb, _ in da + db:
+            entry = entries.get(kb)
             if entry is not None and self._empty(entry):
-                self._drop(k)
+                self._drop(kb)
         return out

@@ -2,11 +2,16 @@
 back, and the canonical bytes a key is routed and sharded by.
 
 A port value is one JSON document. Read from an input port it becomes a
-Python value that can be a key, a set member or a join side: objects become
-``Record`` (a read-only ``dict`` whose fields also read as attributes, so
-``bid.price``), arrays become tuples. Written to an output port, tuples and
-lists become arrays, ``Record``/``dict`` objects, ``Window`` an object
-``{"start": …, "end": …}`` (as the Rust SDK writes it).
+hashable Python value: objects become ``Record`` (a read-only ``dict``
+whose fields also read as attributes, so ``bid.price``), arrays become
+tuples. Written to an output port, tuples and lists become arrays,
+``Record``/``dict`` objects with their fields sorted (as serde_json's
+``Value`` writes them), ``Window`` an object ``{"start": …, "end": …}``
+(as the Rust SDK writes it). NaN and infinities are refused: they are not
+JSON.
+
+The canonical bytes of a value (``key_bytes``, the same JSON) are its
+identity in keyed state and on the exchange.
 """
 
 import json
@@ -31,8 +36,11 @@ class Record(dict):
     def _read_only(self, *args, **kwargs):
         raise TypeError("a Record is read-only: build a new one with .but(field=value)")
 
-    __setitem__ = __delitem__ = __setattr__ = _read_only
+    __setitem__ = __delitem__ = __setattr__ = __ior__ = _read_only
     update = pop = popitem = clear = setdefault = _read_only
+
+    def __or__(self, other):
+        return self.but(**other)
 
     def but(self, **fields):
         """A copy with ``fields`` replaced or added."""
@@ -110,7 +118,9 @@ def _default(value):
 
 
 _decoder = json.JSONDecoder(object_pairs_hook=_object_pairs)
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_default)
+_encoder = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, sort_keys=True, allow_nan=False, default=_default
+)
 _key_encoder = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, sort_keys=True, default=_default
 )
@@ -138,11 +148,14 @@ def decode_all(values: bytes, ends) -> list:
                 decoded.append(_decoder.decode(part.decode("utf-8")))
             except (ValueError, UnicodeDecodeError) as e:
                 raise ValueError(f"event {i} is not JSON: {e}") from None
+    if len(decoded) != len(parts):
+        raise ValueError(f"{len(parts)} events hold {len(decoded)} JSON values")
     return [tuple(freeze(x) for x in v) if type(v) is list else v for v in decoded]
 
 
 def encode(value) -> bytes:
-    """A value's JSON, as an output port carries it."""
+    """A value's JSON, as an output port carries it (object fields sorted;
+    NaN and infinities refused)."""
     return _encoder.encode(value).encode("utf-8")
 
 

@@ -194,6 +194,51 @@ class Determinism(unittest.TestCase):
         b = Pipeline(word_build, 1).step({"in": shuffled})
         self.assertEqual(a, b)
 
+    def test_records_are_identified_by_their_canonical_json_at_any_w(self):
+        # 1, 1.0 and True are equal in Python but three records on the
+        # wire; objects with their fields in another order are one.
+        def build(c):
+            x = c.input("in")
+            x.count_by(lambda r: r).output("count")
+            x.distinct().output("distinct")
+            x.map(lambda r: {"v": r, "n": [r]}).distinct().output("dicts")
+
+        steps = [
+            [(1, 1), (1.0, 1), (True, 1), ({"a": 1, "b": 2}, 1)],
+            [({"b": 2, "a": 1}, -1), (1.0, 1), (True, -1)],
+        ]
+        results = []
+        for workers in (1, 2, 4):
+            p = Pipeline(build, workers)
+            totals = {}
+            for step in steps:
+                for port, delta in p.step({"in": step}).items():
+                    add_into(totals.setdefault(port, {}), delta)
+            results.append(totals)
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(results[0], results[2])
+        self.assertEqual(
+            results[0]["count"], {b'[1,1]': 1, b'[1.0,2]': 1}, "the object came and went"
+        )
+        self.assertTrue(all(w > 0 for t in results for z in t.values() for w in z.values()))
+
+    def test_a_record_cannot_be_changed_in_place(self):
+        from sluice.values import decode_all
+
+        (r,) = decode_all(b'{"a":1}', [7])
+        with self.assertRaises(TypeError):
+            r |= {"a": 2}
+        self.assertEqual(r.but(a=2).a, 2)
+        self.assertEqual(r.a, 1)
+
+    def test_nan_is_refused_with_a_clear_error(self):
+        from sluice import CircuitError
+
+        p = Pipeline(lambda c: c.input("in").map(lambda r: float("nan")).output("out"), 1)
+        with self.assertRaises(CircuitError) as e:
+            p.step({"in": [(1, 1)]})
+        self.assertIn("not JSON", e.exception.message)
+
     def test_a_snapshot_of_another_shape_is_refused(self):
         p = Pipeline(word_build, 1)
         p.step({"in": [(("a", 1), 1)]})

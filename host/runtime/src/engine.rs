@@ -104,14 +104,15 @@ impl SluiceEngine {
             .epoch_interruption(true);
         if let Some(n) = pooling {
             // A Rust component instantiates a handful of core modules (its
-            // own, the WASI adapter, shims), each with a memory or a table.
+            // own, the WASI adapter, shims), each with a memory or a table;
+            // a Python one (componentize-py) some 40, sharing one memory.
             let mut pool = wasmtime::PoolingAllocationConfig::default();
             pool.total_component_instances(n)
-                .total_core_instances(n.saturating_mul(8))
+                .total_core_instances(n.saturating_mul(16))
                 .total_memories(n.saturating_mul(2))
                 .total_tables(n.saturating_mul(8))
                 .total_stacks(n)
-                .max_core_instances_per_component(16)
+                .max_core_instances_per_component(crate::instance::MAX_INSTANCES as u32)
                 .max_memories_per_component(4)
                 .max_tables_per_component(16)
                 .max_memory_size(limits.memory)

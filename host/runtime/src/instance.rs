@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
 
-/// Core instances one component instance may create (a Rust component
-/// has a handful: its own module, the WASI adapter, shims).
-pub const MAX_INSTANCES: usize = 32;
+/// Core instances one component instance may create. A Rust component has
+/// a handful (its own module, the WASI adapter, shims); a Python one built
+/// by componentize-py more than 32 (CPython and its libraries are shared
+/// libraries, each linked as an instance, plus their shims).
+pub const MAX_INSTANCES: usize = 64;
 /// Linear memories one component instance may create.
 pub const MAX_MEMORIES: usize = 8;
 /// Tables one component instance may create.
