@@ -13,6 +13,13 @@
 #   read_committed client's latest-offset query with the last stable offset
 #   (the unpatched broker answered the log end even behind an open
 #   transaction, so no test could see a dead producer hold the LSO back).
+# - crabka-log-restart-txn-state.patch (to its crabka-log dependency): a
+#   partition's open transactions and last stable offset lived in memory
+#   only, so after a restart every record of a transaction open at the stop
+#   read as committed and its later abort was not indexed: read_committed
+#   readers saw aborted records (a step's output twice; the broker-restart
+#   test failed about one CI run in four). They are rebuilt from the log
+#   when a partition opens.
 #
 #   scripts/kafka-broker.sh install             build once (~10 min cold on 2 cores)
 #   scripts/kafka-broker.sh start PORT DIR      as the shared script: prints the address
@@ -38,10 +45,12 @@ export KB_HOME=${SLUICE_KB_HOME:-$HOME/.cache/sluice-kafka-broker-patched}
 BIN=$KB_HOME/bin/crabka-broker
 PATCHES=("$SHARED/crabka-replay-txn-markers.patch" "$SHARED/crabka-fetch-empty-records.patch" \
          "$HERE/kafka-broker/crabka-txn-control-lock.patch" "$HERE/kafka-broker/crabka-txn-timeout.patch")
+# Patches to the broker's crabka-log dependency, built in as a path override.
+LOG_PATCHES=("$HERE/kafka-broker/crabka-log-restart-txn-state.patch")
 VER=0.3.0
 
 # The patches the installed binary was built with: a changed patch rebuilds.
-stamp() { cat "${PATCHES[@]}" | sha256sum | cut -c1-16; }
+stamp() { cat "${PATCHES[@]}" "${LOG_PATCHES[@]}" | sha256sum | cut -c1-16; }
 
 install() {
   if [ -x "$BIN" ] && [ "$(cat "$KB_HOME/bin/stamp" 2>/dev/null)" = "$(stamp)" ]; then return 0; fi
@@ -55,7 +64,14 @@ install() {
   src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/crabka-broker-$VER | head -n 1)
   rm -rf "$KB_HOME/src" && cp -r "$src" "$KB_HOME/src" && chmod -R u+w "$KB_HOME/src"
   for p in "${PATCHES[@]}"; do (cd "$KB_HOME/src" && patch -s -p1 < "$p"); done
-  (cd "$KB_HOME/src" && CARGO_TARGET_DIR="$KB_HOME/target" cargo build --release --locked -q --bin crabka-broker)
+  local log_src
+  log_src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/crabka-log-$VER | head -n 1)
+  rm -rf "$KB_HOME/crabka-log" && cp -r "$log_src" "$KB_HOME/crabka-log" && chmod -R u+w "$KB_HOME/crabka-log"
+  for p in "${LOG_PATCHES[@]}"; do (cd "$KB_HOME/crabka-log" && patch -s -p1 < "$p"); done
+  printf '\n[patch.crates-io]\ncrabka-log = { path = "../crabka-log" }\n' >> "$KB_HOME/src/Cargo.toml"
+  # Offline, not --locked: the override changes crabka-log's lock entry
+  # (every crate was fetched, locked, above).
+  (cd "$KB_HOME/src" && CARGO_TARGET_DIR="$KB_HOME/target" cargo build --release --offline -q --bin crabka-broker)
   # Renamed into place: a broker started from the old binary keeps running.
   cp "$KB_HOME/target/release/crabka-broker" "$BIN.new" && mv -f "$BIN.new" "$BIN"
   stamp > "$KB_HOME/bin/stamp"

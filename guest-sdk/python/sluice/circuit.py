@@ -12,6 +12,19 @@ import pickle
 
 from . import values as _values
 from .errors import CircuitError
+from .operators import (
+    Distinct,
+    Filter,
+    FlatMap,
+    Group,
+    GroupSum,
+    Input,
+    Join,
+    Map,
+    Negate,
+    Output,
+    Union,
+)
 from .shard import SHARDS
 
 ENVELOPE_FORMAT = 1
@@ -58,8 +71,6 @@ class Circuit:
     def input(self, name: str) -> "Stream":
         """Declares input port ``name``: its events, JSON decoded (objects as
         ``Record``, arrays as tuples), with their weights."""
-        from .operators import Input
-
         self._port(self._inputs, "input", name)
         return Stream(self, self._add(Input(len(self._inputs) - 1), []))
 
@@ -103,20 +114,14 @@ class Stream:
 
     def map(self, f) -> "Stream":
         """``f(record)`` for every record."""
-        from .operators import Map
-
         return self._unary(Map(f))
 
     def filter(self, keep) -> "Stream":
         """The records for which ``keep(record)`` is true."""
-        from .operators import Filter
-
         return self._unary(Filter(keep))
 
     def flat_map(self, f) -> "Stream":
         """Every item of the iterable ``f(record)``, for every record."""
-        from .operators import FlatMap
-
         return self._unary(FlatMap(f))
 
     def key_by(self, key) -> "Stream":
@@ -126,59 +131,43 @@ class Stream:
 
     def union(self, *others) -> "Stream":
         """The records of this stream and of ``others``."""
-        from .operators import Union
-
         node = self._circuit._add(Union(), [self._node] + [o._node for o in others])
         return Stream(self._circuit, node)
 
     def negate(self) -> "Stream":
         """Every record with its weight negated."""
-        from .operators import Negate
-
         return self._unary(Negate())
 
     def count_by(self, key) -> "Stream":
         """``(key, count)`` for every key with a positive count. When a count
         changes the old pair is deleted and the new one inserted. Re-shards
         by key."""
-        from .operators import GroupSum
-
         return self._unary(GroupSum(self._circuit._channel(), key, None, "count"))
 
     def sum_by(self, key, value) -> "Stream":
         """``(key, sum of value(record))`` per key with records (each record
         counted with its weight). Re-shards by key."""
-        from .operators import GroupSum
-
         return self._unary(GroupSum(self._circuit._channel(), key, value, "sum"))
 
     def avg_by(self, key, value) -> "Stream":
         """``(key, average of value(record))`` per key with records, a float
         (the sum and the count as floats, divided: the Rust SDK's rounding).
         ``value`` must return integers. Re-shards by key."""
-        from .operators import GroupSum
-
         return self._unary(GroupSum(self._circuit._channel(), key, value, "avg"))
 
     def min_by(self, key, value) -> "Stream":
         """``(key, smallest value(record))`` per key with records, exact under
         deletes. Re-shards by key."""
-        from .operators import Group
-
         return self._unary(Group(self._circuit._channel(), "min_by", key, value, min))
 
     def max_by(self, key, value) -> "Stream":
         """``(key, largest value(record))`` per key with records, exact under
         deletes. Re-shards by key."""
-        from .operators import Group
-
         return self._unary(Group(self._circuit._channel(), "max_by", key, value, max))
 
     def distinct(self) -> "Stream":
         """Each record once, while its weight is positive. Re-shards by
         record."""
-        from .operators import Distinct
-
         return self._unary(Distinct(self._circuit._channel()))
 
     def join(self, other: "Stream", f) -> "Stream":
@@ -186,8 +175,6 @@ class Stream:
         ``key_by``): ``f(key, a, b)`` for every ``(key, a)`` here and
         ``(key, b)`` in ``other``, with the product of their weights.
         Re-shards both by key."""
-        from .operators import Join
-
         return self._binary(other, Join(self._circuit._channel(), f))
 
     def tumbling(self, ts, size: int) -> "Stream":
@@ -217,8 +204,6 @@ class Stream:
     def output(self, name: str) -> None:
         """Declares output port ``name``: this stream's deltas, consolidated,
         written as JSON."""
-        from .operators import Output
-
         c = self._circuit
         c._port(c._outputs, "output", name)
         self._unary(Output(len(c._outputs) - 1))

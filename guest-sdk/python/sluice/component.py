@@ -6,6 +6,8 @@ Only a component built by componentize-py has the ``wit_world`` bindings;
 natively (tests) this module is not imported.
 """
 
+import os
+import random
 import sys
 
 from componentize_py_types import Err
@@ -104,6 +106,12 @@ def export(build):
         def step(self, inputs):
             try:
                 instance = _instance()
+                # Python's `random` is one generator seeded once: its state
+                # is not in the snapshots, so a step replayed on a restored
+                # instance would draw other numbers. Seeded at every step
+                # from the host's random numbers (seeded per step), it draws
+                # the same ones in every replay.
+                random.seed(os.urandom(32))
                 ports = [[] for _ in instance.inputs]
                 for batch in inputs:
                     if not 0 <= batch.port < len(ports):
