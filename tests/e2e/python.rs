@@ -19,7 +19,9 @@ fn python_wordcount() -> PathBuf {
 /// Lines with words in mixed case and punctuation, some deleted later:
 /// the input file's lines (JSON) and the live lines.
 fn input(n: usize, salt: &str) -> (Vec<String>, Vec<String>) {
-    let words = ["Stream", "state,", "(shard)", "WORKER", "step", "log.", "trim"];
+    let words = [
+        "Stream", "state,", "(shard)", "WORKER", "step", "log.", "trim",
+    ];
     let mut file = Vec::new();
     let mut live: Vec<String> = Vec::new();
     for i in 0..n {
@@ -139,7 +141,15 @@ fn python_wordcount_equals_the_rust_one_at_one_and_three_workers_and_across_a_re
 fn a_crash_campaign_over_python_circuits_finds_no_violation() {
     let out = sluice_cmd()
         .arg("chaos")
-        .args(["--trials", "8", "--seed", "3030", "--rescale", "--orders", "300"])
+        .args([
+            "--trials",
+            "8",
+            "--seed",
+            "3030",
+            "--rescale",
+            "--orders",
+            "300",
+        ])
         .arg("--wordcount")
         .arg(python_wordcount())
         .arg("--noisy-component")

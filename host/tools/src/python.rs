@@ -73,7 +73,10 @@ pub fn circuit_module(dir: &Path) -> Result<Option<String>> {
         let text = std::fs::read_to_string(&pyproject)
             .with_context(|| format!("reading {}", pyproject.display()))?;
         if let Some(module) = tool_sluice_module(&text) {
-            if !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || module.is_empty()
+            if !module
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || module.is_empty()
             {
                 bail!(
                     "{}: [tool.sluice] module {module:?} is not a Python module name",
@@ -89,7 +92,10 @@ pub fn circuit_module(dir: &Path) -> Result<Option<String>> {
             return Ok(Some(module));
         }
     }
-    Ok(dir.join("circuit.py").is_file().then(|| "circuit".to_owned()))
+    Ok(dir
+        .join("circuit.py")
+        .is_file()
+        .then(|| "circuit".to_owned()))
 }
 
 /// `module = "…"` in the `[tool.sluice]` table of a `pyproject.toml`.
@@ -224,7 +230,10 @@ fn inputs_digest(dir: &Path, tool: &Path) -> Result<String> {
     SDK.hash(&mut h);
     WIT.hash(&mut h);
     tool.hash(&mut h);
-    std::fs::metadata(tool).map(|m| m.len()).unwrap_or(0).hash(&mut h);
+    std::fs::metadata(tool)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        .hash(&mut h);
     COMPONENTIZE_PY_VERSION.hash(&mut h);
     Ok(format!("{:016x}\n", h.finish()))
 }
@@ -255,7 +264,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         assert_eq!(circuit_module(d.path()).unwrap(), None);
         std::fs::write(d.path().join("circuit.py"), "").unwrap();
-        assert_eq!(circuit_module(d.path()).unwrap().as_deref(), Some("circuit"));
+        assert_eq!(
+            circuit_module(d.path()).unwrap().as_deref(),
+            Some("circuit")
+        );
         std::fs::write(
             d.path().join("pyproject.toml"),
             "[project]\nname = \"x\"\n[tool.sluice]\nmodule = \"app\" # the circuit\n",

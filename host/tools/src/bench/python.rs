@@ -111,8 +111,16 @@ async fn component_rows(python: &Path, rust: &Path, rows: &mut Vec<Row>) -> anyh
         met: None,
     };
     rows.push(time_row("compile (first load)", py.compile, rs.compile));
-    rows.push(time_row("load, compiled before (cached)", py.cached, rs.cached));
-    rows.push(time_row("worker start (instantiate + init)", py.start, rs.start));
+    rows.push(time_row(
+        "load, compiled before (cached)",
+        py.cached,
+        rs.cached,
+    ));
+    rows.push(time_row(
+        "worker start (instantiate + init)",
+        py.start,
+        rs.start,
+    ));
     rows.push(Row {
         scenario: "python",
         case: "wordcount idle worker's resident memory: Python vs Rust".into(),

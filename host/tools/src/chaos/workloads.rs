@@ -183,4 +183,3 @@ pub(super) fn wordcount(
         key: |v| v.to_string(),
     })
 }
-
