@@ -24,7 +24,7 @@ fn canonical(v: &Value) -> String {
     sort(v).to_string()
 }
 
-type ZSet = BTreeMap<String, i64>;
+pub(crate) type ZSet = BTreeMap<String, i64>;
 
 fn zset(values: impl IntoIterator<Item = Value>) -> ZSet {
     let mut z = ZSet::new();
@@ -35,7 +35,7 @@ fn zset(values: impl IntoIterator<Item = Value>) -> ZSet {
 }
 
 /// Runs `crate_path` with W=2 on `inputs` and integrates output `port`.
-fn run(crate_path: &str, dir: &Path, inputs: &[(&str, &Path)], port: &str) -> ZSet {
+pub(crate) fn run(crate_path: &str, dir: &Path, inputs: &[(&str, &Path)], port: &str) -> ZSet {
     let out = dir.join(format!("{}.jsonl", crate_path.replace('/', "_")));
     let mut cmd = sluice_cmd();
     cmd.arg("run")
@@ -70,14 +70,16 @@ fn read(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-struct Nexmark {
+/// Nexmark input as `sluice gen nexmark` writes it.
+pub(crate) struct Nexmark {
     _dir: tempfile::TempDir,
-    person: PathBuf,
-    auction: PathBuf,
-    bid: PathBuf,
+    pub(crate) person: PathBuf,
+    pub(crate) auction: PathBuf,
+    pub(crate) bid: PathBuf,
 }
 
-fn nexmark(events: u64) -> Nexmark {
+/// `events` Nexmark events at 1 000 per second of event time.
+pub(crate) fn nexmark(events: u64) -> Nexmark {
     let dir = tempfile::tempdir().unwrap();
     let out = sluice_cmd()
         .args([

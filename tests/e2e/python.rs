@@ -5,6 +5,7 @@
 //! campaign over it (and over a Python circuit that reads the clocks,
 //! `random` and `hash()`) finds no violation; it runs on the server.
 
+use crate::support::crash::{Hosts, Positions, campaign_of};
 use crate::support::server::{Server, integrated_counts};
 use crate::support::{component, recount, repo, sluice_cmd, stderr, verified};
 use std::collections::BTreeMap;
@@ -166,6 +167,50 @@ fn a_crash_campaign_over_python_circuits_finds_no_violation() {
         stdout.contains("violations: 0 (lost 0, duplicated 0, wrong 0, audit failures 0)"),
         "{stdout}"
     );
+}
+
+/// The Python Nexmark q1 and q4 give the Rust ones' output (as JSON
+/// values) on the same generated events, at W = 2.
+#[test]
+fn python_nexmark_q1_and_q4_equal_the_rust_ones() {
+    let nx = crate::examples::nexmark(8_000);
+    let dir = tempfile::tempdir().unwrap();
+    let q4_inputs = [("auction", nx.auction.as_path()), ("bid", nx.bid.as_path())];
+    for (query, inputs, port) in [
+        ("q1", &[("bid", nx.bid.as_path())][..], "euro_bids"),
+        ("q4", &q4_inputs[..], "avg_price_per_category"),
+    ] {
+        let rust = crate::examples::run(
+            &format!("examples/nexmark-{query}"),
+            dir.path(),
+            inputs,
+            port,
+        );
+        let python = crate::examples::run(
+            &format!("examples/python-nexmark-{query}"),
+            dir.path(),
+            inputs,
+            port,
+        );
+        assert!(!rust.is_empty(), "{query}");
+        assert_eq!(python, rust, "{query}");
+    }
+}
+
+/// The crash test with the Python word count: `sluice run` SIGKILLed at
+/// random moments (ingest, steps, commits, checkpoints) and rerun each
+/// time; the final output equals the recount.
+#[test]
+fn the_python_wordcount_survives_sigkill_at_random_moments() {
+    let run = campaign_of(
+        "examples/python-wordcount",
+        20_000,
+        &[],
+        None,
+        Positions::Check,
+        Hosts::One,
+    );
+    assert!(run.kills > 0, "no kill landed");
 }
 
 /// The server's flow with a Python component: upload, create, push, and

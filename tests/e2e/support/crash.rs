@@ -58,6 +58,26 @@ pub fn campaign(
     positions: Positions,
     hosts: Hosts,
 ) -> Campaign {
+    campaign_of(
+        "examples/wordcount",
+        lines_wanted,
+        extra,
+        first_crash,
+        positions,
+        hosts,
+    )
+}
+
+/// [`campaign`] with another word-count circuit (a path relative to the
+/// repository, e.g. the Python one).
+pub fn campaign_of(
+    circuit: &str,
+    lines_wanted: usize,
+    extra: &[String],
+    first_crash: Option<&str>,
+    positions: Positions,
+    hosts: Hosts,
+) -> Campaign {
     let seed = std::env::var("SLUICE_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -96,7 +116,7 @@ pub fn campaign(
     }
     let expected = recount(lines.iter().map(|(l, w)| (l.as_str(), *w)));
 
-    let wasm = component("examples/wordcount");
+    let wasm = component(circuit);
     let data = dir.path().join("data");
     let output = dir.path().join("counts.jsonl");
     let runs = std::cell::Cell::new(0u32);
