@@ -20,10 +20,15 @@ from .operators import (
     GroupSum,
     Input,
     Join,
+    LeftJoin,
     Map,
     Negate,
     Output,
     Union,
+    fold,
+    largest,
+    smallest,
+    top,
 )
 from .shard import SHARDS
 
@@ -158,12 +163,28 @@ class Stream:
     def min_by(self, key, value) -> "Stream":
         """``(key, smallest value(record))`` per key with records, exact under
         deletes. Re-shards by key."""
-        return self._unary(Group(self._circuit._channel(), "min_by", key, value, min))
+        return self._unary(Group(self._circuit._channel(), "min_by", key, value, smallest))
 
     def max_by(self, key, value) -> "Stream":
         """``(key, largest value(record))`` per key with records, exact under
         deletes. Re-shards by key."""
-        return self._unary(Group(self._circuit._channel(), "max_by", key, value, max))
+        return self._unary(Group(self._circuit._channel(), "max_by", key, value, largest))
+
+    def top_k_by(self, key, value, k: int) -> "Stream":
+        """``(key, value)`` for the ``k`` largest values of each key (a value
+        present n times counts n times; negate numbers for the smallest).
+        When the top k change, what left is deleted and what entered
+        inserted. Re-shards by key."""
+        return self._unary(Group(self._circuit._channel(), "top_k_by", key, value, top(k)))
+
+    def fold_by(self, key, value, init, step) -> "Stream":
+        """``(key, result)`` per key with records: ``step(acc, value,
+        weight)`` over the key's distinct values in order, with their
+        integrated weights, from ``init``. The values are kept, so deletes
+        need no inverse: the key is folded again. Re-shards by key."""
+        return self._unary(
+            Group(self._circuit._channel(), "fold_by", key, value, fold(init, step))
+        )
 
     def distinct(self) -> "Stream":
         """Each record once, while its weight is positive. Re-shards by
@@ -176,6 +197,13 @@ class Stream:
         ``(key, b)`` in ``other``, with the product of their weights.
         Re-shards both by key."""
         return self._binary(other, Join(self._circuit._channel(), f))
+
+    def left_join(self, other: "Stream", f) -> "Stream":
+        """Left outer join: like ``join``, plus ``f(key, a, None)`` for every
+        ``(key, a)`` whose key has no record in ``other``; that row is
+        deleted when the first match arrives and comes back when the last
+        goes. Re-shards both by key."""
+        return self._binary(other, LeftJoin(self._circuit._channel(), f))
 
     def tumbling(self, ts, size: int) -> "Stream":
         """``(Window, record)`` with the window ``[start, start + size)``

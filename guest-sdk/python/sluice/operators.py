@@ -287,15 +287,17 @@ def _pairs(delta, key, value):
 
 
 class Group(Keyed):
-    """``min_by`` and ``max_by``: per key ``[key, multiset of values]``; a
-    touched key's result is recomputed before and after the change."""
+    """The keyed group behind ``min_by``, ``max_by``, ``top_k_by`` and
+    ``fold_by``: per key ``[key, multiset of values]``; for a touched key,
+    ``reduce`` of its values (sorted, with their weights) before and after
+    the change, and the difference emitted. Exact under deletes."""
 
-    def __init__(self, channel, name, key, value, pick):
+    def __init__(self, channel, name, key, value, reduce):
         super().__init__(channel)
         self.name = name
         self.key = key
         self.value = value
-        self.pick = pick
+        self.reduce = reduce
 
     @staticmethod
     def _merge(mine, other):
@@ -306,16 +308,23 @@ class Group(Keyed):
         return not entry[1]
 
     def _result(self, group):
-        live = [v for v, w in group.values() if w > 0]
-        if not live:
-            return None
+        """``reduce`` of the group's ``(value, weight)`` in value order (the
+        values' bytes break ties between equal values), as ``{out bytes:
+        [out, weight]}``."""
+        if not group:
+            return {}
         try:
-            return self.pick(live)
+            items = sorted(group.items(), key=lambda e: (e[1][0], e[0]))
         except TypeError as e:
             raise CircuitError(
                 "failed",
                 f"{self.name}: values must be orderable (numbers, strings, tuples of them): {e}",
             ) from None
+        result = {}
+        kb_of = _values.key_bytes
+        for out, w in self.reduce([(v, w) for _, (v, w) in items]):
+            _add(result, kb_of(out), out, w)
+        return result
 
     def eval(self, cx, inputs):
         items = _pairs(inputs[0], self.key, self.value)
@@ -335,13 +344,56 @@ class Group(Keyed):
             new = self._result(entry[1])
             if not entry[1]:
                 self._drop(kb)
-            if old != new:
-                k = entry[0]
-                if old is not None:
-                    out.append(((k, old), -1))
-                if new is not None:
-                    out.append(((k, new), 1))
+            k = entry[0]
+            for ob, (o, w) in old.items():
+                n = new.get(ob)
+                diff = (n[1] if n else 0) - w
+                if diff:
+                    out.append(((k, o), diff))
+            for ob, (o, w) in new.items():
+                if ob not in old:
+                    out.append(((k, o), w))
         return out
+
+
+def smallest(values):
+    """The smallest value with a positive weight, once."""
+    return [(v, 1) for v, w in values if w > 0][:1]
+
+
+def largest(values):
+    """The largest value with a positive weight, once."""
+    return [(v, 1) for v, w in reversed(values) if w > 0][:1]
+
+
+def top(k):
+    """The ``k`` largest values, a value present n times counted n times."""
+
+    def reduce(values):
+        left, out = k, []
+        for v, w in reversed(values):
+            if left <= 0:
+                break
+            if w > 0:
+                n = min(w, left)
+                out.append((v, n))
+                left -= n
+        return out
+
+    return reduce
+
+
+def fold(init, step):
+    """``step(acc, value, weight)`` over the group's values in order, from
+    ``init``: the one result."""
+
+    def reduce(values):
+        acc = init
+        for v, w in values:
+            acc = step(acc, v, w)
+        return [(acc, 1)]
+
+    return reduce
 
 
 class Distinct(Keyed):
@@ -439,6 +491,45 @@ class Join(Keyed):
             _add(self._entry(kb, k)[2], vb, b, wb)
         for kb, _ in da + db:
             entry = entries.get(kb)
+            if entry is not None and self._empty(entry):
+                self._drop(kb)
+        return out
+
+
+class LeftJoin(Join):
+    """Left outer join: ``f(k, a, b)`` for every match, and ``f(k, a, None)``
+    for a left record whose key has no right record with a positive weight.
+    Each touched key's rows are recomputed: deleted before the change,
+    inserted after."""
+
+    name = "left_join"
+
+    def _rows(self, kb, sign, out):
+        entry = self.entries.get(kb)
+        if entry is None or not entry[1]:
+            return
+        k, left, right = entry
+        f = self.f
+        if any(w > 0 for _, w in right.values()):
+            for a, wa in left.values():
+                out.extend((f(k, a, b), sign * wa * wb) for b, wb in right.values())
+        else:
+            out.extend((f(k, a, None), sign * wa) for a, wa in left.values())
+
+    def eval(self, cx, inputs):
+        da = self._shuffle(cx, self.channel, _pairs(inputs[0], _first, _second))
+        db = self._shuffle(cx, self.channel + 1, _pairs(inputs[1], _first, _second))
+        touched = list(dict.fromkeys(kb for kb, _ in da + db))
+        out = []
+        for kb in touched:
+            self._rows(kb, -1, out)
+        for kb, (k, vb, a, wa) in da:
+            _add(self._entry(kb, k)[1], vb, a, wa)
+        for kb, (k, vb, b, wb) in db:
+            _add(self._entry(kb, k)[2], vb, b, wb)
+        for kb in touched:
+            self._rows(kb, 1, out)
+            entry = self.entries.get(kb)
             if entry is not None and self._empty(entry):
                 self._drop(kb)
         return out

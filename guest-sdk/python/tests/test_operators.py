@@ -135,6 +135,41 @@ def join_expected(prefix):
     return {"joined": as_output(out)}
 
 
+def group_build(c):
+    x = c.input("in")
+    x.top_k_by(lambda r: r[0], lambda r: r[1], 3).output("top")
+    x.fold_by(lambda r: r[0], lambda r: r[1], 0, lambda acc, v, w: acc + v * v * w).output("fold")
+
+
+def group_expected(prefix):
+    copies, squares = {}, {}
+    for (k, v), w in integrated(prefix["in"]).items():
+        copies.setdefault(k, []).extend([v] * max(w, 0))
+        squares[k] = squares.get(k, 0) + v * v * w
+    top = []
+    for k, vs in copies.items():
+        top.extend(((k, v), 1) for v in sorted(vs, reverse=True)[:3])
+    return {"top": as_output(top), "fold": as_output(((k, n), 1) for k, n in squares.items())}
+
+
+def left_join_build(c):
+    left = c.input("left").key_by(lambda r: r[0])
+    right = c.input("right").key_by(lambda r: r[0])
+    left.left_join(right, lambda k, a, b: (k, a[1], None if b is None else b[1])).output("joined")
+
+
+def left_join_expected(prefix):
+    a, b = integrated(prefix["left"]), integrated(prefix.get("right", []))
+    out = []
+    for (ka, xa), wa in a.items():
+        matches = [((kb, xb), wb) for (kb, xb), wb in b.items() if kb == ka]
+        if any(wb > 0 for _, wb in matches):
+            out.extend(((ka, xa, xb), wa * wb) for (_, xb), wb in matches)
+        else:
+            out.append(((ka, xa, None), wa))
+    return {"joined": as_output(out)}
+
+
 def window_build(c):
     (
         c.input("in")
@@ -173,6 +208,23 @@ class OperatorsEqualRecomputation(unittest.TestCase):
             right = random_steps(rng, lambda r: (r.choice(WORDS[:4]), r.randrange(5)))
             for schedule in ([1], [3], [2, 3]):
                 Harness(self, join_build, join_expected).run(
+                    {"left": left, "right": right}, schedule, seed
+                )
+
+    def test_top_k_and_fold(self):
+        for seed in range(10):
+            rng = random.Random(300 + seed)
+            steps = random_steps(rng, lambda r: (r.choice(WORDS[:3]), r.randrange(8)))
+            for schedule in ([1], [3], [1, 2, 3]):
+                Harness(self, group_build, group_expected).run({"in": steps}, schedule, seed)
+
+    def test_left_join(self):
+        for seed in range(10):
+            rng = random.Random(400 + seed)
+            left = random_steps(rng, lambda r: (r.choice(WORDS[:4]), r.randrange(4)))
+            right = random_steps(rng, lambda r: (r.choice(WORDS[:4]), r.randrange(4)))
+            for schedule in ([1], [3], [2, 3]):
+                Harness(self, left_join_build, left_join_expected).run(
                     {"left": left, "right": right}, schedule, seed
                 )
 
