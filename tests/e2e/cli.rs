@@ -55,7 +55,7 @@ fn build_prints_the_component_path_last() {
         .unwrap();
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("not a Rust crate"),
+        stderr(&out).contains("is not a circuit: no Cargo.toml (a Rust crate) and no circuit.py"),
         "{}",
         stderr(&out)
     );

@@ -397,6 +397,30 @@ fn link(to: &Path, link: &Path) {
         .unwrap_or_else(|e| panic!("cannot make {} a link: {e}", link.display()));
 }
 
+/// The README block in `lang` that holds `needle`.
+fn readme_block<'a>(blocks: &'a [docs::Block], lang: &str, needle: &str) -> &'a docs::Block {
+    blocks
+        .iter()
+        .find(|b| b.lang == lang && b.text().contains(needle))
+        .unwrap_or_else(|| panic!("README.md has no {lang} block with {needle:?}"))
+}
+
+/// A README command as a test runs it: `sluice` for `cargo run -p sluice
+/// --`, and the test's `data` for the README's data directory `tmp`.
+fn as_run_here(script: String, tmp: &str, data: &Path) -> String {
+    script
+        .replace("cargo run -p sluice --", "sluice")
+        .replace(tmp, data.to_str().unwrap())
+}
+
+/// Runs a README build command in `checkout`: the component path it
+/// printed last.
+fn built(what: &str, script: &str, checkout: &Path, bin: &Path) -> PathBuf {
+    let out = run_ok(what, script, checkout, bin, &[]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(stdout.lines().last().unwrap_or(""))
+}
+
 /// Integrates an output file of JSON lines (`{"insert": v}` / `{"delete":
 /// v}`, an optional `"weight"`): each value's JSON → its weight.
 fn integrate(path: &Path) -> BTreeMap<String, i64> {
@@ -444,12 +468,7 @@ fn tutorial_home() -> PathBuf {
 fn the_readme_tutorial_runs() {
     let readme = read("README.md");
     let blocks = docs::fenced_blocks(&readme);
-    let block = |lang: &str, needle: &str| {
-        blocks
-            .iter()
-            .find(|b| b.lang == lang && b.text().contains(needle))
-            .unwrap_or_else(|| panic!("README.md has no {lang} block with {needle:?}"))
-    };
+    let block = |lang: &str, needle: &str| readme_block(&blocks, lang, needle);
     // 1. Write: the crate, as the README shows it.
     let home = tutorial_home();
     let manifest = block("toml", "name = \"evens\"").text();
@@ -466,20 +485,15 @@ fn the_readme_tutorial_runs() {
     link(&home.join("evens"), &dir.path().join("evens"));
     let bin = bin_dir(dir.path());
     let data = dir.path().join("evens-data");
-    let ours = |script: String| {
-        script
-            .replace("cargo run -p sluice --", "sluice")
-            .replace("/tmp/evens", data.to_str().unwrap())
-    };
+    let ours = |script: String| as_run_here(script, "/tmp/evens", &data);
 
     // 2. Build: prints the component's path last.
     let build = ours(block("sh", "build ../evens").text());
-    let out = run_ok("the README's build", &build, &checkout, &bin, &[]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let wasm = PathBuf::from(stdout.lines().last().unwrap_or(""));
+    let wasm = built("the README's build", &build, &checkout, &bin);
     assert!(
         wasm.ends_with("target/wasm32-wasip2/release/evens.wasm") && wasm.is_file(),
-        "{stdout}"
+        "{}",
+        wasm.display()
     );
 
     // 3. Run: input written by the heredoc, sums in sums.jsonl.
@@ -507,6 +521,42 @@ fn the_readme_tutorial_runs() {
         ran.push(inv.args[0].clone());
     }
     assert_eq!(ran, ["verify", "read"]);
+}
+
+/// README.md's "Circuits in Python", run: the circuit as the README
+/// writes it, built with `sluice build` (componentize-py) and run on the
+/// tutorial's readings; the server commands after it are parsed only.
+#[test]
+fn the_readme_python_section_runs() {
+    let readme = read("README.md");
+    let blocks = docs::fenced_blocks(&readme);
+    let block = |lang: &str, needle: &str| readme_block(&blocks, lang, needle);
+    let dir = tempfile::tempdir().unwrap();
+    let checkout = dir.path().join("sluice");
+    std::fs::create_dir_all(checkout.join("evens-py")).unwrap();
+    let circuit = block("python", "# evens-py/circuit.py").text();
+    std::fs::write(checkout.join("evens-py/circuit.py"), circuit).unwrap();
+    std::fs::write(
+        checkout.join("readings.jsonl"),
+        "{\"sensor\": \"a\", \"value\": 2}\n{\"sensor\": \"a\", \"value\": 4}\n\
+         {\"sensor\": \"b\", \"value\": 3}\n{\"delete\": {\"sensor\": \"a\", \"value\": 2}}\n",
+    )
+    .unwrap();
+    let bin = bin_dir(dir.path());
+    let data = dir.path().join("evens-py-data");
+    let ours = |script: String| as_run_here(script, "/tmp/evens-py", &data);
+    let build = ours(block("sh", "build evens-py").text());
+    let wasm = built("the README's Python build", &build, &checkout, &bin);
+    assert!(
+        wasm.ends_with("evens-py/target/python/evens-py.wasm") && checkout.join(&wasm).is_file(),
+        "{}",
+        wasm.display()
+    );
+    let run = ours(block("sh", "run evens-py/target/python/evens-py.wasm").text());
+    run_ok("the README's Python run", &run, &checkout, &bin, &[]);
+    let sums = integrate(&checkout.join("sums.jsonl"));
+    let expected: BTreeMap<String, i64> = [("[\"a\",4]".to_owned(), 1)].into();
+    assert_eq!(sums, expected, "even sums: a 2 + 4 - 2, b's 3 is odd");
 }
 
 #[test]

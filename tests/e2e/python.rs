@@ -204,13 +204,38 @@ fn python_nexmark_q1_and_q4_equal_the_rust_ones() {
 fn the_python_wordcount_survives_sigkill_at_random_moments() {
     let run = campaign_of(
         "examples/python-wordcount",
-        20_000,
+        60_000,
         &[],
         None,
         Positions::Check,
         Hosts::One,
     );
     assert!(run.kills > 0, "no kill landed");
+}
+
+/// A Python exception in the circuit's own code fails the pipeline with
+/// the exception and where it was raised, and nothing is committed.
+#[test]
+fn an_exception_in_a_python_circuit_is_reported_with_where_it_was_raised() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    append(&input, &["\"fine\"".to_owned(), "\"raise\"".to_owned()]);
+    let out = sluice_cmd()
+        .arg("run")
+        .arg(component("tests/guests/python-noisy"))
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .arg(format!("--input=in={}", input.display()))
+        .arg(format!(
+            "--output=out={}",
+            dir.path().join("out.jsonl").display()
+        ))
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("ValueError: asked to (at "), "{err}");
+    assert!(err.contains("circuit.py:"), "{err}");
 }
 
 /// The server's flow with a Python component: upload, create, push, and

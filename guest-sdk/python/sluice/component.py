@@ -9,6 +9,7 @@ natively (tests) this module is not imported.
 import os
 import random
 import sys
+import traceback
 
 from componentize_py_types import Err
 from wit_world import exports
@@ -37,7 +38,10 @@ def _fail(e):
         return Err(_ERRORS[e.kind](e.message))
     if isinstance(e, Err):
         return e
-    return Err(wit.CircuitError_Failed(f"{type(e).__name__}: {e}"))
+    # A failure in the circuit's own code: name where it happened.
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return Err(wit.CircuitError_Failed(f"{type(e).__name__}: {e}{at}"))
 
 
 def _pack(events):

@@ -4,7 +4,8 @@ random numbers at start) and `hash()` of strings (randomised per process
 in CPython). Every output record carries them; a replay after a kill that
 saw other values would write other bytes, which the host refuses (I4), so
 `sluice chaos --noisy-component` over it checks that a Python guest sees
-only the host's virtualised time and randomness.
+only the host's virtualised time and randomness. The value "raise" makes
+it raise, as a circuit's own bug would.
 """
 
 import random
@@ -14,6 +15,9 @@ import sluice
 
 
 def stamp(v):
+    if v == "raise":
+        # For the test of how a failure in a circuit's own code is reported.
+        raise ValueError("asked to")
     return {
         "v": v,
         "wall_ns": time.time_ns(),
