@@ -293,6 +293,7 @@ async fn a_coordinator_that_dies_at_any_moment_is_followed_without_loss() {
     let wasm = component("examples/wordcount");
     let input = lines(1_500);
     let mut adopted = 0;
+    let mut late_not_adopted = Vec::new();
     let mut in_flight = 0;
     for (trial, delay_us) in [0u64, 200, 1_000, 3_000, 6_000, 10_000, 20_000, 40_000]
         .into_iter()
@@ -324,6 +325,8 @@ async fn a_coordinator_that_dies_at_any_moment_is_followed_without_loss() {
             adopted += 1;
             assert_eq!(stats.replayed_steps, 0);
             in_flight += stats.adopted_in_flight;
+        } else if delay_us >= 10_000 {
+            late_not_adopted.push(delay_us);
         }
         while c.step().await.unwrap() {}
         c.finish().await.unwrap();
@@ -331,7 +334,18 @@ async fn a_coordinator_that_dies_at_any_moment_is_followed_without_loss() {
         audited_counts(h, &input);
     }
     eprintln!("{adopted} of 8 trials adopted, {in_flight} completing the step in flight");
-    assert!(adopted >= 6, "{adopted} of 8 trials adopted");
+    // A death before the step's calls reached every worker's host leaves
+    // the others waiting inside the step, their state part-way through it:
+    // those cannot be adopted, and the next coordinator restores (after
+    // `BUSY_WAIT`). How many of the early deaths (0–6 ms) land so depends
+    // on the machine's load: 6–8 of 8 trials adopted alone, 4 of 8 in a
+    // loaded CI run (every early one but 1 ms restored). A death 10 ms or
+    // more into the step comes after the calls went out on any machine
+    // this runs on: those must be adopted.
+    assert!(
+        late_not_adopted.is_empty() && adopted >= 3,
+        "{adopted} of 8 trials adopted; not adopted though dying late: {late_not_adopted:?} µs"
+    );
 }
 
 /// Hosts labelled with zones: the two replicas of every worker run in
