@@ -121,6 +121,60 @@ fn run_twice_appends_once_and_resumes_a_grown_file() {
     assert!(stderr(&out).contains("changed since"), "{}", stderr(&out));
 }
 
+/// `sluice run` steps while it appends its files, yet takes the steps it
+/// would take with them appended first: every step moves each partition
+/// by a whole batch or to the partition's end, and the counts are right.
+#[test]
+fn run_steps_while_appending_only_on_whole_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, input, output) = (
+        dir.path().join("data"),
+        dir.path().join("in.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
+    // 8 partitions filled 1 024 lines at a time; a batch of 1 500 needs
+    // two of those, so a step divided while the file is half appended
+    // would take less.
+    let lines: Vec<String> = (0..120_000)
+        .map(|i| format!("\"w{} x{}\"", i % 7_000, i % 13))
+        .collect();
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&input, body).unwrap();
+    let out = sluice_cmd()
+        .arg("run")
+        .arg(component("examples/wordcount"))
+        .arg("--data")
+        .arg(&data)
+        .args(["--workers", "2", "--max-batch", "1500", "--quiet"])
+        .arg(format!("--input=lines={}", input.display()))
+        .arg(format!("--output=counts={}", output.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let counts =
+        sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    assert_eq!(counts, recount(lines.iter().map(|l| (l.as_str(), 1))));
+
+    use sluice_storage::LogBackend;
+    let log =
+        sluice_embedded::EmbeddedLog::open(sluice_embedded::db::open(&data).unwrap()).unwrap();
+    let last = log.last_step().unwrap().expect("steps were committed");
+    let mut at: BTreeMap<sluice_core::PartitionId, u64> = BTreeMap::new();
+    for step in 0..=last {
+        let record = log.step_record(step).unwrap().unwrap();
+        for (id, to) in record.frontiers.iter().flatten() {
+            let from = at.insert(*id, *to).unwrap_or(0);
+            let end = log.watermarks("lines", id.partition).unwrap().1;
+            assert!(
+                *to == from || *to == from + 1500 || *to == end,
+                "step {step} moved partition {} from {from} to {to} (its end: {end})",
+                id.partition
+            );
+        }
+    }
+    assert!(last >= 9, "{last} steps");
+}
+
 /// A file still being written ends in a partial line: `sluice run` appends
 /// only complete lines and leaves the last one, whole, for the next run.
 #[test]

@@ -24,6 +24,18 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     if line.is_empty() {
         return Ok(None);
     }
+    if line.starts_with('"') && !line.contains('\\') {
+        // A string without escapes (the commonest line) is its own event:
+        // checked, not built. (Without escapes, what serde_json accepts
+        // does not depend on what it parses into; with them it does: a
+        // lone surrogate is no `String`.)
+        serde_json::from_str::<serde::de::IgnoredAny>(line)
+            .map_err(|e| LineError(format!("not JSON: {e}")))?;
+        return Ok(Some(Event {
+            value: line.as_bytes().to_vec(),
+            weight: 1,
+        }));
+    }
     let value: Value =
         serde_json::from_str(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
     if let Value::Object(map) = &value {
@@ -222,6 +234,32 @@ mod tests {
                 .0
                 .contains("not JSON")
         );
+    }
+
+    #[test]
+    fn string_lines_are_accepted_as_a_json_value_would_be() {
+        // The fast path for strings against the general one.
+        for line in [
+            "\"plain\"",
+            "\"\"",
+            "\"unterminated",
+            "\"a\" trailing",
+            "\"a\" \"b\"",
+            "\"tab\there\"",
+            "\"nul\u{0}\"",
+            "\"ünïcødé 🦀\"",
+            "\"a\" ",
+            "\"escaped \\\" quote\"",
+            "\"\\ud800 lone\"",
+            "\"\\x\"",
+        ] {
+            let general = serde_json::from_str::<Value>(line.trim()).map(|_| ());
+            let parsed = parse_input_line(line);
+            assert_eq!(parsed.is_ok(), general.is_ok(), "{line:?}: {parsed:?}");
+            if let Ok(event) = parsed {
+                assert_eq!(event, Some(ev(line.trim(), 1)));
+            }
+        }
     }
 
     #[test]

@@ -335,35 +335,37 @@ impl EmbeddedLog {
         let cf = db::cf(&self.db, CF_INPUT)?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_upper_bound(input_key(input, partition, range.end));
-        let start = input_key(input, partition, range.start);
+        // A raw iterator lends each record's key and value: no copy of
+        // either, one allocation per event (its value).
+        let mut it = self.db.raw_iterator_cf_opt(cf, opts);
+        // The key each record must have: the partition's prefix, then its
+        // offset (embedded offsets are dense: a gap is corruption).
+        let mut expected = input_key(input, partition, range.start);
+        let offset_at = expected.len() - 8;
+        it.seek(&expected);
         let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
-        for item in
-            self.db
-                .iterator_cf_opt(cf, opts, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(rocks("reading input"))?;
-            // Embedded offsets are dense: a gap is corruption.
-            let expected = input_key(input, partition, range.start + events.len() as u64);
-            if *k != *expected {
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let offset = range.start + events.len() as u64;
+            expected[offset_at..].copy_from_slice(&offset.to_be_bytes());
+            if k != expected.as_slice() {
                 return Err(Error::Corrupt {
                     what: format!("input `{input}` partition {partition}"),
-                    message: format!("offset {} is missing", range.start + events.len() as u64),
+                    message: format!("offset {offset} is missing"),
                 });
             }
-            let event: Event = postcard::from_bytes(&v).map_err(Error::corrupt("input event"))?;
+            let event: Event = postcard::from_bytes(v).map_err(Error::corrupt("input event"))?;
             events.push(match event.weight {
-                0 => {
-                    let offset = range.start + events.len() as u64;
-                    InputRecord::Bad(BadRecord {
-                        offset,
-                        position: format!("{input}/{partition}@{offset}"),
-                        error: marked_record_error(&event.value),
-                        value: Some(event.value),
-                    })
-                }
+                0 => InputRecord::Bad(BadRecord {
+                    offset,
+                    position: format!("{input}/{partition}@{offset}"),
+                    error: marked_record_error(&event.value),
+                    value: Some(event.value),
+                }),
                 _ => InputRecord::Event(event),
             });
+            it.next();
         }
+        it.status().map_err(rocks("reading input"))?;
         Ok(events)
     }
 }
@@ -509,16 +511,34 @@ impl LogBackend for EmbeddedLog {
             }
         }
         let mut next: HashMap<(String, u32), u64> = HashMap::new();
-        let mut wb = WriteBatch::default();
+        // Sized before it is filled (it would grow by doubling, copying):
+        // each event's key and value, their lengths, a tag and a column
+        // family.
+        let capacity: usize = (batch.appends.iter())
+            .map(|(input, _, events)| {
+                let per_event = input.len() + 13 + 10 + 8;
+                events
+                    .iter()
+                    .map(|e| e.value.len() + per_event)
+                    .sum::<usize>()
+            })
+            .sum();
+        let mut wb = WriteBatch::with_capacity_bytes(capacity + 4096);
         let mut ranges = Vec::with_capacity(batch.appends.len());
         for (input, partition, events) in &batch.appends {
             let start = match next.get(&(input.clone(), *partition)) {
                 Some(n) => *n,
                 None => self.marks_of(&mut cache, input, *partition)?.1,
             };
+            // One key and one value buffer for all (the batch copies them).
+            let mut key = input_key(input, *partition, start);
+            let offset_at = key.len() - 8;
+            let mut value = Vec::new();
             for (i, event) in events.iter().enumerate() {
-                let value = postcard::to_allocvec(event).map_err(Error::corrupt("input event"))?;
-                wb.put_cf(cf, input_key(input, *partition, start + i as u64), value);
+                key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
+                value.clear();
+                value = postcard::to_extend(event, value).map_err(Error::corrupt("input event"))?;
+                wb.put_cf(cf, &key, &value);
             }
             let end = start + events.len() as u64;
             next.insert((input.clone(), *partition), end);

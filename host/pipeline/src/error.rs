@@ -25,6 +25,11 @@ pub enum Error {
     #[error(transparent)]
     Membership(#[from] sluice_cluster::Error),
 
+    /// The work stopped because another part of it failed (that part's
+    /// error is the one to report).
+    #[error("stopped: {0}")]
+    Stopped(String),
+
     /// Writing an output file.
     #[error("{path}: {source}")]
     Io {
@@ -56,7 +61,7 @@ impl Error {
             Error::Runtime(e) => e.is_transient(),
             Error::Ingest(e) => e.is_transient(),
             Error::Membership(e) => matches!(e, sluice_cluster::Error::Backend { .. }),
-            Error::Io { .. } => false,
+            Error::Io { .. } | Error::Stopped(_) => false,
         }
     }
 

@@ -1,18 +1,23 @@
 //! `sluice run` as a library call: open (or create) a pipeline, append the
 //! input files exactly once, recover, run until all input is consumed and
-//! committed, checkpoint, and write the output logs as JSON lines.
+//! committed, checkpoint, and write the output logs as JSON lines. The
+//! steps run while the files are appended, each held back until it can
+//! take the batches it would take with the files appended first.
 
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::supervise::RecoveryPolicy;
+use sluice_core::PartitionId;
 use sluice_core::wire::write_output_line;
 use sluice_runtime::{Limits, SluiceEngine, Stats};
 use sluice_storage::LogBackend;
 use sluice_storage::ingest::IngestReport;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What to run.
@@ -66,7 +71,8 @@ pub struct RunReport {
     pub stats: Stats,
     /// Per input file, what was appended.
     pub ingested: Vec<IngestReport>,
-    /// Time spent running steps (after ingest and recovery).
+    /// Time spent running steps: from the coordinator's opening (the
+    /// files are appended meanwhile) to the last step's commit.
     pub run_time: Duration,
     /// Steps committed in total, across runs.
     pub total_steps: u64,
@@ -107,36 +113,72 @@ pub async fn run(
     }
     let pipeline = Pipeline::open_described(engine, component, ports, req.pipeline.clone()).await?;
 
-    let mut ingested = Vec::new();
-    for (port, file) in &req.inputs {
-        let (p, port2, file2) = (progress.clone(), port.clone(), file.clone());
-        let report = pipeline
-            .ingest_file(port, file, move |done, size| {
-                p(RunEvent::Ingest {
-                    port: port2.clone(),
-                    file: file2.clone(),
-                    done,
-                    size,
-                })
-            })
-            .await?;
-        ingested.push(report);
-    }
-
+    // The files are appended while the steps run, so that the append and
+    // the guests share the cores. A step waits (the gate) until every
+    // partition of an input still being appended holds a whole batch past
+    // its frontier: it then divides as it would with the files appended
+    // first — the same steps, the same output, whatever the timing.
+    let (appending, watch) = tokio::sync::watch::channel(Appending {
+        ports: req.inputs.iter().map(|(port, _)| port.clone()).collect(),
+        failed: false,
+    });
     let storage = pipeline.storage().clone();
-    let total = tokio::task::spawn_blocking(move || storage.appended())
+    let appended = tokio::task::spawn_blocking(move || storage.appended())
         .await
         .map_err(Error::task("reading the input's size"))??;
+    // Input events appended so far (kept by the gate), for progress.
+    let total = Arc::new(AtomicU64::new(appended));
+    let ingest = async {
+        let mut ingested = Vec::new();
+        for (i, (port, file)) in req.inputs.iter().enumerate() {
+            let (p, port2, file2) = (progress.clone(), port.clone(), file.clone());
+            let tell = appending.clone();
+            let report = pipeline
+                .ingest_file(port, file, move |done, size| {
+                    p(RunEvent::Ingest {
+                        port: port2.clone(),
+                        file: file2.clone(),
+                        done,
+                        size,
+                    });
+                    // A chunk was appended: wake the gate.
+                    tell.send_modify(|_| {});
+                })
+                .await;
+            match report {
+                Ok(report) => ingested.push(report),
+                Err(e) => {
+                    appending.send_modify(|a| a.failed = true);
+                    return Err(e);
+                }
+            }
+            // This port is whole, unless a later file appends to it too.
+            let later = req.inputs[i + 1..].iter().any(|(p, _)| p == port);
+            appending.send_modify(|a| {
+                if !later {
+                    a.ports.retain(|p| p != port);
+                }
+            });
+        }
+        Ok(ingested)
+    };
     let started = Instant::now();
-    let idle = pipeline
-        .run_until_idle(&RecoveryPolicy::default(), |c| {
+    let policy = RecoveryPolicy::default();
+    let steps = pipeline.run_until_idle_gated(
+        &policy,
+        |c| {
             progress(RunEvent::Steps {
                 steps: c.next_step(),
                 consumed: c.frontiers().iter().flat_map(|f| f.values()).sum(),
-                total,
+                total: total.load(Ordering::Relaxed),
             })
-        })
-        .await?;
+        },
+        async |c| whole_batches(&pipeline, c, watch.clone(), &total).await,
+    );
+    let (ingested, idle) = tokio::join!(ingest, steps);
+    // An append that failed stopped the steps: its error is the one to tell.
+    let ingested = ingested?;
+    let idle = idle?;
     let run_time = started.elapsed();
 
     progress(RunEvent::Exporting);
@@ -157,6 +199,66 @@ pub async fn run(
         written,
         retries: idle.recoveries,
     })
+}
+
+/// What the appends of a run have left to do.
+#[derive(Debug, Clone)]
+struct Appending {
+    /// The input ports a file is still being appended to.
+    ports: Vec<String>,
+    /// An append failed: no step is to start.
+    failed: bool,
+}
+
+/// Waits until the next step may be divided: every partition of an input
+/// still being appended holds at least a whole batch (`max_batch` events)
+/// past `c`'s frontier, or nothing is being appended. Keeps `total` (input
+/// events appended, for progress) up to date.
+async fn whole_batches(
+    pipeline: &Pipeline,
+    c: &sluice_runtime::Coordinator,
+    mut appending: tokio::sync::watch::Receiver<Appending>,
+    total: &AtomicU64,
+) -> Result<()> {
+    let max = pipeline.options().max_batch.max(1);
+    let mut at: BTreeMap<PartitionId, u64> = BTreeMap::new();
+    for frontier in c.frontiers() {
+        at.extend(frontier.iter().map(|(id, offset)| (*id, *offset)));
+    }
+    loop {
+        let state = appending.borrow_and_update().clone();
+        if state.failed {
+            return Err(Error::Stopped("appending an input file failed".into()));
+        }
+        let (storage, shape, at2) = (
+            pipeline.storage().clone(),
+            pipeline.shape().clone(),
+            at.clone(),
+        );
+        let ready = tokio::task::spawn_blocking(move || {
+            let mut appended = 0;
+            let mut ready = true;
+            for (id, name) in shape.partitions() {
+                let high = storage.log.watermarks(name, id.partition)?.1;
+                appended += high;
+                let from = at2.get(&id).copied().unwrap_or(0);
+                if state.ports.iter().any(|p| p == name) && high < from + max {
+                    ready = false;
+                }
+            }
+            Ok::<_, Error>((appended, ready))
+        })
+        .await
+        .map_err(Error::task("reading the input's size"))??;
+        total.store(ready.0, Ordering::Relaxed);
+        if ready.1 {
+            return Ok(());
+        }
+        if appending.changed().await.is_err() {
+            // The appends are over (the sender is gone): look once more.
+            return Ok(());
+        }
+    }
 }
 
 /// Writes output log `output` as JSON lines to `file` (atomically: a

@@ -81,15 +81,39 @@ impl Pipeline {
     pub async fn run_until_idle(
         &self,
         policy: &RecoveryPolicy,
+        on_step: impl FnMut(&Coordinator),
+    ) -> Result<Idle> {
+        self.run_until_idle_gated(policy, on_step, async |_| Ok(()))
+            .await
+    }
+
+    /// [`run_until_idle`](Self::run_until_idle), with `gate` awaited
+    /// before every step: it returns when the next step may be divided
+    /// (`sluice run` holds a step back until the file being appended has
+    /// given every partition a whole batch, so its steps are those it would
+    /// take with the file appended first), or fails to stop the run there
+    /// (a failed gate is final, never retried).
+    pub async fn run_until_idle_gated(
+        &self,
+        policy: &RecoveryPolicy,
         mut on_step: impl FnMut(&Coordinator),
+        mut gate: impl AsyncFnMut(&Coordinator) -> Result<()>,
     ) -> Result<Idle> {
         let (mut recoveries, mut in_a_row) = (0, 0);
         loop {
             let mut committed = false;
+            let mut gated = false;
             let attempt = async {
                 let mut c = self.coordinator().await?;
                 on_step(&c);
-                while c.step().await? {
+                loop {
+                    if let Err(e) = gate(&c).await {
+                        gated = true;
+                        return Err(e);
+                    }
+                    if !c.step().await? {
+                        break;
+                    }
                     committed = true;
                     on_step(&c);
                 }
@@ -106,6 +130,9 @@ impl Pipeline {
                 Err(e) => {
                     if committed {
                         in_a_row = 0;
+                    }
+                    if gated {
+                        return Err(e);
                     }
                     let Some(pause) = policy.retry_after(&e, in_a_row) else {
                         return Err(e);

@@ -1,7 +1,7 @@
 //! Progress on the terminal: the library reports [`RunEvent`]s, this turns
 //! them into indicatif bars on stderr.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sluice_pipeline::RunEvent;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,71 +18,103 @@ pub fn bar(show: bool, template: &str) -> ProgressBar {
     bar
 }
 
-/// Which bar is showing.
-#[derive(Default)]
+/// The bars showing: the files being appended and the steps run at the
+/// same time, one line each.
 struct Bars {
-    current: Option<(Kind, ProgressBar)>,
+    multi: MultiProgress,
+    loading: Option<ProgressBar>,
+    /// The file being appended (its label) and its bar.
+    ingest: Option<(String, ProgressBar)>,
+    steps: Option<ProgressBar>,
 }
 
-#[derive(Clone, PartialEq)]
-enum Kind {
-    Loading,
-    Ingest(String),
-    Steps,
+impl Bars {
+    /// A new bar with `template` under the others.
+    fn add(&self, template: &str) -> ProgressBar {
+        let b = self.multi.add(ProgressBar::no_length());
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            b.set_style(style);
+        }
+        b
+    }
+
+    /// Clears every bar.
+    fn clear(&mut self) {
+        let ingest = self.ingest.take().map(|(_, b)| b);
+        for b in [self.loading.take(), ingest, self.steps.take()]
+            .into_iter()
+            .flatten()
+        {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// A callback that draws a run's progress (nothing when `show` is false).
 pub fn run_progress(show: bool) -> Arc<dyn Fn(RunEvent) + Send + Sync> {
-    let bars = Mutex::new(Bars::default());
+    let bars = Mutex::new(Bars {
+        multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
+        loading: None,
+        ingest: None,
+        steps: None,
+    });
     Arc::new(move |event| {
         if !show {
             return;
         }
         let mut bars = bars.lock().unwrap_or_else(|p| p.into_inner());
-        let (kind, template) = match &event {
-            RunEvent::Loading(_) => (Kind::Loading, "{spinner} {msg}"),
-            RunEvent::Ingest { port, file, .. } => (
-                Kind::Ingest(format!("{} → {port}", file.display())),
-                "appending {msg} {wide_bar} {bytes}/{total_bytes}",
-            ),
-            RunEvent::Steps { .. } => (Kind::Steps, "steps {msg} {wide_bar} {pos}/{len} events"),
-            RunEvent::Exporting => {
-                if let Some((_, b)) = bars.current.take() {
-                    b.finish_and_clear();
-                }
-                return;
-            }
-        };
-        if bars.current.as_ref().is_none_or(|(k, _)| *k != kind) {
-            if let Some((_, b)) = bars.current.take() {
-                b.finish_and_clear();
-            }
-            let b = bar(true, template);
-            if let Kind::Ingest(label) = &kind {
-                b.set_message(label.clone());
-            }
-            if kind == Kind::Loading {
-                b.enable_steady_tick(Duration::from_millis(100));
-            }
-            bars.current = Some((kind, b));
+        if !matches!(event, RunEvent::Loading(_))
+            && let Some(b) = bars.loading.take()
+        {
+            b.finish_and_clear();
         }
-        let Some((_, b)) = &bars.current else { return };
         match event {
-            RunEvent::Loading(path) => b.set_message(format!("loading {}", path.display())),
-            RunEvent::Ingest { done, size, .. } => {
-                b.set_length(size);
-                b.set_position(done);
+            RunEvent::Loading(path) => {
+                if bars.loading.is_none() {
+                    let b = bars.add("{spinner} {msg}");
+                    b.enable_steady_tick(Duration::from_millis(100));
+                    bars.loading = Some(b);
+                }
+                if let Some(b) = &bars.loading {
+                    b.set_message(format!("loading {}", path.display()));
+                }
+            }
+            RunEvent::Ingest {
+                port,
+                file,
+                done,
+                size,
+            } => {
+                let label = format!("{} → {port}", file.display());
+                if bars.ingest.as_ref().is_none_or(|(l, _)| *l != label) {
+                    if let Some((_, b)) = bars.ingest.take() {
+                        b.finish_and_clear();
+                    }
+                    let b = bars.add("appending {msg} {wide_bar} {bytes}/{total_bytes}");
+                    b.set_message(label.clone());
+                    bars.ingest = Some((label, b));
+                }
+                if let Some((_, b)) = &bars.ingest {
+                    b.set_length(size);
+                    b.set_position(done);
+                }
             }
             RunEvent::Steps {
                 steps,
                 consumed,
                 total,
             } => {
-                b.set_length(total);
-                b.set_position(consumed);
-                b.set_message(steps.to_string());
+                if bars.steps.is_none() {
+                    let b = bars.add("steps {msg} {wide_bar} {pos}/{len} events");
+                    bars.steps = Some(b);
+                }
+                if let Some(b) = &bars.steps {
+                    b.set_length(total);
+                    b.set_position(consumed);
+                    b.set_message(steps.to_string());
+                }
             }
-            RunEvent::Exporting => {}
+            RunEvent::Exporting => bars.clear(),
         }
     })
 }
