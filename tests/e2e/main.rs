@@ -23,6 +23,7 @@ mod kafka;
 mod memory;
 mod partitions;
 mod python;
+mod read_ahead;
 mod replicas;
 mod rescale;
 mod server;

@@ -240,6 +240,7 @@ impl Coordinator {
                 adopted_in_flight: in_flight_recorded,
                 ..Stats::default()
             },
+            read_ahead: None,
         };
         // What was kept and not adopted goes (a step left running that
         // never ends among it).

@@ -80,6 +80,9 @@ pub struct Coordinator {
     checkpoints: CheckpointState,
     /// What the coordinator has done since it opened.
     stats: Stats,
+    /// The next step's input, read while the last step ran (a step of this
+    /// process's own workers, committed whole, only).
+    read_ahead: Option<step::ReadAhead>,
 }
 
 /// Where a pipeline is in its steps.

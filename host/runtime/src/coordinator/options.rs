@@ -128,6 +128,10 @@ pub struct Stats {
     /// Of those, events the workers' hosts read from the logs themselves
     /// (only their offsets travelled).
     pub events_in_read_by_hosts: u64,
+    /// Input events of the steps run (committed or not) that were read
+    /// while the step before ran (a step of this process's own workers
+    /// whose division was foreseen: every partition a whole batch on).
+    pub events_read_ahead: u64,
     /// Output events committed.
     pub events_out: u64,
     /// Input records that are not events, skipped into their inputs'

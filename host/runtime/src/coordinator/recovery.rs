@@ -248,6 +248,7 @@ impl Coordinator {
             },
             checkpoints: CheckpointState::none(),
             stats: Stats::default(),
+            read_ahead: None,
         };
         if let Some(meta) = checkpoint {
             c.restore_checkpoint(meta).await?;

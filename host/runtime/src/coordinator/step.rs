@@ -25,6 +25,14 @@ enum StepInput {
     Read(Vec<InputRange>, Option<ShareSpec>),
 }
 
+/// The next step's input, read while a step ran: the ranges read and each
+/// worker's batches.
+pub(super) type ReadAhead = (Vec<Vec<InputRange>>, Vec<StepRead>);
+
+/// A read ahead under way: its result, or `None` when the next division
+/// could not be foreseen.
+type ReadingAhead = tokio::task::JoinHandle<Result<Option<ReadAhead>>>;
+
 /// How a step commits its workers' output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Commit {
@@ -217,24 +225,44 @@ impl Coordinator {
                 })
             })
             .collect();
-        let inputs: Vec<StepInput> = {
-            let storage = self.storage.clone();
-            let host_reads = host_reads.clone();
-            blocking(move || {
-                ranges
-                    .into_iter()
-                    .zip(host_reads)
-                    .zip(shares)
-                    .map(|((ranges, there), share)| {
-                        Ok(if there {
-                            StepInput::Read(ranges, share)
-                        } else {
-                            StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
+        // A step of this process's own workers, committed whole, may use
+        // what the step before read ahead for it, if it is what it needs.
+        let own = commit == Commit::Whole
+            && replay.is_none()
+            && !self.has_followers()
+            && !host_reads.iter().any(|there| *there);
+        let ahead = match self.read_ahead.take() {
+            Some((read, reads)) if own && read == ranges => Some(reads),
+            // Another division (more input came, a rescale): read here.
+            _ => None,
+        };
+        let inputs: Vec<StepInput> = match ahead {
+            Some(reads) => {
+                self.stats.events_read_ahead += (reads.iter())
+                    .flat_map(|r| &r.batches)
+                    .map(|b| b.weights.len() as u64)
+                    .sum::<u64>();
+                reads.into_iter().map(StepInput::Batches).collect()
+            }
+            None => {
+                let storage = self.storage.clone();
+                let host_reads = host_reads.clone();
+                blocking(move || {
+                    ranges
+                        .into_iter()
+                        .zip(host_reads)
+                        .zip(shares)
+                        .map(|((ranges, there), share)| {
+                            Ok(if there {
+                                StepInput::Read(ranges, share)
+                            } else {
+                                StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
+                            })
                         })
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .await?
+                        .collect::<Result<Vec<_>>>()
+                })
+                .await?
+            }
         };
         self.placement.exchange.begin_step(step);
         let follower_tasks = match self.has_followers() {
@@ -252,6 +280,9 @@ impl Coordinator {
             }
             false => Vec::new(),
         };
+        // The next step's input is read while the workers step, and waited
+        // for with them (no read outlives the step).
+        let reading_ahead = own.then(|| self.start_read_ahead(target));
         let replicated = self.has_followers();
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, input) in inputs.into_iter().enumerate() {
@@ -317,6 +348,11 @@ impl Coordinator {
                 Err(e) => Err(Error::task(format!("worker {w}"))(e)),
             });
         }
+        if let Some(reading) = reading_ahead {
+            // A failed read ahead is no step's failure: the next step reads
+            // its input itself.
+            self.read_ahead = reading.await.ok().and_then(|r| r.ok()).flatten();
+        }
         let settled = match follower_tasks.is_empty() {
             true => root_cause(results),
             // Each worker's replicas: checked against each other, a failed
@@ -331,6 +367,42 @@ impl Coordinator {
             self.placement.drop_instances();
         }
         settled
+    }
+
+    /// Starts reading, in the background, the input the next step reads if
+    /// it divides from `from` (this step's target) as this one did: every
+    /// partition a whole batch further, or left where it is when it has no
+    /// new input. When a partition has part of a batch, nothing is read:
+    /// the next step may take more. The next step uses the read only when
+    /// its own division asks for exactly these ranges; input below a
+    /// partition's end never changes, so what was read is what it would
+    /// read.
+    fn start_read_ahead(&self, from: &[Frontier]) -> ReadingAhead {
+        let storage = self.storage.clone();
+        let owned = self.placement.owned.clone();
+        let from = from.to_vec();
+        let max = self.options.max_batch.max(1);
+        let policies = self.options.bad_records.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut to = from.clone();
+            for (w, parts) in owned.iter().enumerate() {
+                for (id, name) in parts {
+                    let (_, high) = storage.log().watermarks(name, id.partition)?;
+                    let at = to[w].entry(*id).or_insert(0);
+                    if high >= *at + max {
+                        *at += max;
+                    } else if high != *at {
+                        return Ok(None);
+                    }
+                }
+            }
+            let policy = |input: &str| policies.get(input).copied().unwrap_or_default();
+            let ranges = input_ranges(&owned, &from, &to, &policy);
+            let reads = (ranges.iter())
+                .map(|r| read_batches(storage.log(), r, false))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Some((ranges, reads)))
+        })
     }
 
     /// A worker's step as its output: committed by its host (its hash and
