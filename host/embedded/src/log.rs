@@ -674,16 +674,20 @@ impl LogBackend for EmbeddedLog {
             .collect();
         // The batch is sized before it is filled: grown by doubling, a
         // key-heavy step's batch would hold up to twice its output again.
+        // So is each entry's value.
         let mut capacity = record.len() + 64;
+        let mut sizes = Vec::with_capacity(entries.len());
         for (key, entry) in &entries {
             let size = postcard::experimental::serialized_size(entry)
                 .map_err(Error::corrupt("output entry"))?;
             // The value and key, each with its length, and the tag.
             capacity += size + key.len() + 16;
+            sizes.push(size);
         }
         let mut wb = WriteBatch::with_capacity_bytes(capacity);
-        for (key, entry) in entries {
-            let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
+        for ((key, entry), size) in entries.into_iter().zip(sizes) {
+            let value = postcard::to_extend(entry, Vec::with_capacity(size))
+                .map_err(Error::corrupt("output entry"))?;
             wb.put_cf(out, key, value);
         }
         wb.put_cf(db::cf(&self.db, CF_STEPS)?, step.to_be_bytes(), record);

@@ -294,6 +294,7 @@ impl Coordinator {
                                 events: 0,
                                 shared: None,
                                 dead_letters: read.dead_letters,
+                                checked: None,
                             })
                         }
                         AnyWorker::Remote(remote) => {

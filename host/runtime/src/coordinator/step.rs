@@ -292,6 +292,8 @@ impl Coordinator {
             let exchange = self.placement.exchange.clone();
             let local = matches!(worker, AnyWorker::Local(_));
             let lose = (!local && replicated).then_some(self.placement.slots[w]);
+            // A local worker's output is checked and hashed on its task.
+            let checks = local.then(|| self.output_checks());
             tasks.push(tokio::spawn(async move {
                 let r = match input {
                     StepInput::Batches(read) => {
@@ -304,6 +306,7 @@ impl Coordinator {
                                 events,
                                 shared: None,
                                 dead_letters: read.dead_letters,
+                                checked: None,
                             })
                     }
                     StepInput::Read(ranges, share) => match &mut worker {
@@ -326,6 +329,16 @@ impl Coordinator {
                         None => exchange.worker_failed(w as u32, &e.to_string()),
                     }
                 }
+                let r = match (r, checks) {
+                    (Ok(mut stepped), Some(checks)) if stepped.shared.is_none() => {
+                        let outputs = std::mem::take(&mut stepped.outputs);
+                        convert_output(&checks, w as u32, step, outputs).map(|o| {
+                            stepped.checked = Some(o);
+                            stepped
+                        })
+                    }
+                    (r, _) => r,
+                };
                 (worker, r)
             }));
         }
@@ -413,6 +426,11 @@ impl Coordinator {
         step: u64,
         stepped: Stepped,
     ) -> Result<WorkerOutput> {
+        if let Some(mut checked) = stepped.checked {
+            checked.dead_count = stepped.dead_letters.count();
+            checked.dead_letters = stepped.dead_letters;
+            return Ok(checked);
+        }
         match stepped.shared {
             Some(done) => Ok(WorkerOutput {
                 ports: Vec::new(),

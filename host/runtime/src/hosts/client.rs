@@ -14,7 +14,7 @@ use super::wire::{
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, Link};
-use crate::step_io::{DeadLetters, InputRange};
+use crate::step_io::{DeadLetters, InputRange, WorkerOutput};
 use crate::worker::{Snapshot, WorkerInfo};
 use sluice_core::StepLimits;
 use sluice_storage::{ReadBytes, Staged};
@@ -35,6 +35,10 @@ pub(crate) struct Stepped {
     /// The input records it skipped (committed with the share, when its
     /// host committed one).
     pub dead_letters: DeadLetters,
+    /// Its output, checked and hashed on the worker's own task (then
+    /// `outputs` is empty): a local worker's, so that workers' outputs are
+    /// checked side by side.
+    pub checked: Option<WorkerOutput>,
 }
 
 /// Registers a call awaiting its answer: a fresh id and where the answer
@@ -616,6 +620,7 @@ impl RemoteWorker {
                     events,
                     shared,
                     dead_letters,
+                    checked: None,
                 })
             }
             _ => Err(unexpected(&self.host, "step")),
