@@ -189,7 +189,7 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     }
     if opts.runs("memory") {
         eprintln!("bench: memory against dbsp …");
-        memory::memory(&loads[0], opts.quick, reps.min(2), &mut rows).await?;
+        memory::memory(&loads[0], opts.quick, reps, &mut rows).await?;
     }
     if opts.runs("python") {
         eprintln!("bench: Python circuits …");
