@@ -123,7 +123,9 @@ fn run_twice_appends_once_and_resumes_a_grown_file() {
 
 /// `sluice run` steps while it appends its files, yet takes the steps it
 /// would take with them appended first: every step moves each partition
-/// by a whole batch or to the partition's end, and the counts are right.
+/// by a whole batch or to the partition's end — also the step that
+/// commits a change of W when a run starts with another `--workers` — and
+/// the counts are right.
 #[test]
 fn run_steps_while_appending_only_on_whole_batches() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,44 +137,63 @@ fn run_steps_while_appending_only_on_whole_batches() {
     // 8 partitions filled 1 024 lines at a time; a batch of 1 500 needs
     // two of those, so a step divided while the file is half appended
     // would take less.
-    let lines: Vec<String> = (0..120_000)
+    let lines: Vec<String> = (0..200_000)
         .map(|i| format!("\"w{} x{}\"", i % 7_000, i % 13))
         .collect();
-    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
-    std::fs::write(&input, body).unwrap();
-    let out = sluice_cmd()
-        .arg("run")
-        .arg(component("examples/wordcount"))
-        .arg("--data")
-        .arg(&data)
-        .args(["--workers", "2", "--max-batch", "1500", "--quiet"])
-        .arg(format!("--input=lines={}", input.display()))
-        .arg(format!("--output=counts={}", output.display()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let counts =
-        sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap()).unwrap();
-    assert_eq!(counts, recount(lines.iter().map(|l| (l.as_str(), 1))));
+    let run = |upto: usize, workers: &str| {
+        let body: String = lines[..upto].iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&input, body).unwrap();
+        let out = sluice_cmd()
+            .arg("run")
+            .arg(component("examples/wordcount"))
+            .arg("--data")
+            .arg(&data)
+            .args(["--workers", workers, "--max-batch", "1500", "--quiet"])
+            .arg(format!("--input=lines={}", input.display()))
+            .arg(format!("--output=counts={}", output.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let counts =
+            sluice_tools::demo::integrate_counts(&std::fs::read_to_string(&output).unwrap())
+                .unwrap();
+        assert_eq!(
+            counts,
+            recount(lines[..upto].iter().map(|l| (l.as_str(), 1)))
+        );
+    };
+    run(40_000, "2");
+    // The file grows, and the run asks for another W: the change is
+    // committed with a step, which must wait for whole batches too.
+    run(200_000, "3");
 
     use sluice_storage::LogBackend;
     let log =
         sluice_embedded::EmbeddedLog::open(sluice_embedded::db::open(&data).unwrap()).unwrap();
     let last = log.last_step().unwrap().expect("steps were committed");
     let mut at: BTreeMap<sluice_core::PartitionId, u64> = BTreeMap::new();
+    let mut relayouts = 0;
     for step in 0..=last {
         let record = log.step_record(step).unwrap().unwrap();
+        relayouts += u32::from(record.layout.is_some());
         for (id, to) in record.frontiers.iter().flatten() {
             let from = at.insert(*id, *to).unwrap_or(0);
+            // Where the partition ended when the first run finished, or
+            // at the end.
+            let first_end = (40_000u64 / 1024 / 8) * 1024
+                + (40_000u64 % (1024 * 8))
+                    .saturating_sub(u64::from(id.partition) * 1024)
+                    .min(1024);
             let end = log.watermarks("lines", id.partition).unwrap().1;
             assert!(
-                *to == from || *to == from + 1500 || *to == end,
-                "step {step} moved partition {} from {from} to {to} (its end: {end})",
+                *to == from || *to == from + 1500 || *to == end || *to == first_end,
+                "step {step} moved partition {} from {from} to {to} (its ends: {first_end}, {end})",
                 id.partition
             );
         }
     }
-    assert!(last >= 9, "{last} steps");
+    assert_eq!(relayouts, 1, "one change of W");
+    assert!(last >= 15, "{last} steps");
 }
 
 /// A file still being written ends in a partial line: `sluice run` appends

@@ -81,22 +81,39 @@ impl Pipeline {
         options: PipelineOptions,
         hosts: Vec<Arc<sluice_runtime::RemoteHost>>,
     ) -> Result<Coordinator> {
+        let mut c = self.coordinator_keeping_w(options, hosts).await?;
+        self.rescale_if_asked(&mut c).await?;
+        Ok(c)
+    }
+
+    /// Like [`coordinator_on`](Self::coordinator_on), without the change
+    /// of W: the caller makes it ([`rescale_if_asked`](Self::rescale_if_asked)).
+    pub(crate) async fn coordinator_keeping_w(
+        &self,
+        options: PipelineOptions,
+        hosts: Vec<Arc<sluice_runtime::RemoteHost>>,
+    ) -> Result<Coordinator> {
         let options = PipelineOptions {
             name: self.options.name.clone(),
             ..options
         };
-        let mut c = Coordinator::open_on(
+        Ok(Coordinator::open_on(
             &self.engine,
             &self.component,
             self.storage.guarded(),
             options,
             hosts,
         )
-        .await?;
-        if let Some(w) = self.rescale_to {
-            c.rescale(w).await?;
+        .await?)
+    }
+
+    /// Changes `c`'s W to the one the pipeline is to run with, if another
+    /// (see [`set_workers`](Self::set_workers)); returns whether it did.
+    pub(crate) async fn rescale_if_asked(&self, c: &mut Coordinator) -> Result<bool> {
+        match self.rescale_to {
+            Some(w) => Ok(c.rescale(w).await?.is_some()),
+            None => Ok(false),
         }
-        Ok(c)
     }
 
     /// Runs the pipeline with `workers` workers from the next coordinator
@@ -104,6 +121,12 @@ impl Pipeline {
     /// [`Coordinator::rescale`]).
     pub fn set_workers(&mut self, workers: u32) {
         self.rescale_to = Some(workers);
+    }
+
+    /// The W the pipeline is to run with, if set (see
+    /// [`set_workers`](Self::set_workers)).
+    pub(crate) fn rescale_to(&self) -> Option<u32> {
+        self.rescale_to
     }
 
     /// Appends the JSON lines of `file` to input `port`, exactly once across

@@ -104,7 +104,18 @@ impl Pipeline {
             let mut committed = false;
             let mut gated = false;
             let attempt = async {
-                let mut c = self.coordinator().await?;
+                let mut c = self
+                    .coordinator_keeping_w(self.options().clone(), Vec::new())
+                    .await?;
+                // A change of W commits a step with whatever input there is:
+                // the gate comes first.
+                if c.workers() != self.rescale_to().unwrap_or(c.workers()) {
+                    if let Err(e) = gate(&c).await {
+                        gated = true;
+                        return Err(e);
+                    }
+                    self.rescale_if_asked(&mut c).await?;
+                }
                 on_step(&c);
                 loop {
                     if let Err(e) = gate(&c).await {

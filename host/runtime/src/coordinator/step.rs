@@ -280,9 +280,6 @@ impl Coordinator {
             }
             false => Vec::new(),
         };
-        // The next step's input is read while the workers step, and waited
-        // for with them (no read outlives the step).
-        let reading_ahead = own.then(|| self.start_read_ahead(target));
         let replicated = self.has_followers();
         let mut tasks = Vec::with_capacity(inputs.len());
         for (w, input) in inputs.into_iter().enumerate() {
@@ -342,6 +339,9 @@ impl Coordinator {
                 (worker, r)
             }));
         }
+        // The next step's input is read while the workers step, and waited
+        // for with them (no read outlives the step).
+        let reading_ahead = own.then(|| self.start_read_ahead(target));
         self.position.events_read = 0;
         self.position.events_read_by_hosts = 0;
         let mut results = Vec::with_capacity(tasks.len());
