@@ -13,6 +13,13 @@
 #   read_committed client's latest-offset query with the last stable offset
 #   (the unpatched broker answered the log end even behind an open
 #   transaction, so no test could see a dead producer hold the LSO back).
+#   It also finishes a transaction left prepared (PrepareCommit or
+#   PrepareAbort: the broker stopped between an EndTxn's prepare and its
+#   markers), on the next tick or InitProducerId, as Kafka's coordinator
+#   does on load: with the open transactions rebuilt after a restart (the
+#   next patch), such a transaction held its partitions' last stable offset
+#   back for good (the fault campaign's broker-restart trial saw no step
+#   for 180 s).
 # - crabka-log-restart-txn-state.patch (to its crabka-log dependency): a
 #   partition's open transactions and last stable offset lived in memory
 #   only, so after a restart every record of a transaction open at the stop
