@@ -128,6 +128,13 @@ if [ "$tests" -eq 1 ]; then
     [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'moto[server]==5.2.1'
   fi
+  # DuckDB: the Nexmark tests' oracle (tests/nexmark/oracle.py runs each
+  # query's SQL over the same events; a prebuilt wheel).
+  if ! "$venv/bin/python" -c 'import duckdb' 2>/dev/null; then
+    echo "setup: installing duckdb into $venv" >&2
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'duckdb==1.4.2'
+  fi
 fi
 
 if [ "$python" -eq 1 ]; then

@@ -21,6 +21,7 @@ mod incremental;
 mod invariants;
 mod kafka;
 mod memory;
+mod nexmark;
 mod partitions;
 mod python;
 mod read_ahead;

@@ -68,3 +68,39 @@ pub struct Bid {
     /// Padding.
     pub extra: String,
 }
+
+/// The UTC day of `ms` (milliseconds since the epoch) as `yyyy-MM-dd`, as
+/// Flink's `DATE_FORMAT(dateTime, 'yyyy-MM-dd')` writes it (q15–q17 group
+/// by it). The proleptic Gregorian calendar, from the day number.
+pub fn day(ms: u64) -> String {
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01.
+    let z = (ms / 86_400_000) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::day;
+
+    #[test]
+    fn days_are_utc_calendar_dates() {
+        assert_eq!(day(0), "1970-01-01");
+        assert_eq!(day(86_399_999), "1970-01-01");
+        assert_eq!(day(86_400_000), "1970-01-02");
+        // 2023-11-14T22:13:20Z, the generator's base time.
+        assert_eq!(day(1_700_000_000_000), "2023-11-14");
+        // A leap day and the turn of a century that is a leap year.
+        assert_eq!(day(951_782_400_000), "2000-02-29");
+        assert_eq!(day(951_868_800_000), "2000-03-01");
+        assert_eq!(day(1_704_067_199_999), "2023-12-31");
+        assert_eq!(day(1_704_067_200_000), "2024-01-01");
+    }
+}

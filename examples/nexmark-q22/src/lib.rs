@@ -1,0 +1,40 @@
+//! Nexmark q22, get URL directories: every bid as `(auction, bidder,
+//! price, channel, dir1, dir2, dir3)`, the directories being the URL's
+//! parts 3, 4 and 5 when split at `/` (counting from 0; `null` past the
+//! end).
+//!
+//! Follows the Flink nexmark SQL (`SPLIT_INDEX(url, '/', 3)` … `5`).
+
+use nexmark_model::Bid;
+use sluice_guest::Circuit;
+
+/// Output row: `(auction, bidder, price, channel, dir1, dir2, dir3)`.
+pub type Row = (
+    u64,
+    u64,
+    u64,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    c.input::<Bid>("bid")
+        .map(|b| -> Row {
+            let part = |n: usize| b.url.split('/').nth(n).map(str::to_owned);
+            (
+                b.auction,
+                b.bidder,
+                b.price,
+                b.channel.clone(),
+                part(3),
+                part(4),
+                part(5),
+            )
+        })
+        .output("url_dirs");
+}
+
+sluice_guest::circuit!(build);

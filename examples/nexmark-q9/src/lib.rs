@@ -1,0 +1,32 @@
+//! Nexmark q9, winning bids: every auction with its winning bid, the
+//! highest among the bids placed while it was open (the earliest of equal
+//! prices), as `(auction, bid)`.
+//!
+//! Follows the Flink nexmark SQL (`ROW_NUMBER() OVER (PARTITION BY A.id
+//! ORDER BY B.price DESC, B.dateTime ASC)`, row 1, over bids with
+//! `B.dateTime BETWEEN A.dateTime AND A.expires`). Deviation: bids equal
+//! in price and time, which the SQL leaves to chance, are decided by the
+//! rest of the bid (the smallest by its fields in order wins), so the
+//! result is one answer, not one of several.
+
+use nexmark_model::{Auction, Bid};
+use sluice_guest::Circuit;
+use std::cmp::Reverse;
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    let auctions = c.input::<Auction>("auction").key_by(|a| a.id);
+    let bids = c.input::<Bid>("bid").key_by(|b| b.auction);
+    auctions
+        .join(&bids, |_, a, b| (a.clone(), b.clone()))
+        .filter(|(a, b)| a.date_time <= b.date_time && b.date_time <= a.expires)
+        .top_k_by(
+            |(a, _)| a.clone(),
+            |(_, b)| (b.price, Reverse((b.date_time, b.clone()))),
+            1,
+        )
+        .map(|(a, (_, Reverse((_, b))))| (a.clone(), b.clone()))
+        .output("winning_bids");
+}
+
+sluice_guest::circuit!(build);
