@@ -3,7 +3,8 @@
 //! `key_by`, windows) work on each worker's share as it is and never touch
 //! the exchange; keyed operators (aggregates, `distinct`, joins, `top_k_by`)
 //! re-shard by key through the exchange first, so each key's state lives on
-//! exactly one worker.
+//! exactly one worker. `session_by` is a window but keyed: a session is
+//! per key, so it re-shards too.
 
 pub mod aggregate;
 pub mod distinct;
@@ -20,6 +21,7 @@ pub mod map;
 pub mod min_max;
 pub mod negate;
 pub(crate) mod output;
+pub mod session;
 pub mod top_k;
 pub mod union;
 pub mod window;

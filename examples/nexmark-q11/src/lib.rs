@@ -1,0 +1,20 @@
+//! Nexmark q11, user sessions: per bidder, the bids of each session (bids
+//! less than 10 seconds apart), as `(bidder, bids, session start, session
+//! end)`.
+//!
+//! Follows the Flink nexmark SQL (`GROUP BY bidder, SESSION(dateTime,
+//! INTERVAL '10' SECOND)`; a session ends 10 seconds after its last bid).
+
+use nexmark_model::Bid;
+use sluice_guest::Circuit;
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    c.input::<Bid>("bid")
+        .session_by(|b| b.bidder, |b| b.date_time as i64, 10_000)
+        .count_by(|(session, b)| (b.bidder, *session))
+        .map(|((bidder, session), bids)| (*bidder, *bids, session.start, session.end))
+        .output("sessions");
+}
+
+sluice_guest::circuit!(build);

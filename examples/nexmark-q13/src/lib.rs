@@ -1,0 +1,28 @@
+//! Nexmark q13, bounded side input join: every bid with the side input's
+//! value for `auction % 10 000`, as `(auction, bidder, price, date_time,
+//! value)`. The side input is a second input port, `side_input`, of
+//! `{"key": …, "value": …}` records (loaded from a file like any input).
+//!
+//! Deviation from the Flink nexmark SQL: Flink joins each bid with the side
+//! table as of the bid's processing time (`FOR SYSTEM_TIME AS OF`), so a
+//! later change to the table leaves earlier output alone. Here it is a
+//! regular join: a changed side-input row changes the output of every bid
+//! it matches (deleted with the old value, inserted with the new), so the
+//! output is always the join of the bids with the table as it is now. A
+//! bid with no matching key is left out.
+
+use nexmark_model::{Bid, SideInput};
+use sluice_guest::Circuit;
+
+/// Builds the circuit.
+pub fn build(c: &mut Circuit) {
+    let side = c.input::<SideInput>("side_input").key_by(|s| s.key);
+    c.input::<Bid>("bid")
+        .key_by(|b| b.auction % 10_000)
+        .join(&side, |_, b, s| {
+            (b.auction, b.bidder, b.price, b.date_time, s.value.clone())
+        })
+        .output("joined");
+}
+
+sluice_guest::circuit!(build);
