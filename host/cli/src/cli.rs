@@ -160,11 +160,14 @@ pub enum Command {
         /// Run only these scenarios (NAME[,NAME…]): sandbox, step-boundary,
         /// exactly-once, checkpoint, incremental, native-peer, large-state,
         /// rescale, hosts, replicas, replay, density, durable-commit, memory,
-        /// python. Prints
+        /// python, nexmark. Prints
         /// the table; --markdown and --chart are written only by a whole
         /// run.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// Scenarios to run, as --only: `sluice bench nexmark`.
+        #[arg(value_name = "SCENARIO")]
+        scenarios: Vec<String>,
     },
     /// Generate benchmark input as JSON lines.
     Gen {

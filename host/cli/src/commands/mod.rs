@@ -123,10 +123,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             chart,
             step_log,
             brokers,
-            only,
+            mut only,
+            scenarios,
         } => match step_log {
             true => tools::bench_step_log(brokers, quick).await,
-            false => tools::bench(quick, markdown, chart, only).await,
+            false => {
+                only.extend(scenarios);
+                tools::bench(quick, markdown, chart, only).await
+            }
         },
         Command::Gen {
             what: GenCommand::Nexmark { events, rate, out },

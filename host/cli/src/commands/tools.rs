@@ -122,7 +122,7 @@ pub async fn bench(
         .find(|o| !benchmarks::SCENARIOS.contains(&o.as_str()))
     {
         anyhow::bail!(
-            "--only {bad}: no such scenario (there are: {})",
+            "{bad}: no such bench scenario (there are: {})",
             benchmarks::SCENARIOS.join(", ")
         );
     }

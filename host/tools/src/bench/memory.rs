@@ -74,27 +74,32 @@ fn new_keys(dir: &Path, lines: usize) -> anyhow::Result<Input> {
 
 /// Where `scripts/build-peers.sh` puts the dbsp peer.
 fn peer_path() -> PathBuf {
-    let dir = std::env::var_os("SLUICE_PEERS_DIR")
+    peers_dir().join("dbsp-wordcount")
+}
+
+/// Where `scripts/build-peers.sh` puts the peers (`$SLUICE_PEERS_DIR`, or
+/// `~/.cache/sluice/peers`).
+pub(super) fn peers_dir() -> PathBuf {
+    std::env::var_os("SLUICE_PEERS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sluice/peers")
-        });
-    dir.join("dbsp-wordcount")
+        })
 }
 
 /// A finished process: its wall time, its peak resident memory (bytes) and
 /// what it printed.
-struct Ran {
-    wall: Duration,
-    peak: u64,
-    stdout: String,
+pub(super) struct Ran {
+    pub(super) wall: Duration,
+    pub(super) peak: u64,
+    pub(super) stdout: String,
 }
 
 /// Runs `cmd` to its end, which must succeed. The peak is the child's own
 /// high-water mark (`VmHWM`), read every few milliseconds while it runs
 /// (it only grows): the kernel's `ru_maxrss` would not do, as it counts the
 /// memory of the process that spawned the child (this one) too.
-fn run_measured(cmd: &mut Command) -> anyhow::Result<Ran> {
+pub(super) fn run_measured(cmd: &mut Command) -> anyhow::Result<Ran> {
     let out = tempfile::tempfile()?;
     let t = Instant::now();
     let mut child = cmd
@@ -133,7 +138,7 @@ fn best_of(reps: usize, mut make: impl FnMut() -> anyhow::Result<Ran>) -> anyhow
 }
 
 /// The best wall time and the lowest peak of `best` and `r`.
-fn better(best: Option<Ran>, r: Ran) -> Ran {
+pub(super) fn better(best: Option<Ran>, r: Ran) -> Ran {
     match best {
         None => r,
         Some(b) => Ran {
@@ -145,7 +150,7 @@ fn better(best: Option<Ran>, r: Ran) -> Ran {
 }
 
 /// Bytes in MiB.
-fn mib(bytes: u64) -> String {
+pub(super) fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
 }
 

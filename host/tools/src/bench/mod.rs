@@ -29,6 +29,9 @@ mod large_state;
 mod memory;
 /// **Native peer**: a whole exactly-once pipeline against the circuit native.
 mod native_peer;
+/// **Nexmark against DBSP's own**: q0–q22 as whole `sluice run`s against
+/// `dbsp_nexmark`, throughput and peak memory.
+mod nexmark;
 /// **Python**: Python circuits against the same circuits in Rust.
 mod python;
 /// **Recovery by replay** of 1 M events without a checkpoint.
@@ -70,13 +73,13 @@ pub struct BenchOptions {
     /// Run only these scenarios (empty: all): `sandbox`, `step-boundary`,
     /// `exactly-once`, `checkpoint`, `incremental`, `native-peer`,
     /// `large-state`, `rescale`, `hosts`, `replicas`, `replay`, `density`,
-    /// `durable-commit`, `memory`, `python`. A partial run prints its table but writes no
+    /// `durable-commit`, `memory`, `python`, `nexmark`. A partial run prints its table but writes no
     /// markdown or chart (they hold every scenario).
     pub only: Vec<String>,
 }
 
 /// The scenarios' names, for [`BenchOptions::only`].
-pub const SCENARIOS: [&str; 15] = [
+pub const SCENARIOS: [&str; 16] = [
     "sandbox",
     "step-boundary",
     "exactly-once",
@@ -92,6 +95,7 @@ pub const SCENARIOS: [&str; 15] = [
     "durable-commit",
     "memory",
     "python",
+    "nexmark",
 ];
 
 impl BenchOptions {
@@ -194,6 +198,10 @@ pub async fn bench(opts: &BenchOptions) -> anyhow::Result<Vec<Row>> {
     if opts.runs("python") {
         eprintln!("bench: Python circuits …");
         python::python(&engine, &loads, opts.quick, reps.min(2), &mut rows).await?;
+    }
+    if opts.runs("nexmark") {
+        eprintln!("bench: Nexmark against dbsp_nexmark …");
+        nexmark::nexmark(&engine, opts.quick, reps.min(2), &mut rows).await?;
     }
 
     let whole = opts.only.is_empty();
