@@ -72,7 +72,7 @@ fn read(path: &Path) -> Vec<Value> {
 
 /// Nexmark input as `sluice gen nexmark` writes it.
 pub(crate) struct Nexmark {
-    _dir: tempfile::TempDir,
+    pub(crate) _dir: tempfile::TempDir,
     pub(crate) person: PathBuf,
     pub(crate) auction: PathBuf,
     pub(crate) bid: PathBuf,

@@ -254,6 +254,106 @@ fn every_nexmark_query_equals_duckdb_at_one_and_three_workers() {
     }
 }
 
+/// Bids the generator's 20 seconds never make: over three UTC days and
+/// every hour and minute (so days, hours and minutes split), at prices on
+/// both sides of each rank's bounds, from every kind of channel and URL, and
+/// in bursts of one bidder's bids 4 or exactly 10 seconds apart then 11
+/// (so sessions touch, merge and split). No people or auctions.
+fn bids_across_days() -> Nexmark {
+    let dir = tempfile::tempdir().unwrap();
+    let (person, auction, bid) = (
+        dir.path().join("person.jsonl"),
+        dir.path().join("auction.jsonl"),
+        dir.path().join("bid.jsonl"),
+    );
+    std::fs::write(&person, "").unwrap();
+    std::fs::write(&auction, "").unwrap();
+    // 2023-11-13T00:00:00Z.
+    let day0: u64 = 1_699_833_600_000;
+    let prices = [
+        500, 9_999, 10_000, 999_999, 1_000_000, 1_101_322, 20_000_000, 60_000_000,
+    ];
+    let channels = [
+        "Apple",
+        "google",
+        "FaceBook",
+        "Baidu",
+        "channel-12",
+        "channel-7",
+    ];
+    let mut lines = String::new();
+    let mut push = |i: u64, at: u64, bidder: u64| {
+        let channel = channels[(i % 6) as usize];
+        let url = match i % 4 {
+            0 => format!(
+                "https://www.nexmark.com/a{}/b/c/item.htm?query=1&channel_id={}",
+                i % 7,
+                i * 13
+            ),
+            1 => format!("channel_id={}&query=1", i % 11),
+            2 => "https://www.nexmark.com/short".to_owned(),
+            _ => format!(
+                "https://www.nexmark.com/x/y{}/z/item.htm?xchannel_id=9",
+                i % 5
+            ),
+        };
+        let b = serde_json::json!({
+            "auction": 1_000 + i * 31 % 150,
+            "bidder": bidder,
+            "price": prices[(i % 8) as usize] + i % 3,
+            "channel": channel,
+            "url": url,
+            "date_time": at,
+            "extra": "c".repeat((i % 4) as usize) + "abc",
+        });
+        lines.push_str(&b.to_string());
+        lines.push('\n');
+    };
+    for i in 0..3_000u64 {
+        let at = day0 + i * 86_400_000 / 1_000 + i * 7_919 % 60_000;
+        push(i, at, 2_000 + i * 17 % 40);
+    }
+    for j in 0..600u64 {
+        let burst = j / 10;
+        let gap = [4_000, 10_000, 11_000][(burst % 3) as usize];
+        let at = day0 + burst * 3_600_000 + 1_234 + (j % 10) * gap;
+        push(3_000 + j, at, 2_100 + burst % 5);
+    }
+    std::fs::write(&bid, lines).unwrap();
+    Nexmark {
+        _dir: dir,
+        person,
+        auction,
+        bid,
+    }
+}
+
+#[test]
+fn the_queries_of_bids_equal_duckdb_across_days_hours_and_sessions() {
+    let Some(python) = duckdb_python() else {
+        return;
+    };
+    let nx = bids_across_days();
+    let work = tempfile::tempdir().unwrap();
+    for q in QUERIES.iter().filter(|q| q.inputs == ["bid"]) {
+        let expected = oracle(&python, &nx, q.n);
+        assert!(
+            !expected.is_empty(),
+            "q{}: the oracle's answer is empty",
+            q.n
+        );
+        let (cmd, out) = command(q, &nx, work.path(), "days", 2, 300);
+        finish(q, cmd);
+        let got = integrated(&out);
+        assert!(
+            got == expected,
+            "q{} over three days of bids: {}",
+            q.n,
+            difference(&got, &expected)
+        );
+    }
+}
+
 #[test]
 fn every_nexmark_query_equals_duckdb_after_a_sigkill() {
     let Some(python) = duckdb_python() else {

@@ -1,5 +1,5 @@
 //! Nexmark q11, user sessions: per bidder, the bids of each session (bids
-//! less than 10 seconds apart), as `(bidder, bids, session start, session
+//! at most 10 seconds apart), as `(bidder, bids, session start, session
 //! end)`.
 //!
 //! Follows the Flink nexmark SQL (`GROUP BY bidder, SESSION(dateTime,

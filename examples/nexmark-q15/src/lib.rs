@@ -5,7 +5,8 @@
 //! Follows the Flink nexmark SQL (`count(*)`, `count(distinct bidder)`,
 //! `count(distinct auction)`, each also `filter (where price …)`, `GROUP BY
 //! DATE_FORMAT(dateTime, 'yyyy-MM-dd')`), with the day in UTC. Two folds per
-//! day, over `(bidder, price)` and over `(auction, price)`, joined.
+//! day, over `(bidder, price, minute)` and over `(auction, price, minute)`
+//! (`Figures` of the model; the minute is q16's), joined.
 
 use nexmark_model::{Bid, Figures, day, hour_minute};
 use serde::{Deserialize, Serialize};

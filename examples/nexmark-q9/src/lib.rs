@@ -21,11 +21,11 @@ pub fn build(c: &mut Circuit) {
         .join(&bids, |_, a, b| (a.clone(), b.clone()))
         .filter(|(a, b)| a.date_time <= b.date_time && b.date_time <= a.expires)
         .top_k_by(
-            |(a, _)| a.clone(),
-            |(_, b)| (b.price, Reverse((b.date_time, b.clone()))),
+            |(a, _)| a.id,
+            |(a, b)| (b.price, Reverse((b.date_time, b.clone())), a.clone()),
             1,
         )
-        .map(|(a, (_, Reverse((_, b))))| (a.clone(), b.clone()))
+        .map(|(_, (_, Reverse((_, b)), a))| (a.clone(), b.clone()))
         .output("winning_bids");
 }
 

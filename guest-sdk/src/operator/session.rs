@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 impl<T: Data> Stream<T> {
     /// Pairs every record with its session window. Per `key`, the records
     /// in `ts` order fall into sessions: maximal runs in which each record
-    /// comes less than `gap` after the one before. A session's window is
-    /// `[first ts, last ts + gap)`, as Flink's `SESSION(ts, gap)`.
+    /// comes at most `gap` after the one before. A session's window is
+    /// `[first ts, last ts + gap)`. This is Flink's `SESSION(ts, gap)`: each
+    /// record's window `[ts, ts + gap)` merged with every window it
+    /// intersects or touches.
     /// Aggregate per session by keying on the window, e.g.
     /// `.session_by(user, ts, 600).count_by(|(w, r)| (r.user, *w))`.
     ///
@@ -60,7 +62,7 @@ fn sessions<T: Data>(group: &BTreeMap<(i64, T), Weight>, gap: i64) -> Vec<((Wind
     let mut first = 0;
     while first < live.len() {
         let mut last = first;
-        while last + 1 < live.len() && live[last + 1].0.0.saturating_sub(live[last].0.0) < gap {
+        while last + 1 < live.len() && live[last + 1].0.0.saturating_sub(live[last].0.0) <= gap {
             last += 1;
         }
         let window = Window {
@@ -86,34 +88,34 @@ mod tests {
 
     proptest! {
         #[test]
-        fn equals_recomputation(steps in batches((0u8..3, 0i64..40))) {
+        fn equals_recomputation(steps in batches((0u8..3, -20i64..40, 0u8..2))) {
             check(
-                |c| c.input::<(u8, i64)>("in")
-                    .session_by(|(k, _)| *k, |(_, ts)| *ts, 4)
+                |c| c.input::<(u8, i64, u8)>("in")
+                    .session_by(|(k, ..)| *k, |(_, ts, _)| *ts, 4)
                     .output("out"),
                 &steps,
                 |input| {
-                    // Per key, the times present (with their counts), and the
-                    // sessions found by walking them in order.
-                    let mut times: BTreeMap<u8, BTreeMap<i64, i64>> = BTreeMap::new();
-                    for ((k, ts), w) in input {
+                    // Per key, the records present (with their counts) in time
+                    // order, and the sessions found by walking them: two
+                    // records of a time are in one session.
+                    let mut records: BTreeMap<u8, BTreeMap<(i64, u8), i64>> = BTreeMap::new();
+                    for ((k, ts, tag), w) in input {
                         if *w > 0 {
-                            *times.entry(*k).or_default().entry(*ts).or_default() += w;
+                            *records.entry(*k).or_default().entry((*ts, *tag)).or_default() += w;
                         }
                     }
                     let mut rows = Vec::new();
-                    for (k, at) in times {
-                        let at: Vec<(i64, i64)> = at.into_iter().collect();
-                        let mut runs: Vec<Vec<(i64, i64)>> = Vec::new();
-                        for (ts, n) in at {
+                    for (k, at) in records {
+                        let mut runs: Vec<Vec<((i64, u8), i64)>> = Vec::new();
+                        for (r, n) in at {
                             match runs.last_mut() {
-                                Some(run) if ts - run.last().unwrap().0 < 4 => run.push((ts, n)),
-                                _ => runs.push(vec![(ts, n)]),
+                                Some(run) if r.0 - run.last().unwrap().0.0 <= 4 => run.push((r, n)),
+                                _ => runs.push(vec![(r, n)]),
                             }
                         }
                         for run in runs {
-                            let window = Window { start: run[0].0, end: run.last().unwrap().0 + 4 };
-                            rows.extend(run.into_iter().map(|(ts, n)| ((window, (k, ts)), n)));
+                            let window = Window { start: run[0].0.0, end: run.last().unwrap().0.0 + 4 };
+                            rows.extend(run.into_iter().map(|((ts, tag), n)| ((window, (k, ts, tag)), n)));
                         }
                     }
                     zset(rows)

@@ -7,10 +7,15 @@
 //!
 //! Sluice reads the events as `sluice gen nexmark` writes them (at DBSP's
 //! generator's default event-time rate, one event per 10 ms, so windows hold
-//! as many events on both sides); the peer generates its own, with the same
-//! generator model, as its bench does. Both processes are timed whole,
-//! start to exit. q10 and q11 have no DBSP implementation: their rows give
-//! Sluice's figures alone.
+//! as many events on both sides), only the files its query reads; the peer
+//! generates all its events, with the same generator model, as its bench
+//! does, and feeds them all to the query. `--cpu-cores W` sets the peer's
+//! DBSP workers; its generators (two), collector and producer run in
+//! threads of their own beside them, as Sluice's appends and its runtime's
+//! threads run beside its W workers. Both processes are timed whole, start
+//! to exit. q10 and q11 have no DBSP implementation: their rows give
+//! Sluice's figures alone. A row meets its goal at 0.5× the peer; the
+//! issue's other half (1× on half the queries) is read off the table.
 //!
 //! The peer is `benches/peers/dbsp-nexmark`, built outside the workspace by
 //! `scripts/build-peers.sh` into `~/.cache/sluice/peers` (or
@@ -198,7 +203,7 @@ pub(super) async fn nexmark(
                     ),
                     baseline: why.into(),
                     ratio: 0.0,
-                    goal: "≥ 1× on half the queries, ≥ 0.5× on all",
+                    goal: "≥ 0.5× dbsp_nexmark (≥ 1× on half the queries)",
                     met: None,
                 });
                 continue;
@@ -230,7 +235,7 @@ pub(super) async fn nexmark(
                     mib(dbsp.peak)
                 ),
                 ratio: speed,
-                goal: "≥ 1× on half the queries, ≥ 0.5× on all",
+                goal: "≥ 0.5× dbsp_nexmark (≥ 1× on half the queries)",
                 met: Some(speed >= 0.5),
             });
         }
