@@ -17,15 +17,24 @@ use std::cmp::Reverse;
 pub fn build(c: &mut Circuit) {
     let auctions = c.input::<Auction>("auction").key_by(|a| a.id);
     let bids = c.input::<Bid>("bid").key_by(|b| b.auction);
-    auctions
-        .join(&bids, |_, a, b| (a.clone(), b.clone()))
-        .filter(|(a, b)| a.date_time <= b.date_time && b.date_time <= a.expires)
+    // The winner per auction id, then the auction joined back: the groups
+    // of the top-1 keep bids only.
+    let winners = auctions
+        .join(&bids, |_, a, b| {
+            let open = a.date_time <= b.date_time && b.date_time <= a.expires;
+            (a.id, open, b.clone())
+        })
+        .filter(|(_, open, _)| *open)
         .top_k_by(
-            |(a, _)| a.id,
-            |(a, b)| (b.price, Reverse((b.date_time, b.clone())), a.clone()),
+            |(id, ..)| *id,
+            |(.., b)| (b.price, Reverse((b.date_time, b.clone()))),
             1,
         )
-        .map(|(_, (_, Reverse((_, b)), a))| (a.clone(), b.clone()))
+        .key_by(|(id, _)| *id);
+    auctions
+        .join(&winners, |_, a, (_, (_, Reverse((_, b))))| {
+            (a.clone(), b.clone())
+        })
         .output("winning_bids");
 }
 
