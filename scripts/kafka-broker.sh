@@ -27,6 +27,19 @@
 #   readers saw aborted records (a step's output twice; the broker-restart
 #   test failed about one CI run in four). They are rebuilt from the log
 #   when a partition opens.
+# - crabka-fence-epoch.patch and crabka-log-fence-epoch.patch: a producer
+#   fenced by another InitProducerId of its transactional id (or timed out)
+#   had its epoch bumped only after the abort markers, which carried the old
+#   one, and a partition appended any batch the coordinator had checked: a
+#   send in flight at the fence landed after the abort marker and opened a
+#   transaction that the id's next commit marker closed, committing the
+#   fenced producer's records (tests/e2e/broker.rs: over a million of them in
+#   30 rounds; the fault campaign: a word count off the recount). Now the
+#   epoch is bumped before the markers, which carry it, and a partition
+#   refuses a transactional batch of an epoch older than a marker it holds,
+#   under the append's lock, as Kafka's producer state does. The LSO also
+#   moves to the earliest open transaction's start when another one closes
+#   (it waited for every one to close).
 #
 #   scripts/kafka-broker.sh install             build once (~10 min cold on 2 cores)
 #   scripts/kafka-broker.sh start PORT DIR      as the shared script: prints the address
@@ -51,9 +64,10 @@ fi
 export KB_HOME=${SLUICE_KB_HOME:-$HOME/.cache/sluice-kafka-broker-patched}
 BIN=$KB_HOME/bin/crabka-broker
 PATCHES=("$SHARED/crabka-replay-txn-markers.patch" "$SHARED/crabka-fetch-empty-records.patch" \
-         "$HERE/kafka-broker/crabka-txn-control-lock.patch" "$HERE/kafka-broker/crabka-txn-timeout.patch")
+         "$HERE/kafka-broker/crabka-txn-control-lock.patch" "$HERE/kafka-broker/crabka-txn-timeout.patch" \
+         "$HERE/kafka-broker/crabka-fence-epoch.patch")
 # Patches to the broker's crabka-log dependency, built in as a path override.
-LOG_PATCHES=("$HERE/kafka-broker/crabka-log-restart-txn-state.patch")
+LOG_PATCHES=("$HERE/kafka-broker/crabka-log-restart-txn-state.patch" "$HERE/kafka-broker/crabka-log-fence-epoch.patch")
 VER=0.3.0
 
 # The patches the installed binary was built with: a changed patch rebuilds.

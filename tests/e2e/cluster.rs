@@ -114,11 +114,7 @@ fn a_pipeline_on_three_hosts_survives_a_kill_a_stall_joins_and_leaves() {
     });
 
     // The output, as an independent consumer integrates it.
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(180),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(180));
     let (entries, _) = audit(&c, &["h1", "h2", "h3", "h4", "h5"]);
     // The hosts committed their own workers' shares of the divided steps.
     let done = c.done_records();
@@ -196,11 +192,7 @@ fn with_replicas_a_killed_host_is_failed_over_without_a_replay() {
         "the leader never reopened (a follower took over):\n{}",
         c.stderr("r1")
     );
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(180),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(180));
     audit(&c, &["r1", "r2", "r3"]);
 }
 
@@ -243,11 +235,7 @@ fn with_replicas_a_killed_leader_is_followed_by_one_that_adopts_its_workers() {
     );
     assert!(!said.contains("restored checkpoint"), "{said}");
     eprintln!("{took_over}");
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(180),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(180));
     audit(&c, &["a1", "a2", "a3"]);
 }
 
@@ -271,11 +259,7 @@ fn a_host_that_may_not_write_the_logs_steps_aside() {
     c.wait("w2 to lead on both", Duration::from_secs(60), |c| {
         c.leads_on("w2", &["w2", "r1"])
     });
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(120),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(120));
     let r1 = c.stderr("r1");
     assert!(r1.contains("does not lead"), "{r1}");
     assert!(!r1.contains("r1: leading"), "{r1}");
@@ -488,11 +472,7 @@ fn a_malformed_record_goes_to_the_dead_letter_topic_once_across_hosts() {
     c.wait("another host to lead", Duration::from_secs(60), |c| {
         c.leading("h2") || c.leading("h3")
     });
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(180),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(180));
     let dead = kcat(&brokers, &topic, "%s\n");
     assert_eq!(dead.len(), 1, "the record once: {dead:?}");
     let v: serde_json::Value = serde_json::from_str(&dead[0]).unwrap();
@@ -562,11 +542,7 @@ fn an_etcd_outage_ends_no_host_and_the_pipeline_goes_on() {
         Duration::from_secs(SESSION_MS / 1000 * 2 + 30),
         |c| c.steps() > after,
     );
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(300),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(300));
     for h in ["h1", "h2"] {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
         assert!(running, "{h} exited:\n{}", c.stderr(h));
@@ -631,11 +607,7 @@ fn a_host_running_another_component_is_left_out() {
         Duration::from_secs(60),
         |c| c.stderr("h1").contains("must run the same"),
     );
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(240),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(240));
     assert!(c.leads_on("h1", &["h1"]), "{}", c.stderr("h1"));
     for h in ["h1", "h2"] {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
@@ -669,11 +641,7 @@ fn a_leader_that_cannot_reach_kafka_gives_way() {
         c.stderr("h1").contains("gave way")
     });
     c.wait("h2 to lead", Duration::from_secs(120), |c| c.leading("h2"));
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(240),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(240));
     let h1 = c.stderr("h1");
     assert!(
         !h1.contains("h1: leading"),
@@ -704,23 +672,7 @@ fn a_broker_restart_ends_no_host_and_loses_nothing() {
     std::thread::sleep(Duration::from_secs(5));
     broker.up();
     c.progress("steps after the restart", 5);
-    let mut seen = Instant::now();
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(300),
-        |c| {
-            let counts = c.counts();
-            if seen.elapsed() > Duration::from_secs(10) {
-                seen = Instant::now();
-                let off = expected
-                    .iter()
-                    .filter(|(w, n)| counts.get(*w) != Some(n))
-                    .count();
-                eprintln!("{} steps, {off} words off the recount", c.steps());
-            }
-            counts == expected
-        },
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(300));
     for h in ["h1", "h2"] {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
         assert!(running, "{h} exited:\n{}", c.stderr(h));
@@ -760,11 +712,7 @@ fn a_host_that_started_without_kafka_reaches_it_later() {
     c.wait("h2 to reach the logs", Duration::from_secs(120), |c| {
         c.stderr("h2").contains("the pipeline's logs answer now")
     });
-    c.wait(
-        "the output to reach the recount",
-        Duration::from_secs(240),
-        |c| c.counts() == expected,
-    );
+    c.wait_for_recount(&expected, Duration::from_secs(240));
     for h in ["h1", "h2"] {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
         assert!(running, "{h} exited:\n{}", c.stderr(h));

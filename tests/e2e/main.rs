@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod bad_records;
+mod broker;
 mod campaign;
 mod chaos;
 mod cli;

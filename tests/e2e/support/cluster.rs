@@ -225,15 +225,135 @@ impl Cluster {
         let start = Instant::now();
         while !done(self) {
             if start.elapsed() > limit {
-                let logs: Vec<String> = self
-                    .hosts
-                    .keys()
-                    .map(|n| format!("--- {n}\n{}", self.stderr(n)))
-                    .collect();
-                panic!("timed out waiting for {what}\n{}", logs.join("\n"));
+                panic!("timed out waiting for {what}\n{}", self.logs());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Every host's log so far, each under its name.
+    pub fn logs(&self) -> String {
+        let logs: Vec<String> = self
+            .hosts
+            .keys()
+            .map(|n| format!("--- {n}\n{}", self.stderr(n)))
+            .collect();
+        logs.join("\n")
+    }
+
+    /// Waits until the output, as [`Self::counts`] integrates it, equals
+    /// the recount `expected`, saying every 10 s how far off it is; after
+    /// `limit`, fails with what differs and where the topics end
+    /// ([`Self::explain_off`]) and the hosts' logs.
+    pub fn wait_for_recount(&self, expected: &BTreeMap<String, i64>, limit: Duration) {
+        let start = Instant::now();
+        let mut said = Instant::now();
+        loop {
+            let counts = self.counts();
+            if counts == *expected {
+                return;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "the output did not reach the recount in {limit:?}: {}\n{}",
+                    self.explain_off(expected, &counts),
+                    self.logs()
+                );
+            }
+            if said.elapsed() > Duration::from_secs(10) {
+                said = Instant::now();
+                let off = expected
+                    .iter()
+                    .filter(|(w, n)| counts.get(*w) != Some(n))
+                    .count();
+                eprintln!("{} steps, {off} words off the recount", self.steps());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// What differs between the recount (`expected`) and the output
+    /// (`counts`), and where the input topic ends against what the pipeline's
+    /// last step covers: which side lags, or that both read all and differ.
+    pub fn explain_off(
+        &self,
+        expected: &BTreeMap<String, i64>,
+        counts: &BTreeMap<String, i64>,
+    ) -> String {
+        let c = self;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use sluice_storage::LogBackend;
+        let words: std::collections::BTreeSet<&String> =
+            expected.keys().chain(counts.keys()).collect();
+        let off: Vec<String> = words
+            .iter()
+            .filter(|w| expected.get(**w) != counts.get(**w))
+            .map(|w| {
+                let n = |m: &BTreeMap<String, i64>| m.get(*w).copied().unwrap_or(0);
+                format!("{w}: {} in, {} out", n(expected), n(counts))
+            })
+            .collect();
+        let total = |m: &BTreeMap<String, i64>| m.values().sum::<i64>();
+        // Each partition of a topic as `low..high`, and the last stable offset
+        // a read_committed reader reaches where it differs (a transaction
+        // left open holds it back, and every reader of the output with it).
+        let ends = |topic: &str, partitions: i32| -> String {
+            let consumer = |isolation: &str| {
+                rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", &c.brokers)
+                    .set("isolation.level", isolation)
+                    .create::<BaseConsumer>()
+            };
+            let (Ok(all), Ok(committed)) =
+                (consumer("read_uncommitted"), consumer("read_committed"))
+            else {
+                return "no consumer".to_owned();
+            };
+            let timeout = Duration::from_secs(5);
+            let parts: Vec<String> = (0..partitions)
+                .map(|p| match all.fetch_watermarks(topic, p, timeout) {
+                    Ok((low, high)) => match committed.fetch_watermarks(topic, p, timeout) {
+                        Ok((_, stable)) if stable != high => {
+                            format!("{p}: {low}..{high} (stable {stable})")
+                        }
+                        Ok(_) => format!("{p}: {low}..{high}"),
+                        Err(e) => format!("{p}: {low}..{high} (stable: {e})"),
+                    },
+                    Err(e) => format!("{p}: {e}"),
+                })
+                .collect();
+            format!("{topic} [{}]", parts.join(", "))
+        };
+        let input = ends(&format!("{}.lines", c.pipeline), 6);
+        let steps = ends(&format!("{}.sluice-steps", c.pipeline), 1);
+        let output = ends(&format!("{}.counts", c.pipeline), 6);
+        let covered =
+            sluice_kafka::KafkaLog::open(sluice_kafka::KafkaConfig::new(&c.brokers, &c.pipeline))
+                .map_err(|e| e.to_string())
+                .and_then(|log| {
+                    let last = log.last_step().map_err(|e| e.to_string())?;
+                    let Some(last) = last else {
+                        return Ok("no step".to_owned());
+                    };
+                    let record = log.step_record(last).map_err(|e| e.to_string())?;
+                    let mut upto: BTreeMap<u32, u64> = BTreeMap::new();
+                    for frontier in record.iter().flat_map(|r| &r.frontiers) {
+                        for (id, offset) in frontier {
+                            let at = upto.entry(id.partition).or_default();
+                            *at = (*at).max(*offset);
+                        }
+                    }
+                    Ok(format!("step {last} covers {upto:?}"))
+                })
+                .unwrap_or_else(|e| e);
+        format!(
+            "{} words off ({}…); {} words in, {} out; the pipeline's last {covered}; topics: \
+             {input}; {steps}; {output}",
+            off.len(),
+            off.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+            total(expected),
+            total(counts),
+        )
     }
 
     /// The pipeline's output as an independent `read_committed` consumer
