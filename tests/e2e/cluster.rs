@@ -339,19 +339,23 @@ fn servers_run_a_pipeline_across_hosts() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    // Either may win the election (a usually does, having started
+    // first, but a slow start of a's pipeline lets b win).
+    let leads_both = |i: usize| {
+        let h = hosts(&clients[i]);
+        h["leading"] == true && h["group"].as_array().is_some_and(|g| g.len() == 2)
+    };
     wait(
-        "a to lead on both servers",
+        "one to lead on both servers",
         Duration::from_secs(60),
-        &|| {
-            let h = hosts(&clients[0]);
-            h["leading"] == true && h["group"].as_array().is_some_and(|g| g.len() == 2)
-        },
+        &|| leads_both(0) || leads_both(1),
     );
-    assert_eq!(hosts(&clients[1])["leading"], false);
+    let (leader, follower) = if leads_both(0) { (0, 1) } else { (1, 0) };
+    assert_eq!(hosts(&clients[follower])["leading"], false);
     // Input goes to the pipeline's Kafka topic, not through the API.
     let file = dir.path().join("lines.jsonl");
     let expected = input(&file, 4_000);
-    let err = clients[1]
+    let err = clients[follower]
         .push("wc", "lines", &file, &Default::default())
         .unwrap_err()
         .to_string();
@@ -400,20 +404,21 @@ fn servers_run_a_pipeline_across_hosts() {
     // beginning: the same first records. (Usually step 0's; a first step
     // that found no record yet in the topic has no output, so the first
     // output may be a later step's.)
-    let read = clients[1].read("wc", "counts", None, 0).unwrap();
-    let leader = clients[0].read("wc", "counts", None, 0).unwrap();
+    let read = clients[follower].read("wc", "counts", None, 0).unwrap();
+    let led = clients[leader].read("wc", "counts", None, 0).unwrap();
     assert!(
-        !read.is_empty() && read[..read.len().min(20)] == leader[..leader.len().min(20)],
+        !read.is_empty() && read[..read.len().min(20)] == led[..led.len().min(20)],
         "the follower read {:?}, the leader {:?}",
         &read[..read.len().min(20)],
-        &leader[..leader.len().min(20)]
+        &led[..led.len().min(20)]
     );
-    // The leader dies; b takes over and counts the input written again.
-    servers[0].kill();
+    // The leader dies; the other takes over and counts the input written
+    // again.
+    servers[leader].kill();
     produce();
     let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
-    wait("b to lead", Duration::from_secs(60), &|| {
-        hosts(&clients[1])["leading"] == true
+    wait("the other to lead", Duration::from_secs(60), &|| {
+        hosts(&clients[follower])["leading"] == true
     });
     wait(
         "the output to reach the recount of both",
@@ -421,7 +426,7 @@ fn servers_run_a_pipeline_across_hosts() {
         &|| reader.counts() == doubled,
     );
     let status: serde_json::Value =
-        serde_json::from_str(&clients[1].status(Some("wc")).unwrap()).unwrap();
+        serde_json::from_str(&clients[follower].status(Some("wc")).unwrap()).unwrap();
     assert!(status["steps"].as_u64().unwrap() > 0, "{status}");
     assert!(status["last_checkpoint"].as_u64().is_some(), "{status}");
 }
