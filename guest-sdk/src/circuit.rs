@@ -5,6 +5,7 @@ use crate::batch::EventBatch;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, RawEvent};
+use crate::identity::OperatorInfo;
 use crate::state::{Shards, WHOLE};
 use crate::table::Change;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -62,6 +63,12 @@ pub(crate) trait Operator {
     fn stateful(&self) -> bool {
         false
     }
+    /// The Rust types its state holds (keys, values, records), from which
+    /// with [`name`](Self::name) its state fingerprint is computed (see
+    /// [`OperatorInfo`]). Empty for a stateless operator.
+    fn state_types(&self) -> String {
+        String::new()
+    }
     /// The operator's state split by shard (see [`crate::state`]): per
     /// shard holding any (of `only`, or all), the encoding of its entries.
     fn snapshot(&self, _only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
@@ -101,6 +108,12 @@ pub(crate) trait Operator {
 
 struct Node {
     op: Box<dyn Operator>,
+    /// A stateful operator's identity in snapshots: given by
+    /// [`Stream::named`], else `kind#n` once the circuit is built; empty
+    /// for a stateless one.
+    id: String,
+    /// Its state fingerprint (see [`OperatorInfo`]), once built.
+    fingerprint: u64,
     inputs: Vec<NodeId>,
     /// The last node that reads this one's value (itself while none
     /// does): after it runs, the value is dropped.
@@ -124,6 +137,8 @@ impl Graph {
         }
         self.nodes.push(Node {
             op,
+            id: String::new(),
+            fingerprint: 0,
             inputs,
             last_reader: id,
         });
@@ -260,27 +275,97 @@ impl<T: Data> Stream<T> {
             vec![self.node],
         );
     }
+
+    /// Names the stateful operator that produced this stream (the nearest
+    /// one upstream through stateless one-input operators such as `map`):
+    /// its identity in checkpoints, like Flink's `uid`. A checkpoint's
+    /// state goes back to the operator of the same identity and state
+    /// types, wherever it sits in the graph, so a circuit changed around
+    /// it still restores it.
+    ///
+    /// Without a name a stateful operator is `kind#n`, the n-th stateful
+    /// operator of its kind in build order (`keyed_sum#0`): stable while
+    /// stateless operators are added, removed or changed, not when a
+    /// stateful operator of the same kind is added before it. The build
+    /// fails if no stateful operator produced the stream, if it is named
+    /// twice, or if two operators share a name.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// let instance = CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("words")
+    ///         .count_by(|w| w.clone())
+    ///         .named("word-counts")
+    ///         .output("counts");
+    /// })
+    /// .unwrap();
+    /// assert_eq!(instance.operators()[0].id, "word-counts");
+    /// ```
+    pub fn named(&self, id: &str) -> Stream<T> {
+        let mut g = self.graph.borrow_mut();
+        let mut node = self.node;
+        while !g.nodes[node].op.stateful() && g.nodes[node].inputs.len() == 1 {
+            node = g.nodes[node].inputs[0];
+        }
+        let error = if !g.nodes[node].op.stateful() {
+            Some(format!(
+                "named(\"{id}\"): no stateful operator produced this stream"
+            ))
+        } else if !g.nodes[node].id.is_empty() {
+            Some(format!(
+                "named(\"{id}\"): the operator is named \"{}\" already",
+                g.nodes[node].id
+            ))
+        } else if id.is_empty() || id.contains('#') {
+            Some(format!(
+                "named(\"{id}\"): a name is not empty and has no `#` (kept for defaults)"
+            ))
+        } else {
+            None
+        };
+        match error {
+            Some(e) => g.errors.push(e),
+            None => g.nodes[node].id = id.to_owned(),
+        }
+        drop(g);
+        self.clone()
+    }
 }
 
 /// The format of the envelope around operator states in a snapshot piece:
-/// 2 since states are split by shard (one envelope per shard); 1 was one
-/// envelope per worker, holding every operator's whole state.
-const ENVELOPE_FORMAT: u32 = 2;
+/// 3 since operators are known by identity (and their state fingerprint
+/// is checked); 2 knew them by node index, one envelope per shard; 1 was
+/// one envelope per worker, holding every operator's whole state.
+const ENVELOPE_FORMAT: u32 = 3;
+
+/// The envelope of operators known by node index, which still restores.
+const INDEXED_FORMAT: u32 = 2;
 
 /// The envelope of the format before shards, which still restores.
 const WHOLE_FORMAT: u32 = 1;
 
+/// The start of every envelope: what follows depends on the format.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    format: u32,
+    snapshot_version: u32,
+}
+
 /// A snapshot piece: the state of one shard, per stateful operator that
-/// holds any there (format 1: every stateful operator's whole state). The
+/// holds any there — its identity, kind, state fingerprint and state. The
 /// byte strings are written and read as one copy each (`serde_bytes`), not
 /// byte by byte; postcard's wire format is the same either way.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize)]
 struct Envelope<'a> {
     format: u32,
     snapshot_version: u32,
-    #[serde(borrow)]
-    operators: Vec<(u32, &'a str, &'a serde_bytes::Bytes)>,
+    operators: Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>,
 }
+
+/// What follows the header in formats 3 (`Named`) and 1–2 (node index,
+/// kind, state: format 1 held every stateful operator's whole state).
+type Named<'a> = Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>;
+type Indexed<'a> = Vec<(u32, &'a str, &'a serde_bytes::Bytes)>;
 
 /// An instance's state as pieces: `(shard, bytes)`, one per shard holding
 /// state, ordered by shard. Pieces of one shard from several instances add
@@ -307,10 +392,34 @@ impl CircuitInstance {
         let graph = Rc::try_unwrap(graph)
             .map_err(|_| Error::Failed("a Stream outlived the circuit's build function".into()))?
             .into_inner();
+        let mut graph = graph;
+        crate::identity::resolve(
+            graph
+                .nodes
+                .iter_mut()
+                .filter(|n| n.op.stateful())
+                .map(|n| (n.op.name(), &mut n.id)),
+            &mut graph.errors,
+        );
+        for node in graph.nodes.iter_mut().filter(|n| n.op.stateful()) {
+            node.fingerprint = crate::identity::fingerprint(node.op.name(), &node.op.state_types());
+        }
         if !graph.errors.is_empty() {
             return Err(Error::Failed(graph.errors.join("; ")));
         }
         Ok(CircuitInstance { graph })
+    }
+
+    /// The stateful operators, in build order: each one's identity in
+    /// checkpoints, kind and state fingerprint (what `sluice diff`
+    /// compares between two versions of a circuit).
+    pub fn operators(&self) -> Vec<OperatorInfo> {
+        self.graph
+            .nodes
+            .iter()
+            .filter(|n| n.op.stateful())
+            .map(|n| OperatorInfo::new(&n.id, n.op.name(), n.op.state_types()))
+            .collect()
     }
 
     /// Input port names, in port order.
@@ -485,14 +594,18 @@ impl CircuitInstance {
         }
     }
 
-    /// An envelope holding `states` (operator node, name, state).
+    /// An envelope holding `states` (operator node, kind, state).
     fn envelope(&self, states: Vec<(u32, &'static str, Vec<u8>)>) -> Result<Vec<u8>> {
         codec::to_bytes(&Envelope {
             format: ENVELOPE_FORMAT,
             snapshot_version: self.graph.snapshot_version,
             operators: states
                 .iter()
-                .map(|(i, name, state)| (*i, *name, serde_bytes::Bytes::new(state)))
+                .map(|(i, kind, state)| {
+                    let node = &self.graph.nodes[*i as usize];
+                    let state = serde_bytes::Bytes::new(state);
+                    (node.id.as_str(), *kind, node.fingerprint, state)
+                })
                 .collect(),
         })
     }
@@ -543,39 +656,50 @@ impl CircuitInstance {
     }
 
     fn restore_piece(&mut self, shard: u32, state: &[u8]) -> Result<()> {
-        let env: Envelope = postcard::from_bytes(state)
-            .map_err(|e| Error::IncompatibleSnapshot(format!("unreadable envelope: {e}")))?;
-        let whole = match env.format {
-            ENVELOPE_FORMAT => false,
+        let unreadable =
+            |e: postcard::Error| Error::IncompatibleSnapshot(format!("unreadable envelope: {e}"));
+        let (header, rest): (Header, &[u8]) =
+            postcard::take_from_bytes(state).map_err(unreadable)?;
+        let whole = match header.format {
+            ENVELOPE_FORMAT | INDEXED_FORMAT => false,
             WHOLE_FORMAT => true,
             f => {
                 return Err(Error::IncompatibleSnapshot(format!(
-                    "envelope format {f} (this SDK reads {WHOLE_FORMAT} and {ENVELOPE_FORMAT})"
+                    "envelope format {f} (this SDK reads {WHOLE_FORMAT} to {ENVELOPE_FORMAT})"
                 )));
             }
         };
         if whole != (shard == WHOLE) {
             return Err(Error::IncompatibleSnapshot(format!(
                 "a piece of shard {shard} holds an envelope of format {}",
-                env.format
+                header.format
             )));
         }
-        if env.snapshot_version != self.graph.snapshot_version {
+        if header.snapshot_version != self.graph.snapshot_version {
             return Err(Error::IncompatibleSnapshot(format!(
                 "snapshot version {} but the circuit reads version {}",
-                env.snapshot_version, self.graph.snapshot_version
+                header.snapshot_version, self.graph.snapshot_version
             )));
         }
+        if header.format == ENVELOPE_FORMAT {
+            let operators: Named = postcard::from_bytes(rest).map_err(unreadable)?;
+            for (id, kind, fingerprint, bytes) in operators {
+                let node = self.node_named(id, kind, fingerprint)?;
+                node.op.restore(kind, shard, bytes)?;
+            }
+            return Ok(());
+        }
+        let operators: Indexed = postcard::from_bytes(rest).map_err(unreadable)?;
         if whole {
             let stateful = self.graph.nodes.iter().filter(|n| n.op.stateful()).count();
-            if stateful != env.operators.len() {
+            if stateful != operators.len() {
                 return Err(Error::IncompatibleSnapshot(format!(
                     "snapshot holds {} stateful operators, the circuit has {stateful}",
-                    env.operators.len(),
+                    operators.len(),
                 )));
             }
         }
-        for (index, name, bytes) in &env.operators {
+        for (index, name, bytes) in &operators {
             let op = self
                 .graph
                 .nodes
@@ -591,6 +715,30 @@ impl CircuitInstance {
             op.restore(name, shard, bytes)?;
         }
         Ok(())
+    }
+
+    /// The stateful operator whose identity is `id`, if it reads state of
+    /// `kind` with that `fingerprint`; else why the snapshot's state of
+    /// `id` does not go back into this circuit.
+    fn node_named(&mut self, id: &str, kind: &str, fingerprint: u64) -> Result<&mut Node> {
+        let refuse = |why: String| {
+            Err(Error::IncompatibleSnapshot(format!(
+                "operator `{id}` ({kind}) in the snapshot {why}"
+            )))
+        };
+        let Some(node) = self.graph.nodes.iter_mut().find(|n| n.id == id) else {
+            return refuse("is not in the circuit".into());
+        };
+        if !node.op.reads(kind) {
+            return refuse(format!("is a {} in the circuit", node.op.name()));
+        }
+        if node.fingerprint != fingerprint {
+            return refuse(format!(
+                "holds state of other types than the circuit's ({})",
+                node.op.state_types()
+            ));
+        }
+        Ok(node)
     }
 }
 

@@ -35,6 +35,7 @@ mod circuit;
 pub mod codec;
 mod error;
 pub mod exchange;
+mod identity;
 pub mod operator;
 pub mod state;
 // The WIT glue exists in the WebAssembly build only (wit-bindgen is a
@@ -51,6 +52,7 @@ pub mod zset;
 pub use batch::{EventBatch, KeyedBatch};
 pub use circuit::{Circuit, CircuitInstance, Data, Pieces, Stream};
 pub use error::{Error, Result};
+pub use identity::OperatorInfo;
 pub use operator::Sum;
 pub use types::{OrdF64, Window};
 pub use zset::{Weight, ZSet};

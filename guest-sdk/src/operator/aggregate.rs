@@ -124,6 +124,10 @@ where
         "keyed_sum"
     }
 
+    fn state_types(&self) -> String {
+        crate::identity::types2::<K, S>()
+    }
+
     fn reads(&self, name: &str) -> bool {
         name == self.name() || name == LEGACY_NAME
     }
@@ -560,7 +564,7 @@ mod tests {
                 .restore(&snap)
                 .unwrap_err()
                 .to_string()
-                .contains("not a stateful operator")
+                .contains("`keyed_sum#0` (keyed_sum) in the snapshot is not in the circuit")
         );
 
         let mut v2 = CircuitInstance::build(|c: &mut Circuit| {

@@ -19,6 +19,10 @@ impl<T: Data> Operator for Distinct<T> {
         "distinct"
     }
 
+    fn state_types(&self) -> String {
+        std::any::type_name::<T>().to_owned()
+    }
+
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let mut local: ZSet<(T, ())> = input::<T>(inputs, 0)
             .iter()

@@ -83,6 +83,10 @@ where
         self.name
     }
 
+    fn state_types(&self) -> String {
+        crate::identity::types2::<K, V>()
+    }
+
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let mut local: ZSet<(K, V)> = input::<T>(inputs, 0)
             .iter()

@@ -18,6 +18,10 @@ impl<T: Data> Operator for Integrate<T> {
         "integrate"
     }
 
+    fn state_types(&self) -> String {
+        std::any::type_name::<T>().to_owned()
+    }
+
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         integrate(&mut self.sum, input::<T>(inputs, 0));
         let out: ZSet<T> = self.sum.iter().map(|(t, w)| (t.clone(), *w)).collect();
@@ -54,6 +58,10 @@ struct Differentiate<T> {
 impl<T: Data> Operator for Differentiate<T> {
     fn name(&self) -> &'static str {
         "differentiate"
+    }
+
+    fn state_types(&self) -> String {
+        std::any::type_name::<T>().to_owned()
     }
 
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {

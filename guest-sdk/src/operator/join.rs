@@ -45,6 +45,15 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
         }
     }
 
+    /// The types its state holds, for the operator's fingerprint.
+    fn types(&self) -> String {
+        format!(
+            "{}, {}",
+            crate::identity::types2::<K, A>(),
+            std::any::type_name::<B>()
+        )
+    }
+
     /// Marks the shard of `key` changed.
     fn touch(&mut self, key: &K) -> Result<()> {
         self.dirty.insert(state::shard_of_key(key)?);
@@ -127,6 +136,10 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         "join"
     }
 
+    fn state_types(&self) -> String {
+        self.sides.types()
+    }
+
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let da = shuffle_side(cx, self.channel, input::<(K, A)>(inputs, 0))?;
         let db = shuffle_side(cx, self.channel + 1, input::<(K, B)>(inputs, 1))?;
@@ -198,6 +211,10 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
 {
     fn name(&self) -> &'static str {
         "left_join"
+    }
+
+    fn state_types(&self) -> String {
+        self.sides.types()
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
