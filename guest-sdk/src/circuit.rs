@@ -109,9 +109,12 @@ pub(crate) trait Operator {
 struct Node {
     op: Box<dyn Operator>,
     /// A stateful operator's identity in snapshots: given by
-    /// [`Stream::named`], else `kind#n` once the circuit is built; empty
-    /// for a stateless one.
+    /// [`Stream::named`], else its default, once the circuit is built;
+    /// empty for a stateless one.
     id: String,
+    /// A stateful operator's default identity, `kind#n/total`, which a
+    /// snapshot written before it was named still knows it by.
+    default_id: String,
     /// Its state fingerprint (see [`OperatorInfo`]), once built.
     fingerprint: u64,
     inputs: Vec<NodeId>,
@@ -138,6 +141,7 @@ impl Graph {
         self.nodes.push(Node {
             op,
             id: String::new(),
+            default_id: String::new(),
             fingerprint: 0,
             inputs,
             last_reader: id,
@@ -283,12 +287,14 @@ impl<T: Data> Stream<T> {
     /// types, wherever it sits in the graph, so a circuit changed around
     /// it still restores it.
     ///
-    /// Without a name a stateful operator is `kind#n`, the n-th stateful
-    /// operator of its kind in build order (`keyed_sum#0`): stable while
-    /// stateless operators are added, removed or changed, not when a
-    /// stateful operator of the same kind is added before it. The build
-    /// fails if no stateful operator produced the stream, if it is named
-    /// twice, or if two operators share a name.
+    /// Without a name a stateful operator is `kind#n/total`, the n-th of
+    /// the `total` stateful operators of its kind in build order
+    /// (`keyed_sum#0/2`): stable while stateless operators are added,
+    /// removed or changed; adding or removing one of its kind renames all
+    /// of them, and their states are then refused, not misplaced. An
+    /// operator named since a snapshot was taken still takes its state
+    /// under its default. The build fails if no stateful operator produced
+    /// the stream, if it is named twice, or if two operators share a name.
     ///
     /// ```
     /// # use sluice_guest::{Circuit, CircuitInstance};
@@ -309,7 +315,8 @@ impl<T: Data> Stream<T> {
         }
         let error = if !g.nodes[node].op.stateful() {
             Some(format!(
-                "named(\"{id}\"): no stateful operator produced this stream"
+                "named(\"{id}\"): no single stateful operator produced this stream (it \
+                 comes from an input port or merges several streams: name each of them)"
             ))
         } else if !g.nodes[node].id.is_empty() {
             Some(format!(
@@ -398,7 +405,7 @@ impl CircuitInstance {
                 .nodes
                 .iter_mut()
                 .filter(|n| n.op.stateful())
-                .map(|n| (n.op.name(), &mut n.id)),
+                .map(|n| (n.op.name(), &mut n.id, &mut n.default_id)),
             &mut graph.errors,
         );
         for node in graph.nodes.iter_mut().filter(|n| n.op.stateful()) {
@@ -683,9 +690,20 @@ impl CircuitInstance {
         }
         if header.format == ENVELOPE_FORMAT {
             let operators: Named = postcard::from_bytes(rest).map_err(unreadable)?;
-            for (id, kind, fingerprint, bytes) in operators {
-                let node = self.node_named(id, kind, fingerprint)?;
-                node.op.restore(kind, shard, bytes)?;
+            // Every operator is found before any takes its state: a piece
+            // refused is not half restored.
+            let nodes = operators
+                .iter()
+                .map(|(id, kind, fingerprint, _)| self.node_named(id, kind, *fingerprint))
+                .collect::<Result<Vec<usize>>>()?;
+            for (node, (id, kind, _, bytes)) in nodes.into_iter().zip(&operators) {
+                let op = &mut self.graph.nodes[node].op;
+                op.restore(kind, shard, bytes).map_err(|e| match e {
+                    Error::IncompatibleSnapshot(m) => {
+                        Error::IncompatibleSnapshot(format!("operator `{id}`: {m}"))
+                    }
+                    e => e,
+                })?;
             }
             return Ok(());
         }
@@ -717,18 +735,30 @@ impl CircuitInstance {
         Ok(())
     }
 
-    /// The stateful operator whose identity is `id`, if it reads state of
-    /// `kind` with that `fingerprint`; else why the snapshot's state of
-    /// `id` does not go back into this circuit.
-    fn node_named(&mut self, id: &str, kind: &str, fingerprint: u64) -> Result<&mut Node> {
+    /// The node of the stateful operator whose identity (or, for one
+    /// named since, default identity) is `id`, if it reads state of `kind`
+    /// with that `fingerprint`; else why the snapshot's state of `id` does
+    /// not go back into this circuit.
+    fn node_named(&self, id: &str, kind: &str, fingerprint: u64) -> Result<usize> {
         let refuse = |why: String| {
             Err(Error::IncompatibleSnapshot(format!(
                 "operator `{id}` ({kind}) in the snapshot {why}"
             )))
         };
-        let Some(node) = self.graph.nodes.iter_mut().find(|n| n.id == id) else {
-            return refuse("is not in the circuit".into());
+        let nodes = &self.graph.nodes;
+        let Some(index) = nodes
+            .iter()
+            .position(|n| n.op.stateful() && (n.id == id || n.default_id == id))
+        else {
+            let hint = if id.contains('#') {
+                " (an unnamed operator is known by its place among those of its kind: \
+                 adding or removing one renames the others)"
+            } else {
+                ""
+            };
+            return refuse(format!("is not in the circuit{hint}"));
         };
+        let node = &nodes[index];
         if !node.op.reads(kind) {
             return refuse(format!("is a {} in the circuit", node.op.name()));
         }
@@ -738,7 +768,7 @@ impl CircuitInstance {
                 node.op.state_types()
             ));
         }
-        Ok(node)
+        Ok(index)
     }
 }
 

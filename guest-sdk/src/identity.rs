@@ -57,22 +57,31 @@ pub(crate) fn types2<A, B>() -> String {
     )
 }
 
-/// Gives every stateful operator without a name (in build order, with its
-/// kind) its default identity, `kind#n`, counting the named ones too (so
-/// naming one operator leaves the others' identities as they were), and
-/// records an error for a name used twice.
+/// Gives every stateful operator (in build order, with its kind) its
+/// default identity, `kind#n/total` — the n-th of the `total` operators
+/// of its kind, named ones counted (so naming one leaves the others'
+/// defaults as they were), and `total` in it so that adding or removing an
+/// operator of a kind renames all of them instead of shifting their states
+/// to their neighbours — and that identity when it has no name; records an
+/// error for a name used twice.
 pub(crate) fn resolve<'a>(
-    operators: impl Iterator<Item = (&'static str, &'a mut String)>,
+    operators: impl Iterator<Item = (&'static str, &'a mut String, &'a mut String)>,
     errors: &mut Vec<String>,
 ) {
+    let operators: Vec<_> = operators.collect();
+    let mut totals: BTreeMap<&str, usize> = BTreeMap::new();
+    for (kind, _, _) in &operators {
+        *totals.entry(kind).or_default() += 1;
+    }
     let mut per_kind: BTreeMap<&str, usize> = BTreeMap::new();
     let mut seen = BTreeSet::new();
-    for (kind, id) in operators {
+    for (kind, id, default_id) in operators {
         let n = per_kind.entry(kind).or_default();
-        if id.is_empty() {
-            *id = format!("{kind}#{n}");
-        }
+        *default_id = format!("{kind}#{n}/{}", totals[kind]);
         *n += 1;
+        if id.is_empty() {
+            id.clone_from(default_id);
+        }
         if !seen.insert(id.clone()) {
             errors.push(format!("two stateful operators are named \"{id}\""));
         }
@@ -93,8 +102,7 @@ mod tests {
         } else {
             words
         };
-        words.count_by(|w| w.clone()).output("counts");
-        words.count_by(|w| w.len() as u64).output("lengths");
+        counts_of(&words);
     }
 
     fn run(c: &mut CircuitInstance, words: &[&str]) -> Vec<Vec<crate::exchange::RawEvent>> {
@@ -102,11 +110,18 @@ mod tests {
         c.step(vec![events(&input)], &mut LocalExchange).unwrap()
     }
 
+    /// The pieces of [`counts`] (without the `map`) after a step of `words`.
+    fn counted(words: &[&str]) -> crate::Pieces {
+        let mut old = CircuitInstance::build(|c: &mut Circuit| counts(c, false)).unwrap();
+        run(&mut old, words);
+        old.snapshot().unwrap()
+    }
+
     #[test]
     fn defaults_count_per_kind_and_names_keep_the_others() {
         let c = CircuitInstance::build(|c: &mut Circuit| counts(c, false)).unwrap();
         let ids: Vec<String> = c.operators().into_iter().map(|o| o.id).collect();
-        assert_eq!(ids, ["keyed_sum#0", "keyed_sum#1"]);
+        assert_eq!(ids, ["keyed_sum#0/2", "keyed_sum#1/2"]);
         let c = CircuitInstance::build(|c: &mut Circuit| {
             let words = c.input::<String>("words");
             words
@@ -117,14 +132,12 @@ mod tests {
         })
         .unwrap();
         let ids: Vec<String> = c.operators().into_iter().map(|o| o.id).collect();
-        assert_eq!(ids, ["words", "keyed_sum#1"]);
+        assert_eq!(ids, ["words", "keyed_sum#1/2"]);
     }
 
     #[test]
     fn a_stateless_operator_added_before_keeps_the_state() {
-        let mut old = CircuitInstance::build(|c: &mut Circuit| counts(c, false)).unwrap();
-        run(&mut old, &["a", "a", "bb"]);
-        let pieces = old.snapshot().unwrap();
+        let pieces = counted(&["a", "a", "bb"]);
         // The upgraded circuit lowercases first: every node index after
         // the input moved, the identities did not.
         let mut new = CircuitInstance::build(|c: &mut Circuit| counts(c, true)).unwrap();
@@ -138,9 +151,7 @@ mod tests {
 
     #[test]
     fn other_state_types_are_refused_naming_the_operator() {
-        let mut old = CircuitInstance::build(|c: &mut Circuit| counts(c, false)).unwrap();
-        run(&mut old, &["a"]);
-        let pieces = old.snapshot().unwrap();
+        let pieces = counted(&["a"]);
         let mut new = CircuitInstance::build(|c: &mut Circuit| {
             let words = c.input::<String>("words");
             words.count_by(|w| w.clone()).output("counts");
@@ -149,7 +160,7 @@ mod tests {
         .unwrap();
         let err = new.restore(&pieces).unwrap_err().to_string();
         assert!(
-            err.contains("operator `keyed_sum#1` (keyed_sum)") && err.contains("u32"),
+            err.contains("operator `keyed_sum#1/2` (keyed_sum)") && err.contains("u32"),
             "{err}"
         );
         // An operator the snapshot has and the circuit lost is named too.
@@ -160,13 +171,74 @@ mod tests {
         })
         .unwrap();
         let err = fewer.restore(&pieces).unwrap_err().to_string();
-        assert!(err.contains("`keyed_sum#1` (keyed_sum) in the snapshot is not in the circuit"));
+        assert!(err.contains("`keyed_sum#0/2` (keyed_sum) in the snapshot is not in the circuit"));
+    }
+
+    #[test]
+    fn an_operator_of_the_same_kind_added_renames_instead_of_shifting() {
+        let pieces = counted(&["a"]);
+        // A third count of the same types before the two: by place alone
+        // the word counts' state would go to it.
+        let mut more = CircuitInstance::build(|c: &mut Circuit| {
+            let words = c.input::<String>("words");
+            words.count_by(|w| format!("#{w}")).output("tags");
+            counts_of(&words);
+        })
+        .unwrap();
+        let err = more.restore(&pieces).unwrap_err().to_string();
+        assert!(
+            err.contains("`keyed_sum#0/2`") && err.contains("renames the others"),
+            "{err}"
+        );
+        // Named, the two keep their state (under their defaults, as the
+        // snapshot knows them), and the new one starts empty.
+        let mut named = CircuitInstance::build(|c: &mut Circuit| {
+            let words = c.input::<String>("words");
+            words
+                .count_by(|w| w.clone())
+                .named("words")
+                .output("counts");
+            words
+                .count_by(|w| w.len() as u64)
+                .named("lengths")
+                .output("lengths");
+        })
+        .unwrap();
+        named.restore(&pieces).unwrap();
+        let out = run(&mut named, &["a"]);
+        let words: Vec<((String, i64), i64)> = crate::operator::testing::decode(&out[0]);
+        assert_eq!(words, [(("a".into(), 1), -1), (("a".into(), 2), 1)]);
+    }
+
+    /// The two counts of [`counts`], on `words`.
+    fn counts_of(words: &crate::Stream<String>) {
+        words.count_by(|w| w.clone()).output("counts");
+        words.count_by(|w| w.len() as u64).output("lengths");
+    }
+
+    #[test]
+    fn a_count_does_not_restore_as_a_sum() {
+        let mut old = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<(String, i64)>("sales")
+                .count_by(|(r, _)| r.clone())
+                .output("out");
+        })
+        .unwrap();
+        let input = [(("eu".to_string(), 5i64), 1i64)];
+        old.step(vec![events(&input)], &mut LocalExchange).unwrap();
+        let pieces = old.snapshot().unwrap();
+        let mut sums = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<(String, i64)>("sales")
+                .sum_by(|(r, _)| r.clone(), |(_, n)| *n)
+                .output("out");
+        })
+        .unwrap();
+        let err = sums.restore(&pieces).unwrap_err().to_string();
+        assert!(err.contains("other types") && err.contains("sum:"), "{err}");
     }
 
     #[test]
     fn pieces_of_operators_known_by_index_still_restore() {
-        let mut old = CircuitInstance::build(|c: &mut Circuit| counts(c, false)).unwrap();
-        run(&mut old, &["a"]);
         // The same states as an SDK before identities wrote them (format
         // 2: node index, kind, state): the counts sit at nodes 1 and 3.
         type Named<'a> = (
@@ -174,7 +246,7 @@ mod tests {
             u32,
             Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>,
         );
-        let pieces = old.snapshot().unwrap();
+        let pieces = counted(&["a"]);
         let indexed: Vec<(u32, Vec<u8>)> = pieces
             .iter()
             .map(|(shard, piece)| {
@@ -182,7 +254,7 @@ mod tests {
                 let states: Vec<(u32, &str, &serde_bytes::Bytes)> = states
                     .into_iter()
                     .map(|(id, kind, _, state)| {
-                        (if id == "keyed_sum#0" { 1 } else { 3 }, kind, state)
+                        (if id == "keyed_sum#0/2" { 1 } else { 3 }, kind, state)
                     })
                     .collect();
                 (
@@ -216,7 +288,7 @@ mod tests {
                 .output("a");
         });
         let err = stateless.err().unwrap().to_string();
-        assert!(err.contains("no stateful operator"), "{err}");
+        assert!(err.contains("no single stateful operator"), "{err}");
         let twice = CircuitInstance::build(|c: &mut Circuit| {
             c.input::<String>("words")
                 .distinct()

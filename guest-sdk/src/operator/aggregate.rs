@@ -73,6 +73,9 @@ impl<S: Sum> Acc<S> {
 
 struct GroupSum<T, K, S, O, KF, VF, EF> {
     channel: u32,
+    /// What its accumulators' sums hold: `count` (none: `count_by`) or
+    /// `sum` (the values: `sum_by`, `avg_by`), part of its fingerprint.
+    sums: &'static str,
     key: KF,
     value: VF,
     emit: EF,
@@ -125,7 +128,7 @@ where
     }
 
     fn state_types(&self) -> String {
-        crate::identity::types2::<K, S>()
+        format!("{}: {}", self.sums, crate::identity::types2::<K, S>())
     }
 
     fn reads(&self, name: &str) -> bool {
@@ -281,7 +284,7 @@ impl<T: Data> Stream<T> {
     /// }).unwrap();
     /// ```
     pub fn count_by<K: Data>(&self, key: impl Fn(&T) -> K + 'static) -> Stream<(K, i64)> {
-        self.group_sum(key, |_| 0i64, |acc: &Acc<i64>| acc.count)
+        self.group_sum("count", key, |_| 0i64, |acc: &Acc<i64>| acc.count)
     }
 
     /// Sums `value` of the records per key (each record counted with its
@@ -301,7 +304,7 @@ impl<T: Data> Stream<T> {
         key: impl Fn(&T) -> K + 'static,
         value: impl Fn(&T) -> S + 'static,
     ) -> Stream<(K, S)> {
-        self.group_sum(key, value, |acc: &Acc<S>| acc.sum.clone())
+        self.group_sum("sum", key, value, |acc: &Acc<S>| acc.sum.clone())
     }
 
     /// Averages `value` of the records per key (each record counted with its
@@ -321,13 +324,14 @@ impl<T: Data> Stream<T> {
         key: impl Fn(&T) -> K + 'static,
         value: impl Fn(&T) -> i64 + 'static,
     ) -> Stream<(K, OrdF64)> {
-        self.group_sum(key, value, |acc: &Acc<i64>| {
+        self.group_sum("sum", key, value, |acc: &Acc<i64>| {
             OrdF64(acc.sum as f64 / acc.count as f64)
         })
     }
 
     fn group_sum<K: Data, S: Sum, O: Data>(
         &self,
+        sums: &'static str,
         key: impl Fn(&T) -> K + 'static,
         value: impl Fn(&T) -> S + 'static,
         emit: impl Fn(&Acc<S>) -> O + 'static,
@@ -335,6 +339,7 @@ impl<T: Data> Stream<T> {
         let channel = self.next_channel();
         self.unary(GroupSum {
             channel,
+            sums,
             key,
             value,
             emit,
@@ -564,7 +569,7 @@ mod tests {
                 .restore(&snap)
                 .unwrap_err()
                 .to_string()
-                .contains("`keyed_sum#0` (keyed_sum) in the snapshot is not in the circuit")
+                .contains("`keyed_sum#0/1` (keyed_sum) in the snapshot is not in the circuit")
         );
 
         let mut v2 = CircuitInstance::build(|c: &mut Circuit| {
