@@ -32,18 +32,26 @@ from .operators import (
 )
 from .shard import SHARDS
 
-ENVELOPE_FORMAT = 1
-"""The format of a snapshot piece this SDK writes and reads."""
+ENVELOPE_FORMAT = 2
+"""The format of a snapshot piece this SDK writes: per stateful operator
+its identity, kind, state shape and entries. Format 1 (per operator its
+node index, kind and entries) still restores."""
+
+INDEXED_FORMAT = 1
 
 
 class Node:
     """An operator in the graph, with the nodes it reads."""
 
-    __slots__ = ("op", "inputs")
+    __slots__ = ("op", "inputs", "id", "default_id")
 
     def __init__(self, op, inputs):
         self.op = op
         self.inputs = inputs
+        # A stateful operator's identity in snapshots (``Stream.named``, else
+        # its default ``kind#n/total``), resolved when the circuit is built.
+        self.id = ""
+        self.default_id = ""
 
 
 class StepContext:
@@ -229,6 +237,33 @@ class Stream:
 
         return self.flat_map(windows)
 
+    def named(self, name: str) -> "Stream":
+        """Names the stateful operator that produced this stream (the
+        nearest one upstream through stateless one-input operators such as
+        ``map``): its identity in checkpoints, as the Rust SDK's
+        ``Stream::named``. A checkpoint's state goes back to the operator of
+        the same identity wherever it sits, so a circuit changed around it
+        still restores it. Unnamed, an operator is ``kind#n/total``, the
+        n-th of the stateful operators of its kind in build order."""
+        c = self._circuit
+        node = c._nodes[self._node]
+        while not node.op.stateful and len(node.inputs) == 1:
+            node = c._nodes[node.inputs[0]]
+        if not node.op.stateful:
+            c._errors.append(
+                f"named({name!r}): no single stateful operator produced this stream (it "
+                "comes from an input port or merges several streams: name each of them)"
+            )
+        elif node.id:
+            c._errors.append(f"named({name!r}): the operator is named {node.id!r} already")
+        elif not isinstance(name, str) or not name or "#" in name:
+            c._errors.append(
+                f"named({name!r}): a name is a non-empty string without `#` (kept for defaults)"
+            )
+        else:
+            node.id = name
+        return self
+
     def output(self, name: str) -> None:
         """Declares output port ``name``: this stream's deltas, consolidated,
         written as JSON."""
@@ -253,6 +288,7 @@ class Instance:
     def __init__(self, build):
         c = Circuit()
         build(c)
+        _resolve_identities([n for n in c._nodes if n.op.stateful], c._errors)
         if c._errors:
             raise CircuitError("failed", "; ".join(c._errors))
         self.inputs = list(c._inputs)
@@ -260,6 +296,7 @@ class Instance:
         self.snapshot_version = c._version
         self._nodes = c._nodes
         self._stateful = [(i, n.op) for i, n in enumerate(self._nodes) if n.op.stateful]
+        self._stateful_nodes = [n for n in self._nodes if n.op.stateful]
 
     def step(self, inputs, exchange=None):
         """Runs one step. ``inputs[p]`` is input port ``p``'s delta (decoded
@@ -278,11 +315,17 @@ class Instance:
             results.append(node.op.eval(cx, [results[i] for i in node.inputs]))
         return outputs
 
+    def operators(self):
+        """The stateful operators in build order, as ``(identity, kind,
+        state shape)``: what two versions of a circuit are compared by."""
+        return [(n.id, n.op.name, _shape(n.op)) for n in self._stateful_nodes]
+
     def _pieces(self, only):
         by_shard = {}
-        for index, op in self._stateful:
+        for node in self._stateful_nodes:
+            op = node.op
             for shard, entries in op.snapshot(only).items():
-                by_shard.setdefault(shard, []).append((index, op.name, entries))
+                by_shard.setdefault(shard, []).append((node.id, op.name, _shape(op), entries))
         return {
             shard: pickle.dumps((ENVELOPE_FORMAT, self.snapshot_version, ops), protocol=5)
             for shard, ops in sorted(by_shard.items())
@@ -325,10 +368,10 @@ class Instance:
                 fmt, version, ops = pickle.loads(piece)
             except Exception as e:  # noqa: BLE001 - any unreadable piece
                 raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
-            if fmt != ENVELOPE_FORMAT:
+            if fmt not in (ENVELOPE_FORMAT, INDEXED_FORMAT):
                 raise CircuitError(
                     "incompatible-snapshot",
-                    f"piece format {fmt} (this SDK reads {ENVELOPE_FORMAT})",
+                    f"piece format {fmt} (this SDK reads {INDEXED_FORMAT} and {ENVELOPE_FORMAT})",
                 )
             if version != self.snapshot_version:
                 raise CircuitError(
@@ -336,12 +379,74 @@ class Instance:
                     f"snapshot version {version} but the circuit reads version "
                     f"{self.snapshot_version}",
                 )
-            for index, name, entries in ops:
-                node = self._nodes[index] if 0 <= index < len(self._nodes) else None
-                if node is None or not node.op.stateful or node.op.name != name:
-                    raise CircuitError(
-                        "incompatible-snapshot",
-                        f"operator {index} `{name}` in the snapshot is not a stateful "
-                        "operator of that name in the circuit",
-                    )
+            if fmt == INDEXED_FORMAT:
+                targets = [self._node_at(index, name) for index, name, _ in ops]
+                for node, (_, _, entries) in zip(targets, ops):
+                    node.op.restore(shard, entries)
+                continue
+            # Every operator is found before any takes its state: a piece
+            # refused is not half restored.
+            targets = [self._node_named(id_, kind, shape) for id_, kind, shape, _ in ops]
+            for node, (_, _, _, entries) in zip(targets, ops):
                 node.op.restore(shard, entries)
+
+    def _node_at(self, index, name):
+        node = self._nodes[index] if 0 <= index < len(self._nodes) else None
+        if node is None or not node.op.stateful or node.op.name != name:
+            raise CircuitError(
+                "incompatible-snapshot",
+                f"operator {index} `{name}` in the snapshot is not a stateful "
+                "operator of that name in the circuit",
+            )
+        return node
+
+    def _node_named(self, id_, kind, shape):
+        def refuse(why):
+            return CircuitError(
+                "incompatible-snapshot", f"operator `{id_}` ({kind}) in the snapshot {why}"
+            )
+
+        node = next(
+            (n for n in self._stateful_nodes if id_ in (n.id, n.default_id)), None
+        )
+        if node is None:
+            hint = (
+                " (an unnamed operator is known by its place among those of its kind: "
+                "adding or removing one renames the others)"
+                if "#" in id_
+                else ""
+            )
+            raise refuse(f"is not in the circuit{hint}")
+        if node.op.name != kind:
+            raise refuse(f"is a {node.op.name} in the circuit")
+        if _shape(node.op) != shape:
+            raise refuse(f"holds state of another shape ({shape}, the circuit's {_shape(node.op)})")
+        return node
+
+
+def _shape(op):
+    """What an operator's state holds beyond its kind (a keyed sum's: counts
+    only, or sums of values), checked on restore."""
+    return getattr(op, "state_shape", "")
+
+
+def _resolve_identities(nodes, errors):
+    """Gives every stateful node its default identity, ``kind#n/total`` (named
+    ones counted, so naming one leaves the others' as they were; ``total``
+    so that adding or removing one of a kind renames the others instead of
+    shifting their states), and that identity when it has no name; records
+    an error for a name used twice."""
+    totals = {}
+    for node in nodes:
+        totals[node.op.name] = totals.get(node.op.name, 0) + 1
+    seen, per_kind = set(), {}
+    for node in nodes:
+        kind = node.op.name
+        n = per_kind.get(kind, 0)
+        per_kind[kind] = n + 1
+        node.default_id = f"{kind}#{n}/{totals[kind]}"
+        if not node.id:
+            node.id = node.default_id
+        if node.id in seen:
+            errors.append(f"two stateful operators are named {node.id!r}")
+        seen.add(node.id)

@@ -193,6 +193,8 @@ class GroupSum(Keyed):
         self.key = key
         self.value = value
         self.kind = kind
+        # A count does not restore as a sum (its sums hold nothing).
+        self.state_shape = "count" if kind == "count" else "sum"
 
     def _emit(self, count, total):
         if count <= 0:
