@@ -366,7 +366,7 @@ struct Header {
 struct Envelope<'a> {
     format: u32,
     snapshot_version: u32,
-    operators: Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>,
+    operators: Named<'a>,
 }
 
 /// What follows the header in formats 3 (`Named`) and 1–2 (node index,

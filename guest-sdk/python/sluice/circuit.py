@@ -295,7 +295,7 @@ class Instance:
         self.outputs = list(c._outputs)
         self.snapshot_version = c._version
         self._nodes = c._nodes
-        self._stateful = [(i, n.op) for i, n in enumerate(self._nodes) if n.op.stateful]
+        self._stateful = [n.op for n in self._nodes if n.op.stateful]
         self._stateful_nodes = [n for n in self._nodes if n.op.stateful]
 
     def step(self, inputs, exchange=None):
@@ -335,7 +335,7 @@ class Instance:
         """The state as pieces, ``{shard: bytes}`` for every shard holding
         any; every shard is unchanged afterwards."""
         pieces = self._pieces(None)
-        for _, op in self._stateful:
+        for op in self._stateful:
             op.dirty.clear()
         return pieces
 
@@ -343,10 +343,10 @@ class Instance:
         """The shards changed since the last snapshot (or restore), and their
         pieces written whole: ``(changed, {shard: bytes})``."""
         changed = set()
-        for _, op in self._stateful:
+        for op in self._stateful:
             changed |= op.dirty
         pieces = self._pieces(changed)
-        for _, op in self._stateful:
+        for op in self._stateful:
             op.dirty.clear()
         return sorted(changed), pieces
 
@@ -354,7 +354,7 @@ class Instance:
         """The pieces of ``shards``, which are then forgotten."""
         only = set(shards)
         pieces = self._pieces(only)
-        for _, op in self._stateful:
+        for op in self._stateful:
             op.forget(only)
         return pieces
 
