@@ -40,6 +40,17 @@
 #   under the append's lock, as Kafka's producer state does. The LSO also
 #   moves to the earliest open transaction's start when another one closes
 #   (it waited for every one to close).
+# - crabka-producer-state-restart.patch and
+#   crabka-log-producer-state-restart.patch: an idempotent producer's
+#   sequences were checked against state kept in memory only (empty after a
+#   restart) and apart from the append: a batch appended just before a
+#   broker restart, whose acknowledgement was lost, was appended again when
+#   the producer retried it, inside the same transaction, which then
+#   committed both (the fault campaign: a step's output records read twice
+#   after a broker restart). Each partition now rebuilds its producers'
+#   epochs and last five batches from the log when it opens, as Kafka does,
+#   and checks a batch's sequence under the append's lock, answering a
+#   retry with the first append's offset (tests/e2e/broker.rs).
 #
 #   scripts/kafka-broker.sh install             build once (~10 min cold on 2 cores)
 #   scripts/kafka-broker.sh start PORT DIR      as the shared script: prints the address
@@ -65,9 +76,10 @@ export KB_HOME=${SLUICE_KB_HOME:-$HOME/.cache/sluice-kafka-broker-patched}
 BIN=$KB_HOME/bin/crabka-broker
 PATCHES=("$SHARED/crabka-replay-txn-markers.patch" "$SHARED/crabka-fetch-empty-records.patch" \
          "$HERE/kafka-broker/crabka-txn-control-lock.patch" "$HERE/kafka-broker/crabka-txn-timeout.patch" \
-         "$HERE/kafka-broker/crabka-fence-epoch.patch")
+         "$HERE/kafka-broker/crabka-fence-epoch.patch" "$HERE/kafka-broker/crabka-producer-state-restart.patch")
 # Patches to the broker's crabka-log dependency, built in as a path override.
-LOG_PATCHES=("$HERE/kafka-broker/crabka-log-restart-txn-state.patch" "$HERE/kafka-broker/crabka-log-fence-epoch.patch")
+LOG_PATCHES=("$HERE/kafka-broker/crabka-log-restart-txn-state.patch" "$HERE/kafka-broker/crabka-log-fence-epoch.patch" \
+             "$HERE/kafka-broker/crabka-log-producer-state-restart.patch")
 VER=0.3.0
 
 # The patches the installed binary was built with: a changed patch rebuilds.
@@ -90,8 +102,12 @@ install() {
   rm -rf "$KB_HOME/crabka-log" && cp -r "$log_src" "$KB_HOME/crabka-log" && chmod -R u+w "$KB_HOME/crabka-log"
   for p in "${LOG_PATCHES[@]}"; do (cd "$KB_HOME/crabka-log" && patch -s -p1 < "$p"); done
   printf '\n[patch.crates-io]\ncrabka-log = { path = "../crabka-log" }\n' >> "$KB_HOME/src/Cargo.toml"
-  # Offline, not --locked: the override changes crabka-log's lock entry
-  # (every crate was fetched, locked, above).
+  # The broker's own lockfile, its dev-dependencies included (cargo
+  # resolves them for a build too): the fetch above did not get those, and
+  # a fresh machine has no other copy (a build there failed: "no matching
+  # package named `temp-env`"). Not --locked: the override changes
+  # crabka-log's lock entry.
+  (cd "$KB_HOME/src" && cargo fetch -q)
   (cd "$KB_HOME/src" && CARGO_TARGET_DIR="$KB_HOME/target" cargo build --release --offline -q --bin crabka-broker)
   # Renamed into place: a broker started from the old binary keeps running.
   cp "$KB_HOME/target/release/crabka-broker" "$BIN.new" && mv -f "$BIN.new" "$BIN"

@@ -163,3 +163,149 @@ fn a_producer_fenced_mid_send_leaves_nothing_behind() {
     );
     assert_eq!(bs, rounds * (PARTITIONS - 1), "every record B committed");
 }
+
+/// The size of the log segments of `topic`'s partition 0 in a broker's
+/// data directory (what has been appended there).
+fn appended(dir: &std::path::Path, topic: &str) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir.join(format!("{topic}-0"))) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum()
+}
+
+/// A transactional batch appended just before the broker is killed, whose
+/// acknowledgement never reached the producer (held in a proxy, then the
+/// connection reset), is sent again by the producer after the restart with
+/// the same producer id, epoch and sequence. The partition must know it
+/// (Kafka rebuilds its producer state from the log on load) and answer
+/// with the first append's offset: a second append would sit in the same
+/// transaction, and its commit would hand a `read_committed` reader every
+/// record twice — a step's output written twice (the fault campaign saw
+/// it after a broker restart). crabka 0.3.0 kept that state in memory only
+/// (`crabka-producer-state-restart.patch`).
+#[test]
+fn a_batch_retried_across_a_broker_restart_is_appended_once() {
+    use crate::support::cluster::OwnBroker;
+    use crate::support::proxy::Proxy;
+    if brokers().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxy = None;
+    let broker = OwnBroker::start_behind(dir.path().join("broker"), |addr| {
+        let p = Proxy::start(addr);
+        let front = p.addr().to_owned();
+        proxy = Some(p);
+        front
+    });
+    let proxy = proxy.unwrap();
+    let front = proxy.addr().to_owned();
+    let topic = fresh_name("retried-across-restart");
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &front)
+            .create()
+            .unwrap();
+        let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+        let created =
+            futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+        for r in created {
+            r.unwrap();
+        }
+    }
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &front)
+        .set("transactional.id", fresh_name("retried-across-restart-txn"))
+        .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "1")
+        .set("linger.ms", "50")
+        .set("message.timeout.ms", "60000")
+        .set("transaction.timeout.ms", "60000")
+        .set("reconnect.backoff.max.ms", "1000")
+        .create()
+        .unwrap();
+    let t = Duration::from_secs(30);
+    producer.init_transactions(t).unwrap();
+    producer.begin_transaction().unwrap();
+    let send = |value: &str| {
+        producer
+            .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(value))
+            .unwrap()
+    };
+    send("warm");
+    producer.flush(t).unwrap();
+
+    // The next batch reaches the log; its acknowledgement stays in the proxy.
+    let before = appended(&broker.dir, &topic);
+    assert!(
+        before > 0,
+        "no segment of {topic} under {}",
+        broker.dir.display()
+    );
+    proxy.hold_out(true);
+    for i in 0..10 {
+        send(&format!("r{i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while appended(&broker.dir, &topic) == before {
+        assert!(Instant::now() < deadline, "the batch was never appended");
+        producer.poll(Duration::from_millis(10));
+    }
+    // The broker dies with the batch in its log; the held answer is never
+    // delivered (the connections end), so the producer sends the batch
+    // again to the restarted broker.
+    broker.kill();
+    proxy.reset();
+    proxy.hold_out(false);
+    broker.up();
+    producer
+        .commit_transaction(Duration::from_secs(60))
+        .unwrap();
+
+    let reader: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &front)
+        .set("group.id", fresh_name("retried-across-restart-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    reader.assign(&tpl).unwrap();
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let deadline = Instant::now() + t;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not read to its end in {t:?}"
+        );
+        match reader.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                *seen.entry(value).or_default() += 1;
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "records committed more than once: {twice:?}"
+    );
+    let expected: Vec<String> = std::iter::once("warm".to_owned())
+        .chain((0..10).map(|i| format!("r{i}")))
+        .collect();
+    let got: Vec<String> = seen.into_keys().collect();
+    let mut expected = expected;
+    expected.sort();
+    assert_eq!(got, expected, "every record committed once");
+}

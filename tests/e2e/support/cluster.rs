@@ -499,6 +499,9 @@ pub fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
 pub struct OwnBroker {
     pub addr: String,
     pub dir: PathBuf,
+    /// The address it tells clients to reach it at, when not `addr` (a
+    /// proxy in front of it).
+    pub advertised: Option<String>,
 }
 
 impl OwnBroker {
@@ -508,13 +511,50 @@ impl OwnBroker {
 
     pub fn start(dir: PathBuf) -> OwnBroker {
         let addr = format!("{}:{}", own_loopback(), free_port());
-        let broker = OwnBroker { addr, dir };
+        let broker = OwnBroker {
+            addr,
+            dir,
+            advertised: None,
+        };
         broker.up();
         broker
     }
 
+    /// A broker behind what `front` starts given its address (a proxy),
+    /// telling clients to reach it at the address `front` returns.
+    pub fn start_behind(dir: PathBuf, front: impl FnOnce(&str) -> String) -> OwnBroker {
+        let addr = format!("{}:{}", own_loopback(), free_port());
+        let advertised = Some(front(&addr));
+        let broker = OwnBroker {
+            addr,
+            dir,
+            advertised,
+        };
+        broker.up();
+        broker
+    }
+
+    /// Kills the broker with SIGKILL and waits until it is gone.
+    pub fn kill(&self) {
+        let pid = std::fs::read_to_string(self.dir.with_extension("pid")).unwrap();
+        let pid = pid.trim();
+        let ok = std::process::Command::new("kill")
+            .args(["-9", pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "killing the broker {pid}");
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn up(&self) {
-        let ok = std::process::Command::new(Self::script())
+        let mut start = std::process::Command::new(Self::script());
+        if let Some(advertised) = &self.advertised {
+            start.env("CRABKA_ADVERTISED_LISTENER", advertised);
+        }
+        let ok = start
             .arg("start-at")
             .arg(&self.addr)
             .arg(&self.dir)
