@@ -106,26 +106,42 @@ pub(crate) trait Operator {
     fn clean(&mut self, _whole: &Shards) {}
 }
 
-struct Node {
-    op: Box<dyn Operator>,
+pub(crate) struct Node {
+    pub(crate) op: Box<dyn Operator>,
     /// A stateful operator's identity in snapshots: given by
     /// [`Stream::named`], else its default, once the circuit is built;
     /// empty for a stateless one.
-    id: String,
+    pub(crate) id: String,
     /// A stateful operator's default identity, `kind#n/total`, which a
     /// snapshot written before it was named still knows it by.
-    default_id: String,
+    pub(crate) default_id: String,
+    /// Identities of earlier versions of the circuit it takes state under
+    /// too ([`Stream::formerly`]).
+    pub(crate) formerly: Vec<String>,
     /// Its state fingerprint (see [`OperatorInfo`]), once built.
-    fingerprint: u64,
+    pub(crate) fingerprint: u64,
     inputs: Vec<NodeId>,
     /// The last node that reads this one's value (itself while none
     /// does): after it runs, the value is dropped.
     last_reader: NodeId,
 }
 
+impl Node {
+    /// Whether a snapshot's state of operator `id` is this node's.
+    pub(crate) fn answers_to(&self, id: &str) -> bool {
+        self.id == id || self.default_id == id || self.formerly.iter().any(|f| f == id)
+    }
+
+    /// Its identities other than `id`, for [`OperatorInfo`].
+    fn aliases(&self) -> Vec<String> {
+        let default = (self.default_id != self.id).then(|| self.default_id.clone());
+        default.into_iter().chain(self.formerly.clone()).collect()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Graph {
-    nodes: Vec<Node>,
+    pub(crate) nodes: Vec<Node>,
     inputs: Vec<String>,
     outputs: Vec<String>,
     snapshot_version: u32,
@@ -142,6 +158,7 @@ impl Graph {
             op,
             id: String::new(),
             default_id: String::new(),
+            formerly: Vec::new(),
             fingerprint: 0,
             inputs,
             last_reader: id,
@@ -337,13 +354,54 @@ impl<T: Data> Stream<T> {
         drop(g);
         self.clone()
     }
+
+    /// Gives the stateful operator that produced this stream (as
+    /// [`named`](Self::named) finds it) an identity of an earlier version
+    /// of the circuit, whose state it takes from that version's snapshots:
+    /// for an operator renamed, or one whose default identity changed
+    /// because another operator of its kind was added or removed.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// // Version 1 counted words with one unnamed count (`keyed_sum#0/1`);
+    /// // version 2 adds a second count and keeps the first one's state.
+    /// let instance = CircuitInstance::build(|c: &mut Circuit| {
+    ///     let words = c.input::<String>("words");
+    ///     words
+    ///         .count_by(|w| w.clone())
+    ///         .named("counts")
+    ///         .formerly("keyed_sum#0/1")
+    ///         .output("counts");
+    ///     words.count_by(|w| w.len() as u64).named("lengths").output("lengths");
+    /// })
+    /// .unwrap();
+    /// assert_eq!(instance.operators()[0].aliases, ["keyed_sum#0/2", "keyed_sum#0/1"]);
+    /// ```
+    pub fn formerly(&self, id: &str) -> Stream<T> {
+        let mut g = self.graph.borrow_mut();
+        let mut node = self.node;
+        while !g.nodes[node].op.stateful() && g.nodes[node].inputs.len() == 1 {
+            node = g.nodes[node].inputs[0];
+        }
+        if !g.nodes[node].op.stateful() || id.is_empty() {
+            let e = format!(
+                "formerly(\"{id}\"): no single stateful operator produced this stream, or \
+                 the identity is empty"
+            );
+            g.errors.push(e);
+        } else {
+            g.nodes[node].formerly.push(id.to_owned());
+        }
+        drop(g);
+        self.clone()
+    }
 }
 
 /// The format of the envelope around operator states in a snapshot piece:
 /// 3 since operators are known by identity (and their state fingerprint
 /// is checked); 2 knew them by node index, one envelope per shard; 1 was
 /// one envelope per worker, holding every operator's whole state.
-const ENVELOPE_FORMAT: u32 = 3;
+pub(crate) const ENVELOPE_FORMAT: u32 = 3;
 
 /// The envelope of operators known by node index, which still restores.
 const INDEXED_FORMAT: u32 = 2;
@@ -353,9 +411,9 @@ const WHOLE_FORMAT: u32 = 1;
 
 /// The start of every envelope: what follows depends on the format.
 #[derive(Serialize, Deserialize)]
-struct Header {
-    format: u32,
-    snapshot_version: u32,
+pub(crate) struct Header {
+    pub(crate) format: u32,
+    pub(crate) snapshot_version: u32,
 }
 
 /// A snapshot piece: the state of one shard, per stateful operator that
@@ -371,7 +429,7 @@ struct Envelope<'a> {
 
 /// What follows the header in formats 3 (`Named`) and 1–2 (node index,
 /// kind, state: format 1 held every stateful operator's whole state).
-type Named<'a> = Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>;
+pub(crate) type Named<'a> = Vec<(&'a str, &'a str, u64, &'a serde_bytes::Bytes)>;
 type Indexed<'a> = Vec<(u32, &'a str, &'a serde_bytes::Bytes)>;
 
 /// An instance's state as pieces: `(shard, bytes)`, one per shard holding
@@ -381,7 +439,7 @@ pub type Pieces = Vec<(u32, Vec<u8>)>;
 
 /// A built circuit, ready to run steps: what one worker instance holds.
 pub struct CircuitInstance {
-    graph: Graph,
+    pub(crate) graph: Graph,
 }
 
 impl CircuitInstance {
@@ -411,6 +469,23 @@ impl CircuitInstance {
         for node in graph.nodes.iter_mut().filter(|n| n.op.stateful()) {
             node.fingerprint = crate::identity::fingerprint(node.op.name(), &node.op.state_types());
         }
+        // An earlier identity is one operator's: a snapshot's state must
+        // have one place to go.
+        let stateful: Vec<&Node> = graph.nodes.iter().filter(|n| n.op.stateful()).collect();
+        for (i, node) in stateful.iter().enumerate() {
+            for old in &node.formerly {
+                if let Some(other) = stateful
+                    .iter()
+                    .enumerate()
+                    .find(|(j, n)| *j != i && n.answers_to(old))
+                {
+                    graph.errors.push(format!(
+                        "formerly(\"{old}\") of \"{}\": \"{}\" answers to that identity too",
+                        node.id, other.1.id
+                    ));
+                }
+            }
+        }
         if !graph.errors.is_empty() {
             return Err(Error::Failed(graph.errors.join("; ")));
         }
@@ -425,7 +500,7 @@ impl CircuitInstance {
             .nodes
             .iter()
             .filter(|n| n.op.stateful())
-            .map(|n| OperatorInfo::new(&n.id, n.op.name(), n.op.state_types()))
+            .map(|n| OperatorInfo::new(&n.id, n.aliases(), n.op.name(), n.op.state_types()))
             .collect()
     }
 
@@ -748,7 +823,7 @@ impl CircuitInstance {
         let nodes = &self.graph.nodes;
         let Some(index) = nodes
             .iter()
-            .position(|n| n.op.stateful() && (n.id == id || n.default_id == id))
+            .position(|n| n.op.stateful() && n.answers_to(id))
         else {
             let hint = if id.contains('#') {
                 " (an unnamed operator is known by its place among those of its kind: \

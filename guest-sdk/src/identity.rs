@@ -21,6 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct OperatorInfo {
     /// Its identity in checkpoints.
     pub id: String,
+    /// Other identities its state is taken under from older snapshots:
+    /// its default identity (`kind#n/total`) when it has a name, and those
+    /// [`Stream::formerly`](crate::Stream::formerly) gave it.
+    pub aliases: Vec<String>,
     /// What it is (`keyed_sum`, `join`, `top_k_by`, …).
     pub kind: String,
     /// The Rust types its state holds, as the compiler names them.
@@ -31,9 +35,10 @@ pub struct OperatorInfo {
 }
 
 impl OperatorInfo {
-    pub(crate) fn new(id: &str, kind: &str, state_types: String) -> Self {
+    pub(crate) fn new(id: &str, aliases: Vec<String>, kind: &str, state_types: String) -> Self {
         OperatorInfo {
             id: id.to_owned(),
+            aliases,
             kind: kind.to_owned(),
             fingerprint: fingerprint(kind, &state_types),
             state_types,

@@ -47,6 +47,7 @@ pub mod sys;
 mod table;
 pub mod testing;
 mod types;
+mod upgrade;
 pub mod zset;
 
 pub use batch::{EventBatch, KeyedBatch};
@@ -110,6 +111,12 @@ macro_rules! circuit {
                     pieces: ::std::vec::Vec<$crate::sys::ShardState>,
                 ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
                     $crate::sys::restore(pieces)
+                }
+                fn upgrade(
+                    pieces: ::std::vec::Vec<$crate::sys::ShardState>,
+                    start_empty: ::std::vec::Vec<::std::string::String>,
+                ) -> ::core::result::Result<(), $crate::sys::CircuitError> {
+                    $crate::sys::upgrade(pieces, start_empty)
                 }
                 fn export_shards(
                     shards: ::std::vec::Vec<u32>,

@@ -77,12 +77,25 @@ pub fn describe(build: fn(&mut Circuit)) -> CircuitInfo {
             inputs: c.inputs().to_vec(),
             outputs: c.outputs().to_vec(),
             snapshot_version: c.snapshot_version(),
+            operators: c
+                .operators()
+                .into_iter()
+                .map(|o| wit::OperatorInfo {
+                    aliases: o.aliases,
+                    id: o.id,
+                    kind: o.kind,
+                    fingerprint: o.fingerprint,
+                    state_shape: o.state_types,
+                    migrates_from: Vec::new(),
+                })
+                .collect(),
         },
         // `init` reports the build error; describe has no error channel.
         Err(_) => CircuitInfo {
             inputs: vec![],
             outputs: vec![],
             snapshot_version: 0,
+            operators: vec![],
         },
     }
 }
@@ -171,6 +184,13 @@ pub fn snapshot(changed_only: bool) -> Result<StateSnapshot, CircuitError> {
 pub fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
     let pieces: crate::Pieces = pieces.into_iter().map(|p| (p.shard, p.state)).collect();
     with_instance(|c| c.restore(&pieces))
+}
+
+/// `upgrade` export.
+#[doc(hidden)]
+pub fn upgrade(pieces: Vec<ShardState>, start_empty: Vec<String>) -> Result<(), CircuitError> {
+    let pieces: crate::Pieces = pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+    with_instance(|c| c.upgrade(&pieces, &start_empty))
 }
 
 /// `export-shards` export.

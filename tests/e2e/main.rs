@@ -31,4 +31,5 @@ mod rescale;
 mod server;
 mod step_log;
 mod takeover;
+mod upgrade;
 mod verify;

@@ -30,7 +30,7 @@ from .operators import (
     smallest,
     top,
 )
-from .shard import SHARDS
+from .shard import SHARDS, xxh3_64
 
 ENVELOPE_FORMAT = 2
 """The format of a snapshot piece this SDK writes: per stateful operator
@@ -43,7 +43,7 @@ INDEXED_FORMAT = 1
 class Node:
     """An operator in the graph, with the nodes it reads."""
 
-    __slots__ = ("op", "inputs", "id", "default_id")
+    __slots__ = ("op", "inputs", "id", "default_id", "formerly")
 
     def __init__(self, op, inputs):
         self.op = op
@@ -52,6 +52,18 @@ class Node:
         # its default ``kind#n/total``), resolved when the circuit is built.
         self.id = ""
         self.default_id = ""
+        # Identities of earlier versions it takes state under too
+        # (``Stream.formerly``).
+        self.formerly = []
+
+    def answers_to(self, id_):
+        """Whether a snapshot's state of operator ``id_`` is this node's."""
+        return id_ in (self.id, self.default_id) or id_ in self.formerly
+
+    def aliases(self):
+        """Its identities other than ``id``."""
+        default = [self.default_id] if self.default_id != self.id else []
+        return default + list(self.formerly)
 
 
 class StepContext:
@@ -264,6 +276,26 @@ class Stream:
             node.id = name
         return self
 
+    def formerly(self, id_: str) -> "Stream":
+        """Gives the stateful operator that produced this stream (as
+        ``named`` finds it) an identity of an earlier version of the
+        circuit, whose state it takes from that version's snapshots: for an
+        operator renamed, or one whose default identity changed because
+        another operator of its kind was added or removed (as the Rust
+        SDK's ``Stream::formerly``)."""
+        c = self._circuit
+        node = c._nodes[self._node]
+        while not node.op.stateful and len(node.inputs) == 1:
+            node = c._nodes[node.inputs[0]]
+        if not node.op.stateful or not isinstance(id_, str) or not id_:
+            c._errors.append(
+                f"formerly({id_!r}): no single stateful operator produced this stream, or "
+                "the identity is empty"
+            )
+        else:
+            node.formerly.append(id_)
+        return self
+
     def output(self, name: str) -> None:
         """Declares output port ``name``: this stream's deltas, consolidated,
         written as JSON."""
@@ -288,7 +320,18 @@ class Instance:
     def __init__(self, build):
         c = Circuit()
         build(c)
-        _resolve_identities([n for n in c._nodes if n.op.stateful], c._errors)
+        stateful = [n for n in c._nodes if n.op.stateful]
+        _resolve_identities(stateful, c._errors)
+        # An earlier identity is one operator's: a snapshot's state must
+        # have one place to go.
+        for node in stateful:
+            for old in node.formerly:
+                for other in stateful:
+                    if other is not node and other.answers_to(old):
+                        c._errors.append(
+                            f"formerly({old!r}) of {node.id!r}: {other.id!r} answers to that "
+                            "identity too"
+                        )
         if c._errors:
             raise CircuitError("failed", "; ".join(c._errors))
         self.inputs = list(c._inputs)
@@ -390,6 +433,92 @@ class Instance:
             for node, (_, _, _, entries) in zip(targets, ops):
                 node.op.restore(shard, entries)
 
+    def upgrade(self, pieces, start_empty=()):
+        """Adds pieces (``(shard, bytes)`` pairs) written by ``snapshot`` of
+        another version of this circuit: each operator's state goes to the
+        operator of the same identity if its kind and state shape are the
+        same (an identity no operator has goes to the one answering to it,
+        ``named`` since or ``formerly``, unless that one's own identity is in
+        the pieces). One whose kind or shape changed is refused naming it,
+        unless ``start_empty`` names it; an operator ``start_empty`` names
+        starts empty whatever its old state; one the new version lacks is
+        dropped; one the pieces do not hold starts empty. Pieces of another
+        snapshot version are refused, as by ``restore``. Every piece is read
+        and every operator's fate decided before any state is taken."""
+        start_empty = set(start_empty)
+        ids = {n.id for n in self._stateful_nodes}
+        for name in sorted(start_empty - ids):
+            raise CircuitError(
+                "incompatible-snapshot",
+                f"`{name}` is to start empty, but the circuit has no stateful operator "
+                "of that identity",
+            )
+        read = []
+        for shard, piece in pieces:
+            if not 0 <= shard < SHARDS:
+                raise CircuitError("incompatible-snapshot", f"a piece of shard {shard}")
+            try:
+                fmt, version, ops = pickle.loads(piece)
+            except Exception as e:  # noqa: BLE001 - any unreadable piece
+                raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
+            if fmt != ENVELOPE_FORMAT:
+                raise CircuitError(
+                    "incompatible-snapshot",
+                    f"a piece of shard {shard} is of format {fmt}, written before operators "
+                    f"had identities: an upgrade needs format {ENVELOPE_FORMAT} (restore it "
+                    "with the circuit that wrote it and take a checkpoint first)",
+                )
+            if version != self.snapshot_version:
+                raise CircuitError(
+                    "incompatible-snapshot",
+                    f"snapshot version {version} but the circuit reads version "
+                    f"{self.snapshot_version}: it declares the old state unreadable",
+                )
+            read.append((shard, ops))
+        old_ids = {op[0] for _, ops in read for op in ops}
+        taken, plans = {}, []
+        for shard, ops in read:
+            fates = []
+            for id_, kind, shape, _ in ops:
+                node = self._target(id_, old_ids)
+                if node is not None and taken.setdefault(id(node), id_) != id_:
+                    raise CircuitError(
+                        "incompatible-snapshot",
+                        f"operator `{node.id}` answers to both `{taken[id(node)]}` and "
+                        f"`{id_}` of the snapshot: give it one of them (`named` or `formerly`)",
+                    )
+                fates.append(self._fate(node, kind, shape, start_empty))
+            plans.append((shard, ops, fates))
+        for shard, ops, fates in plans:
+            for node, (_, _, _, entries) in zip(fates, ops):
+                if node is not None:
+                    node.op.restore(shard, entries)
+
+    def _target(self, id_, old_ids):
+        """The node that takes the snapshot's operator ``id_``, if any: the
+        one of that identity; else, if no node has it, the one answering to
+        it under another identity whose own identity is not in the snapshot
+        (there, it takes its own state)."""
+        nodes = self._stateful_nodes
+        exact = next((n for n in nodes if n.id == id_), None)
+        if exact is not None:
+            return exact
+        return next((n for n in nodes if n.answers_to(id_) and n.id not in old_ids), None)
+
+    def _fate(self, node, kind, shape, start_empty):
+        """``node`` if it takes the old state of the given kind and shape,
+        None where the state is dropped."""
+        if node is None or node.id in start_empty:
+            return None
+        if node.op.name == kind and _shape(node.op) == shape:
+            return node
+        raise CircuitError(
+            "incompatible-snapshot",
+            f"operator `{node.id}` changed: the snapshot holds a {kind} of another shape "
+            f"({shape or 'plain'}) than the circuit's {node.op.name} "
+            f"({_shape(node.op) or 'plain'}); start it empty, or keep its kind and shape",
+        )
+
     def _node_at(self, index, name):
         node = self._nodes[index] if 0 <= index < len(self._nodes) else None
         if node is None or not node.op.stateful or node.op.name != name:
@@ -406,9 +535,7 @@ class Instance:
                 "incompatible-snapshot", f"operator `{id_}` ({kind}) in the snapshot {why}"
             )
 
-        node = next(
-            (n for n in self._stateful_nodes if id_ in (n.id, n.default_id)), None
-        )
+        node = next((n for n in self._stateful_nodes if n.answers_to(id_)), None)
         if node is None:
             hint = (
                 " (an unnamed operator is known by its place among those of its kind: "
@@ -422,6 +549,12 @@ class Instance:
         if _shape(node.op) != shape:
             raise refuse(f"holds state of another shape ({shape}, the circuit's {_shape(node.op)})")
         return node
+
+
+def fingerprint(kind, shape):
+    """An operator's state fingerprint, as the component describes it: a
+    hash of its kind and state shape (XXH3 of ``kind(shape)``)."""
+    return xxh3_64(f"{kind}({shape})".encode())
 
 
 def _shape(op):

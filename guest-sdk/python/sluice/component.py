@@ -16,7 +16,8 @@ from wit_world import exports
 from wit_world.imports import exchange as wit_exchange
 from wit_world.imports import types as wit
 
-from .circuit import Instance
+from .circuit import Instance, fingerprint
+from .circuit import _shape as shape_of
 from .errors import CircuitError
 from .values import decode_all
 
@@ -94,9 +95,20 @@ def export(build):
         def describe(self):
             try:
                 i = Instance(build)
-                return wit.CircuitInfo(i.inputs, i.outputs, i.snapshot_version)
+                operators = [
+                    wit.OperatorInfo(
+                        n.id,
+                        n.aliases(),
+                        n.op.name,
+                        fingerprint(n.op.name, shape_of(n.op)),
+                        shape_of(n.op),
+                        [],
+                    )
+                    for n in i._stateful_nodes
+                ]
+                return wit.CircuitInfo(i.inputs, i.outputs, i.snapshot_version, operators)
             except Exception:  # noqa: BLE001 - init reports it
-                return wit.CircuitInfo([], [], 0)
+                return wit.CircuitInfo([], [], 0, [])
 
         def init(self, info):
             try:
@@ -155,6 +167,12 @@ def export(build):
         def restore(self, pieces):
             try:
                 _instance().restore([(p.shard, p.state) for p in pieces])
+            except Exception as e:  # noqa: BLE001
+                raise _fail(e) from None
+
+        def upgrade(self, pieces, start_empty):
+            try:
+                _instance().upgrade([(p.shard, p.state) for p in pieces], start_empty)
             except Exception as e:  # noqa: BLE001
                 raise _fail(e) from None
 

@@ -141,6 +141,16 @@ class Pipeline:
             p.workers[p.layout[s]].restore([(s, b) for b in bs])
         return p
 
+    @classmethod
+    def upgrade(cls, build, workers, pieces, start_empty=()):
+        """A pipeline of ``workers`` fresh instances of a new version of a
+        circuit given the old version's checkpoint ``pieces`` (shard -> list
+        of pieces), each shard to its owner, as an upgrade does."""
+        p = cls(build, workers)
+        for s, bs in pieces.items():
+            p.workers[p.layout[s]].upgrade([(s, b) for b in bs], start_empty)
+        return p
+
     def rescale(self, workers):
         """Moves to ``workers`` workers as a live layout change does: each
         shard whose owner changes is exported by the old owner and restored

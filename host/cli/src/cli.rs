@@ -270,6 +270,32 @@ pub enum Command {
         /// Server and token.
         conn: Connection,
     },
+    /// Compare two versions of a circuit before one replaces the other:
+    /// every stateful operator kept (its state carried over), migrated,
+    /// changed (an upgrade is refused unless it starts empty), new (starts
+    /// empty) or removed (its state dropped), and the ports added or
+    /// removed. Exits 2 when an upgrade to NEW would be refused (1 on
+    /// an error).
+    Diff {
+        /// The running version: a component file (`.wasm`), or the name of
+        /// a pipeline on a server (`--server`, `--token`).
+        old: String,
+        /// The new version: a component file (`.wasm`).
+        new: PathBuf,
+        /// Changed operators to start empty instead of refusing the
+        /// upgrade (ID[,ID…]).
+        #[arg(long = "start-empty", value_delimiter = ',')]
+        start_empty: Vec<String>,
+        /// The server, when OLD is a pipeline.
+        #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
+        server: String,
+        /// The API token, when OLD is a pipeline.
+        #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the diff as JSON (for scripts).
+        #[arg(long)]
+        json: bool,
+    },
     /// List the caller's pipelines (state, W, rates, lag, checkpoint,
     /// last error).
     Pipelines {

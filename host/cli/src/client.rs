@@ -493,6 +493,31 @@ impl Client {
         )
     }
 
+    /// `POST /pipelines/{name}/diff` with the component file `wasm`.
+    pub fn diff(
+        &self,
+        pipeline: &str,
+        wasm: &Path,
+        start_empty: &[String],
+    ) -> anyhow::Result<String> {
+        let bytes = std::fs::read(wasm).with_context(|| wasm.display().to_string())?;
+        // Default identities hold `#` and `/`: the value is encoded.
+        let query = if start_empty.is_empty() {
+            String::new()
+        } else {
+            let value = start_empty.join(",");
+            let value =
+                percent_encoding::utf8_percent_encode(&value, percent_encoding::NON_ALPHANUMERIC);
+            format!("?start_empty={value}")
+        };
+        self.call(
+            "POST",
+            &format!("/pipelines/{pipeline}/diff{query}"),
+            Some(("application/wasm", &bytes)),
+            &[],
+        )
+    }
+
     /// `DELETE /pipelines/{name}`.
     pub fn delete(&self, pipeline: &str) -> anyhow::Result<()> {
         self.call("DELETE", &format!("/pipelines/{pipeline}"), None, &[])

@@ -240,6 +240,7 @@ mod tests {
                 inputs: vec!["a".into(), "b".into()],
                 outputs: vec!["out".into()],
                 snapshot_version: 3,
+                operators: Vec::new(),
             },
             2,
             |n| if n == "a" { 3 } else { 1 },
@@ -258,6 +259,7 @@ mod tests {
             inputs: vec!["a".into(), "b".into()],
             outputs: vec!["out".into()],
             snapshot_version: 1,
+            operators: Vec::new(),
         };
         PipelineShape::new(&ports, workers, |_| partitions).unwrap()
     }

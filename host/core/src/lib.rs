@@ -18,6 +18,8 @@ pub mod bad_records;
 pub mod config;
 /// Named crash points of the step protocol (`SLUICE_CRASH_AT`).
 pub mod crash;
+/// Two versions of a circuit compared before an upgrade.
+pub mod diff;
 /// Events and frontiers.
 pub mod event;
 /// Layouts: which worker owns each shard and reads each partition.
@@ -35,10 +37,11 @@ pub mod wire;
 
 pub use bad_records::{BadRecordPolicy, DeadLetter, dead_letter_input, dead_letter_log};
 pub use config::ConfigError;
+pub use diff::CircuitDiff;
 pub use event::{Event, Frontier, PartitionId};
 pub use layout::{Layout, SHARDS, shard_of};
 pub use name::{InvalidName, validate_name};
-pub use shape::{CircuitPorts, InputLog, PipelineShape};
+pub use shape::{CircuitPorts, InputLog, OperatorInfo, PipelineShape};
 pub use step::{
     OutputEntry, OutputPosition, PositionedEvent, StepCommit, StepLimits, StepRecord, hash_outputs,
     hash_ports,

@@ -18,6 +18,38 @@ pub struct CircuitPorts {
     pub outputs: Vec<String>,
     /// Version of the snapshot format the circuit writes and reads.
     pub snapshot_version: u32,
+    /// Its stateful operators, in build order (what `sluice diff`
+    /// compares).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<OperatorInfo>,
+}
+
+/// A stateful operator as a circuit describes it (WIT `operator-info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorInfo {
+    /// What its state is known by in snapshots.
+    pub id: String,
+    /// Other identities its state may be stored under in older snapshots
+    /// (its default identity, when it has a name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// What it is (`keyed_sum`, `join`, …).
+    pub kind: String,
+    /// A hash of its kind and state shape.
+    pub fingerprint: u64,
+    /// Its state's shape in the circuit's own terms, for people.
+    pub state_shape: String,
+    /// Fingerprints of earlier versions whose state it migrates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrates_from: Vec<u64>,
+}
+
+impl OperatorInfo {
+    /// Whether a snapshot's state of operator `id` may be this one's: its
+    /// identity or one of its aliases.
+    pub fn answers_to(&self, id: &str) -> bool {
+        self.id == id || self.aliases.iter().any(|a| a == id)
+    }
 }
 
 impl CircuitPorts {
@@ -149,6 +181,7 @@ mod tests {
             inputs: vec!["a".into(), "b".into()],
             outputs: vec!["out".into()],
             snapshot_version: 3,
+            operators: Vec::new(),
         }
     }
 

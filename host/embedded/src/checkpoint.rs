@@ -567,6 +567,7 @@ mod tests {
                 inputs: vec!["in".into()],
                 outputs: vec![],
                 snapshot_version: 1,
+                operators: Vec::new(),
             },
             1,
             |_| 1,

@@ -31,6 +31,6 @@ pub(crate) use self::sluice::circuit::exchange::ExchangeError as WitExchangeErro
 pub(crate) use self::sluice::circuit::types::{Batch, KeyedEvents};
 
 /// The world's fully qualified name, for error messages.
-pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.3.0";
+pub const WORLD: &str = "sluice:circuit/pipeline-worker@0.4.0";
 /// The export a component must provide.
-pub const CIRCUIT_EXPORT: &str = "sluice:circuit/circuit@0.3.0";
+pub const CIRCUIT_EXPORT: &str = "sluice:circuit/circuit@0.4.0";

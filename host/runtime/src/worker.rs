@@ -197,6 +197,18 @@ impl Worker {
             inputs: info.inputs,
             outputs: info.outputs,
             snapshot_version: info.snapshot_version,
+            operators: info
+                .operators
+                .into_iter()
+                .map(|o| sluice_core::OperatorInfo {
+                    id: o.id,
+                    aliases: o.aliases,
+                    kind: o.kind,
+                    fingerprint: o.fingerprint,
+                    state_shape: o.state_shape,
+                    migrates_from: o.migrates_from,
+                })
+                .collect(),
         })
     }
 

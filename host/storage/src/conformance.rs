@@ -676,6 +676,7 @@ pub fn sample_checkpoint(step: u64, workers: usize) -> Checkpoint {
             inputs: vec!["in".into()],
             outputs: vec!["out".into()],
             snapshot_version: 1,
+            operators: Vec::new(),
         },
         workers as u32,
         |_| workers as u32,

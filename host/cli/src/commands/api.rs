@@ -58,6 +58,53 @@ pub async fn components(conn: Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `sluice diff`: OLD a component file, compared here, or a pipeline on
+/// a server, compared there.
+pub async fn diff(
+    old: String,
+    new: PathBuf,
+    start_empty: Vec<String>,
+    server: String,
+    token: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let local = old.ends_with(".wasm") || std::path::Path::new(&old).is_file();
+    let diff = if local {
+        let engine = sluice_runtime::SluiceEngine::new(
+            sluice_runtime::Limits::default(),
+            sluice_runtime::SluiceEngine::default_cache_dir(),
+        )?;
+        let mut ports = Vec::new();
+        for path in [std::path::Path::new(&old), new.as_path()] {
+            let component = engine.load_file(path)?;
+            ports.push(engine.describe(&component).await?);
+        }
+        sluice_core::CircuitDiff::between(&ports[0], &ports[1], &start_empty)
+            .map_err(anyhow::Error::msg)?
+    } else {
+        let Some(token) = token else {
+            anyhow::bail!(
+                "`{old}` is no component file, so it names a pipeline on {server}: \
+                 give the API token (--token or SLUICE_TOKEN)"
+            );
+        };
+        let c = crate::client::Client::new(&server, &token);
+        let out = call(move || c.diff(&old, &new, &start_empty)).await?;
+        serde_json::from_str(&out)
+            .map_err(|e| anyhow::anyhow!("the server's diff is unreadable ({e}): {out}"))?
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&diff)?);
+    } else {
+        println!("{diff}");
+    }
+    // As diff(1): an error exits 1 (through main), a refusal 2.
+    if !diff.accepted {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
 /// `sluice deploy`.
 pub async fn deploy(
     conn: Connection,

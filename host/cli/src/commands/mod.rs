@@ -83,6 +83,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Status { pipeline, conn } => api::status(conn, pipeline).await,
         Command::Pipelines { conn } => api::status(conn, None).await,
         Command::Components { conn } => api::components(conn).await,
+        Command::Diff {
+            old,
+            new,
+            start_empty,
+            server,
+            token,
+            json,
+        } => api::diff(old, new, start_empty, server, token, json).await,
         Command::Scale {
             pipeline,
             workers,

@@ -28,6 +28,7 @@ use utoipa::OpenApi;
         pipelines::metrics,
         pipelines::delete,
         pipelines::control,
+        pipelines::diff,
         io::push,
         io::producer_state,
         io::read,
@@ -224,6 +225,13 @@ pub fn document() -> serde_json::Value {
         put["requestBody"] = json!({
             "required": true,
             "description": "The component: a WebAssembly component (wasm32-wasip2) of the sluice:circuit world",
+            "content": { "application/wasm": { "schema": { "type": "string", "format": "binary" } } }
+        });
+    }
+    if let Some(post) = doc.pointer_mut("/paths/~1pipelines~1{name}~1diff/post") {
+        post["requestBody"] = json!({
+            "required": true,
+            "description": "The new version: a WebAssembly component (wasm32-wasip2) of the sluice:circuit world",
             "content": { "application/wasm": { "schema": { "type": "string", "format": "binary" } } }
         });
     }

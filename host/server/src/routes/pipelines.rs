@@ -1,7 +1,7 @@
 //! `/pipelines`: create, inspect, control and delete a tenant's pipelines.
 
 use super::error::ApiResult;
-use super::request::{Shared, json_body, token};
+use super::request::{Shared, json_body, read_body, token};
 use crate::types::{ErrorBody, PipelineSpec, PipelineStatus};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -82,6 +82,55 @@ pub(super) async fn patch(
             .await?;
     }
     Ok(axum::Json(status))
+}
+
+/// `POST /pipelines/{name}/diff` parameters.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DiffQuery {
+    /// Changed operators to start empty, comma-separated.
+    start_empty: Option<String>,
+}
+
+/// Compares the pipeline's circuit with a new version of it (the body, a
+/// component; checked and probed as an upload is, not stored): every
+/// stateful operator kept, migrated, changed, new or removed, the ports
+/// added or removed, and whether an upgrade to it would be accepted (no
+/// operator changed, or each changed one named in `start_empty`).
+#[utoipa::path(post, path = "/pipelines/{name}/diff",
+    params(("name" = String, Path, description = "pipeline name"),
+           ("start_empty" = Option<String>, Query, description = "changed operators to start empty, comma-separated")),
+    request_body(content = Vec<u8>, content_type = "application/wasm"),
+    responses((status = 200, body = Object, description = "the diff (`sluice_core::CircuitDiff`)"),
+        (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(super) async fn diff(
+    State(state): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+) -> ApiResult<axum::Json<sluice_core::CircuitDiff>> {
+    let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
+    let axum::extract::Query(q) = query.map_err(|e| crate::error::ServiceError::Invalid {
+        code: "invalid_query",
+        message: e.body_text(),
+    })?;
+    state.service.pipeline(&tenant, &name)?;
+    let start_empty: Vec<String> = q
+        .start_empty
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let limit = state.service.limits(&tenant)?.max_component_bytes;
+    let bytes = read_body(&state, &headers, body, limit, "max_component_bytes").await?;
+    Ok(axum::Json(
+        state
+            .service
+            .diff_pipeline(&tenant, &name, bytes.into(), &start_empty)
+            .await?,
+    ))
 }
 
 /// Starts, pauses or stops a pipeline (`stop` checkpoints and unloads).

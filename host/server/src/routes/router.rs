@@ -52,6 +52,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .delete(pipelines::delete),
         )
         .route("/pipelines/{name}/metrics", get(pipelines::metrics))
+        .route("/pipelines/{name}/diff", post(pipelines::diff))
         .route("/pipelines/{name}/{action}", post(pipelines::control))
         .route("/pipelines/{name}/input/{port}", post(io::push))
         .route(

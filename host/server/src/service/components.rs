@@ -136,6 +136,28 @@ impl Service {
         Ok(())
     }
 
+    /// Compares pipeline `pipeline`'s circuit with the component `bytes`
+    /// — checked, compiled and probed as an upload is, but not stored —
+    /// operator by operator and port by port: what an upgrade to it would
+    /// carry over, start empty, drop or refuse. The changed operators in
+    /// `start_empty` start empty instead of refusing it.
+    pub async fn diff_pipeline(
+        &self,
+        tenant: &str,
+        pipeline: &str,
+        bytes: Vec<u8>,
+        start_empty: &[String],
+    ) -> Result<sluice_core::CircuitDiff> {
+        let old = self.pipeline(tenant, pipeline)?.ports().clone();
+        let (_, new) = self.load_component(tenant, pipeline, bytes.into()).await?;
+        sluice_core::CircuitDiff::between(&old, &new, start_empty).map_err(|message| {
+            ServiceError::Invalid {
+                code: "invalid_start_empty",
+                message,
+            }
+        })
+    }
+
     /// The bytes of a component name.
     pub(crate) fn component_bytes(&self, tenant: &str, name: &str) -> Result<Vec<u8>> {
         self.root

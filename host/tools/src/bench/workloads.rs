@@ -327,6 +327,7 @@ pub fn wordcount_ports() -> CircuitPorts {
         inputs: vec!["lines".into()],
         outputs: vec!["counts".into()],
         snapshot_version: 1,
+        operators: Vec::new(),
     }
 }
 

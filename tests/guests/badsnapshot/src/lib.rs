@@ -40,6 +40,14 @@ mod component {
                 "this guest refuses every snapshot".into(),
             ))
         }
+        fn upgrade(
+            _pieces: Vec<ShardState>,
+            _start_empty: Vec<String>,
+        ) -> Result<(), CircuitError> {
+            Err(CircuitError::IncompatibleSnapshot(
+                "this guest refuses every snapshot".into(),
+            ))
+        }
         fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
             sys::export_shards(shards)
         }

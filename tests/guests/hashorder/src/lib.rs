@@ -58,6 +58,7 @@ impl Guest for HashOrder {
             inputs: vec!["in".into()],
             outputs: vec!["out".into()],
             snapshot_version: 1,
+            operators: Vec::new(),
         }
     }
 
@@ -94,6 +95,10 @@ impl Guest for HashOrder {
     }
 
     fn restore(_pieces: Vec<ShardState>) -> Result<(), CircuitError> {
+        Ok(())
+    }
+
+    fn upgrade(_pieces: Vec<ShardState>, _start_empty: Vec<String>) -> Result<(), CircuitError> {
         Ok(())
     }
 

@@ -125,6 +125,9 @@ mod component {
         fn restore(pieces: Vec<ShardState>) -> Result<(), CircuitError> {
             sys::restore(pieces)
         }
+        fn upgrade(pieces: Vec<ShardState>, start_empty: Vec<String>) -> Result<(), CircuitError> {
+            sys::upgrade(pieces, start_empty)
+        }
         fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
             sys::export_shards(shards)
         }

@@ -76,6 +76,8 @@ impl Guest for Noisy {
             inputs: vec!["in".into()],
             outputs: vec!["out".into()],
             snapshot_version: 1,
+            // Its state (a step count) is its own, not an SDK operator's.
+            operators: Vec::new(),
         }
     }
 
@@ -140,6 +142,10 @@ impl Guest for Noisy {
             STEPS.set(STEPS.get() + u64::from_le_bytes(bytes));
         }
         Ok(())
+    }
+
+    fn upgrade(pieces: Vec<ShardState>, _start_empty: Vec<String>) -> Result<(), CircuitError> {
+        Self::restore(pieces)
     }
 
     fn export_shards(shards: Vec<u32>) -> Result<Vec<ShardState>, CircuitError> {
