@@ -405,12 +405,7 @@ class Instance:
         """Adds pieces (``(shard, bytes)`` pairs) of a circuit with the same
         shape and snapshot version to the state."""
         for shard, piece in pieces:
-            if not 0 <= shard < SHARDS:
-                raise CircuitError("incompatible-snapshot", f"a piece of shard {shard}")
-            try:
-                fmt, version, ops = pickle.loads(piece)
-            except Exception as e:  # noqa: BLE001 - any unreadable piece
-                raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
+            fmt, version, ops = _read_piece(shard, piece)
             if fmt not in (ENVELOPE_FORMAT, INDEXED_FORMAT):
                 raise CircuitError(
                     "incompatible-snapshot",
@@ -455,12 +450,7 @@ class Instance:
             )
         read = []
         for shard, piece in pieces:
-            if not 0 <= shard < SHARDS:
-                raise CircuitError("incompatible-snapshot", f"a piece of shard {shard}")
-            try:
-                fmt, version, ops = pickle.loads(piece)
-            except Exception as e:  # noqa: BLE001 - any unreadable piece
-                raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
+            fmt, version, ops = _read_piece(shard, piece)
             if fmt != ENVELOPE_FORMAT:
                 raise CircuitError(
                     "incompatible-snapshot",
@@ -549,6 +539,18 @@ class Instance:
         if _shape(node.op) != shape:
             raise refuse(f"holds state of another shape ({shape}, the circuit's {_shape(node.op)})")
         return node
+
+
+def _read_piece(shard, piece):
+    """A snapshot piece of ``shard`` as ``(format, snapshot version,
+    operators)``, or the error of a piece no instance reads."""
+    if not 0 <= shard < SHARDS:
+        raise CircuitError("incompatible-snapshot", f"a piece of shard {shard}")
+    try:
+        fmt, version, ops = pickle.loads(piece)
+    except Exception as e:  # noqa: BLE001 - any unreadable piece
+        raise CircuitError("incompatible-snapshot", f"unreadable piece: {e}") from None
+    return fmt, version, ops
 
 
 def fingerprint(kind, shape):

@@ -61,12 +61,27 @@ pub struct Cluster {
     pub session_ms: u64,
 }
 
+/// A port free on 127.0.0.1 for a listener another process binds later.
+///
+/// Chosen below the kernel's ephemeral range (32768–60999 by default),
+/// which outbound connections take their ports from: the port is free
+/// when chosen and bound later by another process, and in between a
+/// connection (a Kafka client's, a proxy's) could take one from that range
+/// — a host of the fault campaign once failed to start with "Address
+/// already in use". Spread by process id, distinct within a process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let base = std::process::id().wrapping_mul(7_919);
+    for _ in 0..SPAN {
+        let port = (LOW + base.wrapping_add(NEXT.fetch_add(1, Ordering::SeqCst)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 impl Cluster {
