@@ -63,8 +63,9 @@ impl CircuitInstance {
         for (shard, operators) in read {
             let mut fates = Vec::with_capacity(operators.len());
             for (id, kind, fingerprint, _) in &operators {
-                let fate = self.fate(id, kind, *fingerprint, &old_ids, &start_empty)?;
-                if let Some(node) = self.target(id, &old_ids)
+                let target = self.target(id, &old_ids);
+                let fate = self.fate(target, kind, *fingerprint, &start_empty)?;
+                if let Some(node) = target
                     && let Some(other) = taken.insert(node, id)
                     && other != *id
                 {
@@ -111,16 +112,17 @@ impl CircuitInstance {
             })
     }
 
-    /// Where the old version's state of operator `id` goes.
+    /// Where the old version's state of an operator of `kind` and
+    /// `fingerprint` goes, given the node that takes it
+    /// ([`target`](Self::target)).
     fn fate(
         &self,
-        id: &str,
+        target: Option<usize>,
         kind: &str,
         fingerprint: u64,
-        old_ids: &BTreeSet<&str>,
         start_empty: &BTreeSet<&str>,
     ) -> Result<Fate> {
-        let Some(index) = self.target(id, old_ids) else {
+        let Some(index) = target else {
             return Ok(Fate::Dropped);
         };
         let node = &self.graph.nodes[index];
@@ -184,6 +186,14 @@ mod tests {
         words
     }
 
+    /// [`wordcount`] and a count of word lengths named "lengths".
+    fn with_lengths(c: &mut Circuit) {
+        wordcount(c)
+            .count_by(|w| w.len() as u64)
+            .named("lengths")
+            .output("lengths");
+    }
+
     fn counted(words: &[&str]) -> Pieces {
         let mut old = CircuitInstance::build(|c: &mut Circuit| {
             wordcount(c);
@@ -196,14 +206,7 @@ mod tests {
     #[test]
     fn a_kept_operator_carries_its_state_and_a_new_one_starts_empty() {
         let pieces = counted(&["a", "a", "b"]);
-        let mut new = CircuitInstance::build(|c: &mut Circuit| {
-            let words = wordcount(c);
-            words
-                .count_by(|w| w.len() as u64)
-                .named("lengths")
-                .output("lengths");
-        })
-        .unwrap();
+        let mut new = CircuitInstance::build(with_lengths).unwrap();
         new.upgrade(&pieces, &[]).unwrap();
         let out = run(&mut new, &["a"]);
         let counts: Vec<((String, i64), i64)> = decode(&out[0]);
@@ -214,14 +217,7 @@ mod tests {
 
     #[test]
     fn a_removed_operator_is_dropped_where_restore_refuses_it() {
-        let mut old = CircuitInstance::build(|c: &mut Circuit| {
-            let words = wordcount(c);
-            words
-                .count_by(|w| w.len() as u64)
-                .named("lengths")
-                .output("lengths");
-        })
-        .unwrap();
+        let mut old = CircuitInstance::build(with_lengths).unwrap();
         run(&mut old, &["a", "bb"]);
         let pieces = old.snapshot().unwrap();
         let build = |c: &mut Circuit| {

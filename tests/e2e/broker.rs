@@ -7,6 +7,7 @@
 #![cfg(feature = "kafka")]
 
 use crate::kafka::{brokers, fresh_name};
+use crate::support::cluster::create_topic;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -43,19 +44,7 @@ fn transactional(brokers: &str, id: &str) -> BaseProducer {
 fn a_producer_fenced_mid_send_leaves_nothing_behind() {
     let Some(brokers) = brokers() else { return };
     let topic = fresh_name("fenced-mid-send");
-    {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .create()
-            .unwrap();
-        let new = NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1));
-        let created =
-            futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
-        for r in created {
-            r.unwrap();
-        }
-    }
+    create_topic(&brokers, &topic, PARTITIONS);
     let id = fresh_name("fenced-mid-send-txn");
     let rounds: i32 = 30;
     let mut zombies_sent = 0u64;
@@ -205,19 +194,7 @@ fn a_batch_retried_across_a_broker_restart_is_appended_once() {
     let proxy = proxy.unwrap();
     let front = proxy.addr().to_owned();
     let topic = fresh_name("retried-across-restart");
-    {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<_> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &front)
-            .create()
-            .unwrap();
-        let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
-        let created =
-            futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
-        for r in created {
-            r.unwrap();
-        }
-    }
+    create_topic(&front, &topic, 1);
     let producer: BaseProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &front)
         .set("transactional.id", fresh_name("retried-across-restart-txn"))

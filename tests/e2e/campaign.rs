@@ -39,7 +39,7 @@
 //! `SLUICE_CAMPAIGN_TRIALS=300 scripts/test.sh --test e2e -- campaign::`.
 #![cfg(feature = "kafka")]
 
-use crate::support::cluster::{Cluster, OwnBroker, audit, free_port, parts};
+use crate::support::cluster::{Cluster, OwnBroker, audit, create_topic, free_port, parts};
 use crate::support::proxy::Proxy;
 use crate::support::{recount, s3_endpoint};
 use std::collections::BTreeMap;
@@ -608,21 +608,6 @@ fn all_running(c: &mut Cluster, when: &str) {
         if let Some(status) = exited {
             fail(c, &format!("{name} exited ({status}) {when}"));
         }
-    }
-}
-
-/// Creates `topic` with `partitions` partitions (replication 1).
-fn create_topic(brokers: &str, topic: &str, partitions: i32) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    let created =
-        futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
-    for result in created {
-        result.unwrap();
     }
 }
 

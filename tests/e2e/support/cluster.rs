@@ -61,6 +61,21 @@ pub struct Cluster {
     pub session_ms: u64,
 }
 
+/// Creates `topic` with `partitions` partitions (replication 1).
+pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let created =
+        futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    for result in created {
+        result.unwrap();
+    }
+}
+
 /// A port free on 127.0.0.1 for a listener another process binds later.
 ///
 /// Chosen below the kernel's ephemeral range (32768–60999 by default),
