@@ -32,4 +32,5 @@ mod server;
 mod step_log;
 mod takeover;
 mod upgrade;
+mod upgrade_switch;
 mod verify;

@@ -1,6 +1,7 @@
 //! The `sluice` command line: its arguments (clap). What each command does
 //! is in [`commands`](crate::commands).
 
+use crate::parse::{key_value, port_file, port_policy, port_topic, zone_label};
 use clap::{Parser, Subcommand};
 use sluice_core::OutputPosition;
 use sluice_pipeline::{LogConfig, LogKind};
@@ -295,6 +296,23 @@ pub enum Command {
         /// Print the diff as JSON (for scripts).
         #[arg(long)]
         json: bool,
+    },
+    /// Move the pipeline in a data directory (`sluice run --data`) to
+    /// another version of its circuit, keeping the state the new version
+    /// can take (`sluice diff` shows what it keeps): at the checkpoint of
+    /// the pipeline's last step (a run that finished leaves one), the new
+    /// version's instances take the old state; a changed operator refuses
+    /// the upgrade, with nothing changed, unless named in --start-empty.
+    /// Then `sluice run NEW --data DIR` goes on from there.
+    Upgrade {
+        /// The new version: a component file (`.wasm`).
+        component: PathBuf,
+        /// The pipeline's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Operators of the new version to start empty (ID[,ID…]).
+        #[arg(long = "start-empty", value_delimiter = ',')]
+        start_empty: Vec<String>,
     },
     /// List the caller's pipelines (state, W, rates, lag, checkpoint,
     /// last error).
@@ -828,53 +846,6 @@ impl KafkaArgs {
                 anyhow::bail!("this sluice was built without Kafka support (cargo feature `kafka`)")
             }
         }
-    }
-}
-
-pub(crate) fn port_topic(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((port, topic)) if !port.is_empty() && !topic.is_empty() => {
-            Ok((port.to_owned(), topic.to_owned()))
-        }
-        _ => Err(format!("expected PORT=TOPIC, got {s:?}")),
-    }
-}
-
-pub(crate) fn port_policy(s: &str) -> Result<(String, sluice_core::BadRecordPolicy), String> {
-    match s.split_once('=') {
-        Some((port, policy)) if !port.is_empty() => Ok((port.to_owned(), policy.parse()?)),
-        _ => Err(format!(
-            "expected PORT=POLICY (fail or dead-letter), got {s:?}"
-        )),
-    }
-}
-
-pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
-}
-
-/// A zone label: 1 to 64 letters, digits, `.`, `-` or `_`.
-pub(crate) fn zone_label(s: &str) -> Result<String, String> {
-    let ok = (1..=64).contains(&s.len())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
-    match ok {
-        true => Ok(s.to_owned()),
-        false => Err(format!(
-            "a zone is 1 to 64 letters, digits, '.', '-' or '_', not {s:?}"
-        )),
-    }
-}
-
-pub(crate) fn port_file(s: &str) -> Result<(String, PathBuf), String> {
-    match s.split_once('=') {
-        Some((port, file)) if !port.is_empty() && !file.is_empty() => {
-            Ok((port.to_owned(), PathBuf::from(file)))
-        }
-        _ => Err(format!("expected PORT=FILE, got {s:?}")),
     }
 }
 

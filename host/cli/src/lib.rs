@@ -19,3 +19,4 @@ pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod human;
+mod parse;

@@ -29,8 +29,9 @@ pub enum ConfigError {
 
     /// The data directory belongs to another component.
     #[error(
-        "this data directory belongs to component {stored}, not {wanted}; use a new --data directory \
-         (changing a running pipeline's component is not supported yet)"
+        "this data directory belongs to component {stored}, not {wanted}: `sluice upgrade` moves \
+         the pipeline to another component (keeping the state it can), or use a new --data \
+         directory"
     )]
     ComponentChanged {
         /// The stored component's hash (shortened).

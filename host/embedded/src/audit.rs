@@ -7,7 +7,7 @@ use crate::db::PipelineDb;
 use crate::meta::{self, LogMeta};
 use crate::{EmbeddedLog, RocksCheckpointStore};
 use sluice_core::{PipelineShape, dead_letter_log};
-use sluice_storage::audit::{Verdict, audit};
+use sluice_storage::audit::{Verdict, audit_upgraded};
 use sluice_storage::{CheckpointStore, Result};
 use std::sync::Arc;
 
@@ -34,17 +34,36 @@ pub fn audit_embedded_with(
         )));
     }
     let log = EmbeddedLog::open(database.clone())?;
-    if let Some(v) = misplaced_entry(&log, &meta.shape)? {
+    let removed: Vec<String> = (meta.upgrades.iter())
+        .flat_map(|u| &u.outputs_before)
+        .filter(|o| !meta.shape.outputs.contains(o))
+        .cloned()
+        .collect();
+    if let Some(v) = misplaced_entry(&log, &meta.shape, &removed)? {
         return Ok(Verdict::Violation(v));
     }
-    audit(&log, checkpoints, &meta.shape)
+    audit_upgraded(&log, checkpoints, &meta.shape, &outputs_before(&meta))
+}
+
+/// Per change of the pipeline's component, the last step before it and
+/// the outputs up to it (see [`audit_upgraded`]).
+pub fn outputs_before(meta: &crate::PipelineMeta) -> Vec<(u64, Vec<String>)> {
+    meta.upgrades
+        .iter()
+        .filter_map(|u| Some((u.checkpoint?, u.outputs_before.clone())))
+        .collect()
 }
 
 /// The first output entry (or dead letter) stored under another step's or
-/// worker's key.
-fn misplaced_entry(log: &EmbeddedLog, shape: &PipelineShape) -> Result<Option<String>> {
+/// worker's key (`removed`: outputs an upgrade dropped, whose logs stay).
+fn misplaced_entry(
+    log: &EmbeddedLog,
+    shape: &PipelineShape,
+    removed: &[String],
+) -> Result<Option<String>> {
     let dead_letters = shape.inputs.iter().map(|i| dead_letter_log(&i.name));
-    for name in shape.outputs.iter().cloned().chain(dead_letters) {
+    let outputs = shape.outputs.iter().chain(removed).cloned();
+    for name in outputs.chain(dead_letters) {
         let mut found = None;
         log.scan_output_keyed(&name, 0, &mut |step, worker, entry| {
             if found.is_none() && (entry.step, entry.worker) != (step, worker) {

@@ -21,6 +21,31 @@ pub struct PipelineMeta {
     pub shape: PipelineShape,
     /// Where the logs live.
     pub log: LogMeta,
+    /// The changes of component the pipeline went through
+    /// (`sluice upgrade`), oldest first; the last one's `to` is
+    /// [`component`](Self::component).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upgrades: Vec<Upgrade>,
+}
+
+/// A change of a pipeline's component, at a checkpoint at its last
+/// committed step: the new component's instances take that checkpoint's
+/// pieces through the circuit's `upgrade` (until a checkpoint of the new
+/// component is the newest), and every step after it runs the new one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upgrade {
+    /// The component before (SHA-256, hex).
+    pub from: String,
+    /// The component after.
+    pub to: String,
+    /// The step of the checkpoint the change was made at (`None`: the
+    /// pipeline had committed no step, so no state was carried).
+    pub checkpoint: Option<u64>,
+    /// The operators the new component started empty.
+    pub start_empty: Vec<String>,
+    /// The output ports before the change, in port order (the steps up to
+    /// the checkpoint wrote these: the audit checks them so).
+    pub outputs_before: Vec<String>,
 }
 
 /// Where a pipeline's logs live, as recorded in its metadata.
@@ -120,4 +145,49 @@ impl PipelineMeta {
 
 fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::InputLog;
+
+    fn meta() -> PipelineMeta {
+        PipelineMeta {
+            id: "p-1".into(),
+            component: "a".repeat(64),
+            shape: PipelineShape {
+                inputs: vec![InputLog {
+                    name: "lines".into(),
+                    partitions: 2,
+                }],
+                outputs: vec!["counts".into()],
+                workers: 2,
+                snapshot_version: 1,
+            },
+            log: LogMeta::Embedded,
+            upgrades: Vec::new(),
+        }
+    }
+
+    /// Metadata stored before upgrades existed has no `upgrades` field and
+    /// still loads; a pipeline never upgraded stores none; one upgraded
+    /// reads its changes back.
+    #[test]
+    fn metadata_without_upgrades_loads_and_upgrades_round_trip() {
+        let mut m = meta();
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(!json.contains("upgrades"), "{json}");
+        assert_eq!(serde_json::from_str::<PipelineMeta>(&json).unwrap(), m);
+        m.upgrades.push(Upgrade {
+            from: "a".repeat(64),
+            to: "b".repeat(64),
+            checkpoint: Some(41),
+            start_empty: vec!["counts".into()],
+            outputs_before: vec!["counts".into()],
+        });
+        m.component = "b".repeat(64);
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<PipelineMeta>(&json).unwrap(), m);
+    }
 }

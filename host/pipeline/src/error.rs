@@ -30,6 +30,11 @@ pub enum Error {
     #[error("stopped: {0}")]
     Stopped(String),
 
+    /// An upgrade (a change of the pipeline's component) that cannot be
+    /// made; nothing was changed.
+    #[error("upgrade refused: {0}")]
+    UpgradeRefused(String),
+
     /// Writing an output file.
     #[error("{path}: {source}")]
     Io {
@@ -61,7 +66,7 @@ impl Error {
             Error::Runtime(e) => e.is_transient(),
             Error::Ingest(e) => e.is_transient(),
             Error::Membership(e) => matches!(e, sluice_cluster::Error::Backend { .. }),
-            Error::Io { .. } | Error::Stopped(_) => false,
+            Error::Io { .. } | Error::Stopped(_) | Error::UpgradeRefused(_) => false,
         }
     }
 

@@ -39,6 +39,7 @@ pub mod pipeline;
 pub mod run;
 pub mod storage;
 pub mod supervise;
+pub mod upgrade;
 
 pub use config::{LogConfig, LogKind, PipelineConfig};
 pub use error::{Error, Result};
@@ -47,3 +48,4 @@ pub use pipeline::Pipeline;
 pub use run::{RunEvent, RunReport, RunRequest, export_output, run};
 pub use storage::Storage;
 pub use supervise::{Idle, RecoveryPolicy};
+pub use upgrade::UpgradeReport;

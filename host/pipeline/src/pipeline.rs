@@ -5,7 +5,7 @@ use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use sluice_core::{CircuitPorts, PipelineShape};
-use sluice_runtime::{Coordinator, LoadedComponent, PipelineOptions, SluiceEngine};
+use sluice_runtime::{Coordinator, LoadedComponent, PipelineOptions, SluiceEngine, UpgradedAt};
 use sluice_storage::ingest::{IngestReport, ingest_file};
 use std::path::Path;
 use std::sync::Arc;
@@ -50,14 +50,34 @@ impl Pipeline {
             .map_err(Error::task("opening the pipeline's storage"))??;
         let mut options = config.options;
         options.name = storage.meta.id.clone();
-        Ok(Pipeline {
+        options.upgraded_at = upgraded_at(&storage.meta);
+        Ok(Self::assemble(
             engine,
             component,
             ports,
             storage,
             options,
-            rescale_to: config.rescale_to,
-        })
+            config.rescale_to,
+        ))
+    }
+
+    /// A pipeline of its parts, its storage open.
+    pub(crate) fn assemble(
+        engine: Arc<SluiceEngine>,
+        component: LoadedComponent,
+        ports: CircuitPorts,
+        storage: Storage,
+        options: PipelineOptions,
+        rescale_to: Option<u32>,
+    ) -> Pipeline {
+        Pipeline {
+            engine,
+            component,
+            ports,
+            storage,
+            options,
+            rescale_to,
+        }
     }
 
     /// Opens a coordinator: starts the workers, takes over the pipeline (a
@@ -190,4 +210,15 @@ impl Pipeline {
     pub fn options(&self) -> &PipelineOptions {
         &self.options
     }
+}
+
+/// Where the pipeline's component last changed, if at a checkpoint: the
+/// coordinator takes that checkpoint (while it is the newest) through the
+/// circuit's `upgrade`.
+pub(crate) fn upgraded_at(meta: &sluice_embedded::PipelineMeta) -> Option<UpgradedAt> {
+    let last = meta.upgrades.last().filter(|u| u.to == meta.component)?;
+    Some(UpgradedAt {
+        checkpoint: last.checkpoint?,
+        start_empty: last.start_empty.clone(),
+    })
 }

@@ -4,7 +4,7 @@
 
 use crate::config::{LogConfig, PipelineConfig};
 use sluice_core::{CircuitPorts, PipelineShape};
-use sluice_embedded::meta::{self, LogMeta};
+use sluice_embedded::meta::{self, LogMeta, Upgrade};
 use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
 use sluice_storage::{CheckpointLedger, CheckpointStore, Guarded, LogBackend, Result};
 use std::sync::Arc;
@@ -85,6 +85,7 @@ impl Storage {
             component: component.to_owned(),
             shape,
             log: log_meta,
+            upgrades: Vec::new(),
         };
         let meta = meta::ensure(&database, &wanted)?;
         for input in &meta.shape.inputs {
@@ -109,6 +110,107 @@ impl Storage {
             meta,
             _db: database,
         })
+    }
+
+    /// Opens the storage of the pipeline in `config.data` for a change of
+    /// its component to `component` (SHA-256 `hash`, with `ports`): the
+    /// returned storage's metadata names the new component and shape and
+    /// records the change (an [`Upgrade`] at the checkpoint of its last
+    /// step), but is not stored — [`store_meta`](Self::store_meta) commits
+    /// the change. Refused (nothing changed) when there is no pipeline
+    /// there, it already runs `component`, its logs or checkpoints are
+    /// elsewhere than the data directory (not built yet), the new
+    /// component's inputs differ, or its newest checkpoint is not of its
+    /// last committed step. Blocks.
+    pub(crate) fn for_upgrade(
+        config: &PipelineConfig,
+        ports: &CircuitPorts,
+        hash: &str,
+        start_empty: &[String],
+    ) -> crate::Result<(Storage, Upgrade)> {
+        use crate::Error::UpgradeRefused as Refused;
+        if !config.data.join("db").is_dir() {
+            return Err(Refused(format!(
+                "{} holds no pipeline",
+                config.data.display()
+            )));
+        }
+        let database = db::open(&config.data)?;
+        let stored = meta::load(&database)?
+            .ok_or_else(|| Refused(format!("{} holds no pipeline", config.data.display())))?;
+        let sync_commits = match (&stored.log, &config.log, &config.checkpoint_store) {
+            (LogMeta::Embedded, LogConfig::Embedded { sync_commits }, None) => *sync_commits,
+            _ => {
+                return Err(Refused(format!(
+                    "the pipeline's logs are {}: an upgrade is built for the embedded log with \
+                     its checkpoints in the data directory only, so far",
+                    stored.log
+                )));
+            }
+        };
+        if stored.component == hash {
+            return Err(Refused(format!(
+                "the pipeline already runs component {}",
+                &hash[..hash.len().min(12)]
+            )));
+        }
+        ports.validate()?;
+        let names = |inputs: &mut dyn Iterator<Item = &str>| inputs.collect::<Vec<_>>().join(", ");
+        let (old_inputs, new_inputs) = (
+            names(&mut stored.shape.inputs.iter().map(|i| i.name.as_str())),
+            names(&mut ports.inputs.iter().map(String::as_str)),
+        );
+        if old_inputs != new_inputs {
+            return Err(Refused(format!(
+                "the new component's inputs ({new_inputs}) are not the pipeline's ({old_inputs}): \
+                 an upgrade keeps the inputs, their order and their logs"
+            )));
+        }
+        let log = if sync_commits {
+            EmbeddedLog::open(database.clone())?
+        } else {
+            EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
+        };
+        let checkpoints = RocksCheckpointStore::open(database.clone());
+        let last = log.last_step()?;
+        let newest = checkpoints.latest_meta()?.map(|m| m.step);
+        if last.is_some() && newest != last {
+            let newest = newest.map_or("none".to_owned(), |s| format!("of step {s}"));
+            return Err(Refused(format!(
+                "the pipeline's last step is {}, its newest checkpoint {newest}: an upgrade is \
+                 made at a checkpoint of the last step; run the pipeline with its component \
+                 until it stops (it checkpoints as it finishes), then upgrade",
+                last.unwrap_or_default()
+            )));
+        }
+        let upgrade = Upgrade {
+            from: stored.component.clone(),
+            to: hash.to_owned(),
+            checkpoint: last,
+            start_empty: start_empty.to_vec(),
+            outputs_before: stored.shape.outputs.clone(),
+        };
+        let mut meta = stored.clone();
+        meta.upgrades.push(upgrade.clone());
+        meta.component = hash.to_owned();
+        meta.shape = PipelineShape {
+            outputs: ports.outputs.clone(),
+            snapshot_version: ports.snapshot_version,
+            ..stored.shape
+        };
+        let storage = Storage {
+            log: Arc::new(log),
+            checkpoints: Arc::new(checkpoints),
+            meta,
+            _db: database,
+        };
+        Ok((storage, upgrade))
+    }
+
+    /// Stores [`meta`](Self::meta) (durably): the commit point of an
+    /// upgrade. Blocks.
+    pub(crate) fn store_meta(&self) -> Result<()> {
+        meta::store(&self._db, &self.meta)
     }
 
     /// The pipeline's shape.

@@ -153,6 +153,17 @@ pub enum Error {
         coordinator: String,
     },
 
+    /// A pipeline whose component changed (an upgrade) opened with workers
+    /// on other hosts before its first checkpoint under the new component:
+    /// taking the old component's checkpoint through `upgrade` runs in the
+    /// coordinator's process only, for now.
+    #[error(
+        "this pipeline's component changed at its newest checkpoint, which the new component's \
+         instances take through `upgrade`: that runs on one host only for now; open it once \
+         without other hosts (it checkpoints under the new component), then across hosts"
+    )]
+    UpgradeAcrossHosts,
+
     /// I4, checked live: two replicas of a worker computed different
     /// output for one step. Nothing of the step was committed.
     #[error(
@@ -255,9 +266,10 @@ impl Error {
             ) => "fenced",
             Error::Storage(StorageError::BadRecord { .. }) => "bad_record",
             Error::Storage(_) => "storage_refused",
-            Error::Config(_) | Error::InvalidComponent { .. } | Error::ComponentDiffers { .. } => {
-                "config"
-            }
+            Error::Config(_)
+            | Error::InvalidComponent { .. }
+            | Error::ComponentDiffers { .. }
+            | Error::UpgradeAcrossHosts => "config",
             Error::PoolExhausted { .. } => "capacity",
             Error::CheckpointElsewhere { .. } => "config",
             Error::Remote { guest: true, .. } => "guest_remote",

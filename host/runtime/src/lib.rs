@@ -59,7 +59,9 @@ mod packed;
 mod step_io;
 pub mod worker;
 
-pub use coordinator::{COMMITTED_BY_KEPT, Coordinator, PipelineOptions, Relayout, Stats};
+pub use coordinator::{
+    COMMITTED_BY_KEPT, Coordinator, PipelineOptions, Relayout, Stats, UpgradedAt,
+};
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, ExchangeError, GuestError, Result};
 pub use hosts::{HostOptions, Reach, RemoteHost, Tls, WorkerHost};

@@ -339,6 +339,29 @@ impl Worker {
         self.check("restore", r)
     }
 
+    /// Takes pieces that another version of the circuit snapshotted (an
+    /// upgrade) through the circuit's `upgrade`, in one call (its operators'
+    /// fates are decided over all of them); the operators in `start_empty`
+    /// start empty. A refusal names the operator
+    /// ([`GuestError::Failed`](crate::GuestError) with the guest's message).
+    pub async fn upgrade(
+        &mut self,
+        pieces: Vec<(u32, Vec<u8>)>,
+        start_empty: Vec<String>,
+    ) -> Result<()> {
+        let pieces: Vec<ShardState> = pieces
+            .into_iter()
+            .map(|(shard, state)| ShardState { shard, state })
+            .collect();
+        self.arm();
+        let r = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_upgrade(&mut self.store, &pieces, &start_empty)
+            .await;
+        self.check("upgrade", r)
+    }
+
     /// Hands shards off: the circuit returns their pieces and forgets them.
     pub async fn export_shards(&mut self, shards: &[u32]) -> Result<Vec<(u32, Vec<u8>)>> {
         self.arm();

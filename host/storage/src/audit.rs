@@ -93,10 +93,27 @@ pub fn audit(
     checkpoints: &dyn CheckpointStore,
     shape: &PipelineShape,
 ) -> Result<Verdict> {
+    audit_upgraded(log, checkpoints, shape, &[])
+}
+
+/// [`audit`] of a pipeline whose component changed: `outputs_before` holds,
+/// for each change in order, the last step before it and the output ports
+/// the steps up to it wrote (the steps after the last change write
+/// `shape.outputs`).
+pub fn audit_upgraded(
+    log: &dyn LogBackend,
+    checkpoints: &dyn CheckpointStore,
+    shape: &PipelineShape,
+    outputs_before: &[(u64, Vec<String>)],
+) -> Result<Verdict> {
     let run = || -> Check<Summary> {
         let highs = high_watermarks(log, shape)?;
         let steps = step_records(log, shape, &highs)?;
-        let entries = output_logs(log, shape, &steps)?;
+        let eras = OutputEras {
+            before: outputs_before,
+            now: &shape.outputs,
+        };
+        let entries = output_logs(log, &eras, &steps)?;
         let dead_letters = dead_letter_logs(log, shape, &steps)?;
         let checkpoints = checkpoints_and_trims(log, checkpoints, &steps, &highs)?;
         Ok(Summary {
@@ -275,11 +292,11 @@ fn step_records(
 /// The output logs, checked against the step records: one entry per step
 /// per worker, the step's frontier, the recorded hash. Returns the number
 /// of entries.
-fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Check<u64> {
+fn output_logs(log: &dyn LogBackend, eras: &OutputEras, steps: &Steps) -> Check<u64> {
     let records = &steps.records;
     let mut entries = 0u64;
     let mut outputs: BTreeMap<(u64, u32), Vec<Vec<Event>>> = BTreeMap::new();
-    for (port, name) in shape.outputs.iter().enumerate() {
+    for name in eras.names() {
         let mut seen: BTreeMap<(u64, u32), u32> = BTreeMap::new();
         let mut problem: Option<String> = None;
         // Output below `low` was deleted by retention: nothing to check.
@@ -312,12 +329,16 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
                     "output log `{name}`: the entry of step {step} worker {worker} is tagged with another \
                      frontier than its step record"
                 ))
-            } else {
+            } else if let Some(port) = eras.port(step, name) {
                 let ports = outputs
                     .entry((step, worker))
-                    .or_insert_with(|| vec![Vec::new(); shape.outputs.len()]);
+                    .or_insert_with(|| vec![Vec::new(); eras.at(step).len()]);
                 ports[port] = entry.events;
                 None
+            } else {
+                Some(format!(
+                    "output log `{name}` holds output of step {step}, whose component has no such output"
+                ))
             };
             Ok(std::ops::ControlFlow::Continue(()))
         })?;
@@ -327,7 +348,7 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
         // A divided step not complete yet shows no output.
         let visible =
             records.len() as u64 - u64::from(steps.hashes.last().is_some_and(Option::is_none));
-        for step in low..visible {
+        for step in (low..visible).filter(|s| eras.port(*s, name).is_some()) {
             for worker in 0..steps.layout(step).workers {
                 if !seen.contains_key(&(step, worker)) {
                     violation!(
@@ -354,6 +375,42 @@ fn output_logs(log: &dyn LogBackend, shape: &PipelineShape, steps: &Steps) -> Ch
         }
     }
     Ok(entries)
+}
+
+/// The output ports of each step: those of the component that ran it.
+struct OutputEras<'a> {
+    /// Per change of component, in order: the last step before it and the
+    /// outputs up to it.
+    before: &'a [(u64, Vec<String>)],
+    /// The outputs after the last change.
+    now: &'a [String],
+}
+
+impl OutputEras<'_> {
+    /// The outputs step `step` wrote, in port order.
+    fn at(&self, step: u64) -> &[String] {
+        self.before
+            .iter()
+            .find(|(last, _)| step <= *last)
+            .map_or(self.now, |(_, outputs)| outputs)
+    }
+
+    /// The port `name` was in step `step`, if that step had it.
+    fn port(&self, step: u64, name: &str) -> Option<usize> {
+        self.at(step).iter().position(|o| o == name)
+    }
+
+    /// Every output any step had, once each.
+    fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        let all = self.before.iter().flat_map(|(_, o)| o).chain(self.now);
+        for name in all {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        names
+    }
 }
 
 /// The dead-letter logs, checked against the step records: at most one

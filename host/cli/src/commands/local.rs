@@ -1,4 +1,4 @@
-//! Commands on this machine's pipelines: `run`, `verify`, `read`, `serve`.
+//! Commands on this machine's pipelines: `run`, `upgrade`, `verify`, `read`, `serve`.
 
 use super::progress::run_progress;
 use crate::cli::RunArgs;
@@ -82,6 +82,47 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                 s.dead_letters
             );
         }
+    }
+    Ok(())
+}
+
+/// `sluice upgrade`.
+pub async fn upgrade(
+    component: PathBuf,
+    data: PathBuf,
+    start_empty: Vec<String>,
+) -> anyhow::Result<()> {
+    let engine = Arc::new(sluice_runtime::SluiceEngine::new(
+        Limits::default(),
+        sluice_runtime::SluiceEngine::default_cache_dir(),
+    )?);
+    let loaded = engine
+        .load_file(&component)
+        .with_context(|| format!("loading {}", component.display()))?;
+    let config = PipelineConfig::new(data, 1);
+    let (_, _, report) =
+        sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty).await?;
+    let short = |h: &str| h[..h.len().min(12)].to_owned();
+    let at = match report.checkpoint {
+        Some(step) => format!("at the checkpoint of step {step}, its state carried"),
+        None => "before its first step (no state to carry)".to_owned(),
+    };
+    eprintln!(
+        "upgraded: component {} -> {} {at}",
+        short(&report.from),
+        short(&report.to)
+    );
+    if !report.outputs_added.is_empty() {
+        eprintln!(
+            "new outputs, written from the next step on: {}",
+            report.outputs_added.join(", ")
+        );
+    }
+    if !report.outputs_removed.is_empty() {
+        eprintln!(
+            "outputs no longer written (their logs are kept): {}",
+            report.outputs_removed.join(", ")
+        );
     }
     Ok(())
 }

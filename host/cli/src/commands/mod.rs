@@ -2,7 +2,8 @@
 
 /// Commands against a `sluice serve`: the client side of its HTTP API.
 mod api;
-/// Commands on this machine's pipelines: `run`, `host`, `verify`, `read`, `serve`.
+/// Commands on this machine's pipelines: `run`, `host`, `upgrade`, `verify`, `read`,
+/// `serve`.
 mod local;
 /// Progress on the terminal.
 mod progress;
@@ -91,6 +92,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             token,
             json,
         } => api::diff(old, new, start_empty, server, token, json).await,
+        Command::Upgrade {
+            component,
+            data,
+            start_empty,
+        } => local::upgrade(component, data, start_empty).await,
         Command::Scale {
             pipeline,
             workers,

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workers::AnyWorker;
 
-pub use options::{COMMITTED_BY_KEPT, PipelineOptions, Relayout, Stats};
+pub use options::{COMMITTED_BY_KEPT, PipelineOptions, Relayout, Stats, UpgradedAt};
 
 /// The runtime of one pipeline.
 pub struct Coordinator {

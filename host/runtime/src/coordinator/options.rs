@@ -67,6 +67,22 @@ pub struct PipelineOptions {
     /// does): a coordinator opened here adopts the workers an earlier
     /// coordinator left on it, as it adopts those on the other hosts.
     pub own_host: Option<std::sync::Arc<crate::hosts::WorkerHost>>,
+    /// The pipeline moved to this component from another at a checkpoint
+    /// (`sluice upgrade`): while that checkpoint, the other component's, is
+    /// the newest, the instances take it through the circuit's `upgrade`,
+    /// not `restore`. `None`: no upgrade pending.
+    pub upgraded_at: Option<UpgradedAt>,
+}
+
+/// Where a pipeline's component changed ([`PipelineOptions::upgraded_at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradedAt {
+    /// The step of the checkpoint, of the component before, that the new
+    /// component's instances take their state from (the pipeline's last
+    /// committed step when it changed).
+    pub checkpoint: u64,
+    /// The operators the new component starts empty (passed to `upgrade`).
+    pub start_empty: Vec<String>,
 }
 
 impl Default for PipelineOptions {
@@ -86,6 +102,7 @@ impl Default for PipelineOptions {
             replicas: 1,
             zones: BTreeMap::new(),
             own_host: None,
+            upgraded_at: None,
         }
     }
 }

@@ -83,14 +83,20 @@ async fn locality_hint(
 /// Restores worker `w` from its pieces of committed checkpoint `step`:
 /// `pieces` when they were read here already; otherwise on its host, from
 /// the store there, when it is remote (the caller checked its host
-/// reaches the store), or read here.
+/// reaches the store), or read here. With `upgrade` (the operators to
+/// start empty), the checkpoint is another component's: the worker takes
+/// its pieces through the circuit's `upgrade`, all in one call.
 async fn restore_worker(
     worker: &mut AnyWorker,
     storage: &Arc<Guarded>,
     pieces: Option<Vec<StatePiece>>,
     step: u64,
     w: u32,
+    upgrade: Option<Vec<String>>,
 ) -> Result<ReadBytes> {
+    if upgrade.is_some() && matches!(worker, AnyWorker::Remote(_)) {
+        return Err(Error::UpgradeAcrossHosts);
+    }
     let (pieces, mut read) = match pieces {
         Some(pieces) => {
             let local = pieces.iter().map(|p| p.state.len() as u64).sum();
@@ -123,10 +129,12 @@ async fn restore_worker(
         // Read here, they travel to the worker's host.
         read.fetched += std::mem::take(&mut read.local);
     }
-    if !pieces.is_empty() {
-        worker
-            .restore(pieces.into_iter().map(|p| (p.shard, p.state)).collect())
-            .await?;
+    let pieces = pieces.into_iter().map(|p| (p.shard, p.state)).collect();
+    match (upgrade, worker) {
+        (Some(start_empty), AnyWorker::Local(local)) => local.upgrade(pieces, start_empty).await?,
+        (Some(_), AnyWorker::Remote(_)) => return Err(Error::UpgradeAcrossHosts),
+        (None, worker) if !pieces.is_empty() => worker.restore(pieces).await?,
+        (None, _) => {}
     }
     Ok(read)
 }
@@ -284,6 +292,22 @@ impl Coordinator {
             .into());
         }
         let step = meta.step;
+        // The checkpoint of the component before an upgrade: taken through
+        // `upgrade`, and no base for the next incremental checkpoint (the
+        // pieces are the other component's).
+        let upgrade = self
+            .options
+            .upgraded_at
+            .as_ref()
+            .filter(|u| u.checkpoint == step)
+            .map(|u| u.start_empty.clone());
+        if upgrade.is_some() {
+            tracing::debug!(
+                pipeline = %self.options.name,
+                step,
+                "taking the checkpoint of the component before the upgrade"
+            );
+        }
         let (keys, mut here) = self.checkpoint_keys(step).await?;
         if let Some((_, w)) = keys.iter().find(|(_, w)| *w >= workers) {
             return Err(sluice_storage::StorageError::Corrupt {
@@ -295,7 +319,7 @@ impl Coordinator {
         // Restored as they lie, the pieces are what the instances' next
         // incremental snapshot is relative to (a piece of the format before
         // shards is not: it is rewritten whole).
-        if keys.iter().all(|(shard, _)| *shard < SHARDS) {
+        if upgrade.is_none() && keys.iter().all(|(shard, _)| *shard < SHARDS) {
             self.checkpoints.base = Some(Base {
                 step,
                 pieces: keys.iter().copied().collect(),
@@ -313,10 +337,11 @@ impl Coordinator {
                 *all = rest;
                 mine
             });
+            let upgrade = upgrade.clone();
             tasks.push((
                 w,
                 tokio::spawn(async move {
-                    let r = restore_worker(&mut worker, &storage, mine, step, w).await;
+                    let r = restore_worker(&mut worker, &storage, mine, step, w, upgrade).await;
                     (worker, r)
                 }),
             ));

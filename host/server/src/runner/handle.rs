@@ -169,5 +169,7 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         // group's zones).
         zones: Default::default(),
         own_host: None,
+        // Set by the pipeline from its stored metadata.
+        upgraded_at: None,
     }
 }

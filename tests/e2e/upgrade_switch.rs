@@ -1,0 +1,486 @@
+//! Changing a running circuit (issue #31), the switch: `sluice upgrade`
+//! moves a pipeline's data directory to another version of its circuit at
+//! the checkpoint of its last step, and `sluice run` goes on with the new
+//! version — its state carried where the new version keeps an operator, a
+//! new operator started empty, a changed one refused by name — exactly
+//! once through SIGKILLs before, during and after the switch.
+
+use crate::support::{component, recount, sluice_cmd, stderr};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// xorshift, seeded from the clock (printed) or `SLUICE_UPGRADE_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// `lines` lines of words from a small vocabulary, some later deleted
+/// (also lines of `earlier`): the file's JSON lines and the (line, weight)
+/// pairs they mean.
+fn input(rng: &mut Rng, lines: usize, earlier: &[(String, i64)]) -> (String, Vec<(String, i64)>) {
+    let (mut text, mut pairs) = (String::new(), Vec::<(String, i64)>::new());
+    for _ in 0..lines {
+        let inserted: Vec<&(String, i64)> = earlier.iter().chain(&pairs).collect();
+        if inserted.len() > 10 && rng.below(15) == 0 {
+            let victim = inserted[rng.below(inserted.len() as u64) as usize]
+                .0
+                .clone();
+            text += &format!("{}\n", serde_json::json!({ "delete": victim }));
+            pairs.push((victim, -1));
+        } else {
+            let n = 1 + rng.below(5);
+            let line: Vec<String> = (0..n)
+                .map(|_| {
+                    format!(
+                        "w{}",
+                        "x".repeat(rng.below(6) as usize) + &rng.below(50).to_string()
+                    )
+                })
+                .collect();
+            let line = line.join(" ");
+            text += &format!("{}\n", serde_json::to_string(&line).unwrap());
+            pairs.push((line, 1));
+        }
+    }
+    (text, pairs)
+}
+
+/// `sluice run COMPONENT --data DATA` over `file` (input `lines`), writing
+/// the outputs named into `dir`.
+fn run_cmd(
+    wasm: &Path,
+    data: &Path,
+    file: &Path,
+    outputs: &[&str],
+    dir: &Path,
+) -> std::process::Command {
+    let mut cmd = sluice_cmd();
+    cmd.arg("run")
+        .arg(wasm)
+        .arg("--data")
+        .arg(data)
+        .args(["--workers", "2", "--partitions", "2"])
+        .args(["--max-batch", "40", "--checkpoint-every", "3"])
+        .arg(format!("--input=lines={}", file.display()))
+        .env("SLUICE_LOG", "sluice=debug");
+    for o in outputs {
+        cmd.arg(format!(
+            "--output={o}={}",
+            dir.join(format!("{o}.jsonl")).display()
+        ));
+    }
+    cmd
+}
+
+/// Runs `cmd` to the end, SIGKILLing it first up to `kills` times at
+/// random moments; with `first_crash` (`POINT:N`), the first run aborts at
+/// that crash point instead. Returns the kills that landed and every run's
+/// standard error.
+fn run_with_kills(
+    rng: &mut Rng,
+    mut cmd: impl FnMut() -> std::process::Command,
+    kills: u32,
+    first_crash: Option<&str>,
+) -> (u32, String) {
+    let (mut landed, mut logs) = (0, String::new());
+    if let Some(point) = first_crash {
+        let out = cmd().env("SLUICE_CRASH_AT", point).output().unwrap();
+        assert!(
+            !out.status.success() && stderr(&out).contains("crash point"),
+            "the first run should have aborted at {point}: {}",
+            stderr(&out)
+        );
+        logs += &stderr(&out);
+    }
+    for _ in 0..kills {
+        let mut child = cmd()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)
+            {
+                if line.contains("step committed") {
+                    let _ = tx.send(());
+                }
+                log += &line;
+                log.push('\n');
+            }
+            log
+        });
+        // Up to a few commits into the run: in its start-up (recovery,
+        // replay), a step, a commit or a checkpoint.
+        let (start, delay) = (Instant::now(), Duration::from_millis(rng.below(300)));
+        let (mut commits, commits_wanted) = (0, 1 + rng.below(4));
+        let kill = loop {
+            if start.elapsed() >= delay || commits >= commits_wanted {
+                break true;
+            }
+            match rx.recv_timeout(Duration::from_millis(2)) {
+                Ok(()) => commits += 1,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break false,
+            }
+        };
+        if kill && child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            landed += 1;
+            logs += &reader.join().unwrap();
+        } else {
+            let status = child.wait().unwrap();
+            let log = reader.join().unwrap();
+            assert!(status.success(), "run failed: {log}");
+            return (landed, logs + &log);
+        }
+    }
+    let out = cmd().output().unwrap();
+    assert!(out.status.success(), "final run failed: {}", stderr(&out));
+    (landed, logs + &stderr(&out))
+}
+
+/// `sluice upgrade COMPONENT --data DATA [extra…]`.
+fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
+    sluice_cmd()
+        .arg("upgrade")
+        .arg(wasm)
+        .arg("--data")
+        .arg(data)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The current value of every key of an output of `(key, count)` pairs:
+/// its JSON lines integrated (each key must have one value of weight 1).
+fn integrate_pairs(jsonl: &str) -> BTreeMap<u64, i64> {
+    let mut z: BTreeMap<(u64, i64), i64> = BTreeMap::new();
+    for line in jsonl.lines() {
+        let (v, w) = sluice_core::wire::parse_output_line(line).unwrap();
+        *z.entry((v[0].as_u64().unwrap(), v[1].as_i64().unwrap()))
+            .or_default() += w;
+    }
+    let mut current = BTreeMap::new();
+    for ((key, count), w) in z.into_iter().filter(|(_, w)| *w != 0) {
+        assert_eq!(w, 1, "length {key}: count {count} has weight {w}");
+        assert!(
+            current.insert(key, count).is_none(),
+            "length {key}: two counts"
+        );
+    }
+    current
+}
+
+/// The counts of word lengths in `pairs`, as version 2's `lengths` counts
+/// them (characters of each word; a length is there while its count is
+/// positive).
+fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
+    let mut by_len: BTreeMap<u64, i64> = BTreeMap::new();
+    for (line, w) in pairs {
+        for word in line.split_whitespace() {
+            *by_len.entry(word.chars().count() as u64).or_default() += w;
+        }
+    }
+    by_len.retain(|_, n| *n > 0);
+    by_len
+}
+
+/// Word count, then `sluice upgrade` to version 2 (its count kept under a
+/// new name, a count of word lengths added on a new port), then more
+/// input: the counts go on from the carried state (equal to a count of all
+/// the input), the lengths count only the input after the switch (it
+/// started empty). Each trial kills every phase — the old version's runs,
+/// the upgrade itself, and the new version's, its first run right after
+/// its first step, before its first checkpoint, so that the recovery
+/// takes the old version's checkpoint through `upgrade` again. `sluice
+/// verify` then finds the log consistent across the switch.
+#[test]
+fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_after_it() {
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let seed = std::env::var("SLUICE_UPGRADE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("upgrade test seed: {seed} (SLUICE_UPGRADE_SEED={seed} to repeat)");
+    let mut rng = Rng(seed);
+    let trials: u32 = std::env::var("SLUICE_UPGRADE_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let (mut kills, mut upgrade_kills, mut retaken) = (0, 0, 0);
+    for trial in 0..trials {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let (before, before_pairs) = input(&mut rng, 600, &[]);
+        let (after, after_pairs) = input(&mut rng, 600, &before_pairs);
+        let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+        std::fs::write(&a, before).unwrap();
+        std::fs::write(&b, after).unwrap();
+
+        if trial == 0 {
+            // A pipeline stopped between checkpoints is not upgraded.
+            let out = run_cmd(&v1, &data, &a, &["counts"], dir.path())
+                .env("SLUICE_CRASH_AT", "after-commit:2")
+                .output()
+                .unwrap();
+            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+            let out = upgrade(&v2, &data, &[]);
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("the pipeline's last step is 1, its newest checkpoint none")
+                    && stderr(&out).contains("until it stops"),
+                "{}",
+                stderr(&out)
+            );
+        }
+        let n = 1 + rng.below(2) as u32;
+        let (k, _) = run_with_kills(
+            &mut rng,
+            || run_cmd(&v1, &data, &a, &["counts"], dir.path()),
+            n,
+            None,
+        );
+        kills += k;
+        let counts_file = dir.path().join("counts.jsonl");
+        let before_lines = std::fs::read_to_string(&counts_file)
+            .unwrap()
+            .lines()
+            .count();
+        // Every other trial starts the kept count empty: the new version's
+        // counts then count the input after the switch only — also after
+        // a recovery, which must start it empty again.
+        let fresh = trial % 2 == 1;
+        let extra: &[&str] = if fresh {
+            &["--start-empty", "counts"]
+        } else {
+            &[]
+        };
+        // The upgrade, killed at a random moment first: before its commit
+        // point nothing changed, after it the pipeline is version 2's.
+        let mut child = sluice_cmd()
+            .arg("upgrade")
+            .arg(&v2)
+            .arg("--data")
+            .arg(&data)
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(rng.below(150)));
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            upgrade_kills += 1;
+        }
+        let status = child.wait().unwrap();
+        // Again: made now, or it was made before the kill (a kill can land
+        // after the commit point too).
+        let out = upgrade(&v2, &data, extra);
+        if out.status.success() {
+            assert!(!status.success(), "made twice: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("new outputs, written from the next step on: lengths"),
+                "{}",
+                stderr(&out)
+            );
+        } else {
+            assert!(
+                stderr(&out).contains("already runs component"),
+                "{}",
+                stderr(&out)
+            );
+        }
+
+        // Version 2's first run aborts right after its first commit,
+        // before its first checkpoint: the next takes version 1's
+        // checkpoint through `upgrade` again and replays that step.
+        let n = rng.below(3) as u32;
+        let (k, log) = run_with_kills(
+            &mut rng,
+            || run_cmd(&v2, &data, &b, &["counts", "lengths"], dir.path()),
+            n,
+            Some("after-commit:1"),
+        );
+        kills += k;
+        retaken += log
+            .matches("taking the checkpoint of the component before the upgrade")
+            .count();
+
+        let counts = std::fs::read_to_string(&counts_file).unwrap();
+        if fresh {
+            // No retraction is invented for version 1's counts: the log
+            // after the switch holds the new counts alone.
+            let after: String = counts
+                .lines()
+                .skip(before_lines)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let got = sluice_tools::demo::integrate_counts(&after).unwrap();
+            let expected = recount(after_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
+            assert_eq!(
+                got, expected,
+                "trial {trial}: the count started empty at the switch"
+            );
+        } else {
+            let got = sluice_tools::demo::integrate_counts(&counts).unwrap();
+            let all: Vec<(String, i64)> =
+                before_pairs.iter().chain(&after_pairs).cloned().collect();
+            let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
+            assert_eq!(
+                got, expected,
+                "trial {trial}: the counts go on from the carried state"
+            );
+        }
+        let lengths = std::fs::read_to_string(dir.path().join("lengths.jsonl")).unwrap();
+        assert_eq!(
+            integrate_pairs(&lengths),
+            recount_lengths(&after_pairs),
+            "trial {trial}: the new count started empty at the switch"
+        );
+        let out = sluice_cmd()
+            .arg("verify")
+            .arg("--data")
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "trial {trial}: {}{}",
+            stderr(&out),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // The old version no longer opens the pipeline.
+        let out = run_cmd(&v1, &data, &a, &["counts"], dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("`sluice upgrade` moves"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    eprintln!(
+        "upgrade test: {trials} trials, {kills} SIGKILLs of runs, {upgrade_kills} of upgrades; \
+         the old version's checkpoint taken through `upgrade` {retaken} times"
+    );
+    assert!(
+        retaken >= 2 * trials as usize,
+        "every trial took the old checkpoint through `upgrade` twice at least"
+    );
+}
+
+/// A Python word count whose count became a sum under the same identity:
+/// `sluice upgrade` refuses it naming the operator and changes nothing
+/// (the old version runs on); with the operator started empty it is
+/// made, and the sums start from the input after the switch.
+#[test]
+fn an_upgrade_that_changes_an_operator_is_refused_by_name_unless_it_starts_empty() {
+    let v1 = component("examples/python-wordcount");
+    let dir = tempfile::tempdir().unwrap();
+    let v2_dir = dir.path().join("sums");
+    std::fs::create_dir_all(&v2_dir).unwrap();
+    std::fs::write(
+        v2_dir.join("circuit.py"),
+        r#"import sluice
+
+
+def build(c):
+    (
+        c.input("lines")
+        .flat_map(lambda line: line.lower().split())
+        .sum_by(lambda word: word, lambda word: 2)
+        .map(lambda pair: {"word": pair[0], "count": pair[1]})
+        .output("counts")
+    )
+
+
+Circuit = sluice.export(build)
+"#,
+    )
+    .unwrap();
+    let v2: PathBuf = component(v2_dir.to_str().unwrap());
+    let data = dir.path().join("data");
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    let mut f = std::fs::File::create(&a).unwrap();
+    writeln!(f, "\"the cat\"\n\"the dog\"").unwrap();
+    std::fs::write(&b, "\"the end\"\n").unwrap();
+    let run = |wasm: &Path, file: &Path| {
+        let out = run_cmd(wasm, &data, file, &["counts"], dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::read_to_string(dir.path().join("counts.jsonl")).unwrap()
+    };
+    let counts = |text: &str| sluice_tools::demo::integrate_counts(text).unwrap();
+    run(&v1, &a);
+
+    let out = upgrade(&v2, &data, &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("keyed_sum#0/1"),
+        "the refusal names the operator: {}",
+        stderr(&out)
+    );
+    // Nothing changed: version 1 runs on, from its state.
+    let before = run(&v1, &b);
+    assert_eq!(counts(&before)["the"], 3);
+
+    let out = upgrade(&v2, &data, &["--start-empty", "keyed_sum#0/1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let c = dir.path().join("c.jsonl");
+    std::fs::write(&c, "\"the cat again\"\n").unwrap();
+    // The log holds version 1's counts (no retraction is invented for
+    // them), then version 2's sums from empty: two per word of the line.
+    let text = run(&v2, &c);
+    let events: Vec<(String, i64, i64)> = text
+        .lines()
+        .map(|l| {
+            let (v, w) = sluice_core::wire::parse_output_line(l).unwrap();
+            (
+                v["word"].as_str().unwrap().to_owned(),
+                v["count"].as_i64().unwrap(),
+                w,
+            )
+        })
+        .collect();
+    let switch = before.lines().count();
+    assert!(
+        text.starts_with(&before),
+        "the log before the switch stays: {text}"
+    );
+    let mut new: Vec<(String, i64, i64)> = events[switch..].to_vec();
+    new.sort();
+    let expected: Vec<(String, i64, i64)> = ["again", "cat", "the"]
+        .iter()
+        .map(|w| (w.to_string(), 2, 1))
+        .collect();
+    assert_eq!(new, expected, "{text}");
+    let out = upgrade(&v2, &data, &["--start-empty", "keyed_sum#0/1"]);
+    assert!(
+        stderr(&out).contains("already runs component"),
+        "{}",
+        stderr(&out)
+    );
+}
