@@ -228,7 +228,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
     let trials: u32 = std::env::var("SLUICE_UPGRADE_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+        .unwrap_or(20);
     let (mut kills, mut upgrade_kills, mut retaken) = (0, 0, 0);
     for trial in 0..trials {
         let dir = tempfile::tempdir().unwrap();
@@ -288,7 +288,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(rng.below(150)));
+        std::thread::sleep(Duration::from_millis(rng.below(60)));
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap();
             upgrade_kills += 1;
@@ -483,4 +483,79 @@ Circuit = sluice.export(build)
         "{}",
         stderr(&out)
     );
+}
+
+/// Word count on a server, upgraded to version 2 with `sluice upgrade
+/// --pipeline`: a refused upgrade (a start-empty naming no operator) leaves
+/// it running version 1; the upgrade checkpoints it and switches, the
+/// counts go on from the carried state and the new `lengths` count the
+/// input pushed after the switch.
+#[test]
+fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
+    use crate::support::server::{Server, integrated_counts, output_lines};
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let tenant = server.tenant("acme");
+    tenant.deploy(&v1, "wordcount", "wc", 2, false).unwrap();
+    let mut rng = Rng(7);
+    let (before, before_pairs) = input(&mut rng, 400, &[]);
+    let (after, after_pairs) = input(&mut rng, 400, &before_pairs);
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    std::fs::write(&a, before).unwrap();
+    std::fs::write(&b, after).unwrap();
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {}",
+                tenant.status(Some("wc")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    tenant.push("wc", "lines", &a, &Default::default()).unwrap();
+    let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
+    wait("version 1's counts", &|| {
+        integrated_counts(&tenant, "wc") == expected
+    });
+
+    let upgrade = |extra: &[&str]| {
+        sluice_cmd()
+            .arg("upgrade")
+            .arg(&v2)
+            .args(["--pipeline", "wc", "--server", server.url.as_str()])
+            .args(["--token", tenant.token()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = upgrade(&["--start-empty", "nope"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no operator of the new component"),
+        "{}",
+        stderr(&out)
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
+    assert_eq!(status["component"], "wordcount", "{status}");
+
+    let out = upgrade(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value =
+        serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
+    assert_eq!(status["component"], "wordcount_v2", "{status}");
+    tenant.push("wc", "lines", &b, &Default::default()).unwrap();
+    let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
+    let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
+    wait("version 2's counts", &|| {
+        integrated_counts(&tenant, "wc") == expected
+    });
+    let lengths = recount_lengths(&after_pairs);
+    wait("version 2's lengths", &|| {
+        integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
+    });
 }

@@ -297,22 +297,41 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Move the pipeline in a data directory (`sluice run --data`) to
-    /// another version of its circuit, keeping the state the new version
-    /// can take (`sluice diff` shows what it keeps): at the checkpoint of
-    /// the pipeline's last step (a run that finished leaves one), the new
-    /// version's instances take the old state; a changed operator refuses
-    /// the upgrade, with nothing changed, unless named in --start-empty.
-    /// Then `sluice run NEW --data DIR` goes on from there.
+    /// Move a pipeline to another version of its circuit, keeping the
+    /// state the new version can take (`sluice diff` shows what it keeps):
+    /// at the checkpoint of the pipeline's last step, the new version's
+    /// instances take the old state; a changed operator refuses the
+    /// upgrade, with nothing changed, unless named in --start-empty. A
+    /// pipeline in a data directory (--data; a `sluice run` that finished
+    /// leaves the checkpoint; `sluice run NEW --data DIR` goes on), or on a
+    /// server (--pipeline: the new version is uploaded, and the pipeline
+    /// checkpoints and switches).
     Upgrade {
         /// The new version: a component file (`.wasm`).
         component: PathBuf,
         /// The pipeline's data directory.
+        #[arg(
+            long,
+            required_unless_present = "pipeline",
+            conflicts_with = "pipeline"
+        )]
+        data: Option<PathBuf>,
+        /// A pipeline on a server (--server, --token) instead.
         #[arg(long)]
-        data: PathBuf,
+        pipeline: Option<String>,
+        /// With --pipeline: the name to upload the new version under
+        /// (default: the file's name without `.wasm`).
+        #[arg(long = "as", requires = "pipeline")]
+        as_name: Option<String>,
         /// Operators of the new version to start empty (ID[,ID…]).
         #[arg(long = "start-empty", value_delimiter = ',')]
         start_empty: Vec<String>,
+        /// The server, with --pipeline.
+        #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
+        server: String,
+        /// The API token, with --pipeline.
+        #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// List the caller's pipelines (state, W, rates, lag, checkpoint,
     /// last error).

@@ -518,6 +518,32 @@ impl Client {
         )
     }
 
+    /// Uploads the component file `wasm` as `component` and switches
+    /// `pipeline` to it (`PATCH /pipelines/{name}` with `component`,
+    /// `start_empty`); returns its status.
+    pub fn upgrade(
+        &self,
+        pipeline: &str,
+        wasm: &Path,
+        component: &str,
+        start_empty: &[String],
+    ) -> anyhow::Result<String> {
+        let bytes = std::fs::read(wasm).with_context(|| wasm.display().to_string())?;
+        self.call(
+            "PUT",
+            &format!("/components/{component}"),
+            Some(("application/wasm", &bytes)),
+            &[],
+        )?;
+        let body = serde_json::json!({ "component": component, "start_empty": start_empty });
+        self.call(
+            "PATCH",
+            &format!("/pipelines/{pipeline}"),
+            Some(("application/json", body.to_string().as_bytes())),
+            &[],
+        )
+    }
+
     /// `DELETE /pipelines/{name}`.
     pub fn delete(&self, pipeline: &str) -> anyhow::Result<()> {
         self.call("DELETE", &format!("/pipelines/{pipeline}"), None, &[])

@@ -129,6 +129,12 @@ pub enum ServiceError {
         /// What is used.
         used_mib: u64,
     },
+    /// The pipeline's component is being changed: try again shortly.
+    #[error("pipeline {name} is being upgraded to another component; try again shortly")]
+    Upgrading {
+        /// The pipeline.
+        name: String,
+    },
     /// A Kafka pipeline on a server started without brokers.
     #[error("this server has no Kafka brokers configured (sluice serve --kafka-brokers)")]
     NoKafka,

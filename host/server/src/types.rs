@@ -167,6 +167,14 @@ pub struct PipelinePatch {
     /// The number of workers W: the pipeline changes its layout, moving
     /// only the shards the new balance needs.
     pub workers: Option<u32>,
+    /// An uploaded component to run instead (a new version of the
+    /// circuit): the pipeline checkpoints its last step and the new
+    /// version takes the state it can (`POST /pipelines/{name}/diff`
+    /// says what); refused (422 `upgrade_refused`), the pipeline running
+    /// on as before, if it changed an operator not in `start_empty`.
+    pub component: Option<String>,
+    /// With `component`: operators of the new version to start empty.
+    pub start_empty: Option<Vec<String>>,
 }
 
 /// Whether a pipeline should be running after a restart.

@@ -304,12 +304,16 @@ pub fn integrated_counts(
     client: &Client,
     pipeline: &str,
 ) -> std::collections::BTreeMap<String, i64> {
+    sluice_tools::demo::integrate_counts(&output_lines(client, pipeline, "counts")).unwrap()
+}
+
+/// A server pipeline's output `port` from the start, read through the API,
+/// as the JSON lines `sluice run --output` writes (no positions).
+pub fn output_lines(client: &Client, pipeline: &str, port: &str) -> String {
     let mut text = String::new();
     let mut after: Option<String> = None;
     loop {
-        let lines = client
-            .read(pipeline, "counts", after.as_deref(), 0)
-            .unwrap();
+        let lines = client.read(pipeline, port, after.as_deref(), 0).unwrap();
         let Some(last) = lines.last() else { break };
         let v: serde_json::Value = serde_json::from_str(last).unwrap();
         after = v["position"].as_str().map(str::to_owned);
@@ -320,7 +324,7 @@ pub fn integrated_counts(
             text.push('\n');
         }
     }
-    sluice_tools::demo::integrate_counts(&text).unwrap()
+    text
 }
 
 /// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).

@@ -1,6 +1,7 @@
 //! Commands against a `sluice serve`: the client side of the HTTP API.
 
 use crate::cli::{Connection, TenantCommand};
+use anyhow::Context;
 use std::path::PathBuf;
 
 /// Runs a blocking client call off the async workers.
@@ -182,6 +183,38 @@ pub async fn scale(conn: Connection, pipeline: String, workers: u32) -> anyhow::
             p["name"].as_str().unwrap_or("?"),
         )
     });
+    Ok(())
+}
+
+/// `sluice upgrade --pipeline`.
+pub async fn upgrade(
+    wasm: PathBuf,
+    pipeline: Option<String>,
+    as_name: Option<String>,
+    start_empty: Vec<String>,
+    server: String,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let pipeline = pipeline.context("give the pipeline: --data DIR, or --pipeline NAME")?;
+    let token = token.context(
+        "--pipeline names a pipeline on a server: give the API token (--token or SLUICE_TOKEN)",
+    )?;
+    let name = match as_name {
+        Some(n) => n,
+        None => wasm
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_owned)
+            .context("the component file has no name: give one with --as")?,
+    };
+    let c = crate::client::Client::new(&server, &token);
+    let (p, n) = (pipeline.clone(), name.clone());
+    let out = call(move || c.upgrade(&p, &wasm, &n, &start_empty)).await?;
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    eprintln!(
+        "upgraded: pipeline {pipeline} runs component {name} now; it is {}",
+        status["state"].as_str().unwrap_or("?")
+    );
     Ok(())
 }
 

@@ -94,9 +94,19 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         } => api::diff(old, new, start_empty, server, token, json).await,
         Command::Upgrade {
             component,
-            data,
+            data: Some(data),
             start_empty,
+            ..
         } => local::upgrade(component, data, start_empty).await,
+        Command::Upgrade {
+            component,
+            pipeline,
+            as_name,
+            start_empty,
+            server,
+            token,
+            ..
+        } => api::upgrade(component, pipeline, as_name, start_empty, server, token).await,
         Command::Scale {
             pipeline,
             workers,

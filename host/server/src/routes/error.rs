@@ -52,6 +52,7 @@ impl From<ServiceError> for ApiError {
                 ApiError::new(C::UNPROCESSABLE_ENTITY, "invalid_component", message)
             }
             S::NoKafka => ApiError::new(C::UNPROCESSABLE_ENTITY, "no_kafka", message),
+            S::Upgrading { .. } => ApiError::new(C::SERVICE_UNAVAILABLE, "upgrading", message),
             S::OutOfRange { .. } => ApiError::new(C::BAD_REQUEST, "out_of_range", message),
             S::Busy { .. } => ApiError::new(C::TOO_MANY_REQUESTS, "too_many_requests", message),
             S::HostMemory { .. } => {
@@ -74,6 +75,9 @@ fn pipeline_error(e: &sluice_pipeline::Error, message: String) -> ApiError {
     use StatusCode as C;
     use sluice_runtime::Error as R;
     use sluice_storage::StorageError as S;
+    if let sluice_pipeline::Error::UpgradeRefused(_) = e {
+        return ApiError::new(C::UNPROCESSABLE_ENTITY, "upgrade_refused", message);
+    }
     match e.as_runtime() {
         Some(R::Storage(S::Unknown { .. })) => ApiError::new(C::NOT_FOUND, "not_found", message),
         Some(R::Storage(S::DuplicateSequence { .. })) => {

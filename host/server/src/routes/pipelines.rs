@@ -59,9 +59,13 @@ pub(super) async fn metrics(
     ))
 }
 
-/// Changes a pipeline: `{"workers": W}` rescales it (a layout change
-/// between two steps that moves only the shards the new balance needs;
-/// the status shows the new W once it is done).
+/// Changes a pipeline: `{"component": NAME, "start_empty": [ID…]}`
+/// upgrades it to another uploaded component, keeping the state the new
+/// version can take (503 `upgrading` meanwhile; 422 `upgrade_refused`,
+/// the pipeline unchanged, if the new version refuses its state);
+/// `{"workers": W}` rescales it (a layout change between two steps that
+/// moves only the shards the new balance needs; the status shows the new
+/// W once it is done).
 #[utoipa::path(patch, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
     request_body = crate::types::PipelinePatch,
     responses((status = 200, body = PipelineStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -75,6 +79,24 @@ pub(super) async fn patch(
     let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
     let patch: crate::types::PipelinePatch = json_body(&state, &headers, body).await?;
     let mut status = state.service.pipeline(&tenant, &name)?.status();
+    if patch.start_empty.is_some() && patch.component.is_none() {
+        return Err(crate::error::ServiceError::invalid(
+            "invalid_start_empty",
+            "`start_empty` goes with `component` (an upgrade)",
+        )
+        .into());
+    }
+    if let Some(component) = patch.component {
+        status = state
+            .service
+            .upgrade_pipeline(
+                &tenant,
+                &name,
+                &component,
+                patch.start_empty.unwrap_or_default(),
+            )
+            .await?;
+    }
     if let Some(workers) = patch.workers {
         status = state
             .service

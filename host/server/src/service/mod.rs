@@ -22,6 +22,8 @@ mod pipelines;
 mod state;
 /// Tenants: creation, tokens, deletion, usage against their limits.
 mod tenants;
+/// Changing a pipeline's component, keeping its state.
+mod upgrade;
 
 pub use crate::error::{Result, ServiceError};
 pub use crate::limits::{EffectiveLimits, PROBE_LIMITS, effective_limits};

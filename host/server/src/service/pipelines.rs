@@ -176,9 +176,13 @@ impl Service {
         .await?)
     }
 
-    /// The handle of a tenant's pipeline, or 404.
+    /// The handle of a tenant's pipeline, or 404 (503 while it is being
+    /// upgraded).
     pub fn pipeline(&self, tenant: &str, name: &str) -> Result<Arc<PipelineHandle>> {
         validate_name("pipeline", name).map_err(|_| ServiceError::not_found("pipeline", name))?;
+        if lock(&self.upgrading).contains(&(tenant.to_owned(), name.to_owned())) {
+            return Err(ServiceError::Upgrading { name: name.into() });
+        }
         lock(&self.pipelines)
             .get(&(tenant.to_owned(), name.to_owned()))
             .cloned()

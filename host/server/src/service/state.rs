@@ -66,6 +66,9 @@ pub struct Service {
     /// Bytes each tenant's pushes in flight hold on the host (bodies, then
     /// their parsed events), while they are held.
     pub(super) pushing: Mutex<HashMap<String, u64>>,
+    /// Pipelines whose component is being changed: unloaded meanwhile,
+    /// every request for them answers 503.
+    pub(super) upgrading: Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// A pipeline being created: counted against its tenant's quota and the
@@ -116,6 +119,7 @@ impl Service {
             },
             disk: Mutex::new(HashMap::new()),
             pushing: Mutex::new(HashMap::new()),
+            upgrading: Mutex::new(Default::default()),
         })
     }
 

@@ -1,0 +1,152 @@
+//! Changing a pipeline's component on this server (`PATCH
+//! /pipelines/{name}` with `component`), keeping its state: the pipeline
+//! is unloaded (it checkpoints its last step), its data directory is
+//! upgraded as `sluice upgrade` does ([`Pipeline::upgrade`]), and it is
+//! loaded again with the new component, in the state it was wanted in. A
+//! refused upgrade loads it again as it was. Meanwhile every request for
+//! it answers 503 (`upgrading`).
+
+use super::components::sha256;
+use super::state::{Service, lock, tenant_dir};
+use crate::error::{Result, ServiceError};
+use crate::limits::effective_limits;
+use crate::types::PipelineStatus;
+use sluice_core::validate_name;
+use sluice_pipeline::{LogKind, Pipeline, PipelineConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long an upgrade waits for the unloaded pipeline's database to close
+/// (a request that held its handle, a stream of its output, ends first).
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes a pipeline out of the "being upgraded" set when dropped.
+struct Upgrading<'a> {
+    service: &'a Service,
+    key: (String, String),
+}
+
+impl Drop for Upgrading<'_> {
+    fn drop(&mut self) {
+        lock(&self.service.upgrading).remove(&self.key);
+    }
+}
+
+impl Service {
+    /// Moves a tenant's pipeline to its uploaded component `component`,
+    /// keeping the state the new version can take (operators named in
+    /// `start_empty` start empty). Refused — the pipeline running on as
+    /// before — when it runs across hosts or on Kafka (not built yet),
+    /// already runs that component, or the new version refuses its state
+    /// (naming the operator).
+    pub async fn upgrade_pipeline(
+        &self,
+        tenant: &str,
+        name: &str,
+        component: &str,
+        start_empty: Vec<String>,
+    ) -> Result<PipelineStatus> {
+        let h = self.pipeline(tenant, name)?;
+        validate_name("component", component)?;
+        let entry = lock(&self.registry)
+            .tenant(tenant)?
+            .pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
+        if h.across_hosts() || entry.spec.log != LogKind::Embedded {
+            return Err(ServiceError::invalid(
+                "upgrade_unsupported",
+                format!(
+                    "pipeline {name} keeps its logs in Kafka or runs across hosts: changing its \
+                     component is built for a pipeline on this server's embedded log only, so far"
+                ),
+            ));
+        }
+        let bytes = self.component_bytes(tenant, component)?;
+        let hash = sha256(&bytes);
+        if hash == entry.spec.component_hash {
+            return Err(ServiceError::invalid(
+                "same_component",
+                format!("pipeline {name} already runs this version of component {component}"),
+            ));
+        }
+        let (loaded, _) = self
+            .load_component(tenant, component, bytes.clone().into())
+            .await?;
+        let key = (tenant.to_owned(), name.to_owned());
+        if !lock(&self.upgrading).insert(key.clone()) {
+            return Err(ServiceError::Upgrading { name: name.into() });
+        }
+        let _upgrading = Upgrading { service: self, key };
+        // Unloaded, it checkpoints its last step (the upgrade's point).
+        h.shutdown(true).await;
+        lock(&self.pipelines).remove(&(tenant.to_owned(), name.to_owned()));
+        drop(h);
+
+        let dir = self
+            .data
+            .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
+        let effective = effective_limits(&entry.spec, &self.limits(tenant)?)?;
+        let engine = Arc::new(self.engine.with_limits(effective.instance));
+        let started = Instant::now();
+        let upgraded = loop {
+            let config = PipelineConfig::new(dir.clone(), entry.spec.workers);
+            match Pipeline::upgrade(engine.clone(), loaded.clone(), config, start_empty.clone())
+                .await
+            {
+                Err(e) if is_locked(&e) && started.elapsed() < CLOSE_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // The upgrade's coordinator is dropped unused: the
+                // pipeline's task opens its own.
+                other => break other.map(|(_, _, report)| report),
+            }
+        };
+        let report = match upgraded {
+            Ok(report) => report,
+            Err(e) => {
+                let refusal = ServiceError::from(e);
+                let handle = self
+                    .load_pipeline(tenant, entry.spec.clone(), entry.desired)
+                    .await?;
+                lock(&self.pipelines).insert((tenant.to_owned(), name.to_owned()), handle);
+                return Err(refusal);
+            }
+        };
+        self.keep_version(tenant, &hash, &bytes)?;
+        let mut spec = entry.spec.clone();
+        spec.component = component.to_owned();
+        spec.component_hash = hash;
+        self.update(|reg| {
+            if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
+                e.spec = spec.clone();
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(
+            tenant,
+            pipeline = name,
+            from = %report.from,
+            to = %report.to,
+            checkpoint = ?report.checkpoint,
+            "upgraded"
+        );
+        let handle = self.load_pipeline(tenant, spec, entry.desired).await?;
+        let status = handle.status();
+        lock(&self.pipelines).insert((tenant.to_owned(), name.to_owned()), handle);
+        self.collect_versions(tenant);
+        Ok(status)
+    }
+}
+
+/// Whether `e` says another holder still has the pipeline's database open.
+fn is_locked(e: &sluice_pipeline::Error) -> bool {
+    matches!(
+        e.as_runtime(),
+        Some(sluice_runtime::Error::Storage(
+            sluice_storage::StorageError::Locked { .. }
+        ))
+    )
+}
