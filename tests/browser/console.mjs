@@ -1,9 +1,10 @@
 // Drives the Sluice console in Debian's headless Chromium, as a person
 // would: sign in, deploy word count, start it, push lines, watch the charts
-// and the output tail, pause it; another tenant's pipelines stay hidden.
+// and the output tail, compare a new version and upgrade to it (with
+// --upgrade-wasm), pause it; another tenant's pipelines stay hidden.
 //
 //   node console.mjs --url URL --token TOKEN --wasm WASM --other OTHER_PIPELINE \
-//       --out-dir OUT_DIR [--admin-token ADMIN_TOKEN]
+//       --out-dir OUT_DIR [--admin-token ADMIN_TOKEN] [--upgrade-wasm WASM]
 //
 // Exits 0 when every check passed; screenshots go to OUT_DIR, an absolute
 // path outside this directory (tests/e2e/console.rs passes
@@ -17,7 +18,7 @@ import { parseArgs } from "node:util";
 
 const usage =
   "usage: node console.mjs --url URL --token TOKEN --wasm WASM --other OTHER_PIPELINE " +
-  "--out-dir OUT_DIR [--admin-token ADMIN_TOKEN]";
+  "--out-dir OUT_DIR [--admin-token ADMIN_TOKEN] [--upgrade-wasm WASM]";
 function refuse(why) {
   console.error(`console.mjs: ${why}\n${usage}`);
   process.exit(2);
@@ -33,6 +34,7 @@ try {
       other: { type: "string" },
       "out-dir": { type: "string" },
       "admin-token": { type: "string" },
+      "upgrade-wasm": { type: "string" },
     },
     strict: true,
     allowPositionals: false,
@@ -46,6 +48,7 @@ for (const name of ["url", "token", "wasm", "other", "out-dir"]) {
 const { url, token, wasm, other } = args;
 const out = args["out-dir"];
 const adminToken = args["admin-token"];
+const upgradeWasm = args["upgrade-wasm"];
 if (!/^https?:\/\//.test(url)) refuse(`--url must be an http(s) URL, not ${JSON.stringify(url)}`);
 // The screenshots' directory: absolute (not relative to wherever node runs),
 // not in this script's directory (where a stray one would be committed), and
@@ -132,10 +135,35 @@ try {
   if (workers !== 2) failures.push(`the workers table has ${workers} rows, not 2`);
   await page.screenshot({ path: `${out}/3-pipeline.png`, fullPage: true });
 
+  if (upgradeWasm) {
+    step("compare a new version, then upgrade to it");
+    await page.setInputFiles("#upgrade-file", upgradeWasm);
+    await page.fill("#upgrade-name", "wc-v2");
+    await page.click("#upgrade-compare");
+    await page.waitForSelector("#upgrade-verdict[data-accepted=true]");
+    for (const [op, change] of [["counts", "kept"], ["lengths", "new"]]) {
+      if (!(await page.$(`#upgrade-diff tr[data-operator=${op}][data-change=${change}]`))) {
+        failures.push(`the diff does not show ${op} as ${change}: ${await page.textContent("#upgrade-diff")}`);
+      }
+    }
+    await page.screenshot({ path: `${out}/4-upgrade-diff.png`, fullPage: true });
+    let asked = null;
+    page.once("dialog", (d) => { asked = d.message(); d.accept(); });
+    await page.click("#upgrade-go");
+    await page.waitForSelector("text=Upgraded wc to wc-v2.");
+    if (!asked || !asked.includes("wc-v2")) failures.push(`the upgrade did not ask first (${asked})`);
+    await page.waitForSelector("#state[data-state=running], #state[data-state=idle]");
+    await page.fill("#push-text", lines.join("\n") + "\n");
+    await page.click("#push button[type=submit]");
+    await page.waitForSelector("text=Appended 40 events.");
+    // Counted since the new version opened: the 40 lines just pushed.
+    await page.waitForFunction(() => Number(document.getElementById("fig-in")?.textContent) === 40);
+  }
+
   step("pause it");
   await page.click("h2 [data-action=pause]");
   await page.waitForSelector("#state[data-state=paused]");
-  await page.screenshot({ path: `${out}/4-paused.png`, fullPage: true });
+  await page.screenshot({ path: `${out}/5-paused.png`, fullPage: true });
 
   step("back to the list");
   await page.click("text=← Pipelines");
@@ -150,7 +178,7 @@ try {
     await admin.fill("input[name=token]", adminToken);
     await admin.click("button[type=submit]");
     await admin.waitForSelector("#tenants tr[data-tenant]");
-    await admin.screenshot({ path: `${out}/5-admin.png`, fullPage: true });
+    await admin.screenshot({ path: `${out}/6-admin.png`, fullPage: true });
   }
 } catch (e) {
   failures.push(String(e && e.stack || e));

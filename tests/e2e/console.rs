@@ -5,7 +5,7 @@
 //! pipeline; then the admin's view. Screenshots land in
 //! `$CARGO_TARGET_TMPDIR/console-screenshots`.
 
-use crate::support::server::{ADMIN, Server};
+use crate::support::server::{ADMIN, Server, integrated_counts};
 use crate::support::{component, repo, scratch};
 
 /// Chromium and the script's node_modules, or `None` (outside CI) to skip.
@@ -52,6 +52,8 @@ fn the_console_works_in_a_real_browser() {
         .arg("--wasm")
         .arg(&wasm)
         .args(["--other", "rivalpipe", "--admin-token", ADMIN])
+        .arg("--upgrade-wasm")
+        .arg(component("tests/guests/wordcount-v2"))
         .arg("--out-dir")
         .arg(&shots)
         .current_dir(repo().join("tests/browser"))
@@ -67,19 +69,26 @@ fn the_console_works_in_a_real_browser() {
         "1-pipelines",
         "2-deployed",
         "3-pipeline",
-        "4-paused",
-        "5-admin",
+        "4-upgrade-diff",
+        "5-paused",
+        "6-admin",
     ] {
         let png = shots.join(format!("{shot}.png"));
         let len = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
         assert!(len > 10_000, "{} is missing or empty", png.display());
     }
-    // What the browser did, the API confirms: the pipeline it deployed is
-    // paused and counted the 80 lines it pushed.
+    // What the browser did, the API confirms: the pipeline it deployed
+    // runs version 2, is paused, and counted the 80 lines pushed before the
+    // upgrade and the 40 after it (each holds `hello` once).
     let status: serde_json::Value =
         serde_json::from_str(&acme.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["state"], "paused", "{status}");
-    assert_eq!(status["events_in"], 80, "{status}");
+    assert_eq!(status["component"], "wc-v2", "{status}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while integrated_counts(&acme, "wc").get("hello") != Some(&120) {
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// The script refuses a call whose screenshots would not land under the

@@ -185,6 +185,69 @@ function deployCard() {
   return el("div", { class: "card" }, el("h3", {}, "Deploy a component"), form);
 }
 
+// -------------------------------------------------------------- upgrade --
+
+// A new version of the pipeline's circuit: compared first (the server's
+// diff, operator by operator), switched to only after the diff accepts it
+// and the user confirms.
+function upgradeCard(pipeline) {
+  const file = el("input", { type: "file", accept: ".wasm", id: "upgrade-file" });
+  const name = el("input", { id: "upgrade-name", placeholder: "wordcount-v2", pattern: "[a-z0-9][a-z0-9_\\-]{0,63}" });
+  const startEmpty = el("input", { id: "upgrade-start-empty", placeholder: "ID,ID…" });
+  const result = el("div", { id: "upgrade-diff" });
+  const go = el("button", { class: "primary", type: "button", id: "upgrade-go", disabled: "" }, "Upgrade");
+  let compared = null;
+  file.addEventListener("change", () => {
+    const f = file.files[0];
+    if (f && !name.value) name.value = f.name.replace(/\.wasm$/, "").toLowerCase().replace(/[^a-z0-9_-]/g, "-");
+    go.disabled = true;
+    result.replaceChildren();
+  });
+  startEmpty.addEventListener("input", () => { go.disabled = true; });
+  const compare = async (ev) => {
+    ev.preventDefault();
+    go.disabled = true;
+    const f = file.files[0];
+    if (!f) return flash("upgrade: choose the new version's component (.wasm) first");
+    try {
+      const list = startEmpty.value.split(",").map((s) => s.trim()).filter((s) => s);
+      const query = list.length ? `?start_empty=${encodeURIComponent(list.join(","))}` : "";
+      const bytes = await f.arrayBuffer();
+      const d = await api("POST", `/pipelines/${pipeline}/diff${query}`, bytes, "application/wasm");
+      const ports = [];
+      if (d.ports.outputs_added.length) ports.push(`outputs added: ${d.ports.outputs_added.join(", ")}`);
+      if (d.ports.outputs_removed.length) ports.push(`outputs removed: ${d.ports.outputs_removed.join(", ")}`);
+      result.replaceChildren(
+        el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "Operator"), el("th", {}, "Change"), el("th", {}, "What the upgrade does"))),
+          el("tbody", {}, ...d.operators.map((o) => el("tr", { "data-operator": o.id, "data-change": o.change },
+            el("td", {}, o.id), el("td", {}, o.change), el("td", {}, o.action))))),
+        ports.length ? el("p", {}, ports.join("; ")) : null,
+        el("p", { id: "upgrade-verdict", "data-accepted": String(d.accepted) },
+          d.accepted ? "The upgrade would be accepted." : "The upgrade would be refused: start the changed operators empty, or keep them as they were."));
+      compared = { bytes, list };
+      go.disabled = !d.accepted;
+    } catch (e) { flash(`diff: ${e.message}`); }
+  };
+  go.addEventListener("click", async () => {
+    if (!compared || !name.value) return flash("upgrade: name the new version's component");
+    if (!confirm(`Upgrade pipeline ${pipeline} to ${name.value}? It checkpoints, and the new version takes the state the diff shows.`)) return;
+    go.disabled = true;
+    try {
+      await api("PUT", `/components/${name.value}`, compared.bytes, "application/wasm");
+      await api("PATCH", `/pipelines/${pipeline}`, JSON.stringify({ component: name.value, start_empty: compared.list }));
+      flash(`Upgraded ${pipeline} to ${name.value}.`, "info");
+      result.replaceChildren();
+    } catch (e) { flash(`upgrade: ${e.message}`); }
+  });
+  return el("div", { class: "card", id: "upgrade" }, el("h3", {}, "Upgrade to a new version"),
+    el("form", { class: "inline", onsubmit: compare },
+      el("label", {}, "New version (.wasm)", file),
+      el("label", {}, "Component name", name),
+      el("label", {}, "Start empty", startEmpty),
+      el("button", { type: "submit", id: "upgrade-compare" }, "Compare"), go),
+    result);
+}
+
 // ------------------------------------------------------------- pipeline --
 
 // The time window every chart shows: the samples' (so a chart with one
@@ -248,7 +311,8 @@ function pipelineView(name) {
             pushText.value = "";
           } catch (e) { flash(`push: ${e.message}`); }
         } }, el("p", {}, el("label", {}, "Port", pushPort)), pushText,
-          el("p", {}, el("button", { class: "primary", type: "submit" }, "Push"))))));
+          el("p", {}, el("button", { class: "primary", type: "submit" }, "Push"))))),
+    upgradeCard(name));
   let plots = null;
   let streaming = null;
   const stream = (p) => {
