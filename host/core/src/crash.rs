@@ -41,6 +41,10 @@ pub enum CrashPoint {
     /// committed (a crash here leaves records a `read_committed` consumer
     /// must never see).
     InsideTransaction,
+    /// An upgrade (a change of component): the pipeline's metadata names
+    /// the new component (the commit point), nothing else done yet — on a
+    /// server, its registry still names the old one.
+    AfterUpgrade,
 }
 
 impl CrashPoint {
@@ -63,6 +67,9 @@ impl CrashPoint {
     /// Points only a layout change reaches.
     pub const RESCALE: [CrashPoint; 2] = [CrashPoint::MidHandoff, CrashPoint::AfterRelayout];
 
+    /// Points only an upgrade reaches.
+    pub const UPGRADE: [CrashPoint; 1] = [CrashPoint::AfterUpgrade];
+
     /// The point's name in `SLUICE_CRASH_AT`.
     pub fn name(self) -> &'static str {
         match self {
@@ -78,6 +85,7 @@ impl CrashPoint {
             CrashPoint::InsideTransaction => "inside-transaction",
             CrashPoint::MidHandoff => "mid-handoff",
             CrashPoint::AfterRelayout => "after-relayout",
+            CrashPoint::AfterUpgrade => "after-upgrade",
         }
     }
 
@@ -87,6 +95,7 @@ impl CrashPoint {
             .into_iter()
             .chain(CrashPoint::BACKEND)
             .chain(CrashPoint::RESCALE)
+            .chain(CrashPoint::UPGRADE)
             .find(|p| p.name() == name)
     }
 }

@@ -113,8 +113,12 @@ impl Pipeline {
         options: PipelineOptions,
         hosts: Vec<Arc<sluice_runtime::RemoteHost>>,
     ) -> Result<Coordinator> {
+        // The identity and the upgrade record are the pipeline's, whatever
+        // the caller's options say: a checkpoint of the component before
+        // an upgrade restored plainly would keep state the upgrade drops.
         let options = PipelineOptions {
             name: self.options.name.clone(),
+            upgraded_at: self.options.upgraded_at.clone(),
             ..options
         };
         Ok(Coordinator::open_on(

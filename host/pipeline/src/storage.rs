@@ -148,6 +148,13 @@ impl Storage {
                 )));
             }
         };
+        if segment_cache(&config.data).exists() {
+            return Err(Refused(
+                "the pipeline keeps its checkpoints in an object store (--store): an upgrade \
+                 is built for checkpoints in the data directory only, so far"
+                    .into(),
+            ));
+        }
         if stored.component == hash {
             return Err(Refused(format!(
                 "the pipeline already runs component {}",
@@ -174,6 +181,19 @@ impl Storage {
         let checkpoints = RocksCheckpointStore::open(database.clone());
         let last = log.last_step()?;
         let newest = checkpoints.latest_meta()?.map(|m| m.step);
+        // A second change at the same checkpoint would hand the newest
+        // version the state of the one before the last, not the last's
+        // (which ran no step and wrote no checkpoint).
+        if let Some(previous) = stored.upgrades.last()
+            && previous.checkpoint.is_some()
+            && previous.checkpoint == newest
+        {
+            return Err(Refused(format!(
+                "the pipeline has run no step since its last upgrade (at the checkpoint of step \
+                 {}): run it until it checkpoints under its component, then upgrade again",
+                newest.unwrap_or_default()
+            )));
+        }
         if last.is_some() && newest != last {
             let newest = newest.map_or("none".to_owned(), |s| format!("of step {s}"));
             return Err(Refused(format!(
@@ -264,6 +284,17 @@ impl Storage {
         }
         Ok(total)
     }
+}
+
+/// The component (SHA-256) the pipeline in data directory `data` runs, as
+/// its metadata says; `None` when there is no pipeline there. Blocks; fails
+/// if another process holds the directory.
+pub fn stored_component(data: &std::path::Path) -> Result<Option<String>> {
+    if !data.join("db").is_dir() {
+        return Ok(None);
+    }
+    let database = db::open(data)?;
+    Ok(meta::load(&database)?.map(|m| m.component))
 }
 
 /// Where a host keeps its copy of the checkpoint segments it wrote to a

@@ -101,6 +101,7 @@ impl Pipeline {
         tokio::task::spawn_blocking(move || s.store_meta())
             .await
             .map_err(Error::task("storing the pipeline's metadata"))??;
+        sluice_core::crash::crash_point(sluice_core::crash::CrashPoint::AfterUpgrade);
         let outputs = &pipeline.shape().outputs;
         let report = UpgradeReport {
             outputs_added: outputs

@@ -16,6 +16,11 @@ pub struct PipelineEntry {
     pub spec: PipelineSpec,
     /// What the tenant last asked for.
     pub desired: Desired,
+    /// An upgrade under way: the component (name, SHA-256) the pipeline
+    /// is being moved to. Its data directory says whether it was made
+    /// (the server died before the spec followed): recovery settles it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrading_to: Option<(String, String)>,
 }
 
 /// One tenant.

@@ -558,3 +558,30 @@ fn checkpoints_and_trims(
     }
     Ok(steps)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OutputEras;
+
+    /// A step up to and including an upgrade's checkpoint step wrote the
+    /// outputs before it; with two upgrades, each range its own.
+    #[test]
+    fn each_step_is_checked_against_the_outputs_of_the_version_that_ran_it() {
+        let v = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let before = [(4, v(&["counts"])), (9, v(&["counts", "lengths"]))];
+        let now = v(&["lengths", "totals"]);
+        let eras = OutputEras {
+            before: &before,
+            now: &now,
+        };
+        assert_eq!(eras.at(0), ["counts"]);
+        assert_eq!(eras.at(4), ["counts"]);
+        assert_eq!(eras.at(5), ["counts", "lengths"]);
+        assert_eq!(eras.at(9), ["counts", "lengths"]);
+        assert_eq!(eras.at(10), ["lengths", "totals"]);
+        assert_eq!(eras.port(5, "lengths"), Some(1));
+        assert_eq!(eras.port(10, "lengths"), Some(0));
+        assert_eq!(eras.port(4, "lengths"), None);
+        assert_eq!(eras.names(), ["counts", "lengths", "totals"]);
+    }
+}

@@ -22,6 +22,7 @@ impl Service {
     pub async fn recover(&self) {
         let entries = lock(&self.registry).all_pipelines();
         for (tenant, entry) in entries {
+            let entry = self.settle_upgrade(&tenant, entry).await;
             let name = entry.spec.name.clone();
             match self.load_pipeline(&tenant, entry.spec, entry.desired).await {
                 Ok(handle) => {
@@ -120,6 +121,7 @@ impl Service {
         let entry = PipelineEntry {
             spec: spec.clone(),
             desired: Desired::Running,
+            upgrading_to: None,
         };
         let stored = self
             .update(|reg| {

@@ -10,6 +10,7 @@ use super::components::sha256;
 use super::state::{Service, lock, tenant_dir};
 use crate::error::{Result, ServiceError};
 use crate::limits::effective_limits;
+use crate::registry::PipelineEntry;
 use crate::types::PipelineStatus;
 use sluice_core::validate_name;
 use sluice_pipeline::{LogKind, Pipeline, PipelineConfig};
@@ -79,6 +80,12 @@ impl Service {
             return Err(ServiceError::Upgrading { name: name.into() });
         }
         let _upgrading = Upgrading { service: self, key };
+        // Recorded before the data directory changes: a server that dies
+        // after the change and before the spec follows settles it when it
+        // starts again (`settle_upgrade`).
+        self.keep_version(tenant, &hash, &bytes)?;
+        self.set_upgrading_to(tenant, name, Some((component.to_owned(), hash.clone())))
+            .await?;
         // Unloaded, it checkpoints its last step (the upgrade's point).
         h.shutdown(true).await;
         lock(&self.pipelines).remove(&(tenant.to_owned(), name.to_owned()));
@@ -107,6 +114,7 @@ impl Service {
             Ok(report) => report,
             Err(e) => {
                 let refusal = ServiceError::from(e);
+                self.set_upgrading_to(tenant, name, None).await?;
                 let handle = self
                     .load_pipeline(tenant, entry.spec.clone(), entry.desired)
                     .await?;
@@ -114,13 +122,13 @@ impl Service {
                 return Err(refusal);
             }
         };
-        self.keep_version(tenant, &hash, &bytes)?;
         let mut spec = entry.spec.clone();
         spec.component = component.to_owned();
         spec.component_hash = hash;
         self.update(|reg| {
             if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
                 e.spec = spec.clone();
+                e.upgrading_to = None;
             }
             Ok(())
         })
@@ -138,6 +146,70 @@ impl Service {
         lock(&self.pipelines).insert((tenant.to_owned(), name.to_owned()), handle);
         self.collect_versions(tenant);
         Ok(status)
+    }
+}
+
+impl Service {
+    /// Records (or clears) the upgrade under way of a tenant's pipeline.
+    async fn set_upgrading_to(
+        &self,
+        tenant: &str,
+        name: &str,
+        to: Option<(String, String)>,
+    ) -> Result<()> {
+        self.update(|reg| {
+            if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
+                e.upgrading_to = to;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Settles an upgrade the server died in (at start, before the
+    /// pipeline loads): if the data directory runs the component the
+    /// upgrade was moving to, the spec follows; else the upgrade did not
+    /// happen. Either way the record of it goes. Left as it is (logged)
+    /// when the directory cannot be read: loading then says why.
+    pub(super) async fn settle_upgrade(
+        &self,
+        tenant: &str,
+        mut entry: PipelineEntry,
+    ) -> PipelineEntry {
+        let Some((component, hash)) = entry.upgrading_to.take() else {
+            return entry;
+        };
+        let name = entry.spec.name.clone();
+        let dir = self
+            .data
+            .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
+        let stored =
+            tokio::task::spawn_blocking(move || sluice_pipeline::storage::stored_component(&dir))
+                .await;
+        let made = match stored {
+            Ok(Ok(stored)) => stored.as_deref() == Some(hash.as_str()),
+            other => {
+                tracing::warn!(tenant, pipeline = %name, "could not read whether an upgrade was made: {other:?}");
+                entry.upgrading_to = Some((component, hash));
+                return entry;
+            }
+        };
+        if made {
+            entry.spec.component = component;
+            entry.spec.component_hash = hash;
+        }
+        let spec = entry.spec.clone();
+        let settled = self
+            .update(|reg| {
+                if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(&name) {
+                    e.spec = spec.clone();
+                    e.upgrading_to = None;
+                }
+                Ok(())
+            })
+            .await;
+        tracing::info!(tenant, pipeline = %name, made, stored = settled.is_ok(), "settled an upgrade the server stopped in");
+        entry
     }
 }
 
