@@ -254,6 +254,21 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
                 "{}",
                 stderr(&out)
             );
+            // `sluice diff DATA NEW`: the pipeline's recorded operators
+            // against the new version's.
+            let out = sluice_cmd()
+                .arg("diff")
+                .arg(&data)
+                .arg(&v2)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}{}", stderr(&out));
+            assert!(
+                text.contains("state carried over (the old version's `keyed_sum#0/1`)"),
+                "{text}"
+            );
+            assert!(text.contains("output ports added: lengths"), "{text}");
         }
         let n = 1 + rng.below(2) as u32;
         let (k, _) = run_with_kills(

@@ -278,8 +278,9 @@ pub enum Command {
     /// removed. Exits 2 when an upgrade to NEW would be refused (1 on
     /// an error).
     Diff {
-        /// The running version: a component file (`.wasm`), or the name of
-        /// a pipeline on a server (`--server`, `--token`).
+        /// The running version: a component file (`.wasm`), a pipeline's
+        /// data directory (`sluice run --data`), or the name of a pipeline
+        /// on a server (`--server`, `--token`).
         old: String,
         /// The new version: a component file (`.wasm`).
         new: PathBuf,

@@ -5,7 +5,7 @@
 use crate::db::{self, CF_META, rocks};
 use rocksdb::DB;
 use serde::{Deserialize, Serialize};
-use sluice_core::{ConfigError, PipelineShape};
+use sluice_core::{CircuitPorts, ConfigError, OperatorInfo, PipelineShape};
 use sluice_storage::{Result, StorageError};
 use std::collections::BTreeMap;
 
@@ -21,6 +21,12 @@ pub struct PipelineMeta {
     pub shape: PipelineShape,
     /// Where the logs live.
     pub log: LogMeta,
+    /// The stateful operators of the component it runs, as the component
+    /// describes them (what `sluice diff` compares a new version with);
+    /// empty in metadata written before they were recorded, until the
+    /// pipeline is next opened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<OperatorInfo>,
     /// The changes of component the pipeline went through
     /// (`sluice upgrade`), oldest first; the last one's `to` is
     /// [`component`](Self::component).
@@ -111,8 +117,13 @@ pub fn store(db: &DB, meta: &PipelineMeta) -> Result<()> {
 /// after storing it (a new pipeline).
 pub fn ensure(db: &DB, wanted: &PipelineMeta) -> Result<PipelineMeta> {
     match load(db)? {
-        Some(stored) => {
+        Some(mut stored) => {
             stored.check_compatible(wanted)?;
+            // Metadata from before operators were recorded gets them once.
+            if stored.operators.is_empty() && !wanted.operators.is_empty() {
+                stored.operators = wanted.operators.clone();
+                store(db, &stored)?;
+            }
             Ok(stored)
         }
         None => {
@@ -123,6 +134,18 @@ pub fn ensure(db: &DB, wanted: &PipelineMeta) -> Result<PipelineMeta> {
 }
 
 impl PipelineMeta {
+    /// The ports and operators of the component the pipeline runs, as
+    /// stored (its operators are empty in metadata from before they were
+    /// recorded).
+    pub fn ports(&self) -> CircuitPorts {
+        CircuitPorts {
+            inputs: self.shape.inputs.iter().map(|i| i.name.clone()).collect(),
+            outputs: self.shape.outputs.clone(),
+            snapshot_version: self.shape.snapshot_version,
+            operators: self.operators.clone(),
+        }
+    }
+
     /// Explains why `self` (stored) cannot be resumed as `wanted`, if so.
     pub fn check_compatible(&self, wanted: &PipelineMeta) -> Result<(), ConfigError> {
         if self.component != wanted.component {
@@ -166,6 +189,7 @@ mod tests {
                 snapshot_version: 1,
             },
             log: LogMeta::Embedded,
+            operators: Vec::new(),
             upgrades: Vec::new(),
         }
     }

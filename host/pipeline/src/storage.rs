@@ -85,6 +85,7 @@ impl Storage {
             component: component.to_owned(),
             shape,
             log: log_meta,
+            operators: ports.operators.clone(),
             upgrades: Vec::new(),
         };
         let meta = meta::ensure(&database, &wanted)?;
@@ -213,6 +214,7 @@ impl Storage {
         let mut meta = stored.clone();
         meta.upgrades.push(upgrade.clone());
         meta.component = hash.to_owned();
+        meta.operators = ports.operators.clone();
         meta.shape = PipelineShape {
             outputs: ports.outputs.clone(),
             snapshot_version: ports.snapshot_version,

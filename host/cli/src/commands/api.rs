@@ -70,7 +70,18 @@ pub async fn diff(
     json: bool,
 ) -> anyhow::Result<()> {
     let local = old.ends_with(".wasm") || std::path::Path::new(&old).is_file();
-    let diff = if local {
+    let diff = if std::path::Path::new(&old).join("db").is_dir() {
+        let engine = sluice_runtime::SluiceEngine::new(
+            sluice_runtime::Limits::default(),
+            sluice_runtime::SluiceEngine::default_cache_dir(),
+        )?;
+        let new_ports = engine.describe(&engine.load_file(&new)?).await?;
+        let dir = std::path::PathBuf::from(&old);
+        let old_ports =
+            tokio::task::spawn_blocking(move || super::local::stored_ports(&dir)).await??;
+        sluice_core::CircuitDiff::between(&old_ports, &new_ports, &start_empty)
+            .map_err(anyhow::Error::msg)?
+    } else if local {
         let engine = sluice_runtime::SluiceEngine::new(
             sluice_runtime::Limits::default(),
             sluice_runtime::SluiceEngine::default_cache_dir(),

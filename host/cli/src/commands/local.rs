@@ -86,6 +86,25 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The ports and operators of the pipeline in data directory `dir` as its
+/// metadata stores them (what `sluice diff DIR NEW` compares). Blocks.
+pub(super) fn stored_ports(dir: &std::path::Path) -> anyhow::Result<sluice_core::CircuitPorts> {
+    if !dir.join("db").is_dir() {
+        bail!("{} holds no pipeline", dir.display());
+    }
+    let database = db::open(dir)?;
+    let stored =
+        meta::load(&database)?.with_context(|| format!("{} holds no pipeline", dir.display()))?;
+    if stored.operators.is_empty() {
+        bail!(
+            "the pipeline in {} has not recorded its operators yet (its metadata is older): \
+             run it once with this sluice, or compare its component file",
+            dir.display()
+        );
+    }
+    Ok(stored.ports())
+}
+
 /// `sluice upgrade`.
 pub async fn upgrade(
     component: PathBuf,
@@ -99,6 +118,15 @@ pub async fn upgrade(
     let loaded = engine
         .load_file(&component)
         .with_context(|| format!("loading {}", component.display()))?;
+    // What the upgrade will do, as `sluice diff DIR NEW` says it (the new
+    // version's instances decide, over the operators holding state).
+    let dir = data.clone();
+    if let Ok(Ok(old)) = tokio::task::spawn_blocking(move || stored_ports(&dir)).await {
+        let new = engine.describe(&loaded).await?;
+        if let Ok(diff) = sluice_core::CircuitDiff::between(&old, &new, &start_empty) {
+            eprintln!("{diff}");
+        }
+    }
     let config = PipelineConfig::new(data, 1);
     let (_, _, report) =
         sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty).await?;
