@@ -266,7 +266,11 @@ pub(super) async fn read(
             break events;
         }
         // A timeout ends the wait; the next read then returns what there is.
-        let _ = tokio::time::timeout_at(deadline, committed.changed()).await;
+        // So does the pipeline's task ending (unloaded: stopped, deleted or
+        // being upgraded), which no commit will follow.
+        if let Ok(Err(_)) = tokio::time::timeout_at(deadline, committed.changed()).await {
+            break read_after(&h, &port, after, limit).await?;
+        }
     };
     let mut out = Vec::new();
     let mut line = Vec::new();

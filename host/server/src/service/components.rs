@@ -198,10 +198,14 @@ impl Service {
     /// Deletes the tenant's component versions no pipeline runs.
     pub(crate) fn collect_versions(&self, tenant: &str) {
         let used: BTreeSet<String> = match lock(&self.registry).tenants.get(tenant) {
+            // A version an upgrade under way moves to is in use too.
             Some(t) => t
                 .pipelines
                 .values()
-                .map(|p| p.spec.component_hash.clone())
+                .flat_map(|p| {
+                    let to = p.upgrading_to.as_ref().map(|(_, hash)| hash.clone());
+                    std::iter::once(p.spec.component_hash.clone()).chain(to)
+                })
                 .collect(),
             None => return,
         };

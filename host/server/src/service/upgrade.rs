@@ -11,7 +11,7 @@ use super::state::{Service, lock, tenant_dir};
 use crate::error::{Result, ServiceError};
 use crate::limits::effective_limits;
 use crate::registry::PipelineEntry;
-use crate::types::PipelineStatus;
+use crate::types::{Desired, PipelineSpec, PipelineState, PipelineStatus};
 use sluice_core::validate_name;
 use sluice_pipeline::{LogKind, Pipeline, PipelineConfig};
 use std::sync::Arc;
@@ -47,8 +47,25 @@ impl Service {
         component: &str,
         start_empty: Vec<String>,
     ) -> Result<PipelineStatus> {
-        let h = self.pipeline(tenant, name)?;
+        self.pipeline(tenant, name)?;
         validate_name("component", component)?;
+        let bytes = self.component_bytes(tenant, component)?;
+        let hash = sha256(&bytes);
+        // Marked first: from here every other request for the pipeline
+        // (a scale, a stop, a delete, another upgrade) answers 503, so the
+        // handle and the entry read next stay the pipeline's.
+        let key = (tenant.to_owned(), name.to_owned());
+        if !lock(&self.upgrading).insert(key.clone()) {
+            return Err(ServiceError::Upgrading { name: name.into() });
+        }
+        let _upgrading = Upgrading {
+            service: self,
+            key: key.clone(),
+        };
+        let h = lock(&self.pipelines)
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
         let entry = lock(&self.registry)
             .tenant(tenant)?
             .pipelines
@@ -64,22 +81,29 @@ impl Service {
                 ),
             ));
         }
-        let bytes = self.component_bytes(tenant, component)?;
-        let hash = sha256(&bytes);
         if hash == entry.spec.component_hash {
             return Err(ServiceError::invalid(
                 "same_component",
                 format!("pipeline {name} already runs this version of component {component}"),
             ));
         }
+        if h.status().state == PipelineState::Failed {
+            return Err(ServiceError::invalid(
+                "pipeline_failed",
+                format!(
+                    "pipeline {name} failed: start it (it recovers and checkpoints when it is \
+                     unloaded), then upgrade it"
+                ),
+            ));
+        }
         let (loaded, _) = self
             .load_component(tenant, component, bytes.clone().into())
             .await?;
-        let key = (tenant.to_owned(), name.to_owned());
-        if !lock(&self.upgrading).insert(key.clone()) {
-            return Err(ServiceError::Upgrading { name: name.into() });
-        }
-        let _upgrading = Upgrading { service: self, key };
+        let dir = self
+            .data
+            .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
+        let effective = effective_limits(&entry.spec, &self.limits(tenant)?)?;
+        let engine = Arc::new(self.engine.with_limits(effective.instance));
         // Recorded before the data directory changes: a server that dies
         // after the change and before the spec follows settles it when it
         // starts again (`settle_upgrade`).
@@ -88,14 +112,14 @@ impl Service {
             .await?;
         // Unloaded, it checkpoints its last step (the upgrade's point).
         h.shutdown(true).await;
-        lock(&self.pipelines).remove(&(tenant.to_owned(), name.to_owned()));
+        {
+            let mut loaded = lock(&self.pipelines);
+            if loaded.get(&key).is_some_and(|l| Arc::ptr_eq(l, &h)) {
+                loaded.remove(&key);
+            }
+        }
         drop(h);
 
-        let dir = self
-            .data
-            .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
-        let effective = effective_limits(&entry.spec, &self.limits(tenant)?)?;
-        let engine = Arc::new(self.engine.with_limits(effective.instance));
         let started = Instant::now();
         let upgraded = loop {
             let config = PipelineConfig::new(dir.clone(), entry.spec.workers);
@@ -110,41 +134,113 @@ impl Service {
                 other => break other.map(|(_, _, report)| report),
             }
         };
-        let report = match upgraded {
-            Ok(report) => report,
-            Err(e) => {
-                let refusal = ServiceError::from(e);
-                self.set_upgrading_to(tenant, name, None).await?;
-                let handle = self
-                    .load_pipeline(tenant, entry.spec.clone(), entry.desired)
-                    .await?;
-                lock(&self.pipelines).insert((tenant.to_owned(), name.to_owned()), handle);
-                return Err(refusal);
+        // Only a refusal surely changed nothing; after another error the
+        // data directory says whether the change was made.
+        let made = match &upgraded {
+            Ok(_) => true,
+            Err(sluice_pipeline::Error::UpgradeRefused(_)) => false,
+            Err(_) => {
+                let d = dir.clone();
+                tokio::task::spawn_blocking(move || sluice_pipeline::storage::stored_component(&d))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .flatten()
+                    .as_deref()
+                    == Some(hash.as_str())
             }
         };
-        let mut spec = entry.spec.clone();
-        spec.component = component.to_owned();
-        spec.component_hash = hash;
-        self.update(|reg| {
-            if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(name) {
-                e.spec = spec.clone();
+        // The spec as it is now, the new component's where the change was
+        // made (the rest of it, and the state wanted, as the registry has
+        // them).
+        let current = self
+            .update(|reg| {
+                let e = reg
+                    .tenant_mut(tenant)?
+                    .pipelines
+                    .get_mut(name)
+                    .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
+                if made {
+                    e.spec.component = component.to_owned();
+                    e.spec.component_hash = hash.clone();
+                }
                 e.upgrading_to = None;
+                Ok(e.clone())
+            })
+            .await;
+        let reloaded = match current {
+            Ok(current) => {
+                if made && let Err(e) = self.keep_version(tenant, &hash, &bytes) {
+                    // (Kept again: a collection may have run meanwhile.)
+                    tracing::warn!(
+                        tenant,
+                        pipeline = name,
+                        "could not keep the new version: {e}"
+                    );
+                }
+                self.reload(tenant, current.spec, current.desired).await
             }
-            Ok(())
-        })
-        .await?;
-        tracing::info!(
-            tenant,
-            pipeline = name,
-            from = %report.from,
-            to = %report.to,
-            checkpoint = ?report.checkpoint,
-            "upgraded"
-        );
-        let handle = self.load_pipeline(tenant, spec, entry.desired).await?;
+            // The registry could not be written: the pipeline loads as
+            // it was (the record of the upgrade stays for a restart).
+            Err(e) => {
+                tracing::error!(tenant, pipeline = name, "could not record an upgrade: {e}");
+                let spec = if made {
+                    PipelineSpec {
+                        component: component.to_owned(),
+                        component_hash: hash.clone(),
+                        ..entry.spec.clone()
+                    }
+                } else {
+                    entry.spec.clone()
+                };
+                self.reload(tenant, spec, entry.desired).await
+            }
+        };
+        let status = reloaded?;
+        match upgraded {
+            Ok(report) => {
+                tracing::info!(
+                    tenant,
+                    pipeline = name,
+                    from = %report.from,
+                    to = %report.to,
+                    checkpoint = ?report.checkpoint,
+                    "upgraded"
+                );
+                self.collect_versions(tenant);
+                Ok(status)
+            }
+            Err(e) if made => {
+                tracing::warn!(tenant, pipeline = name, "upgraded, but: {e}");
+                self.collect_versions(tenant);
+                Ok(status)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Loads a pipeline again after an upgrade (or its refusal), waiting up
+    /// to [`CLOSE_WAIT`] for its database to close; its status.
+    async fn reload(
+        &self,
+        tenant: &str,
+        spec: PipelineSpec,
+        desired: Desired,
+    ) -> Result<PipelineStatus> {
+        let name = spec.name.clone();
+        let started = Instant::now();
+        let handle = loop {
+            match self.load_pipeline(tenant, spec.clone(), desired).await {
+                Err(ServiceError::Pipeline(e))
+                    if is_locked(&e) && started.elapsed() < CLOSE_WAIT =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => break other?,
+            }
+        };
         let status = handle.status();
-        lock(&self.pipelines).insert((tenant.to_owned(), name.to_owned()), handle);
-        self.collect_versions(tenant);
+        lock(&self.pipelines).insert((tenant.to_owned(), name), handle);
         Ok(status)
     }
 }
