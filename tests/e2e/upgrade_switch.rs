@@ -5,24 +5,13 @@
 //! new operator started empty, a changed one refused by name — exactly
 //! once through SIGKILLs before, during and after the switch.
 
+use crate::support::crash::Rng;
 use crate::support::{component, recount, sluice_cmd, stderr};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// xorshift, seeded from the clock (printed) or `SLUICE_UPGRADE_SEED`.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
 
 /// `lines` lines of words from a small vocabulary, some later deleted
 /// (also lines of `earlier`): the file's JSON lines and the (line, weight)
@@ -541,20 +530,9 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
     let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
     std::fs::write(&a, before).unwrap();
     std::fs::write(&b, after).unwrap();
-    let wait = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !done() {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {}",
-                tenant.status(Some("wc")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     tenant.push("wc", "lines", &a, &Default::default()).unwrap();
     let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait("version 1's counts", &|| {
+    wait_for(&tenant, "version 1's counts", &|| {
         integrated_counts(&tenant, "wc") == expected
     });
 
@@ -587,11 +565,11 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
     tenant.push("wc", "lines", &b, &Default::default()).unwrap();
     let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
     let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait("version 2's counts", &|| {
+    wait_for(&tenant, "version 2's counts", &|| {
         integrated_counts(&tenant, "wc") == expected
     });
     let lengths = recount_lengths(&after_pairs);
-    wait("version 2's lengths", &|| {
+    wait_for(&tenant, "version 2's lengths", &|| {
         integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
     });
 }
@@ -618,20 +596,9 @@ fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
     let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
     std::fs::write(&a, before).unwrap();
     std::fs::write(&b, after).unwrap();
-    let wait = |client: &sluice::client::Client, what: &str, done: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !done() {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {}",
-                client.status(Some("wc")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     tenant.push("wc", "lines", &a, &Default::default()).unwrap();
     let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait(&tenant, "version 1's counts", &|| {
+    wait_for(&tenant, "version 1's counts", &|| {
         integrated_counts(&tenant, "wc") == expected
     });
 
@@ -663,11 +630,25 @@ fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
     tenant.push("wc", "lines", &b, &Default::default()).unwrap();
     let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
     let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait(&tenant, "version 2's counts", &|| {
+    wait_for(&tenant, "version 2's counts", &|| {
         integrated_counts(&tenant, "wc") == expected
     });
     let lengths = recount_lengths(&after_pairs);
-    wait(&tenant, "version 2's lengths", &|| {
+    wait_for(&tenant, "version 2's lengths", &|| {
         integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
     });
+}
+
+/// Waits up to 120 s until `done`, failing with `what` and pipeline `wc`'s
+/// status.
+fn wait_for(client: &sluice::client::Client, what: &str, done: &dyn Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {}",
+            client.status(Some("wc")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

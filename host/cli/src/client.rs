@@ -249,12 +249,7 @@ impl Client {
         } else {
             ProgressBar::hidden()
         };
-        self.call(
-            "PUT",
-            &format!("/components/{component}"),
-            Some(("application/wasm", &bytes)),
-            &[],
-        )?;
+        self.upload(component, &bytes)?;
         bar.set_message(format!("creating pipeline {pipeline}"));
         let spec =
             serde_json::json!({ "name": pipeline, "component": component, "workers": workers });
@@ -518,6 +513,16 @@ impl Client {
         )
     }
 
+    /// `PUT /components/{name}`: uploads (or replaces) a component.
+    fn upload(&self, component: &str, bytes: &[u8]) -> anyhow::Result<String> {
+        self.call(
+            "PUT",
+            &format!("/components/{component}"),
+            Some(("application/wasm", bytes)),
+            &[],
+        )
+    }
+
     /// Uploads the component file `wasm` as `component` and switches
     /// `pipeline` to it (`PATCH /pipelines/{name}` with `component`,
     /// `start_empty`); returns its status.
@@ -529,12 +534,7 @@ impl Client {
         start_empty: &[String],
     ) -> anyhow::Result<String> {
         let bytes = std::fs::read(wasm).with_context(|| wasm.display().to_string())?;
-        self.call(
-            "PUT",
-            &format!("/components/{component}"),
-            Some(("application/wasm", &bytes)),
-            &[],
-        )?;
+        self.upload(component, &bytes)?;
         let body = serde_json::json!({ "component": component, "start_empty": start_empty });
         self.call(
             "PATCH",

@@ -13,7 +13,8 @@ pub const WORKERS: u32 = 2;
 pub const MIN_KILLS: usize = 5;
 
 /// xorshift64*: enough randomness for kill times and text, reproducible.
-struct Rng(u64);
+/// xorshift: the campaigns' random numbers, from a printed seed.
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -22,7 +23,8 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
