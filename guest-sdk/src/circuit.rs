@@ -104,6 +104,28 @@ pub(crate) trait Operator {
     /// Marks the state unchanged (a snapshot of it was taken, writing the
     /// shards in `whole` whole and the other changed ones as deltas).
     fn clean(&mut self, _whole: &Shards) {}
+    /// Takes a migration from an earlier shape of its state (boxed as the
+    /// operator expects it, e.g. a `Box<dyn Rekey<K>>` for a keyed sum);
+    /// says why not where it has none of that kind.
+    fn set_migration(&mut self, _migration: Box<dyn Any>) -> std::result::Result<(), String> {
+        Err(format!(
+            "a {} has no state migrations (keyed sums do: `count_by`, `sum_by`, `avg_by`)",
+            self.name()
+        ))
+    }
+    /// The fingerprints of earlier shapes of its state it migrates from
+    /// (see [`set_migration`](Self::set_migration)).
+    fn migrates_from(&self) -> Vec<u64> {
+        Vec::new()
+    }
+    /// Adds a piece of `shard` written by the earlier state shape
+    /// `fingerprint` (one of [`migrates_from`](Self::migrates_from)),
+    /// through its migration. Its entries may land in other shards.
+    fn migrate(&mut self, fingerprint: u64, _shard: u32, _piece: &[u8]) -> Result<()> {
+        Err(Error::IncompatibleSnapshot(format!(
+            "no migration from state fingerprint {fingerprint:016x}"
+        )))
+    }
 }
 
 pub(crate) struct Node {
@@ -118,6 +140,9 @@ pub(crate) struct Node {
     /// Identities of earlier versions of the circuit it takes state under
     /// too ([`Stream::formerly`]).
     pub(crate) formerly: Vec<String>,
+    /// The version of its state's meaning ([`Stream::state_version`]): 0
+    /// unless bumped, part of its fingerprint otherwise.
+    pub(crate) state_version: u32,
     /// Its state fingerprint (see [`OperatorInfo`]), once built.
     pub(crate) fingerprint: u64,
     inputs: Vec<NodeId>,
@@ -130,6 +155,12 @@ impl Node {
     /// Whether a snapshot's state of operator `id` is this node's.
     pub(crate) fn answers_to(&self, id: &str) -> bool {
         self.id == id || self.default_id == id || self.formerly.iter().any(|f| f == id)
+    }
+
+    /// The types its state holds, with its state version if bumped: what
+    /// its fingerprint is a hash of (with its kind).
+    pub(crate) fn state_types(&self) -> String {
+        crate::identity::versioned(self.op.state_types(), self.state_version)
     }
 
     /// Its identities other than `id`, for [`OperatorInfo`].
@@ -159,6 +190,7 @@ impl Graph {
             id: String::new(),
             default_id: String::new(),
             formerly: Vec::new(),
+            state_version: 0,
             fingerprint: 0,
             inputs,
             last_reader: id,
@@ -378,19 +410,36 @@ impl<T: Data> Stream<T> {
     /// assert_eq!(instance.operators()[0].aliases, ["keyed_sum#0/2", "keyed_sum#0/1"]);
     /// ```
     pub fn formerly(&self, id: &str) -> Stream<T> {
+        self.with_stateful(&format!("formerly(\"{id}\")"), |node| {
+            if id.is_empty() {
+                return Err("the identity is empty".into());
+            }
+            node.formerly.push(id.to_owned());
+            Ok(())
+        })
+    }
+
+    /// Applies `f` to the stateful operator that produced this stream (as
+    /// [`named`](Self::named) finds it, through the stateless operators
+    /// after it), recording a build error that starts with `what` where
+    /// there is none or `f` fails.
+    pub(crate) fn with_stateful(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut Node) -> std::result::Result<(), String>,
+    ) -> Stream<T> {
         let mut g = self.graph.borrow_mut();
         let mut node = self.node;
         while !g.nodes[node].op.stateful() && g.nodes[node].inputs.len() == 1 {
             node = g.nodes[node].inputs[0];
         }
-        if !g.nodes[node].op.stateful() || id.is_empty() {
-            let e = format!(
-                "formerly(\"{id}\"): no single stateful operator produced this stream, or \
-                 the identity is empty"
-            );
-            g.errors.push(e);
+        let done = if g.nodes[node].op.stateful() {
+            f(&mut g.nodes[node])
         } else {
-            g.nodes[node].formerly.push(id.to_owned());
+            Err("no single stateful operator produced this stream".into())
+        };
+        if let Err(e) = done {
+            g.errors.push(format!("{what}: {e}"));
         }
         drop(g);
         self.clone()
@@ -467,7 +516,7 @@ impl CircuitInstance {
             &mut graph.errors,
         );
         for node in graph.nodes.iter_mut().filter(|n| n.op.stateful()) {
-            node.fingerprint = crate::identity::fingerprint(node.op.name(), &node.op.state_types());
+            node.fingerprint = crate::identity::fingerprint(node.op.name(), &node.state_types());
         }
         // An earlier identity is one operator's: a snapshot's state must
         // have one place to go.
@@ -500,7 +549,11 @@ impl CircuitInstance {
             .nodes
             .iter()
             .filter(|n| n.op.stateful())
-            .map(|n| OperatorInfo::new(&n.id, n.aliases(), n.op.name(), n.op.state_types()))
+            .map(|n| {
+                let mut info = OperatorInfo::new(&n.id, n.aliases(), n.op.name(), n.state_types());
+                info.migrates_from = n.op.migrates_from();
+                info
+            })
             .collect()
     }
 
@@ -840,7 +893,7 @@ impl CircuitInstance {
         if node.fingerprint != fingerprint {
             return refuse(format!(
                 "holds state of other types than the circuit's ({})",
-                node.op.state_types()
+                node.state_types()
             ));
         }
         Ok(index)

@@ -32,6 +32,9 @@ pub struct OperatorInfo {
     /// A hash of `kind` and `state_types`: two versions of a circuit carry
     /// an operator's state from one to the other only where it is equal.
     pub fingerprint: u64,
+    /// The fingerprints of earlier shapes of its state it takes through a
+    /// migration ([`Stream::migrates_keys_from`](crate::Stream::migrates_keys_from)).
+    pub migrates_from: Vec<u64>,
 }
 
 impl OperatorInfo {
@@ -42,7 +45,20 @@ impl OperatorInfo {
             kind: kind.to_owned(),
             fingerprint: fingerprint(kind, &state_types),
             state_types,
+            migrates_from: Vec::new(),
         }
+    }
+}
+
+/// `state_types` of an operator whose state version
+/// ([`Stream::state_version`](crate::Stream::state_version)) is `version`:
+/// as they are for version 0 (so that fingerprints from before versions
+/// stay as they were), else with the version after them.
+pub(crate) fn versioned(state_types: String, version: u32) -> String {
+    if version == 0 {
+        state_types
+    } else {
+        format!("{state_types}; state version {version}")
     }
 }
 

@@ -86,7 +86,7 @@ pub fn describe(build: fn(&mut Circuit)) -> CircuitInfo {
                     kind: o.kind,
                     fingerprint: o.fingerprint,
                     state_shape: o.state_types,
-                    migrates_from: Vec::new(),
+                    migrates_from: o.migrates_from,
                 })
                 .collect(),
         },

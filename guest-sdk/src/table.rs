@@ -616,6 +616,28 @@ impl<A: Default + Clone + Serialize + DeserializeOwned> KeyedTable<A> {
         Ok(())
     }
 
+    /// Adds the entries of a piece written by [`snapshot`](Self::snapshot)
+    /// under other keys (a migration): `rekey` writes each entry's new key
+    /// encoding into its second argument, and the entry goes to that key's
+    /// shard; entries whose new keys meet add up, merged like
+    /// [`restore`](Self::restore).
+    pub(crate) fn restore_rekeyed(
+        &mut self,
+        op: &str,
+        piece: &[u8],
+        mut rekey: impl FnMut(&[u8], &mut Vec<u8>) -> Result<()>,
+        merge: impl Fn(&mut A, &A),
+        empty: impl Fn(&A) -> bool,
+    ) -> Result<()> {
+        let piece = Table::<A>::read(op, piece)?;
+        let mut key = Vec::new();
+        for e in 0..piece.len() {
+            rekey(piece.key(e), &mut key)?;
+            self.restore_entry(&key, &piece.values[e], &merge, &empty)?;
+        }
+        Ok(())
+    }
+
     /// Adds one entry (from a state of an earlier format); merged like
     /// [`restore`](Self::restore).
     pub(crate) fn restore_entry(

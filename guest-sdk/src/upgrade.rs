@@ -4,14 +4,139 @@
 //! where the host says so, what the new version lost is dropped, what it
 //! gained starts empty.
 
-use crate::circuit::{ENVELOPE_FORMAT, Header, Named};
-use crate::{CircuitInstance, Error, Result};
+use crate::circuit::{Data, ENVELOPE_FORMAT, Header, Named};
+use crate::{CircuitInstance, Error, Result, Stream, codec};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// A migration of a keyed operator's state to new keys: each old key,
+/// decoded as the old version's key type, becomes a key of the new one
+/// (several may become one: their states add up). Made by
+/// [`Stream::migrates_keys_from`]; handed to the operator boxed as
+/// `Box<dyn Rekey<K>>`.
+pub(crate) trait Rekey<K> {
+    /// The old key type's name, as the old version's fingerprint has it.
+    fn old_key_type(&self) -> &'static str;
+    /// The state version the old version had.
+    fn old_version(&self) -> u32;
+    /// The new key of the old key encoded as `old`.
+    fn rekey(&self, old: &[u8]) -> Result<K>;
+}
+
+/// A [`Rekey`] from keys of type `O` through a function.
+struct RekeyFn<O, F> {
+    from_version: u32,
+    f: F,
+    _old: std::marker::PhantomData<fn(O)>,
+}
+
+impl<O: Data, K, F: Fn(O) -> K> Rekey<K> for RekeyFn<O, F> {
+    fn old_key_type(&self) -> &'static str {
+        std::any::type_name::<O>()
+    }
+
+    fn old_version(&self) -> u32 {
+        self.from_version
+    }
+
+    fn rekey(&self, old: &[u8]) -> Result<K> {
+        let old: O = codec::from_bytes(old).map_err(|m| {
+            Error::IncompatibleSnapshot(format!(
+                "a key of the old state is no {}: {m}",
+                std::any::type_name::<O>()
+            ))
+        })?;
+        Ok((self.f)(old))
+    }
+}
+
+impl<T: Data> Stream<T> {
+    /// Declares that the meaning of the state of the stateful operator
+    /// that produced this stream (as [`named`](Self::named) finds it)
+    /// changed although its types did not, e.g. its keys are normalized
+    /// differently now: version `version` (0 until bumped) is part of its
+    /// state fingerprint, so an upgrade from a version of the circuit with
+    /// another state version refuses the old state — unless the operator
+    /// migrates it ([`migrates_keys_from`](Self::migrates_keys_from)) or
+    /// the upgrade starts it empty.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// let instance = CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("words")
+    ///         .count_by(|w| w.to_lowercase())
+    ///         .named("counts")
+    ///         .state_version(1)
+    ///         .output("counts");
+    /// })
+    /// .unwrap();
+    /// assert!(instance.operators()[0].state_types.ends_with("state version 1"));
+    /// ```
+    pub fn state_version(&self, version: u32) -> Stream<T> {
+        self.with_stateful(&format!("state_version({version})"), |node| {
+            node.state_version = version;
+            Ok(())
+        })
+    }
+}
+
+impl<K: Data, V: Data> Stream<(K, V)> {
+    /// Gives the keyed sum that produced this stream (`count_by`,
+    /// `sum_by`, `avg_by`) a migration of its state from the version of
+    /// the circuit whose keys were of type `O` and whose state version
+    /// ([`state_version`](Self::state_version)) was `from_version`: on an
+    /// upgrade from that version, every old key becomes `rekey(old)` and
+    /// keeps its accumulator; old keys that become one key add up. (Keys
+    /// of the same type and state version need no migration: the state is
+    /// carried as it is.) The diff before an upgrade says `migrated` for
+    /// the operator.
+    ///
+    /// The migration is a function of the new version: it runs when the
+    /// new version takes the old one's checkpoint, and again on every
+    /// recovery from that checkpoint, so it must be deterministic.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// // Version 1 counted words as they came; version 2 counts them
+    /// // lower-cased, and folds version 1's counts ("The" and "the")
+    /// // together.
+    /// let instance = CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<String>("words")
+    ///         .count_by(|w| w.to_lowercase())
+    ///         .named("counts")
+    ///         .state_version(1)
+    ///         .migrates_keys_from(0, |old: String| old.to_lowercase())
+    ///         .output("counts");
+    /// })
+    /// .unwrap();
+    /// assert_eq!(instance.operators()[0].migrates_from.len(), 1);
+    /// ```
+    pub fn migrates_keys_from<O: Data>(
+        &self,
+        from_version: u32,
+        rekey: impl Fn(O) -> K + 'static,
+    ) -> Stream<(K, V)> {
+        let what = format!(
+            "migrates_keys_from::<{}>({from_version})",
+            std::any::type_name::<O>()
+        );
+        self.with_stateful(&what, |node| {
+            let migration: Box<dyn Rekey<K>> = Box::new(RekeyFn {
+                from_version,
+                f: rekey,
+                _old: std::marker::PhantomData,
+            });
+            node.op.set_migration(Box::new(migration))
+        })
+    }
+}
 
 /// What happens to one operator's state of the old version.
 enum Fate {
     /// It goes to the node at this index.
     Kept(usize),
+    /// It goes to the node at this index through the node's migration
+    /// from the old state's fingerprint.
+    Migrated(usize, u64),
     /// The new version has no operator of its identity, or starts it empty.
     Dropped,
 }
@@ -81,16 +206,19 @@ impl CircuitInstance {
         }
         for (shard, operators, fates) in plans {
             for ((id, kind, _, bytes), fate) in operators.into_iter().zip(fates) {
-                let Fate::Kept(node) = fate else { continue };
-                self.graph.nodes[node]
-                    .op
-                    .restore(kind, shard, bytes)
-                    .map_err(|e| match e {
-                        Error::IncompatibleSnapshot(m) => {
-                            Error::IncompatibleSnapshot(format!("operator `{id}`: {m}"))
-                        }
-                        e => e,
-                    })?;
+                let taken = match fate {
+                    Fate::Kept(node) => self.graph.nodes[node].op.restore(kind, shard, bytes),
+                    Fate::Migrated(node, from) => {
+                        self.graph.nodes[node].op.migrate(from, shard, bytes)
+                    }
+                    Fate::Dropped => continue,
+                };
+                taken.map_err(|e| match e {
+                    Error::IncompatibleSnapshot(m) => {
+                        Error::IncompatibleSnapshot(format!("operator `{id}`: {m}"))
+                    }
+                    e => e,
+                })?;
             }
         }
         Ok(())
@@ -132,12 +260,16 @@ impl CircuitInstance {
         if node.op.reads(kind) && node.fingerprint == fingerprint {
             return Ok(Fate::Kept(index));
         }
+        if kind == node.op.name() && node.op.migrates_from().contains(&fingerprint) {
+            return Ok(Fate::Migrated(index, fingerprint));
+        }
         Err(Error::IncompatibleSnapshot(format!(
             "operator `{}` changed: the snapshot holds a {kind} of other state than the \
-             circuit's {} ({}); start it empty, or keep its kind and state types",
+             circuit's {} ({}); start it empty, keep its kind and state types, or give it \
+             a migration from the old state",
             node.id,
             node.op.name(),
-            node.op.state_types()
+            node.state_types()
         )))
     }
 }
@@ -358,6 +490,130 @@ mod tests {
         new.upgrade(&pieces, &["counts".to_string()]).unwrap();
         let counts: Vec<((String, i64), i64)> = decode(&run(&mut new, &["a"])[0]);
         assert_eq!(counts, [(("a".into(), 1), 1)]);
+    }
+
+    /// Word count keyed by lower-cased words, state version 1, with or
+    /// without the migration from version 0's keys as they came.
+    fn lowercased(migrates: bool) -> impl Fn(&mut Circuit) {
+        move |c: &mut Circuit| {
+            let counts = c
+                .input::<String>("words")
+                .count_by(|w| w.to_lowercase())
+                .named("counts")
+                .state_version(1);
+            let counts = if migrates {
+                counts.migrates_keys_from(0, |old: String| old.to_lowercase())
+            } else {
+                counts
+            };
+            counts.output("counts");
+        }
+    }
+
+    #[test]
+    fn a_migration_rekeys_the_old_state_and_adds_up_keys_that_meet() {
+        let pieces = counted(&["The", "the", "THE", "cat"]);
+        let mut new = CircuitInstance::build(lowercased(true)).unwrap();
+        let info = &new.operators()[0];
+        assert_eq!(info.migrates_from.len(), 1);
+        assert_ne!(info.migrates_from[0], info.fingerprint);
+        new.upgrade(&pieces, &[]).unwrap();
+        let counts: Vec<((String, i64), i64)> = decode(&run(&mut new, &["tHe", "Cat"])[0]);
+        assert_eq!(
+            counts,
+            [
+                (("cat".into(), 1), -1),
+                (("cat".into(), 2), 1),
+                (("the".into(), 3), -1),
+                (("the".into(), 4), 1)
+            ]
+        );
+        // Snapshotted, the migrated state is the new version's own: it
+        // restores plainly, and a second upgrade carries it as it is.
+        let again = new.snapshot().unwrap();
+        let mut restored = CircuitInstance::build(lowercased(true)).unwrap();
+        restored.restore(&again).unwrap();
+        let counts: Vec<((String, i64), i64)> = decode(&run(&mut restored, &["the"])[0]);
+        assert_eq!(counts, [(("the".into(), 4), -1), (("the".into(), 5), 1)]);
+        // The migration is no restore: the old state does not restore.
+        let mut plain = CircuitInstance::build(lowercased(true)).unwrap();
+        assert!(plain.restore(&pieces).is_err());
+    }
+
+    #[test]
+    fn a_bumped_state_version_without_a_migration_is_refused() {
+        let pieces = counted(&["a"]);
+        let mut new = CircuitInstance::build(lowercased(false)).unwrap();
+        let err = new.upgrade(&pieces, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("operator `counts` changed")
+                && err.contains("state version 1")
+                && err.contains("migration"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_migration_changes_the_key_type() {
+        let pieces = counted(&["a", "bb", "cc"]);
+        let mut new = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<String>("words")
+                .count_by(|w| w.len() as u64)
+                .named("counts")
+                .migrates_keys_from(0, |old: String| old.len() as u64)
+                .output("counts");
+        })
+        .unwrap();
+        new.upgrade(&pieces, &[]).unwrap();
+        let counts: Vec<((u64, i64), i64)> = decode(&run(&mut new, &["dd"])[0]);
+        assert_eq!(counts, [((2, 2), -1), ((2, 3), 1)]);
+        // A migration from keys of the wrong type is no migration of this
+        // state: refused as changed.
+        let mut wrong = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<String>("words")
+                .count_by(|w| w.len() as u64)
+                .named("counts")
+                .migrates_keys_from(0, |old: u32| old as u64)
+                .output("counts");
+        })
+        .unwrap();
+        let err = wrong.upgrade(&pieces, &[]).unwrap_err().to_string();
+        assert!(err.contains("operator `counts` changed"), "{err}");
+    }
+
+    #[test]
+    fn migrations_are_for_keyed_sums_of_those_keys() {
+        let not_a_sum = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<(String, i64)>("words")
+                .distinct()
+                .migrates_keys_from(0, |old: String| old)
+                .output("x");
+        });
+        let err = not_a_sum.err().unwrap().to_string();
+        assert!(err.contains("a distinct has no state migrations"), "{err}");
+        let other_keys = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<String>("words")
+                .count_by(|w| w.clone())
+                .map(|(w, n)| (w.len() as u64, *n))
+                .migrates_keys_from(0, |old: String| old.len() as u64)
+                .output("x");
+        });
+        let err = other_keys.err().unwrap().to_string();
+        assert!(
+            err.contains("keys of this keyed_sum are not of that type"),
+            "{err}"
+        );
+        let unversioned = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<String>("words")
+                .map(|w| w.clone())
+                .state_version(2)
+                .output("x");
+        });
+        let err = unversioned.err().unwrap().to_string();
+        assert!(
+            err.contains("state_version(2): no single stateful"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -30,8 +30,10 @@ fn input(rng: &mut Rng, lines: usize, earlier: &[(String, i64)]) -> (String, Vec
             let n = 1 + rng.below(5);
             let line: Vec<String> = (0..n)
                 .map(|_| {
+                    // Some plurals, which version 3 counts with their stems.
+                    let plural = if rng.below(4) == 0 { "s" } else { "" };
                     format!(
-                        "w{}",
+                        "w{}{plural}",
                         "x".repeat(rng.below(6) as usize) + &rng.below(50).to_string()
                     )
                 })
@@ -189,11 +191,72 @@ fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
     by_len
 }
 
+/// The counts of `pairs` by stem, as version 3 counts them: each word as
+/// `examples/wordcount` normalizes it, without a plural's `s`; a stem is
+/// there while the sum of its words' weights is positive. (Words' own
+/// counts may be negative: the input deletes some lines twice. Version 3
+/// adds them up as they are, and so does its migration of version 1's
+/// counts.)
+fn stem_counts(pairs: &[(String, i64)]) -> BTreeMap<String, i64> {
+    let mut by_stem: BTreeMap<String, i64> = BTreeMap::new();
+    for (line, w) in pairs {
+        for raw in line.split_whitespace() {
+            let word = raw
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
+            if !word.is_empty() {
+                *by_stem.entry(stem(&word)).or_default() += w;
+            }
+        }
+    }
+    by_stem.retain(|_, n| *n > 0);
+    by_stem
+}
+
+/// Version 3's stem of a normalized word (its `stem`).
+fn stem(word: &str) -> String {
+    match word.strip_suffix('s') {
+        Some(stem) if !stem.is_empty() => stem.to_owned(),
+        _ => word.to_owned(),
+    }
+}
+
+/// The counts after a switch to version 3: version 1's counts of the
+/// input before the switch as version 3's migration makes them — by stem,
+/// the counts of a stem's words added up — with version 3's output after
+/// the switch (`after`) applied. Each count version 3 retracts must be one
+/// it holds, so a migration that merged wrongly (or a count a worker holds
+/// for a key another worker owns) shows here as a weight other than 1.
+fn migrated_then_counted(before: &[(String, i64)], after: &str) -> BTreeMap<String, i64> {
+    let mut z: BTreeMap<(String, i64), i64> = stem_counts(before)
+        .into_iter()
+        .map(|count| (count, 1))
+        .collect();
+    for line in after.lines() {
+        let (v, w) = sluice_core::wire::parse_output_line(line).unwrap();
+        let word = v["word"].as_str().unwrap().to_owned();
+        *z.entry((word, v["count"].as_i64().unwrap())).or_default() += w;
+    }
+    let mut current = BTreeMap::new();
+    for ((word, count), w) in z.into_iter().filter(|(_, w)| *w != 0) {
+        assert_eq!(w, 1, "`{word}`: count {count} has weight {w}");
+        assert!(
+            current.insert(word.clone(), count).is_none(),
+            "`{word}`: two counts"
+        );
+    }
+    current
+}
+
 /// Word count, then `sluice upgrade` to version 2 (its count kept under a
 /// new name, a count of word lengths added on a new port), then more
 /// input: the counts go on from the carried state (equal to a count of all
 /// the input), the lengths count only the input after the switch (it
-/// started empty). Each trial kills every phase — the old version's runs,
+/// started empty). Every fourth trial upgrades to version 3 instead, whose
+/// count takes version 1's through a migration to new keys (a word and
+/// its plural counted as one): its counts go on from the migrated state
+/// (equal to a count of all the input by stem), on two workers, so that
+/// merged keys land in shards of the other worker. Each trial kills every phase — the old version's runs,
 /// the upgrade itself, and the new version's, its first run right after
 /// its first step, before its first checkpoint, so that the recovery
 /// takes the old version's checkpoint through `upgrade` again. `sluice
@@ -202,6 +265,7 @@ fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
 fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_after_it() {
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
+    let v3 = component("tests/guests/wordcount-v3");
     let seed = std::env::var("SLUICE_UPGRADE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -276,6 +340,22 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         // counts then count the input after the switch only — also after
         // a recovery, which must start it empty again.
         let fresh = trial % 2 == 0;
+        let migrated = trial % 4 == 3;
+        let next = if migrated { &v3 } else { &v2 };
+        if trial == 3 {
+            let out = sluice_cmd()
+                .arg("diff")
+                .arg(&data)
+                .arg(next)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}{}", stderr(&out));
+            assert!(
+                text.contains("state carried over through the new version's migration"),
+                "{text}"
+            );
+        }
         let extra: &[&str] = if fresh {
             &["--start-empty", "counts"]
         } else {
@@ -287,7 +367,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         let mut first = sluice_cmd();
         first
             .arg("upgrade")
-            .arg(&v2)
+            .arg(next)
             .arg("--data")
             .arg(&data)
             .args(extra);
@@ -310,7 +390,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         };
         // Again: made now, or it was made before the kill (a kill can land
         // after the commit point too).
-        let out = upgrade(&v2, &data, extra);
+        let out = upgrade(next, &data, extra);
         if out.status.success() {
             assert!(!status.success(), "made twice: {}", stderr(&out));
             assert!(
@@ -342,7 +422,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         let n = rng.below(3) as u32;
         let (k, log) = run_with_kills(
             &mut rng,
-            || run_cmd(&v2, &data, &b, &["counts", "lengths"], dir.path()),
+            || run_cmd(next, &data, &b, &["counts", "lengths"], dir.path()),
             n,
             Some("after-commit:1"),
         );
@@ -357,7 +437,20 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         retaken += this;
 
         let counts = std::fs::read_to_string(&counts_file).unwrap();
-        if fresh {
+        if migrated {
+            let after: String = counts
+                .lines()
+                .skip(before_lines)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let all: Vec<(String, i64)> =
+                before_pairs.iter().chain(&after_pairs).cloned().collect();
+            assert_eq!(
+                migrated_then_counted(&before_pairs, &after),
+                stem_counts(&all),
+                "trial {trial}: the counts go on from the migrated state"
+            );
+        } else if fresh {
             // No retraction is invented for version 1's counts: the log
             // after the switch holds the new counts alone.
             let after: String = counts

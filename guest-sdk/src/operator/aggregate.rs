@@ -15,6 +15,7 @@ use crate::exchange::KeyedBatch;
 use crate::state::Shards;
 use crate::table::{Change, KeyedTable, Slot, encode_key};
 use crate::types::OrdF64;
+use crate::upgrade::Rekey;
 use crate::zset::Weight;
 use crate::{Stream, ZSet};
 use serde::{Deserialize, Serialize};
@@ -86,6 +87,8 @@ struct GroupSum<T, K, S, O, KF, VF, EF> {
     local: KeyedTable<Acc<S>>,
     /// A key's encoding, reused.
     buf: Vec<u8>,
+    /// Its migration from an earlier version's keys, if it has one.
+    migration: Option<Box<dyn Rekey<K>>>,
     _type: PhantomData<fn(T) -> (K, O)>,
 }
 
@@ -269,6 +272,46 @@ where
     fn clean(&mut self, whole: &Shards) {
         self.state.clean(whole);
     }
+
+    fn set_migration(&mut self, migration: Box<dyn Any>) -> std::result::Result<(), String> {
+        let migration = migration
+            .downcast::<Box<dyn Rekey<K>>>()
+            .map_err(|_| format!("the keys of this {} are not of that type", self.name()))?;
+        if self.migration.is_some() {
+            return Err(format!("this {} has a migration already", self.name()));
+        }
+        self.migration = Some(*migration);
+        Ok(())
+    }
+
+    fn migrates_from(&self) -> Vec<u64> {
+        self.migration
+            .iter()
+            .map(|m| {
+                let types = format!(
+                    "{}: {}, {}",
+                    self.sums,
+                    m.old_key_type(),
+                    std::any::type_name::<S>()
+                );
+                let types = crate::identity::versioned(types, m.old_version());
+                crate::identity::fingerprint(self.name(), &types)
+            })
+            .collect()
+    }
+
+    fn migrate(&mut self, fingerprint: u64, _shard: u32, piece: &[u8]) -> Result<()> {
+        let name = self.name();
+        let Some(migration) = self.migration.as_ref() else {
+            return Err(Error::IncompatibleSnapshot(format!(
+                "no migration from state fingerprint {fingerprint:016x}"
+            )));
+        };
+        let merge = |mine: &mut Acc<S>, other: &Acc<S>| mine.merge(other);
+        let rekey = |old: &[u8], new: &mut Vec<u8>| encode_key(&migration.rekey(old)?, new);
+        self.state
+            .restore_rekeyed(name, piece, rekey, merge, Acc::is_empty)
+    }
 }
 
 impl<T: Data> Stream<T> {
@@ -346,6 +389,7 @@ impl<T: Data> Stream<T> {
             state: KeyedTable::new(true),
             local: KeyedTable::new(false),
             buf: Vec::new(),
+            migration: None,
             _type: PhantomData,
         })
     }

@@ -365,10 +365,52 @@ impl Coordinator {
         if let Some(e) = failure {
             return Err(e);
         }
+        if upgrade.is_some() {
+            self.hand_foreign_shards().await?;
+        }
         self.position.frontiers = meta.frontiers;
         self.position.next_step = step + 1;
         self.checkpoints.step = Some(step);
         self.stats.restored_checkpoint = Some(step);
+        Ok(())
+    }
+
+    /// After an upgrade: the new version's migration may have given state
+    /// new keys, in shards other workers own. Every worker hands what it
+    /// holds of shards it does not own to their owners, as a layout change
+    /// hands shards over. (State that never crosses the exchange moves
+    /// too: pieces of a shard add up on whichever worker holds them.) The
+    /// same on every recovery through the upgrade, so replays see the same
+    /// state.
+    async fn hand_foreign_shards(&mut self) -> Result<()> {
+        let layout = self.placement.layout.clone();
+        if layout.workers < 2 {
+            return Ok(());
+        }
+        let mut handed: Vec<Vec<(u32, Vec<u8>)>> = vec![Vec::new(); layout.workers as usize];
+        for w in 0..layout.workers {
+            let foreign: Vec<u32> = (0..SHARDS).filter(|&s| layout.owner(s) != w).collect();
+            let worker = self.placement.instances[w as usize]
+                .as_mut()
+                .ok_or(Error::WorkersLost)?;
+            for (shard, state) in worker.export_shards(&foreign).await? {
+                handed[layout.owner(shard) as usize].push((shard, state));
+            }
+        }
+        for (w, pieces) in handed.into_iter().enumerate() {
+            if pieces.is_empty() {
+                continue;
+            }
+            tracing::debug!(
+                worker = w,
+                pieces = pieces.len(),
+                "takes shards after an upgrade"
+            );
+            let worker = self.placement.instances[w]
+                .as_mut()
+                .ok_or(Error::WorkersLost)?;
+            worker.restore(pieces).await?;
+        }
         Ok(())
     }
 
