@@ -916,6 +916,47 @@ fn pipelines_are_admitted_against_the_host_memory_budget() {
         ((256u64 + 64) << 20) + 2 * db
     );
     assert!(usage["disk_free_bytes"].as_u64().unwrap() > 0);
+
+    // Upgrading the stopped pipeline starts its instances for the trial:
+    // they are reserved, so the upgrade is refused while the budget has no
+    // room for them, and made once it has (the pipeline stays stopped).
+    let v2 = std::fs::read(crate::support::component("tests/guests/wordcount-v2")).unwrap();
+    let (status, body) = server.upload(&token, "wc2", &v2);
+    assert_eq!(status, 201, "{body}");
+    let upgrade = || {
+        raw(
+            "PATCH",
+            &format!("{}/pipelines/first", server.url),
+            Some(&token),
+            "application/json",
+            br#"{"component": "wc2"}"#,
+        )
+    };
+    let (status, body) = upgrade();
+    assert_eq!(
+        (status, code(&body).as_str()),
+        (503, "host_memory_exhausted"),
+        "{body}"
+    );
+    client.control("second", "stop").unwrap();
+    let (status, body) = upgrade();
+    assert_eq!(status, 200, "{body}");
+    let upgraded: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(upgraded["component"], "wc2", "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&client.status(Some("first")).unwrap()).unwrap();
+        if status["state"] == "stopped" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not stopped again: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The trial's reservation ended with it.
+    let (_, usage) = get(&server, "/tenants", ADMIN);
+    let usage: serde_json::Value = serde_json::from_str(&usage).unwrap();
+    assert_eq!(usage["memory_promised_bytes"], (64u64 << 20) + db);
 }
 
 /// Item 6: long-polls and output streams are capped per tenant (and in

@@ -650,8 +650,43 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
         serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["component"], "wordcount", "{status}");
 
-    let out = upgrade(&[]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // Listed all through the upgrade (in state `upgrading` while it is
+    // unloaded), never missing.
+    let upgraded = std::sync::atomic::AtomicBool::new(false);
+    let listed = std::thread::scope(|scope| {
+        let lister = scope.spawn(|| {
+            let mut states = Vec::new();
+            while !upgraded.load(std::sync::atomic::Ordering::SeqCst) {
+                let list: serde_json::Value =
+                    serde_json::from_str(&tenant.status(None).unwrap()).unwrap();
+                let wc = list
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == "wc")
+                    .map(|p| p["state"].as_str().unwrap().to_owned());
+                states.push(wc);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            states
+        });
+        let out = upgrade(&[]);
+        upgraded.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(out.status.success(), "{}", stderr(&out));
+        lister.join().unwrap()
+    });
+    assert!(
+        listed.iter().all(Option::is_some),
+        "the pipeline went missing from the list during its upgrade: {listed:?}"
+    );
+    eprintln!(
+        "listings during the upgrade: {}, {} of them `upgrading`",
+        listed.len(),
+        listed
+            .iter()
+            .filter(|s| s.as_deref() == Some("upgrading"))
+            .count()
+    );
     let status: serde_json::Value =
         serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["component"], "wordcount_v2", "{status}");

@@ -46,7 +46,8 @@ pub struct Registry {
     pub version: u64,
     /// Pipelines being created, by (tenant, name): the memory (bytes) and
     /// instances they will hold, counted by quotas until they are in
-    /// `tenants` (not stored).
+    /// `tenants`; and stopped pipelines being upgraded, whose trial holds
+    /// instances meanwhile (not stored).
     #[serde(skip)]
     pub creating: BTreeMap<(String, String), (u64, u64)>,
 }

@@ -205,6 +205,10 @@ pub enum PipelineState {
     Stopped,
     /// Failed; `last_error` says why. `start` tries again.
     Failed,
+    /// Its component is being changed (`PATCH` with `component`): every
+    /// request for it answers 503 until the upgrade ends. Only listings
+    /// show this state, with the status it had when the upgrade began.
+    Upgrading,
 }
 
 impl PipelineState {
@@ -217,6 +221,7 @@ impl PipelineState {
             PipelineState::Paused => "paused",
             PipelineState::Stopped => "stopped",
             PipelineState::Failed => "failed",
+            PipelineState::Upgrading => "upgrading",
         }
     }
 }

@@ -81,8 +81,14 @@ impl Service {
                     name: spec.name,
                 });
             }
-            let count =
-                t.pipelines.len() + reg.creating.keys().filter(|(t, _)| t == tenant).count();
+            // (A stopped pipeline being upgraded holds a reservation too:
+            // it counts once.)
+            let creating = reg
+                .creating
+                .keys()
+                .filter(|(t_, n)| t_ == tenant && !t.pipelines.contains_key(n))
+                .count();
+            let count = t.pipelines.len() + creating;
             if count as u64 >= u64::from(t.limits.max_pipelines) {
                 return Err(ServiceError::LimitExceeded {
                     limit: "max_pipelines",
@@ -182,7 +188,7 @@ impl Service {
     /// upgraded).
     pub fn pipeline(&self, tenant: &str, name: &str) -> Result<Arc<PipelineHandle>> {
         validate_name("pipeline", name).map_err(|_| ServiceError::not_found("pipeline", name))?;
-        if lock(&self.upgrading).contains(&(tenant.to_owned(), name.to_owned())) {
+        if lock(&self.upgrading).contains_key(&(tenant.to_owned(), name.to_owned())) {
             return Err(ServiceError::Upgrading { name: name.into() });
         }
         lock(&self.pipelines)
@@ -191,13 +197,22 @@ impl Service {
             .ok_or_else(|| ServiceError::not_found("pipeline", name))
     }
 
-    /// The status of each of the tenant's pipelines.
+    /// The status of each of the tenant's pipelines, by name; one being
+    /// upgraded as it was when its upgrade began, in state `upgrading`.
     pub fn statuses(&self, tenant: &str) -> Vec<PipelineStatus> {
-        lock(&self.pipelines)
+        let upgrading: Vec<((String, String), Option<PipelineStatus>)> = lock(&self.upgrading)
             .iter()
             .filter(|((t, _), _)| t == tenant)
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        let mut statuses: Vec<PipelineStatus> = lock(&self.pipelines)
+            .iter()
+            .filter(|(k, _)| k.0 == tenant && !upgrading.iter().any(|(u, _)| u == *k))
             .map(|(_, h)| h.status())
-            .collect()
+            .collect();
+        statuses.extend(upgrading.into_iter().filter_map(|(_, s)| s));
+        statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        statuses
     }
 
     /// Starts, pauses or stops a pipeline; remembered across restarts.

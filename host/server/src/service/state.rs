@@ -9,7 +9,7 @@ use crate::limits::{Gate, ServerLimits, effective_limits};
 use crate::registry::{self, Registry};
 use crate::runner::PipelineHandle;
 use crate::settings::KafkaSettings;
-use crate::types::{Desired, TenantLimits};
+use crate::types::{Desired, PipelineStatus, TenantLimits};
 use sluice_pipeline::storage::HOST_MEMORY_BOUND;
 use sluice_runtime::SluiceEngine;
 use std::collections::{BTreeMap, HashMap};
@@ -67,8 +67,10 @@ pub struct Service {
     /// their parsed events), while they are held.
     pub(super) pushing: Mutex<HashMap<String, u64>>,
     /// Pipelines whose component is being changed: unloaded meanwhile,
-    /// every request for them answers 503.
-    pub(super) upgrading: Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// every request for them answers 503, and listings show the status
+    /// each had when its upgrade began (state `upgrading`; none until it
+    /// is read).
+    pub(super) upgrading: Mutex<BTreeMap<(String, String), Option<PipelineStatus>>>,
 }
 
 /// A pipeline being created: counted against its tenant's quota and the

@@ -7,12 +7,13 @@
 //! it answers 503 (`upgrading`).
 
 use super::components::sha256;
-use super::state::{Service, lock, tenant_dir};
+use super::state::{Reservation, Service, lock, tenant_dir};
 use crate::error::{Result, ServiceError};
 use crate::limits::effective_limits;
 use crate::registry::PipelineEntry;
 use crate::types::{Desired, PipelineSpec, PipelineState, PipelineStatus};
 use sluice_core::validate_name;
+use sluice_pipeline::storage::HOST_MEMORY_BOUND;
 use sluice_pipeline::{LogKind, Pipeline, PipelineConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,7 +56,7 @@ impl Service {
         // (a scale, a stop, a delete, another upgrade) answers 503, so the
         // handle and the entry read next stay the pipeline's.
         let key = (tenant.to_owned(), name.to_owned());
-        if !lock(&self.upgrading).insert(key.clone()) {
+        if lock(&self.upgrading).insert(key.clone(), None).is_some() {
             return Err(ServiceError::Upgrading { name: name.into() });
         }
         let _upgrading = Upgrading {
@@ -66,6 +67,9 @@ impl Service {
             .get(&key)
             .cloned()
             .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
+        let mut listed = h.status();
+        listed.state = PipelineState::Upgrading;
+        lock(&self.upgrading).insert(key.clone(), Some(listed));
         let entry = lock(&self.registry)
             .tenant(tenant)?
             .pipelines
@@ -104,6 +108,27 @@ impl Service {
             .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
         let effective = effective_limits(&entry.spec, &self.limits(tenant)?)?;
         let engine = Arc::new(self.engine.with_limits(effective.instance));
+        // A stopped pipeline holds no memory of the host's budget, but its
+        // trial starts its instances: they are reserved for it (as for a
+        // pipeline being created) until the upgrade ends, or it is refused.
+        let _trial = if entry.desired == Desired::Stopped {
+            let memory = effective.instance.memory as u64;
+            let mut reg = lock(&self.registry);
+            self.admit(&reg, None, entry.spec.workers, memory)?;
+            reg.creating.insert(
+                key.clone(),
+                (
+                    memory * u64::from(entry.spec.workers) + HOST_MEMORY_BOUND,
+                    entry.spec.workers.into(),
+                ),
+            );
+            Some(Reservation {
+                service: self,
+                key: key.clone(),
+            })
+        } else {
+            None
+        };
         // Recorded before the data directory changes: a server that dies
         // after the change and before the spec follows settles it when it
         // starts again (`settle_upgrade`).
