@@ -517,6 +517,15 @@ impl CircuitInstance {
         );
         for node in graph.nodes.iter_mut().filter(|n| n.op.stateful()) {
             node.fingerprint = crate::identity::fingerprint(node.op.name(), &node.state_types());
+            // A migration from the operator's own state would never run:
+            // that state is carried as it is.
+            if node.op.migrates_from().contains(&node.fingerprint) {
+                graph.errors.push(format!(
+                    "the migration of \"{}\" is from its own state types and version: bump \
+                     its state_version to say the state changed meaning",
+                    node.id
+                ));
+            }
         }
         // An earlier identity is one operator's: a snapshot's state must
         // have one place to go.

@@ -92,7 +92,15 @@ impl<K: Data, V: Data> Stream<(K, V)> {
     ///
     /// The migration is a function of the new version: it runs when the
     /// new version takes the old one's checkpoint, and again on every
-    /// recovery from that checkpoint, so it must be deterministic.
+    /// recovery from that checkpoint, so it must be deterministic. A key
+    /// that does not decode as `O`, or a panic in `rekey`, fails the
+    /// upgrade after other state may have been taken (the host then drops
+    /// the instance). The old version's key type is known by its Rust path
+    /// (`std::any::type_name`): a type of the circuit's own crate must keep
+    /// its crate and module, or the old state is not recognized as `O`'s
+    /// (refused as changed).
+    /// A migration from the operator's own state types and version fails
+    /// the build: it would never run.
     ///
     /// ```
     /// # use sluice_guest::{Circuit, CircuitInstance};
@@ -529,7 +537,7 @@ mod tests {
             ]
         );
         // Snapshotted, the migrated state is the new version's own: it
-        // restores plainly, and a second upgrade carries it as it is.
+        // restores plainly.
         let again = new.snapshot().unwrap();
         let mut restored = CircuitInstance::build(lowercased(true)).unwrap();
         restored.restore(&again).unwrap();
@@ -591,6 +599,15 @@ mod tests {
         });
         let err = not_a_sum.err().unwrap().to_string();
         assert!(err.contains("a distinct has no state migrations"), "{err}");
+        let from_itself = CircuitInstance::build(|c: &mut Circuit| {
+            c.input::<String>("words")
+                .count_by(|w| w.to_lowercase())
+                .named("counts")
+                .migrates_keys_from(0, |old: String| old.to_lowercase())
+                .output("x");
+        });
+        let err = from_itself.err().unwrap().to_string();
+        assert!(err.contains("bump its state_version"), "{err}");
         let other_keys = CircuitInstance::build(|c: &mut Circuit| {
             c.input::<String>("words")
                 .count_by(|w| w.clone())

@@ -32,5 +32,6 @@ mod server;
 mod step_log;
 mod takeover;
 mod upgrade;
+mod upgrade_rebuild;
 mod upgrade_switch;
 mod verify;

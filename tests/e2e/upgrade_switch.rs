@@ -16,7 +16,11 @@ use std::time::{Duration, Instant};
 /// `lines` lines of words from a small vocabulary, some later deleted
 /// (also lines of `earlier`): the file's JSON lines and the (line, weight)
 /// pairs they mean.
-fn input(rng: &mut Rng, lines: usize, earlier: &[(String, i64)]) -> (String, Vec<(String, i64)>) {
+pub(crate) fn input(
+    rng: &mut Rng,
+    lines: usize,
+    earlier: &[(String, i64)],
+) -> (String, Vec<(String, i64)>) {
     let (mut text, mut pairs) = (String::new(), Vec::<(String, i64)>::new());
     for _ in 0..lines {
         let inserted: Vec<&(String, i64)> = earlier.iter().chain(&pairs).collect();
@@ -48,7 +52,7 @@ fn input(rng: &mut Rng, lines: usize, earlier: &[(String, i64)]) -> (String, Vec
 
 /// `sluice run COMPONENT --data DATA` over `file` (input `lines`), writing
 /// the outputs named into `dir`.
-fn run_cmd(
+pub(crate) fn run_cmd(
     wasm: &Path,
     data: &Path,
     file: &Path,
@@ -77,7 +81,7 @@ fn run_cmd(
 /// random moments; with `first_crash` (`POINT:N`), the first run aborts at
 /// that crash point instead. Returns the kills that landed and every run's
 /// standard error.
-fn run_with_kills(
+pub(crate) fn run_with_kills(
     rng: &mut Rng,
     mut cmd: impl FnMut() -> std::process::Command,
     kills: u32,
@@ -146,7 +150,7 @@ fn run_with_kills(
 }
 
 /// `sluice upgrade COMPONENT --data DATA [extra…]`.
-fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
+pub(crate) fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
     sluice_cmd()
         .arg("upgrade")
         .arg(wasm)
@@ -159,7 +163,7 @@ fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
 
 /// The current value of every key of an output of `(key, count)` pairs:
 /// its JSON lines integrated (each key must have one value of weight 1).
-fn integrate_pairs(jsonl: &str) -> BTreeMap<u64, i64> {
+pub(crate) fn integrate_pairs(jsonl: &str) -> BTreeMap<u64, i64> {
     let mut z: BTreeMap<(u64, i64), i64> = BTreeMap::new();
     for line in jsonl.lines() {
         let (v, w) = sluice_core::wire::parse_output_line(line).unwrap();
@@ -180,7 +184,7 @@ fn integrate_pairs(jsonl: &str) -> BTreeMap<u64, i64> {
 /// The counts of word lengths in `pairs`, as version 2's `lengths` counts
 /// them (characters of each word; a length is there while its count is
 /// positive).
-fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
+pub(crate) fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
     let mut by_len: BTreeMap<u64, i64> = BTreeMap::new();
     for (line, w) in pairs {
         for word in line.split_whitespace() {

@@ -327,6 +327,11 @@ pub enum Command {
         /// Operators of the new version to start empty (ID[,ID…]).
         #[arg(long = "start-empty", value_delimiter = ',')]
         start_empty: Vec<String>,
+        /// With --data: rebuild the new version's new and changed operators
+        /// from all of the input (kept with --retain-input), and write each
+        /// output's difference from the new version's at the switch.
+        #[arg(long, requires = "data")]
+        rebuild: bool,
         /// The server, with --pipeline.
         #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
         server: String,
@@ -522,6 +527,11 @@ pub struct StepArgs {
     /// Repeatable; every host of a pipeline should be given the same.
     #[arg(long = "bad-records", value_parser = port_policy)]
     pub bad_records: Vec<(String, sluice_core::BadRecordPolicy)>,
+    /// Keep all input (no checkpoint trims it; kept in the pipeline's
+    /// metadata once given), so that `sluice upgrade --rebuild` can
+    /// rebuild a new version's operators from it.
+    #[arg(long)]
+    pub retain_input: bool,
 }
 
 impl StepArgs {
@@ -536,6 +546,7 @@ impl StepArgs {
             checkpoint_interval: std::time::Duration::from_millis(self.checkpoint_interval_ms),
             inherit_guest_stderr: true,
             bad_records: self.bad_records.iter().cloned().collect(),
+            retain_input: self.retain_input,
             ..sluice_runtime::PipelineOptions::default()
         }
     }

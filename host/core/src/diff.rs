@@ -30,6 +30,10 @@ pub enum Change {
     New,
     /// Only in the old version: its state is dropped.
     Removed,
+    /// New, or changed and not named to start empty, in an upgrade that
+    /// rebuilds (`--rebuild`): its state is rebuilt from the pipeline's
+    /// input.
+    Rebuilt,
 }
 
 impl Change {
@@ -45,6 +49,7 @@ impl Change {
             Change::StartsEmpty => "its state is dropped: it starts empty",
             Change::New => "starts empty",
             Change::Removed => "its state is dropped",
+            Change::Rebuilt => "rebuilt from the pipeline's input",
         }
     }
 }
@@ -193,6 +198,21 @@ impl CircuitDiff {
             snapshot_versions: (old.snapshot_version, new.snapshot_version),
             accepted,
         })
+    }
+
+    /// The diff of an upgrade that rebuilds (`--rebuild`): every operator
+    /// that would start empty as new, or be refused as changed, is rebuilt
+    /// from the pipeline's input instead (accepted, unless the snapshot
+    /// versions differ).
+    pub fn rebuilding(mut self) -> CircuitDiff {
+        for d in &mut self.operators {
+            if matches!(d.change, Change::New | Change::Changed) {
+                d.change = Change::Rebuilt;
+                d.action = Change::Rebuilt.action().to_owned();
+            }
+        }
+        self.accepted = self.snapshot_versions.0 == self.snapshot_versions.1;
+        self
     }
 
     /// The operators that make the upgrade refused.
@@ -356,6 +376,21 @@ mod tests {
             text.contains("refused: lengths changed") && text.contains("--start-empty lengths"),
             "{text}"
         );
+
+        // Rebuilding: the changed and the new operator are rebuilt, the
+        // upgrade accepted.
+        let rebuilt = CircuitDiff::between(&old, &new, &[]).unwrap().rebuilding();
+        assert_eq!(
+            changes(&rebuilt),
+            [
+                ("words", Change::Kept),
+                ("lengths", Change::Rebuilt),
+                ("totals", Change::Migrated),
+                ("fresh", Change::Rebuilt),
+                ("dropped", Change::Removed),
+            ]
+        );
+        assert!(rebuilt.accepted);
 
         let d = CircuitDiff::between(&old, &new, &["lengths".into()]).unwrap();
         assert!(d.accepted);

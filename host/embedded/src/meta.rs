@@ -32,6 +32,11 @@ pub struct PipelineMeta {
     /// [`component`](Self::component).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upgrades: Vec<Upgrade>,
+    /// The pipeline keeps all its input (`--retain-input`): no checkpoint
+    /// trims it, so that an upgrade can rebuild operators from it. Once
+    /// set, it stays.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retain_input: bool,
 }
 
 /// A change of a pipeline's component, at a checkpoint at its last
@@ -52,6 +57,13 @@ pub struct Upgrade {
     /// The output ports before the change, in port order (the steps up to
     /// the checkpoint wrote these: the audit checks them so).
     pub outputs_before: Vec<String>,
+    /// The operators rebuilt from the pipeline's input (`--rebuild`): the
+    /// first step after the checkpoint also carries the difference between
+    /// the new version's output, as the rebuild computed it, and the old
+    /// version's (see `sluice_runtime::UpgradedAt::rebuilt`).
+    /// `None`: no rebuild.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilt: Option<Vec<String>>,
 }
 
 /// Where a pipeline's logs live, as recorded in its metadata.
@@ -119,9 +131,15 @@ pub fn ensure(db: &DB, wanted: &PipelineMeta) -> Result<PipelineMeta> {
     match load(db)? {
         Some(mut stored) => {
             stored.check_compatible(wanted)?;
-            // Metadata from before operators were recorded gets them once.
-            if stored.operators.is_empty() && !wanted.operators.is_empty() {
+            // Metadata from before operators were recorded gets them once;
+            // input retention, once asked for, is kept.
+            let operators = stored.operators.is_empty() && !wanted.operators.is_empty();
+            let retain = wanted.retain_input && !stored.retain_input;
+            if operators {
                 stored.operators = wanted.operators.clone();
+            }
+            stored.retain_input |= retain;
+            if operators || retain {
                 store(db, &stored)?;
             }
             Ok(stored)
@@ -191,6 +209,7 @@ mod tests {
             log: LogMeta::Embedded,
             operators: Vec::new(),
             upgrades: Vec::new(),
+            retain_input: false,
         }
     }
 
@@ -209,6 +228,7 @@ mod tests {
             checkpoint: Some(41),
             start_empty: vec!["counts".into()],
             outputs_before: vec!["counts".into()],
+            rebuilt: Some(vec!["lengths".into()]),
         });
         m.component = "b".repeat(64);
         let json = serde_json::to_string(&m).unwrap();

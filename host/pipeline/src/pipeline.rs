@@ -51,6 +51,7 @@ impl Pipeline {
         let mut options = config.options;
         options.name = storage.meta.id.clone();
         options.upgraded_at = upgraded_at(&storage.meta);
+        options.retain_input |= storage.meta.retain_input;
         Ok(Self::assemble(
             engine,
             component,
@@ -119,6 +120,7 @@ impl Pipeline {
         let options = PipelineOptions {
             name: self.options.name.clone(),
             upgraded_at: self.options.upgraded_at.clone(),
+            retain_input: self.options.retain_input || options.retain_input,
             ..options
         };
         Ok(Coordinator::open_on(
@@ -224,5 +226,6 @@ pub(crate) fn upgraded_at(meta: &sluice_embedded::PipelineMeta) -> Option<Upgrad
     Some(UpgradedAt {
         checkpoint: last.checkpoint?,
         start_empty: last.start_empty.clone(),
+        rebuilt: last.rebuilt.clone(),
     })
 }

@@ -3,6 +3,7 @@
 //! checked against what was asked, and the input logs created.
 
 use crate::config::{LogConfig, PipelineConfig};
+use sluice_core::diff::Change;
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_embedded::meta::{self, LogMeta, Upgrade};
 use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
@@ -87,6 +88,7 @@ impl Storage {
             log: log_meta,
             operators: ports.operators.clone(),
             upgrades: Vec::new(),
+            retain_input: config.options.retain_input,
         };
         let meta = meta::ensure(&database, &wanted)?;
         for input in &meta.shape.inputs {
@@ -128,6 +130,7 @@ impl Storage {
         ports: &CircuitPorts,
         hash: &str,
         start_empty: &[String],
+        rebuild: bool,
     ) -> crate::Result<(Storage, Upgrade)> {
         use crate::Error::UpgradeRefused as Refused;
         if !config.data.join("db").is_dir() {
@@ -204,12 +207,17 @@ impl Storage {
                 last.unwrap_or_default()
             )));
         }
+        let rebuilt = match rebuild {
+            true => Some(rebuildable(&log, &stored, ports, start_empty)?),
+            false => None,
+        };
         let upgrade = Upgrade {
             from: stored.component.clone(),
             to: hash.to_owned(),
             checkpoint: last,
             start_empty: start_empty.to_vec(),
             outputs_before: stored.shape.outputs.clone(),
+            rebuilt,
         };
         let mut meta = stored.clone();
         meta.upgrades.push(upgrade.clone());
@@ -316,4 +324,55 @@ fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -
         #[cfg(feature = "kafka")]
         LogConfig::Kafka { .. } => log.partitions(name).unwrap_or(config.input_partitions()),
     }
+}
+
+/// The operators an upgrade with `--rebuild` rebuilds from the pipeline's
+/// input — those of the new version (`ports`) whose state is neither
+/// carried nor started empty: new ones, and changed ones not named in
+/// `start_empty` — when it can: every input partition still holds its
+/// first record, and every output port of both versions its first step
+/// (the switch writes the difference between the rebuilt output and the
+/// log's).
+fn rebuildable(
+    log: &EmbeddedLog,
+    stored: &PipelineMeta,
+    ports: &CircuitPorts,
+    start_empty: &[String],
+) -> crate::Result<Vec<String>> {
+    use crate::Error::UpgradeRefused as Refused;
+    let diff = sluice_core::diff::CircuitDiff::between(&stored.ports(), ports, start_empty)
+        .map_err(Refused)?
+        .rebuilding();
+    for input in &stored.shape.inputs {
+        for p in 0..input.partitions {
+            let (low, _) = log.watermarks(&input.name, p)?;
+            if low > 0 {
+                return Err(Refused(format!(
+                    "input `{}` partition {p} was trimmed up to offset {low}: a rebuild needs \
+                     all of the pipeline's input (run it with --retain-input from its start)",
+                    input.name
+                )));
+            }
+        }
+    }
+    for output in stored
+        .shape
+        .outputs
+        .iter()
+        .filter(|o| ports.outputs.contains(o))
+    {
+        let low = log.output_low(output)?;
+        if low > 0 {
+            return Err(Refused(format!(
+                "output `{output}` was trimmed below step {low}: a rebuild writes the \
+                 difference between the new version's output and all of the log's"
+            )));
+        }
+    }
+    Ok(diff
+        .operators
+        .iter()
+        .filter(|d| d.change == Change::Rebuilt)
+        .map(|d| d.id.clone())
+        .collect())
 }

@@ -45,6 +45,9 @@ pub struct UpgradeReport {
     pub outputs_added: Vec<String>,
     /// Output ports it no longer has (their logs stay, written no more).
     pub outputs_removed: Vec<String>,
+    /// The operators rebuilt from the pipeline's input (`None`: no
+    /// rebuild).
+    pub rebuilt: Option<Vec<String>>,
 }
 
 impl Pipeline {
@@ -62,6 +65,7 @@ impl Pipeline {
         component: LoadedComponent,
         config: PipelineConfig,
         start_empty: Vec<String>,
+        rebuild: bool,
     ) -> Result<(Pipeline, Coordinator, UpgradeReport)> {
         let ports = engine.describe(&component).await?;
         if let Some(missing) = start_empty
@@ -78,13 +82,15 @@ impl Pipeline {
             component.hash.clone(),
             start_empty.clone(),
         );
-        let (storage, upgrade) =
-            tokio::task::spawn_blocking(move || Storage::for_upgrade(&c, &p, &hash, &empty))
-                .await
-                .map_err(Error::task("opening the pipeline's storage"))??;
+        let (storage, upgrade) = tokio::task::spawn_blocking(move || {
+            Storage::for_upgrade(&c, &p, &hash, &empty, rebuild)
+        })
+        .await
+        .map_err(Error::task("opening the pipeline's storage"))??;
         let mut options = config.options;
         options.name = storage.meta.id.clone();
         options.upgraded_at = upgraded_at(&storage.meta);
+        options.retain_input |= storage.meta.retain_input;
         let pipeline = Pipeline::assemble(engine, component, ports, storage, options, None);
         // The new instances take the old state: a refusal stops here, with
         // nothing stored.
@@ -118,6 +124,7 @@ impl Pipeline {
             from: upgrade.from,
             to: upgrade.to,
             checkpoint: upgrade.checkpoint,
+            rebuilt: upgrade.rebuilt,
         };
         tracing::info!(
             pipeline = %pipeline.options().name,

@@ -110,6 +110,7 @@ pub async fn upgrade(
     component: PathBuf,
     data: PathBuf,
     start_empty: Vec<String>,
+    rebuild: bool,
 ) -> anyhow::Result<()> {
     let engine = Arc::new(sluice_runtime::SluiceEngine::new(
         Limits::default(),
@@ -124,17 +125,29 @@ pub async fn upgrade(
     if let Ok(Ok(old)) = tokio::task::spawn_blocking(move || stored_ports(&dir)).await {
         let new = engine.describe(&loaded).await?;
         if let Ok(diff) = sluice_core::CircuitDiff::between(&old, &new, &start_empty) {
+            let diff = if rebuild { diff.rebuilding() } else { diff };
             eprintln!("{diff}");
         }
     }
     let config = PipelineConfig::new(data, 1);
     let (_, _, report) =
-        sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty).await?;
+        sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty, rebuild).await?;
     let short = |h: &str| h[..h.len().min(12)].to_owned();
     let at = match report.checkpoint {
         Some(step) => format!("at the checkpoint of step {step}, its state carried"),
         None => "before its first step (no state to carry)".to_owned(),
     };
+    if let Some(rebuilt) = &report.rebuilt {
+        eprintln!(
+            "rebuilt from the input: {}; each output's difference from the new version's \
+             goes out with the next step",
+            if rebuilt.is_empty() {
+                "no operator".to_owned()
+            } else {
+                rebuilt.join(", ")
+            }
+        );
+    }
     eprintln!(
         "upgraded: component {} -> {} {at}",
         short(&report.from),

@@ -96,8 +96,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             component,
             data: Some(data),
             start_empty,
+            rebuild,
             ..
-        } => local::upgrade(component, data, start_empty).await,
+        } => local::upgrade(component, data, start_empty, rebuild).await,
         Command::Upgrade {
             component,
             pipeline,

@@ -215,6 +215,7 @@ impl Coordinator {
                 prev: record.chain_hash(),
                 events_read: 0,
                 events_read_by_hosts: 0,
+                switch_output: None,
             },
             placement: WorkerPlacement {
                 layout: o.layout.clone(),

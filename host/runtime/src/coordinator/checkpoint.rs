@@ -216,6 +216,7 @@ impl Coordinator {
             pieces,
         };
         let storage = self.storage.clone();
+        let retain_input = self.options.retain_input;
         let write = tokio::task::spawn_blocking(move || -> Written {
             crash_point(CrashPoint::MidCheckpoint);
             let carried = carried.as_ref().filter(|c| !c.pieces.is_empty());
@@ -223,6 +224,9 @@ impl Coordinator {
                 return Written::Failed(e.into());
             }
             crash_point(CrashPoint::AfterCheckpoint);
+            if retain_input {
+                return Written::Done;
+            }
             match storage.trim_to_checkpoint() {
                 Ok(_) => Written::Done,
                 Err(e) => Written::Untrimmed(e.into()),

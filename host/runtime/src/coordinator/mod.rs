@@ -36,6 +36,7 @@ mod adopt;
 mod checkpoint;
 mod divided;
 mod options;
+mod rebuild;
 mod recovery;
 mod relayout;
 mod replicas;
@@ -100,6 +101,10 @@ struct StepPosition {
     events_read: u64,
     /// Of those, read by the workers' hosts.
     events_read_by_hosts: u64,
+    /// After an upgrade that rebuilt operators: the step that carries the
+    /// switch's output (the first after the upgrade's checkpoint) and what
+    /// it adds to each output port ([`rebuild`]).
+    switch_output: Option<(u64, Vec<Vec<sluice_core::Event>>)>,
 }
 
 impl StepPosition {
@@ -112,6 +117,7 @@ impl StepPosition {
             prev: 0,
             events_read: 0,
             events_read_by_hosts: 0,
+            switch_output: None,
         }
     }
 }

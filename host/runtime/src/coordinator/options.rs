@@ -72,6 +72,10 @@ pub struct PipelineOptions {
     /// the newest, the instances take it through the circuit's `upgrade`,
     /// not `restore`. `None`: no upgrade pending.
     pub upgraded_at: Option<UpgradedAt>,
+    /// Keep every input record: checkpoints trim nothing (the pipeline's
+    /// input retention, so that an upgrade can rebuild new operators from
+    /// all of it: [`UpgradedAt::rebuilt`]).
+    pub retain_input: bool,
 }
 
 /// Where a pipeline's component changed ([`PipelineOptions::upgraded_at`]).
@@ -83,6 +87,15 @@ pub struct UpgradedAt {
     pub checkpoint: u64,
     /// The operators the new component starts empty (passed to `upgrade`).
     pub start_empty: Vec<String>,
+    /// The operators rebuilt from the pipeline's input instead (`None`: no
+    /// rebuild; an empty list: a rebuild for the switch's output only). A
+    /// rebuild runs one instance of the new component through
+    /// every committed step up to the checkpoint, from empty, and these
+    /// operators take its state; every output port then gets, in the first
+    /// step after the checkpoint, the difference between what the rebuild
+    /// says it holds and what its log holds. Needs the input and those
+    /// output logs untrimmed.
+    pub rebuilt: Option<Vec<String>>,
 }
 
 impl Default for PipelineOptions {
@@ -103,6 +116,7 @@ impl Default for PipelineOptions {
             zones: BTreeMap::new(),
             own_host: None,
             upgraded_at: None,
+            retain_input: false,
         }
     }
 }

@@ -300,7 +300,11 @@ impl Coordinator {
             .upgraded_at
             .as_ref()
             .filter(|u| u.checkpoint == step)
-            .map(|u| u.start_empty.clone());
+            .map(|u| [u.start_empty.clone(), u.rebuilt.clone().unwrap_or_default()].concat());
+        let rebuilt = match &self.options.upgraded_at {
+            Some(u) if u.checkpoint == step => u.rebuilt.clone(),
+            _ => None,
+        };
         if upgrade.is_some() {
             tracing::debug!(
                 pipeline = %self.options.name,
@@ -366,6 +370,9 @@ impl Coordinator {
             return Err(e);
         }
         if upgrade.is_some() {
+            if let Some(rebuilt) = rebuilt {
+                self.rebuild(step, &rebuilt).await?;
+            }
             self.hand_foreign_shards().await?;
         }
         self.position.frontiers = meta.frontiers;

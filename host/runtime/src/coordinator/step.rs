@@ -379,7 +379,35 @@ impl Coordinator {
             // Instances stopped mid-step cannot be trusted (or re-entered).
             self.placement.drop_instances();
         }
+        let mut settled = settled;
+        if let Ok(outputs) = &mut settled {
+            self.add_switch_output(step, outputs);
+        }
         settled
+    }
+
+    /// The first step after an upgrade that rebuilt operators carries the
+    /// switch's output (see [`rebuild`](super::rebuild)): worker 0's
+    /// output gets it, after its own, and is hashed with it — in the step
+    /// and in every replay of it, which the recovery through the upgrade
+    /// makes the same.
+    fn add_switch_output(&mut self, step: u64, outputs: &mut [WorkerOutput]) {
+        match &self.position.switch_output {
+            Some((at, _)) if *at < step => self.position.switch_output = None,
+            Some((at, switch)) if *at == step => {
+                if let Some(first) = outputs.first_mut()
+                    && first.shared.is_none()
+                {
+                    for (port, events) in switch.iter().enumerate() {
+                        if let Some(out) = first.ports.get_mut(port) {
+                            out.extend(events.iter().cloned());
+                        }
+                    }
+                    first.hash = sluice_core::hash_outputs(&first.ports);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Starts reading, in the background, the input the next step reads if

@@ -171,5 +171,7 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         own_host: None,
         // Set by the pipeline from its stored metadata.
         upgraded_at: None,
+        // A server pipeline's input is trimmed at its checkpoints.
+        retain_input: false,
     }
 }

@@ -148,8 +148,14 @@ impl Service {
         let started = Instant::now();
         let upgraded = loop {
             let config = PipelineConfig::new(dir.clone(), entry.spec.workers);
-            match Pipeline::upgrade(engine.clone(), loaded.clone(), config, start_empty.clone())
-                .await
+            match Pipeline::upgrade(
+                engine.clone(),
+                loaded.clone(),
+                config,
+                start_empty.clone(),
+                false,
+            )
+            .await
             {
                 Err(e) if is_locked(&e) && started.elapsed() < CLOSE_WAIT => {
                     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,0 +1,177 @@
+//! Changing a running circuit (issue #31), rebuilding: a pipeline that
+//! keeps all its input (`--retain-input`) is upgraded with `--rebuild`, and
+//! the operators the new version adds are rebuilt from that input instead
+//! of starting empty; each output port gets, in the first step after the
+//! switch, the difference between the new version's output (as the rebuild
+//! computed it) and its log — exactly once through SIGKILLs before, during
+//! and after the switch.
+
+use crate::support::crash::Rng;
+use crate::support::{component, recount, sluice_cmd, stderr};
+use crate::upgrade_switch::{
+    input, integrate_pairs, recount_lengths, run_cmd, run_with_kills, upgrade,
+};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Word count keeping its input, then `sluice upgrade --rebuild` to
+/// version 2, then more input: the count of word lengths that version 2
+/// adds is rebuilt from all the input, and its new output port gets the
+/// rebuilt counts at the switch, so the `lengths` log integrates to the
+/// lengths of *all* the input (without `--rebuild` it counts only the
+/// input after the switch); the kept word counts go on as before. Each
+/// trial kills the old version's runs, the upgrade (at random, and every
+/// third trial right after its commit point), and the new version's first
+/// run right after its first commit, so that recoveries make the rebuild
+/// again and replay the step that carries the switch's output, its hash
+/// checked. A pipeline that did not keep its input is refused, saying why.
+#[test]
+fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let seed = std::env::var("SLUICE_REBUILD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("rebuild test seed: {seed} (SLUICE_REBUILD_SEED={seed} to repeat)");
+    let mut rng = Rng(seed);
+    let trials: u32 = std::env::var("SLUICE_REBUILD_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let (mut kills, mut upgrade_kills, mut rebuilds) = (0, 0, 0);
+    for trial in 0..trials {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let (before, before_pairs) = input(&mut rng, 500, &[]);
+        let (after, after_pairs) = input(&mut rng, 500, &before_pairs);
+        let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+        std::fs::write(&a, before).unwrap();
+        std::fs::write(&b, after).unwrap();
+
+        if trial == 0 {
+            // Without --retain-input, the checkpoints trimmed the input.
+            let plain = dir.path().join("plain");
+            let out = run_cmd(&v1, &plain, &a, &["counts"], dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", stderr(&out));
+            let out = upgrade(&v2, &plain, &["--rebuild"]);
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("was trimmed up to offset")
+                    && stderr(&out).contains("--retain-input"),
+                "{}",
+                stderr(&out)
+            );
+        }
+        let n = 1 + rng.below(2) as u32;
+        let (k, _) = run_with_kills(
+            &mut rng,
+            || {
+                let mut cmd = run_cmd(&v1, &data, &a, &["counts"], dir.path());
+                cmd.arg("--retain-input");
+                cmd
+            },
+            n,
+            None,
+        );
+        kills += k;
+
+        // The upgrade, killed first: at a random moment, or every third
+        // trial right after its commit point; then made (or found made).
+        let mut first = sluice_cmd();
+        first
+            .arg("upgrade")
+            .arg(&v2)
+            .arg("--data")
+            .arg(&data)
+            .arg("--rebuild");
+        let status = if trial % 3 == 2 {
+            let out = first
+                .env("SLUICE_CRASH_AT", "after-upgrade")
+                .output()
+                .unwrap();
+            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+            upgrade_kills += 1;
+            out.status
+        } else {
+            let mut child = first.stderr(Stdio::null()).spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(rng.below(80)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                upgrade_kills += 1;
+            }
+            child.wait().unwrap()
+        };
+        let out = upgrade(&v2, &data, &["--rebuild"]);
+        if out.status.success() {
+            assert!(!status.success(), "made twice: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("lengths  rebuilt")
+                    && stderr(&out).contains("rebuilt from the input: lengths"),
+                "{}",
+                stderr(&out)
+            );
+        } else {
+            assert!(
+                stderr(&out).contains("already runs component"),
+                "{}",
+                stderr(&out)
+            );
+        }
+
+        let n = rng.below(3) as u32;
+        let (k, log) = run_with_kills(
+            &mut rng,
+            || run_cmd(&v2, &data, &b, &["counts", "lengths"], dir.path()),
+            n,
+            Some("after-commit:1"),
+        );
+        kills += k;
+        let this = log
+            .matches("rebuilt the new operators from the input")
+            .count();
+        assert!(
+            this >= 2,
+            "trial {trial}: the rebuild made {this} times by the new version's runs"
+        );
+        rebuilds += this;
+
+        let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
+        let counts = std::fs::read_to_string(dir.path().join("counts.jsonl")).unwrap();
+        assert_eq!(
+            sluice_tools::demo::integrate_counts(&counts).unwrap(),
+            recount(all.iter().map(|(l, w)| (l.as_str(), *w))),
+            "trial {trial}: the kept counts go on"
+        );
+        let lengths = std::fs::read_to_string(dir.path().join("lengths.jsonl")).unwrap();
+        assert_eq!(
+            integrate_pairs(&lengths),
+            recount_lengths(&all),
+            "trial {trial}: the rebuilt count of lengths, of all the input"
+        );
+        let out = sluice_cmd()
+            .arg("verify")
+            .arg("--data")
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "trial {trial}: {}{}",
+            stderr(&out),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    eprintln!(
+        "rebuild test: {trials} trials, {kills} SIGKILLs of runs, {upgrade_kills} of upgrades; \
+         the rebuild made {rebuilds} times by the new version's runs"
+    );
+}
