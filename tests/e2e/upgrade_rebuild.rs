@@ -175,3 +175,76 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
          the rebuild made {rebuilds} times by the new version's runs"
     );
 }
+
+/// The same on a server: a pipeline created with `"retain_input": true`,
+/// upgraded with `sluice upgrade --pipeline wc --rebuild` (`PATCH` with
+/// `"rebuild": true`): its `lengths` output integrates to the lengths of
+/// all the input pushed, before and after the switch; a pipeline created
+/// without retention is refused (422), running on as before.
+#[test]
+fn a_pipeline_on_a_server_keeping_its_input_is_upgraded_with_a_rebuild() {
+    use crate::support::server::{Server, integrated_counts, output_lines};
+    use crate::upgrade_switch::wait_for;
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let tenant = server.tenant("acme");
+    let token = tenant.token().to_owned();
+    let (status, body) = server.upload(&token, "wordcount", &std::fs::read(&v1).unwrap());
+    assert_eq!(status, 201, "{body}");
+    for (name, retain) in [("wc", true), ("plain", false)] {
+        let spec = serde_json::json!({
+            "name": name,
+            "component": "wordcount",
+            "workers": 2,
+            "checkpoint_every_steps": 1,
+            "retain_input": retain,
+        });
+        let (status, body) = server.create(&token, &spec);
+        assert_eq!(status, 201, "{body}");
+    }
+    let mut rng = Rng(23);
+    let (before, before_pairs) = input(&mut rng, 300, &[]);
+    let (after, after_pairs) = input(&mut rng, 300, &before_pairs);
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    std::fs::write(&a, before).unwrap();
+    std::fs::write(&b, after).unwrap();
+    for name in ["wc", "plain"] {
+        tenant.push(name, "lines", &a, &Default::default()).unwrap();
+    }
+    let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
+    wait_for(&tenant, "version 1's counts", &|| {
+        integrated_counts(&tenant, "wc") == expected
+            && integrated_counts(&tenant, "plain") == expected
+    });
+
+    let upgrade = |pipeline: &str| {
+        sluice_cmd()
+            .arg("upgrade")
+            .arg(&v2)
+            .args(["--pipeline", pipeline, "--rebuild"])
+            .args(["--server", server.url.as_str(), "--token", &token])
+            .output()
+            .unwrap()
+    };
+    let out = upgrade("plain");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--retain-input") && stderr(&out).contains("trimmed"),
+        "{}",
+        stderr(&out)
+    );
+    let out = upgrade("wc");
+    assert!(out.status.success(), "{}", stderr(&out));
+    tenant.push("wc", "lines", &b, &Default::default()).unwrap();
+    let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
+    let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
+    wait_for(&tenant, "version 2's counts", &|| {
+        integrated_counts(&tenant, "wc") == expected
+    });
+    let lengths = recount_lengths(&all);
+    wait_for(&tenant, "version 2's rebuilt lengths", &|| {
+        integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
+    });
+}

@@ -773,7 +773,7 @@ fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
 
 /// Waits up to 120 s until `done`, failing with `what` and pipeline `wc`'s
 /// status.
-fn wait_for(client: &sluice::client::Client, what: &str, done: &dyn Fn() -> bool) {
+pub(crate) fn wait_for(client: &sluice::client::Client, what: &str, done: &dyn Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !done() {
         assert!(

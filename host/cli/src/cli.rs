@@ -327,10 +327,10 @@ pub enum Command {
         /// Operators of the new version to start empty (ID[,ID…]).
         #[arg(long = "start-empty", value_delimiter = ',')]
         start_empty: Vec<String>,
-        /// With --data: rebuild the new version's new and changed operators
-        /// from all of the input (kept with --retain-input), and write each
-        /// output's difference from the new version's at the switch.
-        #[arg(long, requires = "data")]
+        /// Rebuild the new version's new and changed operators from all of
+        /// the input (kept with --retain-input), and write each output's
+        /// difference from the new version's at the switch.
+        #[arg(long)]
         rebuild: bool,
         /// The server, with --pipeline.
         #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]

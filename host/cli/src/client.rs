@@ -532,10 +532,15 @@ impl Client {
         wasm: &Path,
         component: &str,
         start_empty: &[String],
+        rebuild: bool,
     ) -> anyhow::Result<String> {
         let bytes = std::fs::read(wasm).with_context(|| wasm.display().to_string())?;
         self.upload(component, &bytes)?;
-        let body = serde_json::json!({ "component": component, "start_empty": start_empty });
+        let body = serde_json::json!({
+            "component": component,
+            "start_empty": start_empty,
+            "rebuild": rebuild,
+        });
         self.call(
             "PATCH",
             &format!("/pipelines/{pipeline}"),

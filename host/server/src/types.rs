@@ -104,6 +104,11 @@ pub struct PipelineSpec {
     /// covers is deleted); omitted: keep all output.
     #[serde(default)]
     pub output_retention_steps: Option<u64>,
+    /// Keep all its input: no checkpoint trims it, so that an upgrade can
+    /// rebuild a new version's operators from it (`PATCH` with
+    /// `"rebuild": true`). Costs the input's disk for good.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retain_input: bool,
     /// Run it across hosts: every server started with the same
     /// `--hosts-*` settings on which the tenant creates this pipeline runs
     /// some of its workers, one of them leads, and a server that dies is
@@ -175,6 +180,12 @@ pub struct PipelinePatch {
     pub component: Option<String>,
     /// With `component`: operators of the new version to start empty.
     pub start_empty: Option<Vec<String>>,
+    /// With `component`: rebuild the new version's new and changed
+    /// operators from all of the pipeline's input (it must have been
+    /// created with `retain_input`), and give each output, with the next
+    /// step, its difference from the new version's output.
+    #[serde(default)]
+    pub rebuild: bool,
 }
 
 /// Whether a pipeline should be running after a restart.

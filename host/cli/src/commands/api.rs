@@ -203,6 +203,7 @@ pub async fn upgrade(
     pipeline: Option<String>,
     as_name: Option<String>,
     start_empty: Vec<String>,
+    rebuild: bool,
     server: String,
     token: Option<String>,
 ) -> anyhow::Result<()> {
@@ -220,7 +221,7 @@ pub async fn upgrade(
     };
     let c = crate::client::Client::new(&server, &token);
     let (p, n) = (pipeline.clone(), name.clone());
-    let out = call(move || c.upgrade(&p, &wasm, &n, &start_empty)).await?;
+    let out = call(move || c.upgrade(&p, &wasm, &n, &start_empty, rebuild)).await?;
     let status: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
     eprintln!(
         "upgraded: pipeline {pipeline} runs component {name} now; it is {}",

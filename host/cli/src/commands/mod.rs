@@ -104,10 +104,22 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             pipeline,
             as_name,
             start_empty,
+            rebuild,
             server,
             token,
             ..
-        } => api::upgrade(component, pipeline, as_name, start_empty, server, token).await,
+        } => {
+            api::upgrade(
+                component,
+                pipeline,
+                as_name,
+                start_empty,
+                rebuild,
+                server,
+                token,
+            )
+            .await
+        }
         Command::Scale {
             pipeline,
             workers,

@@ -94,6 +94,7 @@ pub(super) async fn patch(
                 &name,
                 &component,
                 patch.start_empty.unwrap_or_default(),
+                patch.rebuild,
             )
             .await?;
     }

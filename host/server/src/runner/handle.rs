@@ -171,7 +171,6 @@ pub(super) fn options(spec: &PipelineSpec, limits: &EffectiveLimits) -> Pipeline
         own_host: None,
         // Set by the pipeline from its stored metadata.
         upgraded_at: None,
-        // A server pipeline's input is trimmed at its checkpoints.
-        retain_input: false,
+        retain_input: spec.retain_input,
     }
 }

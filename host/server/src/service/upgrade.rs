@@ -37,7 +37,8 @@ impl Drop for Upgrading<'_> {
 impl Service {
     /// Moves a tenant's pipeline to its uploaded component `component`,
     /// keeping the state the new version can take (operators named in
-    /// `start_empty` start empty). Refused — the pipeline running on as
+    /// `start_empty` start empty; with `rebuild`, new and changed ones are
+    /// rebuilt from the pipeline's retained input). Refused — the pipeline running on as
     /// before — when it runs across hosts or on Kafka (not built yet),
     /// already runs that component, or the new version refuses its state
     /// (naming the operator).
@@ -47,6 +48,7 @@ impl Service {
         name: &str,
         component: &str,
         start_empty: Vec<String>,
+        rebuild: bool,
     ) -> Result<PipelineStatus> {
         self.pipeline(tenant, name)?;
         validate_name("component", component)?;
@@ -153,7 +155,7 @@ impl Service {
                 loaded.clone(),
                 config,
                 start_empty.clone(),
-                false,
+                rebuild,
             )
             .await
             {
