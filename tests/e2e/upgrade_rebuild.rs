@@ -9,7 +9,7 @@
 use crate::support::crash::Rng;
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
-    input, integrate_pairs, recount_lengths, run_cmd, run_with_kills, upgrade,
+    input, integrate_pairs, recount_lengths, run_cmd, run_with_kills, stem_counts, upgrade,
 };
 use std::process::Stdio;
 use std::time::Duration;
@@ -24,11 +24,17 @@ use std::time::Duration;
 /// third trial right after its commit point), and the new version's first
 /// run right after its first commit, so that recoveries make the rebuild
 /// again and replay the step that carries the switch's output, its hash
-/// checked. A pipeline that did not keep its input is refused, saying why.
+/// checked. Every other trial upgrades to version 3 instead, whose word
+/// count keys by stem (`cats` counts as `cat`): rebuilt, its counts are
+/// those of all the input by stem, and the switch retracts version 1's
+/// counts of words and inserts the counts of stems, so that the `counts`
+/// log integrates to the stem counts of all the input. A pipeline that did
+/// not keep its input is refused, saying why.
 #[test]
 fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
+    let v3 = component("tests/guests/wordcount-v3");
     let seed = std::env::var("SLUICE_REBUILD_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -84,12 +90,25 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         );
         kills += k;
 
+        if trial == 0 {
+            // A rebuild gives every operator the rebuilt state: none
+            // starts empty.
+            let out = upgrade(&v2, &data, &["--rebuild", "--start-empty", "lengths"]);
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("--start-empty and --rebuild"),
+                "{}",
+                stderr(&out)
+            );
+        }
         // The upgrade, killed first: at a random moment, or every third
         // trial right after its commit point; then made (or found made).
+        let stems = trial % 2 == 1;
+        let next = if stems { &v3 } else { &v2 };
         let mut first = sluice_cmd();
         first
             .arg("upgrade")
-            .arg(&v2)
+            .arg(next)
             .arg("--data")
             .arg(&data)
             .arg("--rebuild");
@@ -110,12 +129,12 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
             }
             child.wait().unwrap()
         };
-        let out = upgrade(&v2, &data, &["--rebuild"]);
+        let out = upgrade(next, &data, &["--rebuild"]);
         if out.status.success() {
             assert!(!status.success(), "made twice: {}", stderr(&out));
             assert!(
                 stderr(&out).contains("lengths  rebuilt")
-                    && stderr(&out).contains("rebuilt from the input: lengths"),
+                    && stderr(&out).contains("rebuilt from the input: counts, lengths"),
                 "{}",
                 stderr(&out)
             );
@@ -130,14 +149,12 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         let n = rng.below(3) as u32;
         let (k, log) = run_with_kills(
             &mut rng,
-            || run_cmd(&v2, &data, &b, &["counts", "lengths"], dir.path()),
+            || run_cmd(next, &data, &b, &["counts", "lengths"], dir.path()),
             n,
             Some("after-commit:1"),
         );
         kills += k;
-        let this = log
-            .matches("rebuilt the new operators from the input")
-            .count();
+        let this = log.matches("rebuilt the state from the input").count();
         assert!(
             this >= 2,
             "trial {trial}: the rebuild made {this} times by the new version's runs"
@@ -146,10 +163,14 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
 
         let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
         let counts = std::fs::read_to_string(dir.path().join("counts.jsonl")).unwrap();
+        let expected = match stems {
+            true => stem_counts(&all),
+            false => recount(all.iter().map(|(l, w)| (l.as_str(), *w))),
+        };
         assert_eq!(
             sluice_tools::demo::integrate_counts(&counts).unwrap(),
-            recount(all.iter().map(|(l, w)| (l.as_str(), *w))),
-            "trial {trial}: the kept counts go on"
+            expected,
+            "trial {trial}: the counts log integrates to the new version's counts of all input"
         );
         let lengths = std::fs::read_to_string(dir.path().join("lengths.jsonl")).unwrap();
         assert_eq!(

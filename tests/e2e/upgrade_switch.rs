@@ -201,7 +201,7 @@ pub(crate) fn recount_lengths(pairs: &[(String, i64)]) -> BTreeMap<u64, i64> {
 /// counts may be negative: the input deletes some lines twice. Version 3
 /// adds them up as they are, and so does its migration of version 1's
 /// counts.)
-fn stem_counts(pairs: &[(String, i64)]) -> BTreeMap<String, i64> {
+pub(crate) fn stem_counts(pairs: &[(String, i64)]) -> BTreeMap<String, i64> {
     let mut by_stem: BTreeMap<String, i64> = BTreeMap::new();
     for (line, w) in pairs {
         for raw in line.split_whitespace() {

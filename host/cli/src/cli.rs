@@ -327,9 +327,9 @@ pub enum Command {
         /// Operators of the new version to start empty (ID[,ID…]).
         #[arg(long = "start-empty", value_delimiter = ',')]
         start_empty: Vec<String>,
-        /// Rebuild the new version's new and changed operators from all of
-        /// the input (kept with --retain-input), and write each output's
-        /// difference from the new version's at the switch.
+        /// Compute the new version's state anew from all of the input
+        /// (kept with --retain-input), and write each output's difference
+        /// from the new version's at the switch.
         #[arg(long)]
         rebuild: bool,
         /// The server, with --pipeline.

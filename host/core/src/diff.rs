@@ -30,9 +30,9 @@ pub enum Change {
     New,
     /// Only in the old version: its state is dropped.
     Removed,
-    /// New, or changed and not named to start empty, in an upgrade that
-    /// rebuilds (`--rebuild`): its state is rebuilt from the pipeline's
-    /// input.
+    /// Any operator of the new version, in an upgrade that rebuilds
+    /// (`--rebuild`): its state is computed anew from all of the
+    /// pipeline's input.
     Rebuilt,
 }
 
@@ -201,12 +201,12 @@ impl CircuitDiff {
     }
 
     /// The diff of an upgrade that rebuilds (`--rebuild`): every operator
-    /// that would start empty as new, or be refused as changed, is rebuilt
-    /// from the pipeline's input instead (accepted, unless the snapshot
-    /// versions differ).
+    /// of the new version is rebuilt from the pipeline's input, whatever
+    /// else it would have been (accepted, unless the snapshot versions
+    /// differ).
     pub fn rebuilding(mut self) -> CircuitDiff {
         for d in &mut self.operators {
-            if matches!(d.change, Change::New | Change::Changed) {
+            if d.change != Change::Removed {
                 d.change = Change::Rebuilt;
                 d.action = Change::Rebuilt.action().to_owned();
             }
@@ -377,15 +377,15 @@ mod tests {
             "{text}"
         );
 
-        // Rebuilding: the changed and the new operator are rebuilt, the
+        // Rebuilding: every operator of the new version is rebuilt, the
         // upgrade accepted.
         let rebuilt = CircuitDiff::between(&old, &new, &[]).unwrap().rebuilding();
         assert_eq!(
             changes(&rebuilt),
             [
-                ("words", Change::Kept),
+                ("words", Change::Rebuilt),
                 ("lengths", Change::Rebuilt),
-                ("totals", Change::Migrated),
+                ("totals", Change::Rebuilt),
                 ("fresh", Change::Rebuilt),
                 ("dropped", Change::Removed),
             ]

@@ -3,7 +3,6 @@
 //! checked against what was asked, and the input logs created.
 
 use crate::config::{LogConfig, PipelineConfig};
-use sluice_core::diff::Change;
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_embedded::meta::{self, LogMeta, Upgrade};
 use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
@@ -327,12 +326,13 @@ fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -
 }
 
 /// The operators an upgrade with `--rebuild` rebuilds from the pipeline's
-/// input — those of the new version (`ports`) whose state is neither
-/// carried nor started empty: new ones, and changed ones not named in
-/// `start_empty` — when it can: every input partition still holds its
-/// first record, and every output port of both versions its first step
-/// (the switch writes the difference between the rebuilt output and the
-/// log's).
+/// input — every stateful operator of the new version (`ports`): the
+/// switch moves each output log to the new version's view, so every
+/// operator must hold the state that view comes from, not a carried one
+/// (a kept count behind a changed `map` holds other keys) — when it can:
+/// nothing is to start empty, every input partition still holds its first
+/// record, and every output port of both versions its first step (the
+/// switch writes the difference between the rebuilt output and the log's).
 fn rebuildable(
     log: &EmbeddedLog,
     stored: &PipelineMeta,
@@ -340,9 +340,13 @@ fn rebuildable(
     start_empty: &[String],
 ) -> crate::Result<Vec<String>> {
     use crate::Error::UpgradeRefused as Refused;
-    let diff = sluice_core::diff::CircuitDiff::between(&stored.ports(), ports, start_empty)
-        .map_err(Refused)?
-        .rebuilding();
+    if !start_empty.is_empty() {
+        return Err(Refused(
+            "--start-empty and --rebuild: a rebuild gives every operator the state the new \
+             version computes from all of the input, none starts empty"
+                .into(),
+        ));
+    }
     for input in &stored.shape.inputs {
         for p in 0..input.partitions {
             let (low, _) = log.watermarks(&input.name, p)?;
@@ -369,10 +373,5 @@ fn rebuildable(
             )));
         }
     }
-    Ok(diff
-        .operators
-        .iter()
-        .filter(|d| d.change == Change::Rebuilt)
-        .map(|d| d.id.clone())
-        .collect())
+    Ok(ports.operators.iter().map(|o| o.id.clone()).collect())
 }

@@ -180,8 +180,8 @@ pub struct PipelinePatch {
     pub component: Option<String>,
     /// With `component`: operators of the new version to start empty.
     pub start_empty: Option<Vec<String>>,
-    /// With `component`: rebuild the new version's new and changed
-    /// operators from all of the pipeline's input (it must have been
+    /// With `component`: compute the new version's state anew from all of
+    /// the pipeline's input (it must have been
     /// created with `retain_input`), and give each output, with the next
     /// step, its difference from the new version's output.
     #[serde(default)]

@@ -73,7 +73,7 @@ pub struct PipelineOptions {
     /// not `restore`. `None`: no upgrade pending.
     pub upgraded_at: Option<UpgradedAt>,
     /// Keep every input record: checkpoints trim nothing (the pipeline's
-    /// input retention, so that an upgrade can rebuild new operators from
+    /// input retention, so that an upgrade can rebuild the state from
     /// all of it: [`UpgradedAt::rebuilt`]).
     pub retain_input: bool,
 }

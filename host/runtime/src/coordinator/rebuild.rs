@@ -1,5 +1,6 @@
 //! Rebuilding operators from the pipeline's input at an upgrade (issue
-//! #31): the operators a new version of the circuit adds (or changes) are
+//! #31): the operators named ([`UpgradedAt::rebuilt`](super::UpgradedAt);
+//! `sluice upgrade --rebuild` names every one of the new version) are
 //! given the state they would hold had the new version run every step, and
 //! each output port gets, in the first step after the switch, the
 //! difference between what the new version would have written to it and
@@ -20,8 +21,9 @@
 use super::Coordinator;
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
+use crate::exchange::Exchange;
 use crate::step_io::{OutputChecks, blocking, convert_output, input_ranges, read_batches};
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerInfo};
 use sluice_core::{BadRecordPolicy, Event, Frontier, PartitionId};
 use sluice_storage::Guarded;
 use std::collections::BTreeMap;
@@ -47,8 +49,9 @@ impl Coordinator {
         let run = rebuild_run(self.rebuild_inputs(), step).await?;
         let others: Vec<String> = run
             .operators
-            .into_iter()
+            .iter()
             .filter(|o| !rebuilt.contains(o))
+            .cloned()
             .collect();
         let layout = self.placement.layout.clone();
         let mut by_worker: Vec<Vec<(u32, Vec<u8>)>> = vec![Vec::new(); layout.workers as usize];
@@ -82,7 +85,7 @@ impl Coordinator {
             rebuilt = ?rebuilt,
             events = switch.iter().map(Vec::len).sum::<usize>(),
             took_ms = started.elapsed().as_millis() as u64,
-            "rebuilt the new operators from the input; the switch's output goes out with the next step"
+            "rebuilt the state from the input; the switch's output goes out with the next step"
         );
         self.position.switch_output = Some((step + 1, switch));
         Ok(())
@@ -100,6 +103,17 @@ impl Coordinator {
         blocking(move || {
             let mut all = Vec::with_capacity(outputs.len());
             for name in &outputs {
+                let low = s.log().output_low(name)?;
+                if low > 0 {
+                    return Err(sluice_storage::StorageError::Corrupt {
+                        what: format!("output `{name}`"),
+                        message: format!(
+                            "trimmed below step {low} while an upgrade that rebuilt operators \
+                             needs all of it: the switch's output cannot be computed"
+                        ),
+                    }
+                    .into());
+                }
                 let mut z = BTreeMap::new();
                 s.log().scan_output(name, 0, &mut |entry| {
                     if entry.step > upto {
@@ -130,6 +144,8 @@ impl Coordinator {
                 .flatten()
                 .collect(),
             outputs: self.shape.outputs.len(),
+            config: self.options.config.clone(),
+            check_json: self.options.check_output_json,
         }
     }
 }
@@ -142,17 +158,34 @@ struct RebuildInputs {
     storage: Arc<Guarded>,
     partitions: Vec<(PartitionId, String)>,
     outputs: usize,
+    /// The pipeline's settings, as its workers get them.
+    config: Vec<(String, String)>,
+    /// Whether every output value must be JSON.
+    check_json: bool,
 }
 
 /// Runs one fresh instance of the component through steps `0..=upto`
 /// (see the [module](self)).
 async fn rebuild_run(i: RebuildInputs, upto: u64) -> Result<Rebuilt> {
-    let mut worker = Worker::standalone(&i.engine, &i.component, &i.name).await?;
+    let info = WorkerInfo {
+        worker: 0,
+        workers: 1,
+        pipeline: i.name.clone(),
+        config: i.config.clone(),
+    };
+    let mut worker = Worker::start(
+        &i.engine,
+        &i.component,
+        info,
+        Some(Exchange::single()),
+        false,
+    )
+    .await?;
     let operators = worker.describe().await?.operators;
     let checks = OutputChecks {
         ports: i.outputs,
         max_output: None,
-        check_json: false,
+        check_json: i.check_json,
     };
     let mut outputs = vec![BTreeMap::new(); i.outputs];
     let mut from = Frontier::new();
@@ -201,10 +234,20 @@ async fn rebuild_run(i: RebuildInputs, upto: u64) -> Result<Rebuilt> {
 
 /// Adds `events` to the Z-set `into`, dropping what cancels out.
 fn integrate(into: &mut BTreeMap<Vec<u8>, i64>, events: Vec<Event>) {
+    use std::collections::btree_map::Entry;
     for e in events {
-        *into.entry(e.value).or_insert(0) += e.weight;
+        match into.entry(e.value) {
+            Entry::Vacant(v) => {
+                v.insert(e.weight);
+            }
+            Entry::Occupied(mut o) => {
+                *o.get_mut() += e.weight;
+                if *o.get() == 0 {
+                    o.remove();
+                }
+            }
+        }
     }
-    into.retain(|_, w| *w != 0);
 }
 
 /// `new − old`, as events (in value order).

@@ -381,7 +381,7 @@ impl Coordinator {
         }
         let mut settled = settled;
         if let Ok(outputs) = &mut settled {
-            self.add_switch_output(step, outputs);
+            self.add_switch_output(step, outputs)?;
         }
         settled
     }
@@ -391,23 +391,27 @@ impl Coordinator {
     /// output gets it, after its own, and is hashed with it — in the step
     /// and in every replay of it, which the recovery through the upgrade
     /// makes the same.
-    fn add_switch_output(&mut self, step: u64, outputs: &mut [WorkerOutput]) {
+    /// Fails where worker 0's share is committed by another host (never
+    /// for an upgrade, which runs every worker here): its output would go
+    /// without the switch's.
+    fn add_switch_output(&mut self, step: u64, outputs: &mut [WorkerOutput]) -> Result<()> {
         match &self.position.switch_output {
             Some((at, _)) if *at < step => self.position.switch_output = None,
             Some((at, switch)) if *at == step => {
-                if let Some(first) = outputs.first_mut()
-                    && first.shared.is_none()
-                {
-                    for (port, events) in switch.iter().enumerate() {
-                        if let Some(out) = first.ports.get_mut(port) {
-                            out.extend(events.iter().cloned());
-                        }
-                    }
-                    first.hash = sluice_core::hash_outputs(&first.ports);
+                let first = outputs.first_mut().ok_or(Error::WorkersLost)?;
+                if first.shared.is_some() {
+                    return Err(Error::UpgradeAcrossHosts);
                 }
+                for (port, events) in switch.iter().enumerate() {
+                    if let Some(out) = first.ports.get_mut(port) {
+                        out.extend(events.iter().cloned());
+                    }
+                }
+                first.hash = sluice_core::hash_outputs(&first.ports);
             }
             _ => {}
         }
+        Ok(())
     }
 
     /// Starts reading, in the background, the input the next step reads if

@@ -312,6 +312,15 @@ impl Runner {
         let (Some(keep), Some(checkpointed)) = (self.retention, checkpointed) else {
             return Ok(());
         };
+        // An upgrade that rebuilt operators integrates the whole output log
+        // up to its checkpoint on every recovery, until a checkpoint of the
+        // new version is the newest: none of it is deleted meanwhile.
+        if let Some(u) = &self.pipeline.options().upgraded_at
+            && u.rebuilt.is_some()
+            && u.checkpoint == checkpointed
+        {
+            return Ok(());
+        }
         let below = next_step.saturating_sub(keep).min(checkpointed + 1);
         if below <= self.retained_below {
             return Ok(());

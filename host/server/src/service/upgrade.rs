@@ -37,8 +37,8 @@ impl Drop for Upgrading<'_> {
 impl Service {
     /// Moves a tenant's pipeline to its uploaded component `component`,
     /// keeping the state the new version can take (operators named in
-    /// `start_empty` start empty; with `rebuild`, new and changed ones are
-    /// rebuilt from the pipeline's retained input). Refused — the pipeline running on as
+    /// `start_empty` start empty; with `rebuild`, every operator's
+    /// state is computed anew from the pipeline's retained input). Refused — the pipeline running on as
     /// before — when it runs across hosts or on Kafka (not built yet),
     /// already runs that component, or the new version refuses its state
     /// (naming the operator).
