@@ -296,6 +296,54 @@ class Stream:
             node.formerly.append(id_)
         return self
 
+    def _stateful(self, what):
+        """The stateful node that produced this stream (as ``named`` finds
+        it), or None after recording a build error starting with ``what``."""
+        c = self._circuit
+        node = c._nodes[self._node]
+        while not node.op.stateful and len(node.inputs) == 1:
+            node = c._nodes[node.inputs[0]]
+        if not node.op.stateful:
+            c._errors.append(f"{what}: no single stateful operator produced this stream")
+            return None
+        return node
+
+    def state_version(self, version: int) -> "Stream":
+        """Declares that the meaning of the state of the stateful operator
+        that produced this stream changed although its shape did not (its
+        keys are normalized differently now): version ``version`` (0 until
+        bumped) is part of its state shape, so an upgrade from a version of
+        the circuit with another state version refuses the old state —
+        unless the operator migrates it (``migrates_keys_from``) or the
+        upgrade starts it empty. As the Rust SDK's ``Stream::state_version``."""
+        node = self._stateful(f"state_version({version!r})")
+        if node is not None:
+            node.op.state_version = int(version)
+        return self
+
+    def migrates_keys_from(self, old_version: int, rekey) -> "Stream":
+        """Gives the keyed sum that produced this stream (``count_by``,
+        ``sum_by``, ``avg_by``) a migration of its state from the version of
+        the circuit whose state version was ``old_version``: on an upgrade
+        from that version, every old key ``k`` becomes ``rekey(k)`` and keeps
+        its count and sum; old keys that become one key add up. It runs on
+        every recovery from the upgrade's checkpoint too, so it must be
+        deterministic. As the Rust SDK's ``Stream::migrates_keys_from``
+        (whose keys have types; here the state version tells the old state
+        from the new)."""
+        c = self._circuit
+        what = f"migrates_keys_from({old_version!r})"
+        node = self._stateful(what)
+        if node is None:
+            return self
+        if not hasattr(node.op, "migrate"):
+            c._errors.append(f"{what}: a {node.op.name} has no state migrations")
+        elif getattr(node.op, "migration", None) is not None:
+            c._errors.append(f"{what}: the operator has a migration already")
+        else:
+            node.op.migration = (int(old_version), rekey)
+        return self
+
     def output(self, name: str) -> None:
         """Declares output port ``name``: this stream's deltas, consolidated,
         written as JSON."""
@@ -332,6 +380,13 @@ class Instance:
                             f"formerly({old!r}) of {node.id!r}: {other.id!r} answers to that "
                             "identity too"
                         )
+        # A migration from the operator's own state would never run.
+        for node in stateful:
+            if _shape(node.op) in _migration_shapes(node.op):
+                c._errors.append(
+                    f"the migration of {node.id!r} is from its own state shape and version: "
+                    "bump its state_version to say the state changed meaning"
+                )
         if c._errors:
             raise CircuitError("failed", "; ".join(c._errors))
         self.inputs = list(c._inputs)
@@ -480,9 +535,21 @@ class Instance:
                 fates.append(self._fate(node, kind, shape, start_empty))
             plans.append((shard, ops, fates))
         for shard, ops, fates in plans:
-            for node, (_, _, _, entries) in zip(fates, ops):
-                if node is not None:
+            for fate, (id_, _, _, entries) in zip(fates, ops):
+                if fate is None:
+                    continue
+                node, migrate = fate
+                if not migrate:
                     node.op.restore(shard, entries)
+                    continue
+                try:
+                    node.op.migrate(entries)
+                except CircuitError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the user's function
+                    raise CircuitError(
+                        "incompatible-snapshot", f"operator `{id_}`: its migration failed: {e!r}"
+                    ) from None
 
     def _target(self, id_, old_ids):
         """The node that takes the snapshot's operator ``id_``, if any: the
@@ -496,17 +563,21 @@ class Instance:
         return next((n for n in nodes if n.answers_to(id_) and n.id not in old_ids), None)
 
     def _fate(self, node, kind, shape, start_empty):
-        """``node`` if it takes the old state of the given kind and shape,
-        None where the state is dropped."""
+        """``(node, migrate)`` if ``node`` takes the old state of the given
+        kind and shape — as it is, or through its migration — None where
+        the state is dropped."""
         if node is None or node.id in start_empty:
             return None
         if node.op.name == kind and _shape(node.op) == shape:
-            return node
+            return (node, False)
+        if node.op.name == kind and shape in _migration_shapes(node.op):
+            return (node, True)
         raise CircuitError(
             "incompatible-snapshot",
             f"operator `{node.id}` changed: the snapshot holds a {kind} of another shape "
             f"({shape or 'plain'}) than the circuit's {node.op.name} "
-            f"({_shape(node.op) or 'plain'}); start it empty, or keep its kind and shape",
+            f"({_shape(node.op) or 'plain'}); start it empty, keep its kind and shape, or "
+            "give it a migration from the old state",
         )
 
     def _node_at(self, index, name):
@@ -561,8 +632,31 @@ def fingerprint(kind, shape):
 
 def _shape(op):
     """What an operator's state holds beyond its kind (a keyed sum's: counts
-    only, or sums of values), checked on restore."""
-    return getattr(op, "state_shape", "")
+    only, or sums of values), with its state version if bumped
+    (``Stream.state_version``), checked on restore."""
+    return _versioned(getattr(op, "state_shape", ""), getattr(op, "state_version", 0))
+
+
+def _versioned(shape, version):
+    """A state shape of state version ``version``: as it is for version 0
+    (so that shapes from before versions stay what they were), else with
+    the version after it (as the Rust SDK's ``identity::versioned``)."""
+    return shape if version == 0 else f"{shape}; state version {version}"
+
+
+def _migration_shapes(op):
+    """The shapes of earlier versions of an operator's state it migrates
+    from (``Stream.migrates_keys_from``)."""
+    migration = getattr(op, "migration", None)
+    if migration is None:
+        return []
+    return [_versioned(getattr(op, "state_shape", ""), migration[0])]
+
+
+def migrates_from(op):
+    """The fingerprints of the earlier states ``op`` migrates from, as the
+    component describes them."""
+    return [fingerprint(op.name, shape) for shape in _migration_shapes(op)]
 
 
 def _resolve_identities(nodes, errors):

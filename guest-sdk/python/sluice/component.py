@@ -18,6 +18,7 @@ from wit_world.imports import types as wit
 
 from .circuit import Instance, fingerprint
 from .circuit import _shape as shape_of
+from .circuit import migrates_from
 from .errors import CircuitError
 from .values import decode_all
 
@@ -102,7 +103,7 @@ def export(build):
                         n.op.name,
                         fingerprint(n.op.name, shape_of(n.op)),
                         shape_of(n.op),
-                        [],
+                        migrates_from(n.op),
                     )
                     for n in i._stateful_nodes
                 ]

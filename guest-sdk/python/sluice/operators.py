@@ -195,6 +195,26 @@ class GroupSum(Keyed):
         self.kind = kind
         # A count does not restore as a sum (its sums hold nothing).
         self.state_shape = "count" if kind == "count" else "sum"
+        # (old state version, rekey) of `migrates_keys_from`, if given.
+        self.migration = None
+
+    def migrate(self, entries):
+        """Adds entries of an earlier version's state through the migration:
+        each key ``k`` becomes ``rekey(k)``, in that key's shard; entries
+        whose new keys meet add up."""
+        rekey, kb_of = self.migration[1], _values.key_bytes
+        for _, entry in entries:
+            key = rekey(entry[0])
+            kb = kb_of(key)
+            mine = self.entries.get(kb)
+            if mine is None:
+                self.entries[kb] = [key, entry[1], entry[2]]
+                self._mark(kb)
+                continue
+            self._merge(mine, entry)
+            self._mark(kb)
+            if self._empty(mine):
+                self._drop(kb)
 
     def _emit(self, count, total):
         if count <= 0:

@@ -149,6 +149,15 @@ class Pipeline:
         p = cls(build, workers)
         for s, bs in pieces.items():
             p.workers[p.layout[s]].upgrade([(s, b) for b in bs], start_empty)
+        # A migration may give state keys of shards other workers own: each
+        # worker hands those to their owners, as the host does.
+        moved = {}
+        for i, w in enumerate(p.workers):
+            foreign = [s for s in range(SHARDS) if p.layout[s] != i]
+            for s, b in w.export_shards(foreign).items():
+                moved.setdefault(s, []).append(b)
+        for s, bs in moved.items():
+            p.workers[p.layout[s]].restore([(s, b) for b in bs])
         return p
 
     def rescale(self, workers):

@@ -120,3 +120,75 @@ class Upgrade(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def lowercased(migrates):
+    def build(c):
+        counts = c.input("words").count_by(lambda w: w.lower()).named("counts").state_version(1)
+        if migrates:
+            counts = counts.migrates_keys_from(0, lambda old: old.lower())
+        counts.output("counts")
+
+    return build
+
+
+class Migration(unittest.TestCase):
+    def test_a_migration_rekeys_the_old_state_and_adds_up_keys_that_meet(self):
+        pieces = counted(wordcount, ["The", "the", "THE", "cat"])
+        # Three workers: merged keys land in shards of other workers.
+        new = Pipeline.upgrade(lowercased(True), 3, pieces)
+        out = run(new, ["tHe", "Cat"])
+        self.assertEqual(
+            out["counts"],
+            {b'["cat",1]': -1, b'["cat",2]': 1, b'["the",3]': -1, b'["the",4]': 1},
+        )
+        # The old state is the migration's, not a restore's.
+        with self.assertRaises(CircuitError):
+            Pipeline.restore(lowercased(True), 1, pieces)
+
+    def test_the_migration_is_described_by_the_old_fingerprint(self):
+        op = Instance(lowercased(True))._stateful_nodes[0].op
+        from sluice.circuit import _shape, migrates_from
+
+        self.assertEqual(_shape(op), "count; state version 1")
+        self.assertEqual(migrates_from(op), [fingerprint("keyed_sum", "count")])
+
+    def test_a_bumped_state_version_without_a_migration_is_refused(self):
+        pieces = counted(wordcount, ["a"])
+        with self.assertRaises(CircuitError) as e:
+            Pipeline.upgrade(lowercased(False), 1, pieces)
+        self.assertIn("operator `counts` changed", e.exception.message)
+        self.assertIn("state version 1", e.exception.message)
+        self.assertIn("migration", e.exception.message)
+
+    def test_migrations_are_for_keyed_sums_and_from_another_state(self):
+        def distinct(c):
+            c.input("words").distinct().migrates_keys_from(0, lambda k: k).output("x")
+
+        with self.assertRaises(CircuitError) as e:
+            Instance(distinct)
+        self.assertIn("has no state migrations", e.exception.message)
+
+        def itself(c):
+            c.input("words").count_by(lambda w: w).migrates_keys_from(0, lambda k: k).output("x")
+
+        with self.assertRaises(CircuitError) as e:
+            Instance(itself)
+        self.assertIn("bump its state_version", e.exception.message)
+
+    def test_a_failing_migration_names_the_operator(self):
+        pieces = counted(wordcount, ["a"])
+
+        def broken(c):
+            (
+                c.input("words")
+                .count_by(lambda w: w)
+                .named("counts")
+                .state_version(1)
+                .migrates_keys_from(0, lambda old: old.missing())
+                .output("counts")
+            )
+
+        with self.assertRaises(CircuitError) as e:
+            Pipeline.upgrade(broken, 1, pieces)
+        self.assertIn("operator `counts`: its migration failed", e.exception.message)
