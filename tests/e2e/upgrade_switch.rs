@@ -607,6 +607,88 @@ Circuit = sluice.export(build)
     );
 }
 
+/// A Python word count upgraded to a version that counts stems (`cats` as
+/// `cat`) and migrates the old counts' keys (`state_version(1)`,
+/// `migrates_keys_from(0, stem)`): `sluice diff` says migrated, and after
+/// the switch the counts go on from the merged state, on two workers.
+#[test]
+fn a_python_count_takes_the_old_counts_through_its_migration() {
+    let v1 = component("examples/python-wordcount");
+    let dir = tempfile::tempdir().unwrap();
+    let v2_dir = dir.path().join("stems");
+    std::fs::create_dir_all(&v2_dir).unwrap();
+    std::fs::write(
+        v2_dir.join("circuit.py"),
+        r#"import sluice
+
+
+def stem(w):
+    return w[:-1] if w.endswith("s") and len(w) > 1 else w
+
+
+def build(c):
+    (
+        c.input("lines")
+        .flat_map(lambda line: line.lower().split())
+        .count_by(stem)
+        .state_version(1)
+        .migrates_keys_from(0, stem)
+        .map(lambda pair: {"word": pair[0], "count": pair[1]})
+        .output("counts")
+    )
+
+
+Circuit = sluice.export(build)
+"#,
+    )
+    .unwrap();
+    let v2: PathBuf = component(v2_dir.to_str().unwrap());
+    let data = dir.path().join("data");
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    std::fs::write(&a, "\"the cats\"\n\"a cat\"\n\"cats\"\n").unwrap();
+    std::fs::write(&b, "\"cats and dogs\"\n").unwrap();
+    let run = |wasm: &Path, file: &Path| {
+        let out = run_cmd(wasm, &data, file, &["counts"], dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::read_to_string(dir.path().join("counts.jsonl")).unwrap()
+    };
+    let before = run(&v1, &a);
+    let out = sluice_cmd()
+        .arg("diff")
+        .arg(&data)
+        .arg(&v2)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("migrated") && text.contains("the upgrade would be accepted"),
+        "{text}{}",
+        stderr(&out)
+    );
+    let out = upgrade(&v2, &data, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = run(&v2, &b);
+    let mut after: Vec<(String, i64, i64)> = text
+        .lines()
+        .skip(before.lines().count())
+        .map(|l| {
+            let (v, w) = sluice_core::wire::parse_output_line(l).unwrap();
+            let word = v["word"].as_str().unwrap().to_owned();
+            (word, v["count"].as_i64().unwrap(), w)
+        })
+        .collect();
+    after.sort();
+    // `cats` 2 and `cat` 1 became `cat` 3; one more `cats` makes it 4.
+    let expected: Vec<(String, i64, i64)> =
+        [("and", 1, 1), ("cat", 3, -1), ("cat", 4, 1), ("dog", 1, 1)]
+            .iter()
+            .map(|(w, n, d)| (w.to_string(), *n, *d))
+            .collect();
+    assert_eq!(after, expected, "{text}");
+}
+
 /// Word count on a server, upgraded to version 2 with `sluice upgrade
 /// --pipeline`: a refused upgrade (a start-empty naming no operator) leaves
 /// it running version 1; the upgrade checkpoints it and switches, the
