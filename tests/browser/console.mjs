@@ -139,7 +139,16 @@ try {
     step("compare a new version, then upgrade to it");
     await page.setInputFiles("#upgrade-file", upgradeWasm);
     await page.fill("#upgrade-name", "wc-v2");
+    // The diff of a rebuild first: every operator rebuilt.
+    await page.check("#upgrade-rebuild");
     await page.click("#upgrade-compare");
+    await page.waitForSelector("#upgrade-diff tr[data-operator=counts][data-change=rebuilt]");
+    if (!(await page.$("#upgrade-diff tr[data-operator=lengths][data-change=rebuilt]"))) {
+      failures.push(`the rebuild's diff does not show lengths rebuilt: ${await page.textContent("#upgrade-diff")}`);
+    }
+    await page.uncheck("#upgrade-rebuild");
+    await page.click("#upgrade-compare");
+    await page.waitForSelector("#upgrade-diff tr[data-operator=counts][data-change=kept]");
     await page.waitForSelector("#upgrade-verdict[data-accepted=true]");
     for (const [op, change] of [["counts", "kept"], ["lengths", "new"]]) {
       if (!(await page.$(`#upgrade-diff tr[data-operator=${op}][data-change=${change}]`))) {

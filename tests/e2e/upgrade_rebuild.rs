@@ -240,6 +240,25 @@ fn a_pipeline_on_a_server_keeping_its_input_is_upgraded_with_a_rebuild() {
             && integrated_counts(&tenant, "plain") == expected
     });
 
+    // The diff of a rebuild: every operator rebuilt, none refused.
+    let (status, body) = crate::support::server::raw(
+        "POST",
+        &format!("{}/pipelines/wc/diff?rebuild=true", server.url),
+        Some(&token),
+        "application/wasm",
+        &std::fs::read(&v2).unwrap(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let diff: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let changes: Vec<&str> = diff["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["change"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["rebuilt", "rebuilt"], "{body}");
+    assert_eq!(diff["accepted"], true, "{body}");
+
     let upgrade = |pipeline: &str| {
         sluice_cmd()
             .arg("upgrade")

@@ -194,6 +194,9 @@ function upgradeCard(pipeline) {
   const file = el("input", { type: "file", accept: ".wasm", id: "upgrade-file" });
   const name = el("input", { id: "upgrade-name", placeholder: "wordcount-v2", pattern: "[a-z0-9][a-z0-9_\\-]{0,63}" });
   const startEmpty = el("input", { id: "upgrade-start-empty", placeholder: "ID,ID…" });
+  // A pipeline created with "retain_input" can have its state rebuilt
+  // from all its input instead (every operator; none starts empty).
+  const rebuild = el("input", { type: "checkbox", id: "upgrade-rebuild" });
   const result = el("div", { id: "upgrade-diff" });
   const go = el("button", { class: "primary", type: "button", id: "upgrade-go", disabled: "" }, "Upgrade");
   let compared = null;
@@ -204,6 +207,7 @@ function upgradeCard(pipeline) {
     result.replaceChildren();
   });
   startEmpty.addEventListener("input", () => { go.disabled = true; });
+  rebuild.addEventListener("change", () => { go.disabled = true; });
   const compare = async (ev) => {
     ev.preventDefault();
     go.disabled = true;
@@ -211,7 +215,10 @@ function upgradeCard(pipeline) {
     if (!f) return flash("upgrade: choose the new version's component (.wasm) first");
     try {
       const list = startEmpty.value.split(",").map((s) => s.trim()).filter((s) => s);
-      const query = list.length ? `?start_empty=${encodeURIComponent(list.join(","))}` : "";
+      const params = [];
+      if (list.length) params.push(`start_empty=${encodeURIComponent(list.join(","))}`);
+      if (rebuild.checked) params.push("rebuild=true");
+      const query = params.length ? `?${params.join("&")}` : "";
       const bytes = await f.arrayBuffer();
       const d = await api("POST", `/pipelines/${pipeline}/diff${query}`, bytes, "application/wasm");
       const ports = [];
@@ -224,7 +231,7 @@ function upgradeCard(pipeline) {
         ports.length ? el("p", {}, ports.join("; ")) : null,
         el("p", { id: "upgrade-verdict", "data-accepted": String(d.accepted) },
           d.accepted ? "The upgrade would be accepted." : "The upgrade would be refused: start the changed operators empty, or keep them as they were."));
-      compared = { bytes, list };
+      compared = { bytes, list, rebuild: rebuild.checked };
       go.disabled = !d.accepted;
     } catch (e) { flash(`diff: ${e.message}`); }
   };
@@ -234,7 +241,7 @@ function upgradeCard(pipeline) {
     go.disabled = true;
     try {
       await api("PUT", `/components/${name.value}`, compared.bytes, "application/wasm");
-      await api("PATCH", `/pipelines/${pipeline}`, JSON.stringify({ component: name.value, start_empty: compared.list }));
+      await api("PATCH", `/pipelines/${pipeline}`, JSON.stringify({ component: name.value, start_empty: compared.list, rebuild: compared.rebuild }));
       flash(`Upgraded ${pipeline} to ${name.value}.`, "info");
       result.replaceChildren();
     } catch (e) { flash(`upgrade: ${e.message}`); }
@@ -244,6 +251,7 @@ function upgradeCard(pipeline) {
       el("label", {}, "New version (.wasm)", file),
       el("label", {}, "Component name", name),
       el("label", {}, "Start empty", startEmpty),
+      el("label", {}, rebuild, " Rebuild from retained input"),
       el("button", { type: "submit", id: "upgrade-compare" }, "Compare"), go),
     result);
 }

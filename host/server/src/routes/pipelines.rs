@@ -113,16 +113,21 @@ pub(super) async fn patch(
 pub(super) struct DiffQuery {
     /// Changed operators to start empty, comma-separated.
     start_empty: Option<String>,
+    /// The diff of an upgrade that rebuilds the state from the retained
+    /// input (`PATCH` with `"rebuild": true`).
+    rebuild: Option<bool>,
 }
 
 /// Compares the pipeline's circuit with a new version of it (the body, a
 /// component; checked and probed as an upload is, not stored): every
 /// stateful operator kept, migrated, changed, new or removed, the ports
 /// added or removed, and whether an upgrade to it would be accepted (no
-/// operator changed, or each changed one named in `start_empty`).
+/// operator changed, or each changed one named in `start_empty`; with
+/// `rebuild`, every operator rebuilt from the retained input).
 #[utoipa::path(post, path = "/pipelines/{name}/diff",
     params(("name" = String, Path, description = "pipeline name"),
-           ("start_empty" = Option<String>, Query, description = "changed operators to start empty, comma-separated")),
+           ("start_empty" = Option<String>, Query, description = "changed operators to start empty, comma-separated"),
+           ("rebuild" = Option<bool>, Query, description = "the diff of an upgrade that rebuilds the state from the retained input")),
     request_body(content = Vec<u8>, content_type = "application/wasm"),
     responses((status = 200, body = Object, description = "the diff (`sluice_core::CircuitDiff`)"),
         (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -148,12 +153,14 @@ pub(super) async fn diff(
         .collect();
     let limit = state.service.limits(&tenant)?.max_component_bytes;
     let bytes = read_body(&state, &headers, body, limit, "max_component_bytes").await?;
-    Ok(axum::Json(
-        state
-            .service
-            .diff_pipeline(&tenant, &name, bytes.into(), &start_empty)
-            .await?,
-    ))
+    let diff = state
+        .service
+        .diff_pipeline(&tenant, &name, bytes.into(), &start_empty)
+        .await?;
+    Ok(axum::Json(match q.rebuild {
+        Some(true) => diff.rebuilding(),
+        _ => diff,
+    }))
 }
 
 /// Starts, pauses or stops a pipeline (`stop` checkpoints and unloads).
