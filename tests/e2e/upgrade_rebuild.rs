@@ -91,6 +91,20 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         kills += k;
 
         if trial == 0 {
+            // `sluice diff DATA NEW --rebuild`: what a rebuild does.
+            let out = sluice_cmd()
+                .arg("diff")
+                .arg(&data)
+                .arg(&v2)
+                .arg("--rebuild")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}{}", stderr(&out));
+            assert!(
+                text.contains("counts   rebuilt") && text.contains("lengths  rebuilt"),
+                "{text}"
+            );
             // A rebuild gives every operator the rebuilt state: none
             // starts empty.
             let out = upgrade(&v2, &data, &["--rebuild", "--start-empty", "lengths"]);

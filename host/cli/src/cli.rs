@@ -288,6 +288,9 @@ pub enum Command {
         /// upgrade (ID[,ID…]).
         #[arg(long = "start-empty", value_delimiter = ',')]
         start_empty: Vec<String>,
+        /// The diff of an upgrade with --rebuild (every operator rebuilt).
+        #[arg(long)]
+        rebuild: bool,
         /// The server, when OLD is a pipeline.
         #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
         server: String,

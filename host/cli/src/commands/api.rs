@@ -65,6 +65,7 @@ pub async fn diff(
     old: String,
     new: PathBuf,
     start_empty: Vec<String>,
+    rebuild: bool,
     server: String,
     token: Option<String>,
     json: bool,
@@ -104,6 +105,10 @@ pub async fn diff(
         let out = call(move || c.diff(&old, &new, &start_empty)).await?;
         serde_json::from_str(&out)
             .map_err(|e| anyhow::anyhow!("the server's diff is unreadable ({e}): {out}"))?
+    };
+    let diff: sluice_core::CircuitDiff = match rebuild {
+        true => diff.rebuilding(),
+        false => diff,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&diff)?);

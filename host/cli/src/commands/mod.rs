@@ -88,10 +88,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             old,
             new,
             start_empty,
+            rebuild,
             server,
             token,
             json,
-        } => api::diff(old, new, start_empty, server, token, json).await,
+        } => api::diff(old, new, start_empty, rebuild, server, token, json).await,
         Command::Upgrade {
             component,
             data: Some(data),
