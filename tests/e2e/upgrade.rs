@@ -5,8 +5,8 @@
 //! says of its operators (WIT 0.4.0).
 
 use crate::support::server::{Server, raw};
-use crate::support::{component, sluice_cmd, stderr};
-use std::path::{Path, PathBuf};
+use crate::support::{component, python_component, sluice_cmd, stderr};
+use std::path::Path;
 
 /// `sluice diff OLD NEW [extra…]`: its exit code and standard output.
 fn diff(old: &str, new: &Path, extra: &[&str]) -> (i32, String) {
@@ -98,10 +98,9 @@ fn a_diff_between_two_components_says_what_an_upgrade_keeps_and_adds() {
 fn a_changed_operator_is_refused_by_name() {
     let v1 = component("examples/python-wordcount");
     let dir = tempfile::tempdir().unwrap();
-    let v2_dir = dir.path().join("sums");
-    std::fs::create_dir_all(&v2_dir).unwrap();
-    std::fs::write(
-        v2_dir.join("circuit.py"),
+    let v2 = python_component(
+        dir.path(),
+        "sums",
         r#"import sluice
 
 
@@ -117,9 +116,7 @@ def build(c):
 
 Circuit = sluice.export(build)
 "#,
-    )
-    .unwrap();
-    let v2: PathBuf = component(v2_dir.to_str().unwrap());
+    );
     let (code, text) = diff(v1.to_str().unwrap(), &v2, &[]);
     assert_eq!(code, 2, "{text}");
     assert!(line(&text, "keyed_sum#0/1").contains("changed"), "{text}");

@@ -6,13 +6,12 @@
 //! computed it) and its log — exactly once through SIGKILLs before, during
 //! and after the switch.
 
-use crate::support::crash::Rng;
+use crate::support::crash::{Rng, env_count, seeded};
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
-    input, integrate_pairs, recount_lengths, run_cmd, run_with_kills, stem_counts, upgrade,
+    input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd, run_with_kills, stem_counts,
+    upgrade,
 };
-use std::process::Stdio;
-use std::time::Duration;
 
 /// Word count keeping its input, then `sluice upgrade --rebuild` to
 /// version 2, then more input: the count of word lengths that version 2
@@ -35,22 +34,8 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
     let v3 = component("tests/guests/wordcount-v3");
-    let seed = std::env::var("SLUICE_REBUILD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("rebuild test seed: {seed} (SLUICE_REBUILD_SEED={seed} to repeat)");
-    let mut rng = Rng(seed);
-    let trials: u32 = std::env::var("SLUICE_REBUILD_TRIALS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+    let mut rng = seeded("SLUICE_REBUILD_SEED", "rebuild");
+    let trials = env_count("SLUICE_REBUILD_TRIALS", 6);
     let (mut kills, mut upgrade_kills, mut rebuilds) = (0, 0, 0);
     for trial in 0..trials {
         let dir = tempfile::tempdir().unwrap();
@@ -126,23 +111,8 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
             .arg("--data")
             .arg(&data)
             .arg("--rebuild");
-        let status = if trial % 3 == 2 {
-            let out = first
-                .env("SLUICE_CRASH_AT", "after-upgrade")
-                .output()
-                .unwrap();
-            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
-            upgrade_kills += 1;
-            out.status
-        } else {
-            let mut child = first.stderr(Stdio::null()).spawn().unwrap();
-            std::thread::sleep(Duration::from_millis(rng.below(80)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap();
-                upgrade_kills += 1;
-            }
-            child.wait().unwrap()
-        };
+        let (status, killed) = kill_upgrade(&mut rng, first, trial % 3 == 2, 80);
+        upgrade_kills += u32::from(killed);
         let out = upgrade(next, &data, &["--rebuild"]);
         if out.status.success() {
             assert!(!status.success(), "made twice: {}", stderr(&out));

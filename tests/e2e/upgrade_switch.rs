@@ -5,11 +5,11 @@
 //! new operator started empty, a changed one refused by name — exactly
 //! once through SIGKILLs before, during and after the switch.
 
-use crate::support::crash::Rng;
-use crate::support::{component, recount, sluice_cmd, stderr};
+use crate::support::crash::{Rng, env_count, seeded};
+use crate::support::{component, python_component, recount, sluice_cmd, stderr};
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,34 @@ pub(crate) fn run_with_kills(
     (landed, logs + &stderr(&out))
 }
 
+/// Runs `sluice upgrade` (`cmd`) to be killed: right after its commit
+/// point (`at_commit_point`, crash point `after-upgrade`), or with a
+/// SIGKILL at a random moment within `within_ms` (before its commit point
+/// nothing changed, after it the pipeline is the new version's). Returns
+/// its exit status and whether it was killed.
+pub(crate) fn kill_upgrade(
+    rng: &mut Rng,
+    mut cmd: std::process::Command,
+    at_commit_point: bool,
+    within_ms: u64,
+) -> (std::process::ExitStatus, bool) {
+    if at_commit_point {
+        let out = cmd
+            .env("SLUICE_CRASH_AT", "after-upgrade")
+            .output()
+            .unwrap();
+        assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+        return (out.status, true);
+    }
+    let mut child = cmd.stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(rng.below(within_ms)));
+    let killed = child.try_wait().unwrap().is_none();
+    if killed {
+        child.kill().unwrap();
+    }
+    (child.wait().unwrap(), killed)
+}
+
 /// `sluice upgrade COMPONENT --data DATA [extra…]`.
 pub(crate) fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
     sluice_cmd()
@@ -270,22 +298,8 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
     let v3 = component("tests/guests/wordcount-v3");
-    let seed = std::env::var("SLUICE_UPGRADE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("upgrade test seed: {seed} (SLUICE_UPGRADE_SEED={seed} to repeat)");
-    let mut rng = Rng(seed);
-    let trials: u32 = std::env::var("SLUICE_UPGRADE_TRIALS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let mut rng = seeded("SLUICE_UPGRADE_SEED", "upgrade");
+    let trials = env_count("SLUICE_UPGRADE_TRIALS", 20);
     let (mut kills, mut upgrade_kills, mut retaken) = (0, 0, 0);
     for trial in 0..trials {
         let dir = tempfile::tempdir().unwrap();
@@ -375,23 +389,8 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
             .arg("--data")
             .arg(&data)
             .args(extra);
-        let status = if trial % 3 == 2 {
-            let out = first
-                .env("SLUICE_CRASH_AT", "after-upgrade")
-                .output()
-                .unwrap();
-            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
-            upgrade_kills += 1;
-            out.status
-        } else {
-            let mut child = first.stderr(Stdio::null()).spawn().unwrap();
-            std::thread::sleep(Duration::from_millis(rng.below(60)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap();
-                upgrade_kills += 1;
-            }
-            child.wait().unwrap()
-        };
+        let (status, killed) = kill_upgrade(&mut rng, first, trial % 3 == 2, 60);
+        upgrade_kills += u32::from(killed);
         // Again: made now, or it was made before the kill (a kill can land
         // after the commit point too).
         let out = upgrade(next, &data, extra);
@@ -521,10 +520,9 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
 fn an_upgrade_that_changes_an_operator_is_refused_by_name_unless_it_starts_empty() {
     let v1 = component("examples/python-wordcount");
     let dir = tempfile::tempdir().unwrap();
-    let v2_dir = dir.path().join("sums");
-    std::fs::create_dir_all(&v2_dir).unwrap();
-    std::fs::write(
-        v2_dir.join("circuit.py"),
+    let v2 = python_component(
+        dir.path(),
+        "sums",
         r#"import sluice
 
 
@@ -540,9 +538,7 @@ def build(c):
 
 Circuit = sluice.export(build)
 "#,
-    )
-    .unwrap();
-    let v2: PathBuf = component(v2_dir.to_str().unwrap());
+    );
     let data = dir.path().join("data");
     let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
     let mut f = std::fs::File::create(&a).unwrap();
@@ -615,10 +611,9 @@ Circuit = sluice.export(build)
 fn a_python_count_takes_the_old_counts_through_its_migration() {
     let v1 = component("examples/python-wordcount");
     let dir = tempfile::tempdir().unwrap();
-    let v2_dir = dir.path().join("stems");
-    std::fs::create_dir_all(&v2_dir).unwrap();
-    std::fs::write(
-        v2_dir.join("circuit.py"),
+    let v2 = python_component(
+        dir.path(),
+        "stems",
         r#"import sluice
 
 
@@ -640,9 +635,7 @@ def build(c):
 
 Circuit = sluice.export(build)
 "#,
-    )
-    .unwrap();
-    let v2: PathBuf = component(v2_dir.to_str().unwrap());
+    );
     let data = dir.path().join("data");
     let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
     std::fs::write(&a, "\"the cats\"\n\"a cat\"\n\"cats\"\n").unwrap();

@@ -48,10 +48,7 @@ impl Pipeline {
         let storage = tokio::task::spawn_blocking(move || Storage::open(&c, &p, &hash))
             .await
             .map_err(Error::task("opening the pipeline's storage"))??;
-        let mut options = config.options;
-        options.name = storage.meta.id.clone();
-        options.upgraded_at = upgraded_at(&storage.meta);
-        options.retain_input |= storage.meta.retain_input;
+        let options = stored_options(config.options, &storage.meta);
         Ok(Self::assemble(
             engine,
             component,
@@ -218,10 +215,22 @@ impl Pipeline {
     }
 }
 
+/// `options` with what the pipeline's metadata decides: its identity, its
+/// last upgrade, its input retention (once asked for, kept).
+pub(crate) fn stored_options(
+    mut options: PipelineOptions,
+    meta: &sluice_embedded::PipelineMeta,
+) -> PipelineOptions {
+    options.name = meta.id.clone();
+    options.upgraded_at = upgraded_at(meta);
+    options.retain_input |= meta.retain_input;
+    options
+}
+
 /// Where the pipeline's component last changed, if at a checkpoint: the
 /// coordinator takes that checkpoint (while it is the newest) through the
 /// circuit's `upgrade`.
-pub(crate) fn upgraded_at(meta: &sluice_embedded::PipelineMeta) -> Option<UpgradedAt> {
+fn upgraded_at(meta: &sluice_embedded::PipelineMeta) -> Option<UpgradedAt> {
     let last = meta.upgrades.last().filter(|u| u.to == meta.component)?;
     Some(UpgradedAt {
         checkpoint: last.checkpoint?,

@@ -26,7 +26,7 @@
 
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
-use crate::pipeline::{Pipeline, upgraded_at};
+use crate::pipeline::{Pipeline, stored_options};
 use crate::storage::Storage;
 use sluice_runtime::{Coordinator, LoadedComponent, SluiceEngine};
 use std::sync::Arc;
@@ -87,10 +87,7 @@ impl Pipeline {
         })
         .await
         .map_err(Error::task("opening the pipeline's storage"))??;
-        let mut options = config.options;
-        options.name = storage.meta.id.clone();
-        options.upgraded_at = upgraded_at(&storage.meta);
-        options.retain_input |= storage.meta.retain_input;
+        let options = stored_options(config.options, &storage.meta);
         let pipeline = Pipeline::assemble(engine, component, ports, storage, options, None);
         // The new instances take the old state: a refusal stops here, with
         // nothing stored.

@@ -29,6 +29,33 @@ impl Rng {
     }
 }
 
+/// A campaign's random numbers: seeded from the variable `var` if set,
+/// else from the clock; the seed is printed (for `what`'s test) so that a
+/// failing run can be repeated.
+pub fn seeded(var: &str, what: &str) -> Rng {
+    let seed = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("{what} test seed: {seed} ({var}={seed} to repeat)");
+    Rng(seed)
+}
+
+/// The number the variable `var` holds, else `default` (a campaign's
+/// trials).
+pub fn env_count(var: &str, default: u32) -> u32 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// What a crash campaign left behind, for the backend-specific checks.
 pub struct Campaign {
     /// Holds the data directory, input and output (removed on drop).
@@ -80,18 +107,7 @@ pub fn campaign_of(
     positions: Positions,
     hosts: Hosts,
 ) -> Campaign {
-    let seed = std::env::var("SLUICE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("crash test seed: {seed} (SLUICE_CRASH_SEED={seed} to repeat)");
-    let mut rng = Rng(seed);
+    let mut rng = seeded("SLUICE_CRASH_SEED", "crash");
 
     // Input: lines of words from a small vocabulary, with some lines later deleted.
     let dir = tempfile::tempdir().unwrap();

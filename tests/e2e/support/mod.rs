@@ -53,6 +53,15 @@ pub fn component(crate_path: &str) -> PathBuf {
     wasm
 }
 
+/// A Python circuit written to `dir/name/circuit.py` from `source` and
+/// built: its component.
+pub fn python_component(dir: &std::path::Path, name: &str, source: &str) -> PathBuf {
+    let at = dir.join(name);
+    std::fs::create_dir_all(&at).unwrap();
+    std::fs::write(at.join("circuit.py"), source).unwrap();
+    component(at.to_str().unwrap())
+}
+
 /// A finished command's standard error, as text.
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
