@@ -730,7 +730,8 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
     assert_eq!(status["component"], "wordcount", "{status}");
 
     // Listed all through the upgrade (in state `upgrading` while it is
-    // unloaded), never missing.
+    // unloaded), never missing; and its own status answers all through
+    // too (the console polls it), never an error.
     let upgraded = std::sync::atomic::AtomicBool::new(false);
     let listed = std::thread::scope(|scope| {
         let lister = scope.spawn(|| {
@@ -745,6 +746,13 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
                     .find(|p| p["name"] == "wc")
                     .map(|p| p["state"].as_str().unwrap().to_owned());
                 states.push(wc);
+                let own = tenant.status(Some("wc")).map(|s| {
+                    serde_json::from_str::<serde_json::Value>(&s).unwrap()["state"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                });
+                states.push(own.ok());
                 std::thread::sleep(Duration::from_millis(2));
             }
             states
@@ -756,7 +764,8 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
     });
     assert!(
         listed.iter().all(Option::is_some),
-        "the pipeline went missing from the list during its upgrade: {listed:?}"
+        "the pipeline went missing from the list, or its status failed, during its upgrade: \
+         {listed:?}"
     );
     eprintln!(
         "listings during the upgrade: {}, {} of them `upgrading`",

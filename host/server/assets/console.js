@@ -79,6 +79,17 @@ function stateCell(s) {
   return el("td", { class: `state ${s}`, "data-state": s }, s);
 }
 
+// While an upgrade this console asked for runs, the pipeline answers 503
+// `upgrading` to everything but its status: the views' polls and the
+// output tail hold off until it is over (`quiet` is then null).
+let quiet = null;
+
+async function whileQuiet(f) {
+  let done;
+  quiet = new Promise((r) => { done = r; });
+  try { return await f(); } finally { quiet = null; done(); }
+}
+
 function every(ms, f) {
   f();
   timer = setInterval(f, ms);
@@ -241,7 +252,8 @@ function upgradeCard(pipeline) {
     go.disabled = true;
     try {
       await api("PUT", `/components/${name.value}`, compared.bytes, "application/wasm");
-      await api("PATCH", `/pipelines/${pipeline}`, JSON.stringify({ component: name.value, start_empty: compared.list, rebuild: compared.rebuild }));
+      await whileQuiet(() => api("PATCH", `/pipelines/${pipeline}`,
+        JSON.stringify({ component: name.value, start_empty: compared.list, rebuild: compared.rebuild })));
       flash(`Upgraded ${pipeline} to ${name.value}.`, "info");
       result.replaceChildren();
     } catch (e) { flash(`upgrade: ${e.message}`); }
@@ -338,10 +350,14 @@ function pipelineView(name) {
   };
   port.addEventListener("change", () => stream(port.value));
   every(1000, async () => {
+    if (quiet) return;
     try {
-      const [s, m] = await Promise.all([api("GET", `/pipelines/${name}`), api("GET", `/pipelines/${name}/metrics`)]);
+      const s = await api("GET", `/pipelines/${name}`);
       title.replaceChildren("Pipeline ", el("span", { id: "name" }, s.name), " ",
         el("span", { class: `state ${s.state}`, id: "state", "data-state": s.state }, s.state), " ", actionButtons(s));
+      // Upgraded by someone else: the figures wait for the new version.
+      if (s.state === "upgrading") return;
+      const m = await api("GET", `/pipelines/${name}/metrics`);
       const fig = (label, value, id) => el("div", { class: "figure" }, el("div", { class: "value", id }, value), el("div", { class: "label" }, label));
       figures.replaceChildren(
         fig("workers", s.workers, "fig-workers"), fig("steps", s.steps, "fig-steps"),
@@ -400,6 +416,7 @@ function pipelineView(name) {
 async function tailStream(path, signal, on) {
   let last = null;
   while (!signal.aborted) {
+    if (quiet) await quiet;
     try {
       const headers = { ...HEADERS };
       if (last) headers["Last-Event-ID"] = last;

@@ -31,7 +31,8 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, axum::Json(status)))
 }
 
-/// One pipeline's status.
+/// One pipeline's status (in state `upgrading`, as it was when the
+/// upgrade began, while it is being upgraded).
 #[utoipa::path(get, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
     responses((status = 200, body = PipelineStatus), (status = 404, body = ErrorBody)))]
 pub(super) async fn get(
@@ -40,7 +41,7 @@ pub(super) async fn get(
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<PipelineStatus>> {
     let tenant = state.service.tenant(token(&state, &headers).as_deref())?;
-    Ok(axum::Json(state.service.pipeline(&tenant, &name)?.status()))
+    Ok(axum::Json(state.service.status(&tenant, &name)?))
 }
 
 /// A pipeline's recent figures: one sample a second over the last ten

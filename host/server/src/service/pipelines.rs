@@ -197,6 +197,18 @@ impl Service {
             .ok_or_else(|| ServiceError::not_found("pipeline", name))
     }
 
+    /// One pipeline's status; while it is being upgraded, its status as
+    /// the upgrade began, in state `upgrading` (as the listing shows it),
+    /// so a client that watches it sees the upgrade rather than an error.
+    pub fn status(&self, tenant: &str, name: &str) -> Result<PipelineStatus> {
+        validate_name("pipeline", name).map_err(|_| ServiceError::not_found("pipeline", name))?;
+        let key = (tenant.to_owned(), name.to_owned());
+        if let Some(Some(status)) = lock(&self.upgrading).get(&key) {
+            return Ok(status.clone());
+        }
+        Ok(self.pipeline(tenant, name)?.status())
+    }
+
     /// The status of each of the tenant's pipelines, by name; one being
     /// upgraded as it was when its upgrade began, in state `upgrading`.
     pub fn statuses(&self, tenant: &str) -> Vec<PipelineStatus> {
