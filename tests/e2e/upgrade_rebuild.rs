@@ -10,7 +10,7 @@ use crate::support::crash::{Rng, env_count, seeded};
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
     input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd, run_with_kills, stem_counts,
-    upgrade,
+    store_in, upgrade, upgrade_cmd, with_store,
 };
 
 /// Word count keeping its input, then `sluice upgrade --rebuild` to
@@ -40,6 +40,10 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
     for trial in 0..trials {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
+        // Every other pair of trials keeps its checkpoints in an object
+        // store: the rebuild's snapshot is checkpointed there.
+        let store = (trial % 4 >= 2).then(|| store_in(dir.path()));
+        let on_store = |cmd| with_store(&store, cmd);
         let (before, before_pairs) = input(&mut rng, 500, &[]);
         let (after, after_pairs) = input(&mut rng, 500, &before_pairs);
         let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
@@ -66,7 +70,7 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         let (k, _) = run_with_kills(
             &mut rng,
             || {
-                let mut cmd = run_cmd(&v1, &data, &a, &["counts"], dir.path());
+                let mut cmd = on_store(run_cmd(&v1, &data, &a, &["counts"], dir.path()));
                 cmd.arg("--retain-input");
                 cmd
             },
@@ -104,16 +108,12 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         // trial right after its commit point; then made (or found made).
         let stems = trial % 2 == 1;
         let next = if stems { &v3 } else { &v2 };
-        let mut first = sluice_cmd();
-        first
-            .arg("upgrade")
-            .arg(next)
-            .arg("--data")
-            .arg(&data)
-            .arg("--rebuild");
+        let first = on_store(upgrade_cmd(next, &data, &["--rebuild"]));
         let (status, killed) = kill_upgrade(&mut rng, first, trial % 3 == 2, 80);
         upgrade_kills += u32::from(killed);
-        let out = upgrade(next, &data, &["--rebuild"]);
+        let out = on_store(upgrade_cmd(next, &data, &["--rebuild"]))
+            .output()
+            .unwrap();
         if out.status.success() {
             assert!(!status.success(), "made twice: {}", stderr(&out));
             assert!(
@@ -133,7 +133,7 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
         let n = rng.below(3) as u32;
         let (k, log) = run_with_kills(
             &mut rng,
-            || run_cmd(next, &data, &b, &["counts", "lengths"], dir.path()),
+            || on_store(run_cmd(next, &data, &b, &["counts", "lengths"], dir.path())),
             n,
             Some("after-commit:1"),
         );
@@ -162,7 +162,7 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
             recount_lengths(&all),
             "trial {trial}: the rebuilt count of lengths, of all the input"
         );
-        let out = sluice_cmd()
+        let out = on_store(sluice_cmd())
             .arg("verify")
             .arg("--data")
             .arg(&data)

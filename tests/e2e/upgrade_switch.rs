@@ -179,14 +179,36 @@ pub(crate) fn kill_upgrade(
 
 /// `sluice upgrade COMPONENT --data DATA [extra…]`.
 pub(crate) fn upgrade(wasm: &Path, data: &Path, extra: &[&str]) -> Output {
-    sluice_cmd()
-        .arg("upgrade")
+    upgrade_cmd(wasm, data, extra).output().unwrap()
+}
+
+/// An object store for a test's checkpoints (`--store`): a directory
+/// under `dir`.
+pub(crate) fn store_in(dir: &Path) -> String {
+    format!("file://{}", dir.join("store").display())
+}
+
+/// `cmd` (`sluice run`, `upgrade` or `verify`) with its checkpoints in
+/// `store`, if there is one.
+pub(crate) fn with_store(
+    store: &Option<String>,
+    mut cmd: std::process::Command,
+) -> std::process::Command {
+    if let Some(url) = store {
+        cmd.env("SLUICE_CHECKPOINT_STORE", url);
+    }
+    cmd
+}
+
+/// The command of [`upgrade`].
+pub(crate) fn upgrade_cmd(wasm: &Path, data: &Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = sluice_cmd();
+    cmd.arg("upgrade")
         .arg(wasm)
         .arg("--data")
         .arg(data)
-        .args(extra)
-        .output()
-        .unwrap()
+        .args(extra);
+    cmd
 }
 
 /// The current value of every key of an output of `(key, count)` pairs:
@@ -304,6 +326,11 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
     for trial in 0..trials {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
+        // Every other trial keeps its checkpoints in an object store
+        // (`--store`, here a directory): the upgrade reads the newest
+        // there, and recoveries after it restore from there.
+        let store = (trial % 2 == 1).then(|| store_in(dir.path()));
+        let on_store = |cmd| with_store(&store, cmd);
         let (before, before_pairs) = input(&mut rng, 600, &[]);
         let (after, after_pairs) = input(&mut rng, 600, &before_pairs);
         let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
@@ -344,7 +371,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         let n = 1 + rng.below(2) as u32;
         let (k, _) = run_with_kills(
             &mut rng,
-            || run_cmd(&v1, &data, &a, &["counts"], dir.path()),
+            || on_store(run_cmd(&v1, &data, &a, &["counts"], dir.path())),
             n,
             None,
         );
@@ -379,21 +406,28 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         } else {
             &[]
         };
+        if trial == 1 {
+            // Checkpoints in a store the upgrade is not told of: refused,
+            // by name (its data directory holds no checkpoint).
+            let out = upgrade(next, &data, extra);
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("upgrade it with the --store it runs with"),
+                "{}",
+                stderr(&out)
+            );
+            let stored = std::fs::read_dir(dir.path().join("store")).unwrap().count();
+            assert!(stored > 0, "no checkpoint in the store");
+        }
         // The upgrade, killed first: at a random moment (before its commit
         // point nothing changed, after it the pipeline is version 2's), or
         // every third trial right after its commit point.
-        let mut first = sluice_cmd();
-        first
-            .arg("upgrade")
-            .arg(next)
-            .arg("--data")
-            .arg(&data)
-            .args(extra);
+        let first = on_store(upgrade_cmd(next, &data, extra));
         let (status, killed) = kill_upgrade(&mut rng, first, trial % 3 == 2, 60);
         upgrade_kills += u32::from(killed);
         // Again: made now, or it was made before the kill (a kill can land
         // after the commit point too).
-        let out = upgrade(next, &data, extra);
+        let out = on_store(upgrade_cmd(next, &data, extra)).output().unwrap();
         if out.status.success() {
             assert!(!status.success(), "made twice: {}", stderr(&out));
             assert!(
@@ -425,7 +459,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
         let n = rng.below(3) as u32;
         let (k, log) = run_with_kills(
             &mut rng,
-            || run_cmd(next, &data, &b, &["counts", "lengths"], dir.path()),
+            || on_store(run_cmd(next, &data, &b, &["counts", "lengths"], dir.path())),
             n,
             Some("after-commit:1"),
         );
@@ -483,7 +517,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
             recount_lengths(&after_pairs),
             "trial {trial}: the new count started empty at the switch"
         );
-        let out = sluice_cmd()
+        let out = on_store(sluice_cmd())
             .arg("verify")
             .arg("--data")
             .arg(&data)
@@ -496,7 +530,7 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
             String::from_utf8_lossy(&out.stdout)
         );
         // The old version no longer opens the pipeline.
-        let out = run_cmd(&v1, &data, &a, &["counts"], dir.path())
+        let out = on_store(run_cmd(&v1, &data, &a, &["counts"], dir.path()))
             .output()
             .unwrap();
         assert!(!out.status.success());

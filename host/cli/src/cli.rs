@@ -335,6 +335,14 @@ pub enum Command {
         /// from the new version's at the switch.
         #[arg(long)]
         rebuild: bool,
+        /// With --data: the object store of a pipeline run with `--store`
+        /// (as given there; ignored with --pipeline, as the next).
+        #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
+        store: Option<String>,
+        /// With --data: Kafka bootstrap servers, for a pipeline whose logs
+        /// are in Kafka (the upgrade fences any host still running it).
+        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
+        brokers: Option<String>,
         /// The server, with --pipeline.
         #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
         server: String,

@@ -45,6 +45,9 @@ pub enum CrashPoint {
     /// the new component (the commit point), nothing else done yet — on a
     /// server, its registry still names the old one.
     AfterUpgrade,
+    /// An upgrade on a shared log (Kafka): the change is recorded there
+    /// (the commit point), the data directory's metadata not yet.
+    AfterUpgradeRecord,
 }
 
 impl CrashPoint {
@@ -68,7 +71,7 @@ impl CrashPoint {
     pub const RESCALE: [CrashPoint; 2] = [CrashPoint::MidHandoff, CrashPoint::AfterRelayout];
 
     /// Points only an upgrade reaches.
-    pub const UPGRADE: [CrashPoint; 1] = [CrashPoint::AfterUpgrade];
+    pub const UPGRADE: [CrashPoint; 2] = [CrashPoint::AfterUpgrade, CrashPoint::AfterUpgradeRecord];
 
     /// The point's name in `SLUICE_CRASH_AT`.
     pub fn name(self) -> &'static str {
@@ -86,6 +89,7 @@ impl CrashPoint {
             CrashPoint::MidHandoff => "mid-handoff",
             CrashPoint::AfterRelayout => "after-relayout",
             CrashPoint::AfterUpgrade => "after-upgrade",
+            CrashPoint::AfterUpgradeRecord => "after-upgrade-record",
         }
     }
 

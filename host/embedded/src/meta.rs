@@ -66,6 +66,24 @@ pub struct Upgrade {
     pub rebuilt: Option<Vec<String>>,
 }
 
+/// `upgrades` as a shared log records them
+/// ([`LogBackend::record_upgrades`](sluice_storage::LogBackend::record_upgrades)):
+/// JSON, as the metadata holds them.
+pub fn encode_upgrades(upgrades: &[Upgrade]) -> Result<Vec<u8>> {
+    serde_json::to_vec(upgrades).map_err(StorageError::corrupt("upgrade record"))
+}
+
+/// The changes of component a shared log recorded (see
+/// [`encode_upgrades`]); none where it recorded none.
+pub fn decode_upgrades(recorded: Option<&[u8]>) -> Result<Vec<Upgrade>> {
+    match recorded {
+        None => Ok(Vec::new()),
+        Some(bytes) => {
+            serde_json::from_slice(bytes).map_err(StorageError::corrupt("upgrade record"))
+        }
+    }
+}
+
 /// Where a pipeline's logs live, as recorded in its metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

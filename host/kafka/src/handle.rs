@@ -66,6 +66,9 @@ pub(crate) struct MetaState {
     pub(crate) marks: HashMap<String, Vec<u8>>,
     /// By (producer id, input log).
     pub(crate) producers: HashMap<(String, String), ProducerState>,
+    /// The pipeline's changes of component, as last recorded (key
+    /// [`META_UPGRADES`](crate::ingest::META_UPGRADES)).
+    pub(crate) upgrades: Option<Vec<u8>>,
 }
 
 /// What the step producer keeps: a *window* of the step topic, its newest

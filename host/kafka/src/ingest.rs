@@ -16,6 +16,9 @@ pub(crate) const META_MARK: &str = "mark:";
 /// How a producer state's key starts on the meta topic (`<input>/<id>`
 /// follows).
 pub(crate) const META_PRODUCER: &str = "producer:";
+/// The meta topic's key of the pipeline's changes of component (`sluice
+/// upgrade`): the whole list, the newest record the one that counts.
+pub(crate) const META_UPGRADES: &str = "upgrades";
 
 impl KafkaLog {
     /// Reads the ingest marks and producer states from the meta topic, once
@@ -30,13 +33,15 @@ impl KafkaLog {
         if meta.producer.is_none() {
             meta.producer = Some(self.new_producer("ingest")?);
         }
-        let (mut marks, mut producers) = (HashMap::new(), HashMap::new());
+        let (mut marks, mut producers, mut upgrades) = (HashMap::new(), HashMap::new(), None);
         let topic = self.config.meta_topic();
         self.read_all(&topic, &mut |m| {
             let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
             let value = m.payload().unwrap_or_default();
             if let Some(source) = key.strip_prefix(META_MARK) {
                 marks.insert(source.to_owned(), value.to_vec());
+            } else if key == META_UPGRADES {
+                upgrades = Some(value.to_vec());
             } else if let Some((input, id)) = key
                 .strip_prefix(META_PRODUCER)
                 .and_then(|k| k.split_once('/'))
@@ -58,8 +63,43 @@ impl KafkaLog {
         })?;
         meta.marks = marks;
         meta.producers = producers;
+        meta.upgrades = upgrades;
         meta.loaded = true;
         Ok(())
+    }
+
+    /// Records `upgrades` on the meta topic (key [`META_UPGRADES`]) in a
+    /// transaction of the step producer: fenced as a step commit is (a
+    /// host another fenced records nothing), and read by every host's
+    /// [`load_meta`](Self::load_meta).
+    pub(crate) fn record_upgrades_on_meta(&self, upgrades: &[u8]) -> Result<()> {
+        let topic = self.config.meta_topic();
+        self.with_steps(|s| {
+            if let Some(fenced) = s.lost {
+                return Err(crate::steps::lost_producer(&self.config, None, fenced));
+            }
+            if s.epoch == 0 || s.producer.is_none() {
+                return Err(sluice_core::ConfigError::Invalid(
+                    "the Kafka log was not fenced (call `fence` first), so it records no upgrade"
+                        .into(),
+                )
+                .into());
+            }
+            let record = Outgoing::step_log(&topic, META_UPGRADES.as_bytes(), upgrades);
+            match self.transact(&mut s.producer, "steps", None, vec![record], None) {
+                Ok(_) => {
+                    lock(&self.meta).upgrades = Some(upgrades.to_vec());
+                    Ok(())
+                }
+                Err(e) => {
+                    // As after a failed checkpoint record: the producer is
+                    // gone, and the next `fence` learns whether it landed.
+                    s.lost = Some(matches!(e, Error::TransactionalProducerSuperseded { .. }));
+                    s.producer = None;
+                    Err(e)
+                }
+            }
+        })
     }
 
     /// An append by a producer with a sequence number: the events and the

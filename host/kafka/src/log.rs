@@ -274,6 +274,17 @@ impl LogBackend for KafkaLog {
         self.read_upto(input, partition, range, exact)
     }
 
+    fn record_upgrades(&self, upgrades: &[u8]) -> Result<bool> {
+        self.record_upgrades_on_meta(upgrades)?;
+        Ok(true)
+    }
+
+    fn upgrades(&self) -> Result<Option<Vec<u8>>> {
+        let mut meta = lock(&self.meta);
+        self.load_meta(&mut meta)?;
+        Ok(meta.upgrades.clone())
+    }
+
     fn fence(&self) -> Result<u64> {
         // A fresh step producer: `init_transactions` bumps the producer
         // epoch, fencing every older producer of this pipeline and aborting

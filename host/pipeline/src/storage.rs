@@ -80,7 +80,7 @@ impl Storage {
         let shape = PipelineShape::new(ports, config.workers, |name| {
             input_partitions(&*log, config, name)
         })?;
-        let wanted = PipelineMeta {
+        let mut wanted = PipelineMeta {
             id,
             component: component.to_owned(),
             shape,
@@ -89,23 +89,13 @@ impl Storage {
             upgrades: Vec::new(),
             retain_input: config.options.retain_input,
         };
+        let shared = meta::decode_upgrades(log.upgrades()?.as_deref())?;
+        follow_shared_upgrades(&database, shared, &mut wanted)?;
         let meta = meta::ensure(&database, &wanted)?;
         for input in &meta.shape.inputs {
             log.create_input(&input.name, input.partitions)?;
         }
-        let checkpoints: Arc<dyn CheckpointStore> = match &config.checkpoint_store {
-            None => Arc::new(RocksCheckpointStore::open(database.clone())),
-            // The shared store, with this host's copy of what it wrote
-            // beside its RocksDB (a surviving host restores from it).
-            Some(url) => {
-                let store = sluice_objstore::ObjectCheckpointStore::open(url)?
-                    .with_cache(segment_cache(&config.data))?;
-                Arc::new(match ledger {
-                    Some(ledger) => store.with_ledger(ledger),
-                    None => store,
-                })
-            }
-        };
+        let checkpoints = open_checkpoints(config, &database, ledger)?;
         Ok(Storage {
             log,
             checkpoints,
@@ -119,10 +109,15 @@ impl Storage {
     /// returned storage's metadata names the new component and shape and
     /// records the change (an [`Upgrade`] at the checkpoint of its last
     /// step), but is not stored — [`store_meta`](Self::store_meta) commits
-    /// the change. Refused (nothing changed) when there is no pipeline
-    /// there, it already runs `component`, its logs or checkpoints are
-    /// elsewhere than the data directory (not built yet), the new
-    /// component's inputs differ, or its newest checkpoint is not of its
+    /// the change (and, on Kafka, [`record_upgrades`](Self::record_upgrades)
+    /// before it: on Kafka the log is fenced here, before its last step is
+    /// read, so a host still running the pipeline commits no more). Refused
+    /// (nothing changed) when there is no pipeline there, it already runs
+    /// `component` (also where another host's upgrade recorded it, which
+    /// this directory then follows), `config` names other logs than the
+    /// pipeline's, its checkpoints are in a shared store that `config` does
+    /// not name, `rebuild` is asked on Kafka, the new component's inputs
+    /// differ, or its newest checkpoint is not of its
     /// last committed step. Blocks.
     pub(crate) fn for_upgrade(
         config: &PipelineConfig,
@@ -141,20 +136,72 @@ impl Storage {
         let database = db::open(&config.data)?;
         let stored = meta::load(&database)?
             .ok_or_else(|| Refused(format!("{} holds no pipeline", config.data.display())))?;
-        let sync_commits = match (&stored.log, &config.log, &config.checkpoint_store) {
-            (LogMeta::Embedded, LogConfig::Embedded { sync_commits }, None) => *sync_commits,
+        #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
+        let mut ledger: Option<Arc<dyn CheckpointLedger>> = None;
+        let log: Arc<dyn LogBackend> = match (&stored.log, &config.log) {
+            (LogMeta::Embedded, LogConfig::Embedded { sync_commits }) => {
+                Arc::new(match sync_commits {
+                    true => EmbeddedLog::open(database.clone())?,
+                    false => EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?,
+                })
+            }
+            #[cfg(feature = "kafka")]
+            (LogMeta::Kafka { .. }, LogConfig::Kafka { config: kafka }) => {
+                if rebuild {
+                    return Err(Refused(
+                        "--rebuild on Kafka logs is not built: a rebuild needs all of the \
+                         pipeline's input and output logs, which Kafka's retention trims"
+                            .into(),
+                    ));
+                }
+                let mut kafka = kafka.clone();
+                kafka.inputs = stored.shape.inputs.iter().map(|i| i.name.clone()).collect();
+                let log = Arc::new(sluice_kafka::KafkaLog::open(kafka)?);
+                // Fenced before the last step is read: a host still running
+                // the pipeline commits no step after it (its next commit
+                // fails as fenced).
+                log.fence()?;
+                ledger = Some(log.clone());
+                log
+            }
             _ => {
                 return Err(Refused(format!(
-                    "the pipeline's logs are {}: an upgrade is built for the embedded log with \
-                     its checkpoints in the data directory only, so far",
-                    stored.log
+                    "the pipeline's logs are {}: upgrade it on the logs it runs on{}",
+                    stored.log,
+                    match stored.log {
+                        LogMeta::Kafka { .. } => " (--brokers)",
+                        LogMeta::Embedded => "",
+                    }
                 )));
             }
         };
-        if segment_cache(&config.data).exists() {
+        // A change another host made (recorded in the shared log) that
+        // this data directory does not know yet: followed first.
+        let shared = meta::decode_upgrades(log.upgrades()?.as_deref())?;
+        if shared.len() > stored.upgrades.len()
+            && let Some(last) = shared.last()
+        {
+            if last.to != hash {
+                return Err(Refused(format!(
+                    "the pipeline was upgraded to component {} (its log records it), which this \
+                     data directory has not opened yet: run that component here first",
+                    &last.to[..last.to.len().min(12)]
+                )));
+            }
+            let mut followed = stored.clone();
+            followed.component = hash.to_owned();
+            followed.operators = ports.operators.clone();
+            followed.shape.outputs = ports.outputs.clone();
+            followed.shape.snapshot_version = ports.snapshot_version;
+            follow_shared_upgrades(&database, shared, &mut followed)?;
+        }
+        let stored = meta::load(&database)?.unwrap_or(stored);
+        // Checkpoints in a shared store: the newest must be read there
+        // (the data directory's RocksDB holds none).
+        if segment_cache(&config.data).exists() && config.checkpoint_store.is_none() {
             return Err(Refused(
-                "the pipeline keeps its checkpoints in an object store (--store): an upgrade \
-                 is built for checkpoints in the data directory only, so far"
+                "the pipeline keeps its checkpoints in an object store: upgrade it with the \
+                 --store it runs with"
                     .into(),
             ));
         }
@@ -176,12 +223,7 @@ impl Storage {
                  an upgrade keeps the inputs, their order and their logs"
             )));
         }
-        let log = if sync_commits {
-            EmbeddedLog::open(database.clone())?
-        } else {
-            EmbeddedLog::open_unsynced_for_benchmarks(database.clone())?
-        };
-        let checkpoints = RocksCheckpointStore::open(database.clone());
+        let checkpoints = open_checkpoints(config, &database, ledger)?;
         let last = log.last_step()?;
         let newest = checkpoints.latest_meta()?.map(|m| m.step);
         // A second change at the same checkpoint would hand the newest
@@ -207,7 +249,7 @@ impl Storage {
             )));
         }
         let rebuilt = match rebuild {
-            true => Some(rebuildable(&log, &stored, ports, start_empty)?),
+            true => Some(rebuildable(&*log, &stored, ports, start_empty)?),
             false => None,
         };
         let upgrade = Upgrade {
@@ -228,8 +270,8 @@ impl Storage {
             ..stored.shape
         };
         let storage = Storage {
-            log: Arc::new(log),
-            checkpoints: Arc::new(checkpoints),
+            log,
+            checkpoints,
             meta,
             _db: database,
         };
@@ -237,9 +279,18 @@ impl Storage {
     }
 
     /// Stores [`meta`](Self::meta) (durably): the commit point of an
-    /// upgrade. Blocks.
+    /// upgrade on the embedded log. Blocks.
     pub(crate) fn store_meta(&self) -> Result<()> {
         meta::store(&self._db, &self.meta)
+    }
+
+    /// Records the metadata's changes of component in the pipeline's
+    /// shared log, where it keeps them (Kafka: the commit point of an
+    /// upgrade there, fenced like a step; every host opening the pipeline
+    /// follows it). `false`: the log keeps none (the embedded log). Blocks.
+    pub(crate) fn record_upgrades(&self) -> Result<bool> {
+        self.log
+            .record_upgrades(&meta::encode_upgrades(&self.meta.upgrades)?)
     }
 
     /// The pipeline's shape.
@@ -306,6 +357,71 @@ pub fn stored_component(data: &std::path::Path) -> Result<Option<String>> {
     Ok(meta::load(&database)?.map(|m| m.component))
 }
 
+/// Brings a data directory up to the changes of component its pipeline's
+/// shared log records (`shared`; none for the embedded log): a host that
+/// did not make an upgrade — another machine, a fresh data directory, or
+/// this one's upgrade stopped between the shared record and its own
+/// metadata — opens the pipeline as the upgrade left it, with the new
+/// component only (another is refused as a changed component), and its
+/// recovery takes the checkpoint of the change through the new version's
+/// `upgrade`. `wanted`: the metadata of the component being opened, which
+/// a new directory stores.
+fn follow_shared_upgrades(
+    database: &Arc<db::PipelineDb>,
+    shared: Vec<Upgrade>,
+    wanted: &mut PipelineMeta,
+) -> Result<()> {
+    let Some(last) = shared.last() else {
+        return Ok(());
+    };
+    let stored = meta::load(database)?;
+    if stored
+        .as_ref()
+        .is_some_and(|s| s.upgrades.len() >= shared.len())
+    {
+        return Ok(());
+    }
+    if wanted.component != last.to {
+        return Err(sluice_core::ConfigError::ComponentChanged {
+            stored: last.to[..last.to.len().min(12)].into(),
+            wanted: wanted.component[..wanted.component.len().min(12)].into(),
+        }
+        .into());
+    }
+    wanted.upgrades = shared;
+    if let Some(mut stored) = stored {
+        stored.upgrades = wanted.upgrades.clone();
+        stored.component = wanted.component.clone();
+        stored.operators = wanted.operators.clone();
+        stored.shape.outputs = wanted.shape.outputs.clone();
+        stored.shape.snapshot_version = wanted.shape.snapshot_version;
+        meta::store(database, &stored)?;
+    }
+    Ok(())
+}
+
+/// The pipeline's checkpoint store: the data directory's RocksDB, or the
+/// shared store `config.checkpoint_store` names with this host's copy of
+/// what it wrote beside its RocksDB (a surviving host restores from it),
+/// its commits recorded in `ledger` (where one is given).
+fn open_checkpoints(
+    config: &PipelineConfig,
+    database: &Arc<db::PipelineDb>,
+    ledger: Option<Arc<dyn CheckpointLedger>>,
+) -> Result<Arc<dyn CheckpointStore>> {
+    Ok(match &config.checkpoint_store {
+        None => Arc::new(RocksCheckpointStore::open(database.clone())),
+        Some(url) => {
+            let store = sluice_objstore::ObjectCheckpointStore::open(url)?
+                .with_cache(segment_cache(&config.data))?;
+            Arc::new(match ledger {
+                Some(ledger) => store.with_ledger(ledger),
+                None => store,
+            })
+        }
+    })
+}
+
 /// Where a host keeps its copy of the checkpoint segments it wrote to a
 /// shared store: beside the pipeline's RocksDB in its data directory.
 pub fn segment_cache(data: &std::path::Path) -> std::path::PathBuf {
@@ -334,7 +450,7 @@ fn input_partitions(log: &dyn LogBackend, config: &PipelineConfig, name: &str) -
 /// record, and every output port of both versions its first step (the
 /// switch writes the difference between the rebuilt output and the log's).
 fn rebuildable(
-    log: &EmbeddedLog,
+    log: &dyn LogBackend,
     stored: &PipelineMeta,
     ports: &CircuitPorts,
     start_empty: &[String],

@@ -11,7 +11,12 @@
 //!    upgrade — so far nothing is stored, and a refusal changes nothing;
 //! 2. the pipeline's metadata is rewritten, durably, to name the new
 //!    component and shape, with the change recorded ([`Upgrade`]): the
-//!    commit point;
+//!    commit point. On Kafka logs the change is first recorded on the
+//!    pipeline's meta topic, in a transaction of the step producer (fenced
+//!    like a step: the upgrade fences every host still running the
+//!    pipeline before it reads the last step): that record is the commit
+//!    point there, and every host opening the pipeline — another machine,
+//!    a fresh data directory — follows it;
 //! 3. the steps after C run the new component. Until its first checkpoint
 //!    commits, every recovery takes C through `upgrade` again, with the
 //!    same `start_empty` — the same call on the same pieces, so the same
@@ -100,10 +105,18 @@ impl Pipeline {
                 )),
                 e => e,
             })?;
+        // On a shared log (Kafka) the record there is the commit point:
+        // every host opening the pipeline follows it, this data directory
+        // too if the process stops before it stores its own.
         let s = pipeline.storage().clone();
-        tokio::task::spawn_blocking(move || s.store_meta())
-            .await
-            .map_err(Error::task("storing the pipeline's metadata"))??;
+        tokio::task::spawn_blocking(move || {
+            if s.record_upgrades()? {
+                sluice_core::crash::crash_point(sluice_core::crash::CrashPoint::AfterUpgradeRecord);
+            }
+            s.store_meta()
+        })
+        .await
+        .map_err(Error::task("storing the pipeline's metadata"))??;
         sluice_core::crash::crash_point(sluice_core::crash::CrashPoint::AfterUpgrade);
         let outputs = &pipeline.shape().outputs;
         let report = UpgradeReport {

@@ -197,6 +197,13 @@ impl LogBackend for FaultyLog {
     fn fence(&self) -> Result<u64> {
         self.faults.write("fence", || self.inner.fence())
     }
+    fn record_upgrades(&self, upgrades: &[u8]) -> Result<bool> {
+        self.faults
+            .write("record_upgrades", || self.inner.record_upgrades(upgrades))
+    }
+    fn upgrades(&self) -> Result<Option<Vec<u8>>> {
+        self.faults.read("upgrades", || self.inner.upgrades())
+    }
     fn commit_step(&self, commit: &StepCommit) -> Result<()> {
         self.faults
             .write("commit_step", || self.inner.commit_step(commit))

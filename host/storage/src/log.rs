@@ -482,6 +482,25 @@ pub trait LogBackend: Send + Sync {
         Ok(())
     }
 
+    /// Records the pipeline's changes of component (`sluice upgrade`), the
+    /// whole list as the caller encodes it (replacing what was recorded),
+    /// where every host opening the pipeline reads it
+    /// ([`upgrades`](Self::upgrades)): in a commit fenced like a step's,
+    /// so a host another fenced records nothing. `Ok(false)` (the
+    /// default): this log keeps no such record — the embedded log, whose
+    /// data directory's metadata is the record (its lock the fence).
+    fn record_upgrades(&self, upgrades: &[u8]) -> Result<bool> {
+        let _ = upgrades;
+        Ok(false)
+    }
+
+    /// The changes of component last recorded with
+    /// [`record_upgrades`](Self::record_upgrades), as committed; `None`
+    /// when none were (or this log keeps none).
+    fn upgrades(&self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+
     /// Starts a new fencing epoch and returns it: from now on, commits whose
     /// record carries an older epoch fail with
     /// [`StorageError::HostEpochSuperseded`]. A host calls this once when

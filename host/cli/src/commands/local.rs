@@ -9,7 +9,7 @@ use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
 use sluice_pipeline::{PipelineConfig, RunRequest, run as run_pipeline};
 use sluice_runtime::{Limits, PipelineOptions};
 use sluice_storage::LogBackend;
-use sluice_storage::audit::{Verdict, audit};
+use sluice_storage::audit::{Verdict, audit_upgraded};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,6 +109,8 @@ pub(super) fn stored_ports(dir: &std::path::Path) -> anyhow::Result<sluice_core:
 pub async fn upgrade(
     component: PathBuf,
     data: PathBuf,
+    store: Option<String>,
+    brokers: Option<String>,
     start_empty: Vec<String>,
     rebuild: bool,
 ) -> anyhow::Result<()> {
@@ -129,7 +131,13 @@ pub async fn upgrade(
             eprintln!("{diff}");
         }
     }
-    let config = PipelineConfig::new(data, 1);
+    let dir = data.clone();
+    let log = tokio::task::spawn_blocking(move || stored_log_config(&dir, brokers)).await??;
+    let config = PipelineConfig {
+        checkpoint_store: store,
+        log,
+        ..PipelineConfig::new(data, 1)
+    };
     let (_, _, report) =
         sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty, rebuild).await?;
     let short = |h: &str| h[..h.len().min(12)].to_owned();
@@ -365,16 +373,10 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     let log: Arc<dyn LogBackend> = match &meta.log {
         LogMeta::Embedded => Arc::new(EmbeddedLog::open(database.clone())?),
         #[cfg(feature = "kafka")]
-        LogMeta::Kafka { pipeline, topics } => {
-            let brokers = brokers.with_context(|| {
-                format!(
-                    "the logs of this pipeline are in Kafka (pipeline `{pipeline}`): pass --brokers \
-                     HOST:PORT (or SLUICE_KAFKA_BROKERS)"
-                )
-            })?;
-            let mut config = sluice_kafka::KafkaConfig::new(brokers, pipeline.clone());
-            config.topics = topics.clone().into_iter().collect();
-            let log = Arc::new(sluice_kafka::KafkaLog::open(config)?);
+        LogMeta::Kafka { .. } => {
+            let log = Arc::new(sluice_kafka::KafkaLog::open(kafka_config(
+                &meta.log, brokers,
+            )?)?);
             ledger = Some(log.clone());
             log
         }
@@ -392,6 +394,52 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     })
 }
 
+/// The Kafka settings of a pipeline whose metadata records `log` (its
+/// name and topics), with `brokers`.
+#[cfg(feature = "kafka")]
+fn kafka_config(
+    log: &LogMeta,
+    brokers: Option<String>,
+) -> anyhow::Result<sluice_kafka::KafkaConfig> {
+    let LogMeta::Kafka { pipeline, topics } = log else {
+        bail!("the pipeline's logs are not in Kafka");
+    };
+    let brokers = brokers.with_context(|| {
+        format!(
+            "the logs of this pipeline are in Kafka (pipeline `{pipeline}`): pass --brokers \
+             HOST:PORT (or SLUICE_KAFKA_BROKERS)"
+        )
+    })?;
+    let mut config = sluice_kafka::KafkaConfig::new(brokers, pipeline.clone());
+    config.topics = topics.clone().into_iter().collect();
+    Ok(config)
+}
+
+/// The logs the pipeline in data directory `dir` runs on, as its metadata
+/// records them (Kafka's with `brokers`); the embedded log where there is
+/// no pipeline (the upgrade says so). Blocks.
+fn stored_log_config(
+    dir: &std::path::Path,
+    brokers: Option<String>,
+) -> anyhow::Result<sluice_pipeline::LogConfig> {
+    if !dir.join("db").is_dir() {
+        return Ok(Default::default());
+    }
+    let stored = meta::load(&*db::open(dir)?)?;
+    match stored.map(|m| m.log) {
+        #[cfg(feature = "kafka")]
+        Some(log @ LogMeta::Kafka { .. }) => Ok(sluice_pipeline::LogConfig::Kafka {
+            config: kafka_config(&log, brokers)?,
+        }),
+        #[cfg(not(feature = "kafka"))]
+        Some(LogMeta::Kafka { .. }) => {
+            let _ = brokers;
+            bail!("this sluice was built without Kafka support (cargo feature `kafka`)")
+        }
+        _ => Ok(Default::default()),
+    }
+}
+
 /// `sluice verify`.
 pub async fn verify(
     data: PathBuf,
@@ -400,20 +448,29 @@ pub async fn verify(
 ) -> anyhow::Result<()> {
     let verdict = tokio::task::spawn_blocking(move || -> anyhow::Result<Verdict> {
         let offline = open_offline(&data, brokers)?;
+        // The outputs each component wrote, up to each change of it.
+        let eras = sluice_embedded::audit::outputs_before(&offline.meta);
         Ok(match (offline.meta.log, store) {
+            // The embedded log's audit reads its upgrades from the
+            // metadata (the outputs each component wrote).
+            (LogMeta::Embedded, Some(url)) => sluice_embedded::audit::audit_embedded_with(
+                &offline.database,
+                &sluice_objstore::ObjectCheckpointStore::open(&url)?,
+            )?,
             (_, Some(url)) => {
                 let store = sluice_objstore::ObjectCheckpointStore::open(&url)?;
                 let store = match offline.ledger {
                     Some(ledger) => store.with_ledger(ledger),
                     None => store,
                 };
-                audit(&*offline.log, &store, &offline.meta.shape)?
+                audit_upgraded(&*offline.log, &store, &offline.meta.shape, &eras)?
             }
             (LogMeta::Embedded, None) => sluice_embedded::audit::audit_embedded(&offline.database)?,
-            (LogMeta::Kafka { .. }, None) => audit(
+            (LogMeta::Kafka { .. }, None) => audit_upgraded(
                 &*offline.log,
                 &RocksCheckpointStore::open(offline.database.clone()),
                 &offline.meta.shape,
+                &eras,
             )?,
         })
     })

@@ -98,8 +98,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             data: Some(data),
             start_empty,
             rebuild,
+            store,
+            brokers,
             ..
-        } => local::upgrade(component, data, start_empty, rebuild).await,
+        } => local::upgrade(component, data, store, brokers, start_empty, rebuild).await,
         Command::Upgrade {
             component,
             pipeline,

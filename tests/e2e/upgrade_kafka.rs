@@ -1,0 +1,181 @@
+//! Changing a running circuit (issue #31) on Kafka logs: the change is
+//! recorded on the pipeline's meta topic in a transaction of the step
+//! producer (the commit point there), so every host that opens the
+//! pipeline afterwards — this data directory after a crash between that
+//! record and its own metadata, or another machine with a fresh data
+//! directory and the checkpoints in a shared store — follows it: it runs
+//! the new component only, and its recovery takes the checkpoint of the
+//! change through the new version's `upgrade`.
+#![cfg(feature = "kafka")]
+
+use crate::kafka::{brokers, fresh_name};
+use crate::support::crash::{env_count, seeded};
+use crate::support::{component, recount, sluice_cmd, stderr};
+use crate::upgrade_switch::{
+    input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd, run_with_kills, store_in,
+    upgrade_cmd, with_store,
+};
+use std::path::Path;
+use std::process::Command;
+
+/// `sluice run` of `wasm` on Kafka (`--log kafka`), in data directory
+/// `data`, writing the outputs named into `dir`.
+fn run_on_kafka(
+    wasm: &Path,
+    data: &Path,
+    file: &Path,
+    outputs: &[&str],
+    dir: &Path,
+    brokers: &str,
+    pipeline: &str,
+) -> Command {
+    let mut cmd = run_cmd(wasm, data, file, outputs, dir);
+    cmd.args(["--log=kafka", &format!("--brokers={brokers}")])
+        .arg(format!("--pipeline={pipeline}"));
+    cmd
+}
+
+/// Word count on Kafka, then `sluice upgrade` to version 2 (killed first:
+/// at a random moment, or right after the record on the meta topic, its
+/// commit point there), then more input; every other trial keeps the
+/// checkpoints in an object store and runs version 2 on another "machine"
+/// (a fresh data directory), where version 1 is refused. The counts go on
+/// from the carried state exactly once, the new count starts at the
+/// switch, and the audit finds the logs consistent.
+#[test]
+fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
+    let Some(brokers) = brokers() else { return };
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let mut rng = seeded("SLUICE_KAFKA_UPGRADE_SEED", "kafka upgrade");
+    let trials = env_count("SLUICE_KAFKA_UPGRADE_TRIALS", 4);
+    let (mut kills, mut upgrade_kills, mut retaken, mut elsewhere) = (0, 0, 0, 0);
+    for trial in 0..trials {
+        let pipeline = fresh_name("upgrade");
+        let dir = tempfile::tempdir().unwrap();
+        let here = dir.path().join("here");
+        let store = (trial % 2 == 1).then(|| store_in(dir.path()));
+        // `sluice upgrade --data DIR` finds the pipeline's name and topics
+        // in its metadata: it needs the brokers (and the store).
+        let kafka = |mut cmd: Command| {
+            cmd.arg(format!("--brokers={brokers}"));
+            with_store(&store, cmd)
+        };
+        let (before, before_pairs) = input(&mut rng, 500, &[]);
+        let (after, after_pairs) = input(&mut rng, 500, &before_pairs);
+        let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+        std::fs::write(&a, before).unwrap();
+        std::fs::write(&b, after).unwrap();
+        let run = |wasm: &Path, data: &Path, file: &Path, outputs: &[&str]| {
+            with_store(
+                &store,
+                run_on_kafka(wasm, data, file, outputs, dir.path(), &brokers, &pipeline),
+            )
+        };
+
+        let (k, _) = run_with_kills(&mut rng, || run(&v1, &here, &a, &["counts"]), 1, None);
+        kills += k;
+
+        if trial == 0 {
+            // The upgrade needs the brokers the pipeline's logs are on.
+            let out = upgrade_cmd(&v2, &here, &[])
+                .env_remove("SLUICE_KAFKA_BROKERS")
+                .output()
+                .unwrap();
+            assert!(!out.status.success());
+            assert!(stderr(&out).contains("pass --brokers"), "{}", stderr(&out));
+        }
+        // The upgrade, killed first: right after its record on the meta
+        // topic (its data directory's metadata not yet rewritten), or at a
+        // random moment; then made, or found made.
+        let first = kafka(upgrade_cmd(&v2, &here, &[]));
+        let (status, killed) = if trial % 3 == 2 {
+            let mut first = first;
+            let out = first
+                .env("SLUICE_CRASH_AT", "after-upgrade-record")
+                .output()
+                .unwrap();
+            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+            (out.status, true)
+        } else {
+            kill_upgrade(&mut rng, first, false, 1500)
+        };
+        upgrade_kills += u32::from(killed);
+        let out = kafka(upgrade_cmd(&v2, &here, &[])).output().unwrap();
+        if out.status.success() {
+            assert!(!status.success(), "made twice: {}", stderr(&out));
+        } else {
+            assert!(
+                stderr(&out).contains("already runs component"),
+                "trial {trial}: {}",
+                stderr(&out)
+            );
+        }
+
+        // Version 2 runs here, or on another machine (a fresh data
+        // directory, the checkpoints from the store), where version 1 no
+        // longer opens the pipeline.
+        let data = if store.is_some() {
+            let there = dir.path().join("there");
+            let out = run(&v1, &there, &a, &["counts"]).output().unwrap();
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("`sluice upgrade` moves"),
+                "trial {trial}: {}",
+                stderr(&out)
+            );
+            std::fs::remove_dir_all(&there).unwrap();
+            elsewhere += 1;
+            there
+        } else {
+            here.clone()
+        };
+        let n = rng.below(2) as u32;
+        let (k, log) = run_with_kills(
+            &mut rng,
+            || run(&v2, &data, &b, &["counts", "lengths"]),
+            n,
+            Some("after-commit:1"),
+        );
+        kills += k;
+        let this = log
+            .matches("taking the checkpoint of the component before the upgrade")
+            .count();
+        assert!(
+            this >= 2,
+            "trial {trial}: the old checkpoint taken through `upgrade` {this} times"
+        );
+        retaken += this;
+
+        let counts = std::fs::read_to_string(dir.path().join("counts.jsonl")).unwrap();
+        let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
+        assert_eq!(
+            sluice_tools::demo::integrate_counts(&counts).unwrap(),
+            recount(all.iter().map(|(l, w)| (l.as_str(), *w))),
+            "trial {trial}: the counts go on from the carried state"
+        );
+        let lengths = std::fs::read_to_string(dir.path().join("lengths.jsonl")).unwrap();
+        assert_eq!(
+            integrate_pairs(&lengths),
+            recount_lengths(&after_pairs),
+            "trial {trial}: the new count started empty at the switch"
+        );
+        let out = with_store(&store, sluice_cmd())
+            .args(["verify", "--data"])
+            .arg(&data)
+            .arg(format!("--brokers={brokers}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "trial {trial}: {}{}",
+            stderr(&out),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    eprintln!(
+        "kafka upgrade test: {trials} trials ({elsewhere} run on another machine), {kills} \
+         SIGKILLs of runs, {upgrade_kills} of upgrades; the old version's checkpoint taken \
+         through `upgrade` {retaken} times"
+    );
+}
