@@ -128,6 +128,17 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
             elsewhere += 1;
             there
         } else {
+            // Without a shared store, a fresh data directory has not the
+            // checkpoint of the change: refused, saying so, rather than
+            // replaying version 1's steps under version 2.
+            let there = dir.path().join("there");
+            let out = run(&v2, &there, &b, &["counts"]).output().unwrap();
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("which this host does not have (it has none)"),
+                "trial {trial}: {}",
+                stderr(&out)
+            );
             here.clone()
         };
         let n = rng.below(2) as u32;
@@ -177,5 +188,68 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
         "kafka upgrade test: {trials} trials ({elsewhere} run on another machine), {kills} \
          SIGKILLs of runs, {upgrade_kills} of upgrades; the old version's checkpoint taken \
          through `upgrade` {retaken} times"
+    );
+}
+
+/// A host that opened a Kafka pipeline before another upgraded it cannot
+/// take the pipeline back with the old component: its next take-over reads
+/// the record after fencing and fails, naming the new component. (Version
+/// 1 runs its input in data directory A, which a host then opens through
+/// the library and keeps open; host B, a data directory of its own with
+/// the checkpoints in the shared store, opens the pipeline and is upgraded
+/// to version 2; then A's host takes the pipeline over.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_opened_the_pipeline_before_an_upgrade_elsewhere_cannot_take_it_back() {
+    use crate::support::Harness;
+    use sluice_pipeline::LogConfig;
+    let Some(brokers) = brokers() else { return };
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let pipeline = fresh_name("stale");
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let file = dir.path().join("lines.jsonl");
+    std::fs::write(&file, "\"hello world\"\n\"hello sluice\"\n").unwrap();
+    let run = |data: &Path, input: Option<&Path>| {
+        let mut cmd = sluice_cmd();
+        cmd.arg("run")
+            .arg(&v1)
+            .arg("--data")
+            .arg(data)
+            .args(["--workers", "2", "--log=kafka"])
+            .arg(format!("--brokers={brokers}"))
+            .arg(format!("--pipeline={pipeline}"))
+            .arg(format!("--store={store}"));
+        if let Some(input) = input {
+            cmd.arg(format!("--input=lines={}", input.display()));
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    run(&a, Some(&file));
+    let stale = Harness::open_with(&a, &v1, 2, sluice_runtime::Limits::default(), |c| {
+        c.log = LogConfig::Kafka {
+            config: sluice_kafka::KafkaConfig::new(&brokers, &pipeline),
+        };
+        c.checkpoint_store = Some(store.clone());
+    })
+    .await;
+
+    run(&b, None);
+    let mut upgrade = upgrade_cmd(&v2, &b, &[]);
+    upgrade.args([&format!("--brokers={brokers}"), &format!("--store={store}")]);
+    let out = upgrade.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let e = stale
+        .coordinator(stale.pipeline.options().clone())
+        .await
+        .err()
+        .expect("a take-over with the old component after the upgrade")
+        .to_string();
+    assert!(
+        e.contains("was upgraded to component") && e.contains("since this host opened it"),
+        "{e}"
     );
 }

@@ -69,37 +69,37 @@ impl KafkaLog {
     }
 
     /// Records `upgrades` on the meta topic (key [`META_UPGRADES`]) in a
-    /// transaction of the step producer: fenced as a step commit is (a
-    /// host another fenced records nothing), and read by every host's
-    /// [`load_meta`](Self::load_meta).
+    /// transaction of the pipeline's ingest producer as the last
+    /// [`fence`](sluice_storage::LogBackend::fence) made it. Fenced like a
+    /// step commit: every take-over (and every open, through
+    /// [`load_meta`](Self::load_meta)) initialises that producer's
+    /// transactional id anew, so a host another took the pipeline from
+    /// records nothing. And every reader's `load_meta` first aborts the
+    /// transaction of an upgrade that died inside it (the same id), so no
+    /// open waits on it.
     pub(crate) fn record_upgrades_on_meta(&self, upgrades: &[u8]) -> Result<()> {
         let topic = self.config.meta_topic();
-        self.with_steps(|s| {
-            if let Some(fenced) = s.lost {
-                return Err(crate::steps::lost_producer(&self.config, None, fenced));
-            }
-            if s.epoch == 0 || s.producer.is_none() {
-                return Err(sluice_core::ConfigError::Invalid(
-                    "the Kafka log was not fenced (call `fence` first), so it records no upgrade"
-                        .into(),
-                )
-                .into());
-            }
-            let record = Outgoing::step_log(&topic, META_UPGRADES.as_bytes(), upgrades);
-            match self.transact(&mut s.producer, "steps", None, vec![record], None) {
-                Ok(_) => {
-                    lock(&self.meta).upgrades = Some(upgrades.to_vec());
-                    Ok(())
-                }
-                Err(e) => {
-                    // As after a failed checkpoint record: the producer is
-                    // gone, and the next `fence` learns whether it landed.
-                    s.lost = Some(matches!(e, Error::TransactionalProducerSuperseded { .. }));
-                    s.producer = None;
-                    Err(e)
-                }
-            }
-        })
+        // (The step state first, released: `fence` locks it before the meta
+        // state.)
+        let fenced = lock(&self.steps).epoch != 0;
+        let mut meta = lock(&self.meta);
+        if meta.producer.is_none() || !fenced {
+            return Err(sluice_core::ConfigError::Invalid(
+                "the Kafka log was not fenced (call `fence` first), so it records no upgrade"
+                    .into(),
+            )
+            .into());
+        }
+        let record = Outgoing::step_log(&topic, META_UPGRADES.as_bytes(), upgrades);
+        // A producer fenced since is not replaced here (`transact` would
+        // start a fresh one, fencing the host that took over): the record
+        // fails instead.
+        let mut slot = meta.producer.take();
+        let result = self.transact(&mut slot, "ingest", None, vec![record], None);
+        meta.producer = slot;
+        result?;
+        meta.upgrades = Some(upgrades.to_vec());
+        Ok(())
     }
 
     /// An append by a producer with a sequence number: the events and the

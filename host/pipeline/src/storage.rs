@@ -299,13 +299,34 @@ impl Storage {
     }
 
     /// The logs and checkpoints behind the host's invariant checks: what a
-    /// coordinator commits to.
+    /// coordinator commits to. Its every take-over fails where the log
+    /// records a change of component this storage's metadata lacks (an
+    /// upgrade made elsewhere after this host opened the pipeline).
     pub fn guarded(&self) -> Arc<Guarded> {
-        Arc::new(Guarded::new(
-            self.log.clone(),
-            self.checkpoints.clone(),
-            self.meta.shape.clone(),
-        ))
+        let known = self.meta.upgrades.clone();
+        Arc::new(
+            Guarded::new(
+                self.log.clone(),
+                self.checkpoints.clone(),
+                self.meta.shape.clone(),
+            )
+            .checking_upgrades(move |recorded| {
+                // The changes recorded must be this host's, or the first of
+                // them (an upgrade here records its own after it fenced).
+                let recorded = meta::decode_upgrades(recorded.as_deref())?;
+                match recorded.last() {
+                    Some(last) if !known.starts_with(&recorded) => {
+                        Err(sluice_core::ConfigError::Invalid(format!(
+                            "the pipeline was upgraded to component {} since this host opened \
+                             it (its log records the change): open it again with that component",
+                            &last.to[..last.to.len().min(12)]
+                        ))
+                        .into())
+                    }
+                    _ => Ok(()),
+                }
+            }),
+        )
     }
 
     /// Wraps the log and the checkpoint store, e.g. to inject faults.

@@ -107,13 +107,31 @@ impl Pipeline {
             })?;
         // On a shared log (Kafka) the record there is the commit point:
         // every host opening the pipeline follows it, this data directory
-        // too if the process stops before it stores its own.
+        // too if the process stops before it stores its own. The new
+        // instances' coordinator fenced the log: the step and checkpoint
+        // the change is made at must still be the last (a host that took
+        // the pipeline between the two fences and ran it makes the
+        // upgrade fail, nothing recorded).
         let s = pipeline.storage().clone();
+        let at = upgrade.checkpoint;
         tokio::task::spawn_blocking(move || {
+            let last = s.log.last_step()?;
+            let newest = s.checkpoints.latest_meta()?.map(|m| m.step);
+            if last != at || newest != at {
+                let show = |s: Option<u64>| s.map_or("none".to_owned(), |s| s.to_string());
+                return Err(Error::UpgradeRefused(format!(
+                    "another host ran the pipeline during the upgrade (its last step is now {}, \
+                     its newest checkpoint {}, not {}): nothing changed; stop it, then upgrade \
+                     again",
+                    show(last),
+                    show(newest),
+                    show(at)
+                )));
+            }
             if s.record_upgrades()? {
                 sluice_core::crash::crash_point(sluice_core::crash::CrashPoint::AfterUpgradeRecord);
             }
-            s.store_meta()
+            Ok(s.store_meta()?)
         })
         .await
         .map_err(Error::task("storing the pipeline's metadata"))??;

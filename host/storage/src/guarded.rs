@@ -83,7 +83,14 @@ pub struct Guarded {
     /// move forward and follow the layout; `None` until it is read from the
     /// log (at the first commit or [`fence`](Self::fence)).
     last: Mutex<Option<Tip>>,
+    /// Checks, at every take-over, the changes of component the log
+    /// records against those the host opened the pipeline with (see
+    /// [`checking_upgrades`](Self::checking_upgrades)).
+    upgrades_check: Option<UpgradesCheck>,
 }
+
+/// See [`Guarded::checking_upgrades`].
+type UpgradesCheck = Box<dyn Fn(Option<Vec<u8>>) -> Result<()> + Send + Sync>;
 
 impl Guarded {
     /// Guards `log` and `checkpoints` for a pipeline of this shape.
@@ -99,7 +106,22 @@ impl Guarded {
             checkpoints,
             shape,
             last: Mutex::new(None),
+            upgrades_check: None,
         }
+    }
+
+    /// Has every [`fence`](Self::fence), once the log is fenced, pass
+    /// what the log records of the pipeline's changes of component
+    /// ([`LogBackend::upgrades`]) to `check`, which fails the take-over
+    /// where the host opened the pipeline under another component than
+    /// the last recorded one (an upgrade made elsewhere since). Read after
+    /// the fence, the record is whole: a later one fails to commit.
+    pub fn checking_upgrades(
+        mut self,
+        check: impl Fn(Option<Vec<u8>>) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.upgrades_check = Some(Box::new(check));
+        self
     }
 
     fn read_last(&self) -> Result<Tip> {
@@ -128,6 +150,9 @@ impl Guarded {
     pub fn fence(&self) -> Result<u64> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let epoch = self.log.fence()?;
+        if let Some(check) = &self.upgrades_check {
+            check(self.log.upgrades()?)?;
+        }
         *last = Some(self.read_last()?);
         Ok(epoch)
     }

@@ -258,6 +258,25 @@ impl Coordinator {
             stats: Stats::default(),
             read_ahead: None,
         };
+        // The steps up to an upgrade's checkpoint ran the component before
+        // it: without that checkpoint (or a newer one) they would replay
+        // under this one.
+        if let Some(u) = &c.options.upgraded_at
+            && checkpoint.as_ref().is_none_or(|m| m.step < u.checkpoint)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "the pipeline was upgraded at the checkpoint of step {}, which this host does not \
+                 have ({}): the steps up to it ran the component before the upgrade; run it with \
+                 that checkpoint (its data directory, or keep checkpoints in a shared store, \
+                 --store)",
+                u.checkpoint,
+                checkpoint.map_or("it has none".to_owned(), |m| format!(
+                    "its newest is of step {}",
+                    m.step
+                ))
+            ))
+            .into());
+        }
         if let Some(meta) = checkpoint {
             c.restore_checkpoint(meta).await?;
         }
