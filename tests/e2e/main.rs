@@ -32,6 +32,7 @@ mod server;
 mod step_log;
 mod takeover;
 mod upgrade;
+mod upgrade_hosts;
 mod upgrade_kafka;
 mod upgrade_rebuild;
 mod upgrade_switch;

@@ -252,4 +252,94 @@ async fn a_host_that_opened_the_pipeline_before_an_upgrade_elsewhere_cannot_take
         e.contains("was upgraded to component") && e.contains("since this host opened it"),
         "{e}"
     );
+
+    // Nor does `sluice verify` audit A's stale view as if it were the
+    // pipeline's: A's metadata lacks the change the log records.
+    drop(stale);
+    let mut verify = sluice_cmd();
+    verify
+        .args(["verify", "--data"])
+        .arg(&a)
+        .args([&format!("--brokers={brokers}"), &format!("--store={store}")]);
+    let out = tokio::task::spawn_blocking(move || verify.output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "verified a stale data directory");
+    assert!(
+        stderr(&out).contains("is behind the pipeline's log"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A pipeline on a server, its logs in Kafka, upgraded through the API;
+/// the server dies right after the change's record on the meta topic (its
+/// registry and the pipeline's data directory still name version 1) and
+/// settles the upgrade from the record when it starts again: the pipeline
+/// runs version 2, and its counts go on from version 1's.
+#[test]
+fn a_server_that_dies_at_the_record_of_a_kafka_pipeline_s_upgrade_settles_it() {
+    use crate::support::server::Server;
+    use crate::upgrade_switch::ServerInput;
+    let Some(brokers) = brokers() else { return };
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let kafka = ["--kafka-brokers".to_owned(), brokers.clone()];
+    let mut server = Server::start_with_env(
+        &data,
+        &kafka,
+        &[("SLUICE_CRASH_AT", "after-upgrade-record")],
+    );
+    let tenant = server.tenant(&fresh_name("t").replace('-', ""));
+    let token = tenant.token().to_owned();
+    let (s, body) = server.upload(&token, "wordcount", &std::fs::read(&v1).unwrap());
+    assert_eq!(s, 201, "{body}");
+    let spec = serde_json::json!({
+        "name": "wc", "component": "wordcount", "workers": 2, "log": "kafka"
+    });
+    let (s, body) = server.create(&token, &spec);
+    assert_eq!(s, 201, "{body}");
+    let mut rng = seeded("SLUICE_KAFKA_UPGRADE_SEED", "server kafka upgrade");
+    let input = ServerInput::new(&mut rng, 300, dir.path());
+    input.push_first(&tenant);
+
+    let upgrade = |extra: &[&str]| {
+        sluice_cmd()
+            .arg("upgrade")
+            .arg(&v2)
+            .args(["--pipeline", "wc", "--server", server.url.as_str()])
+            .args(["--token", &token])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Rebuilding from retained input is for the embedded log only: refused,
+    // saying so, the pipeline running on as before.
+    let out = upgrade(&["--rebuild"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("rebuilding its state from its input is built for the embedded"),
+        "{}",
+        stderr(&out)
+    );
+    let out = upgrade(&[]);
+    assert!(!out.status.success(), "the server should have died");
+    assert!(
+        server.wait_exit(std::time::Duration::from_secs(60)),
+        "the server did not stop at the crash point"
+    );
+
+    let server = Server::start_with(&data, &kafka);
+    let tenant = sluice::client::Client::new(&server.url, &token);
+    // (Settled from the data directory alone, the server would load
+    // version 1, which the log's record refuses: no pipeline `wc`.)
+    let status = tenant
+        .status(Some("wc"))
+        .expect("the restarted server runs pipeline wc");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["component"], "wordcount_v2", "{status}");
+    assert!(status["last_error"].is_null(), "{status}");
+    input.push_second_to_version_2(&tenant);
 }

@@ -723,24 +723,15 @@ Circuit = sluice.export(build)
 /// input pushed after the switch.
 #[test]
 fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
-    use crate::support::server::{Server, integrated_counts, output_lines};
+    use crate::support::server::Server;
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let tenant = server.tenant("acme");
     tenant.deploy(&v1, "wordcount", "wc", 2, false).unwrap();
-    let mut rng = Rng(7);
-    let (before, before_pairs) = input(&mut rng, 400, &[]);
-    let (after, after_pairs) = input(&mut rng, 400, &before_pairs);
-    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
-    std::fs::write(&a, before).unwrap();
-    std::fs::write(&b, after).unwrap();
-    tenant.push("wc", "lines", &a, &Default::default()).unwrap();
-    let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait_for(&tenant, "version 1's counts", &|| {
-        integrated_counts(&tenant, "wc") == expected
-    });
+    let input = ServerInput::new(&mut Rng(7), 400, dir.path());
+    input.push_first(&tenant);
 
     let upgrade = |extra: &[&str]| {
         sluice_cmd()
@@ -812,16 +803,7 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
     let status: serde_json::Value =
         serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["component"], "wordcount_v2", "{status}");
-    tenant.push("wc", "lines", &b, &Default::default()).unwrap();
-    let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
-    let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait_for(&tenant, "version 2's counts", &|| {
-        integrated_counts(&tenant, "wc") == expected
-    });
-    let lengths = recount_lengths(&after_pairs);
-    wait_for(&tenant, "version 2's lengths", &|| {
-        integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
-    });
+    input.push_second_to_version_2(&tenant);
 }
 
 /// A server that dies right after an upgrade's commit point — the
@@ -831,7 +813,7 @@ fn a_pipeline_on_a_server_is_upgraded_and_its_counts_go_on() {
 /// counts on from version 1's state.
 #[test]
 fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
-    use crate::support::server::{Server, integrated_counts, output_lines};
+    use crate::support::server::Server;
     let v1 = component("examples/wordcount");
     let v2 = component("tests/guests/wordcount-v2");
     let dir = tempfile::tempdir().unwrap();
@@ -840,17 +822,8 @@ fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
     let tenant = server.tenant("acme");
     let token = tenant.token().to_owned();
     tenant.deploy(&v1, "wordcount", "wc", 2, false).unwrap();
-    let mut rng = Rng(11);
-    let (before, before_pairs) = input(&mut rng, 300, &[]);
-    let (after, after_pairs) = input(&mut rng, 300, &before_pairs);
-    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
-    std::fs::write(&a, before).unwrap();
-    std::fs::write(&b, after).unwrap();
-    tenant.push("wc", "lines", &a, &Default::default()).unwrap();
-    let expected = recount(before_pairs.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait_for(&tenant, "version 1's counts", &|| {
-        integrated_counts(&tenant, "wc") == expected
-    });
+    let input = ServerInput::new(&mut Rng(11), 300, dir.path());
+    input.push_first(&tenant);
 
     let out = sluice_cmd()
         .arg("upgrade")
@@ -877,16 +850,65 @@ fn a_server_that_dies_inside_an_upgrade_settles_it_when_it_starts_again() {
         serde_json::from_str(&tenant.status(Some("wc")).unwrap()).unwrap();
     assert_eq!(status["component"], "wordcount_v2", "{status}");
     assert!(status["last_error"].is_null(), "{status}");
-    tenant.push("wc", "lines", &b, &Default::default()).unwrap();
-    let all: Vec<(String, i64)> = before_pairs.iter().chain(&after_pairs).cloned().collect();
-    let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
-    wait_for(&tenant, "version 2's counts", &|| {
-        integrated_counts(&tenant, "wc") == expected
-    });
-    let lengths = recount_lengths(&after_pairs);
-    wait_for(&tenant, "version 2's lengths", &|| {
-        integrate_pairs(&output_lines(&tenant, "wc", "lengths")) == lengths
-    });
+    input.push_second_to_version_2(&tenant);
+}
+
+/// Word count's input for the server upgrade tests: `a.jsonl` and
+/// `b.jsonl` in a directory (`lines` lines each, the second deleting some
+/// of the first's), and the (line, weight) pairs of each.
+pub(crate) struct ServerInput {
+    pub(crate) a: std::path::PathBuf,
+    pub(crate) b: std::path::PathBuf,
+    pub(crate) before: Vec<(String, i64)>,
+    pub(crate) after: Vec<(String, i64)>,
+}
+
+impl ServerInput {
+    pub(crate) fn new(rng: &mut Rng, lines: usize, dir: &Path) -> ServerInput {
+        let (before_text, before) = input(rng, lines, &[]);
+        let (after_text, after) = input(rng, lines, &before);
+        let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+        std::fs::write(&a, before_text).unwrap();
+        std::fs::write(&b, after_text).unwrap();
+        ServerInput {
+            a,
+            b,
+            before,
+            after,
+        }
+    }
+
+    /// Pushes `a.jsonl` to pipeline `wc` (version 1) and waits for its
+    /// counts.
+    pub(crate) fn push_first(&self, tenant: &sluice::client::Client) {
+        use crate::support::server::integrated_counts;
+        tenant
+            .push("wc", "lines", &self.a, &Default::default())
+            .unwrap();
+        let expected = recount(self.before.iter().map(|(l, w)| (l.as_str(), *w)));
+        wait_for(tenant, "version 1's counts", &|| {
+            integrated_counts(tenant, "wc") == expected
+        });
+    }
+
+    /// Pushes `b.jsonl` to pipeline `wc`, upgraded to version 2: its counts
+    /// go on from version 1's, and the new `lengths` count what came after
+    /// the switch.
+    pub(crate) fn push_second_to_version_2(&self, tenant: &sluice::client::Client) {
+        use crate::support::server::{integrated_counts, output_lines};
+        tenant
+            .push("wc", "lines", &self.b, &Default::default())
+            .unwrap();
+        let all: Vec<(String, i64)> = self.before.iter().chain(&self.after).cloned().collect();
+        let expected = recount(all.iter().map(|(l, w)| (l.as_str(), *w)));
+        wait_for(tenant, "version 2's counts", &|| {
+            integrated_counts(tenant, "wc") == expected
+        });
+        let lengths = recount_lengths(&self.after);
+        wait_for(tenant, "version 2's lengths", &|| {
+            integrate_pairs(&output_lines(tenant, "wc", "lengths")) == lengths
+        });
+    }
 }
 
 /// Waits up to 120 s until `done`, failing with `what` and pipeline `wc`'s

@@ -443,6 +443,24 @@ fn open_checkpoints(
     })
 }
 
+/// The component (SHA-256) the pipeline in data directory `data` runs on
+/// logs `log`: where the logs record changes of component (Kafka), the
+/// last one's, which a data directory behind it follows when it opens;
+/// else as its metadata says (see [`stored_component`]). Blocks; on Kafka,
+/// initialises the pipeline's ingest producer (call it with the pipeline
+/// unloaded).
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+pub fn upgraded_component(data: &std::path::Path, log: &LogConfig) -> Result<Option<String>> {
+    #[cfg(feature = "kafka")]
+    if let LogConfig::Kafka { config } = log {
+        let shared = sluice_kafka::KafkaLog::open(config.clone())?.upgrades()?;
+        if let Some(last) = meta::decode_upgrades(shared.as_deref())?.pop() {
+            return Ok(Some(last.to));
+        }
+    }
+    stored_component(data)
+}
+
 /// Where a host keeps its copy of the checkpoint segments it wrote to a
 /// shared store: beside the pipeline's RocksDB in its data directory.
 pub fn segment_cache(data: &std::path::Path) -> std::path::PathBuf {

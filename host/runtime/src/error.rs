@@ -153,14 +153,16 @@ pub enum Error {
         coordinator: String,
     },
 
-    /// A pipeline whose component changed (an upgrade) opened with workers
-    /// on other hosts before its first checkpoint under the new component:
-    /// taking the old component's checkpoint through `upgrade` runs in the
-    /// coordinator's process only, for now.
+    /// A pipeline whose component changed with its state rebuilt from
+    /// retained input (an upgrade with `rebuild`) opened with workers on
+    /// other hosts before its first checkpoint under the new component:
+    /// the rebuild (and the switch's output difference) runs in the
+    /// coordinator's process only, for now. (Taking the old component's
+    /// checkpoint through `upgrade` runs on every worker's host.)
     #[error(
-        "this pipeline's component changed at its newest checkpoint, which the new component's \
-         instances take through `upgrade`: that runs on one host only for now; open it once \
-         without other hosts (it checkpoints under the new component), then across hosts"
+        "this pipeline's component changed at its newest checkpoint, its new operators rebuilt \
+         from retained input: that rebuild runs on one host only for now; open it once without \
+         other hosts (it checkpoints under the new component), then across hosts"
     )]
     UpgradeAcrossHosts,
 

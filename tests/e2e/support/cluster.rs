@@ -391,15 +391,8 @@ impl Cluster {
     pub fn counts(&self) -> BTreeMap<String, i64> {
         let topic = format!("{}.counts", self.pipeline);
         let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-        for line in kcat(&self.brokers, &topic, "%h\t%s\n") {
-            let (headers, value) = line.split_once('\t').unwrap();
-            let weight: i64 = headers
-                .split(',')
-                .find_map(|h| h.strip_prefix("sluice-weight="))
-                .unwrap()
-                .parse()
-                .unwrap();
-            let v: serde_json::Value = serde_json::from_str(value).unwrap();
+        for (value, weight) in integrated(&self.brokers, &topic) {
+            let v: serde_json::Value = serde_json::from_str(&value).unwrap();
             *counts
                 .entry(v["word"].as_str().unwrap().to_owned())
                 .or_default() += weight * v["count"].as_i64().unwrap();
@@ -491,6 +484,25 @@ pub fn kcat(brokers: &str, topic: &str, format: &str) -> Vec<String> {
         .filter(|l| !l.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// Output topic `topic` as an independent `read_committed` consumer
+/// integrates it: each value (its JSON text) with its summed weight, those
+/// summing to zero left out.
+pub fn integrated(brokers: &str, topic: &str) -> BTreeMap<String, i64> {
+    let mut z: BTreeMap<String, i64> = BTreeMap::new();
+    for line in kcat(brokers, topic, "%h\t%s\n") {
+        let (headers, value) = line.split_once('\t').unwrap();
+        let weight: i64 = headers
+            .split(',')
+            .find_map(|h| h.strip_prefix("sluice-weight="))
+            .unwrap()
+            .parse()
+            .unwrap();
+        *z.entry(value.to_owned()).or_default() += weight;
+    }
+    z.retain(|_, w| *w != 0);
+    z
 }
 
 /// Lines of words, about one in twenty deleting an earlier line.

@@ -448,6 +448,27 @@ pub async fn verify(
 ) -> anyhow::Result<()> {
     let verdict = tokio::task::spawn_blocking(move || -> anyhow::Result<Verdict> {
         let offline = open_offline(&data, brokers)?;
+        // On Kafka the meta topic records every change of component; a
+        // data directory that has not opened the pipeline since one
+        // elsewhere knows neither the new component's outputs nor where
+        // the old one's stop, so its audit would be of the wrong circuit.
+        if matches!(offline.meta.log, LogMeta::Kafka { .. }) {
+            let recorded =
+                sluice_embedded::meta::decode_upgrades(offline.log.upgrades()?.as_deref())?;
+            let known = offline.meta.upgrades.len();
+            if recorded.len() > known {
+                let last = &recorded[recorded.len() - 1];
+                bail!(
+                    "{} is behind the pipeline's log: the log records {} change(s) of component, \
+                     this data directory's metadata {known} (the last one to {}); open the \
+                     pipeline here once with that component (`sluice run`), or verify from a \
+                     data directory that has, so the audit knows each component's outputs",
+                    data.display(),
+                    recorded.len(),
+                    last.to.get(..12).unwrap_or(&last.to)
+                );
+            }
+        }
         // The outputs each component wrote, up to each change of it.
         let eras = sluice_embedded::audit::outputs_before(&offline.meta);
         Ok(match (offline.meta.log, store) {

@@ -85,7 +85,8 @@ async fn locality_hint(
 /// the store there, when it is remote (the caller checked its host
 /// reaches the store), or read here. With `upgrade` (the operators to
 /// start empty), the checkpoint is another component's: the worker takes
-/// its pieces through the circuit's `upgrade`, all in one call.
+/// its pieces through the circuit's `upgrade`, all in one call (on its
+/// host, when it is remote).
 async fn restore_worker(
     worker: &mut AnyWorker,
     storage: &Arc<Guarded>,
@@ -94,9 +95,6 @@ async fn restore_worker(
     w: u32,
     upgrade: Option<Vec<String>>,
 ) -> Result<ReadBytes> {
-    if upgrade.is_some() && matches!(worker, AnyWorker::Remote(_)) {
-        return Err(Error::UpgradeAcrossHosts);
-    }
     let (pieces, mut read) = match pieces {
         Some(pieces) => {
             let local = pieces.iter().map(|p| p.state.len() as u64).sum();
@@ -104,7 +102,7 @@ async fn restore_worker(
         }
         None => {
             if let AnyWorker::Remote(r) = worker {
-                match r.restore_from(step).await? {
+                match r.restore_from(step, upgrade.clone()).await? {
                     Ok(read) => return Ok(read),
                     // Its host cannot read the store (its instance is
                     // untouched): the pieces are read here and sent.
@@ -132,7 +130,9 @@ async fn restore_worker(
     let pieces = pieces.into_iter().map(|p| (p.shard, p.state)).collect();
     match (upgrade, worker) {
         (Some(start_empty), AnyWorker::Local(local)) => local.upgrade(pieces, start_empty).await?,
-        (Some(_), AnyWorker::Remote(_)) => return Err(Error::UpgradeAcrossHosts),
+        (Some(start_empty), AnyWorker::Remote(remote)) => {
+            remote.upgrade(pieces, start_empty).await?
+        }
         (None, worker) if !pieces.is_empty() => worker.restore(pieces).await?,
         (None, _) => {}
     }

@@ -271,7 +271,7 @@ impl WorkerHost {
                     changed: s.changed,
                 }
             }
-            Call::RestoreFrom { step } => {
+            Call::RestoreFrom { step, upgrade } => {
                 // A read that fails leaves the instance untouched: say so,
                 // and the coordinator sends the pieces instead.
                 let read = match self.store() {
@@ -300,13 +300,18 @@ impl WorkerHost {
                 };
                 let pieces: Vec<(u32, Vec<u8>)> =
                     pieces.into_iter().map(|p| (p.shard, p.state)).collect();
-                if !pieces.is_empty() {
-                    w.restore(pieces).await?;
+                match upgrade {
+                    Some(start_empty) => w.upgrade(pieces, start_empty).await?,
+                    None if !pieces.is_empty() => w.restore(pieces).await?,
+                    None => {}
                 }
                 Answer::Restored { local, fetched }
             }
-            Call::Restore { pieces } => {
-                w.restore(from_wire(pieces)).await?;
+            Call::Restore { pieces, upgrade } => {
+                match upgrade {
+                    Some(start_empty) => w.upgrade(from_wire(pieces), start_empty).await?,
+                    None => w.restore(from_wire(pieces)).await?,
+                }
                 Answer::Done
             }
             Call::Export { shards } => Answer::Pieces(to_wire(w.export_shards(&shards).await?)),

@@ -706,16 +706,22 @@ impl RemoteWorker {
     }
 
     /// Has its host restore the worker's pieces of committed checkpoint
-    /// `step` from its checkpoint store: what it read locally and fetched,
-    /// or (inside) why the host could not read them — the instance is then
-    /// untouched, and the pieces can be sent instead.
+    /// `step` from its checkpoint store (through the circuit's `upgrade`,
+    /// these operators starting empty, with `upgrade`): what it read
+    /// locally and fetched, or (inside) why the host could not read them —
+    /// the instance is then untouched, and the pieces can be sent instead.
     pub(crate) async fn restore_from(
         &mut self,
         step: u64,
+        upgrade: Option<Vec<String>>,
     ) -> Result<std::result::Result<ReadBytes, String>> {
         match self
             .host
-            .call(self.worker, self.limits, Call::RestoreFrom { step })
+            .call(
+                self.worker,
+                self.limits,
+                Call::RestoreFrom { step, upgrade },
+            )
             .await?
         {
             Answer::Restored { local, fetched } => Ok(Ok(ReadBytes { local, fetched })),
@@ -725,17 +731,30 @@ impl RemoteWorker {
     }
 
     pub(crate) async fn restore(&mut self, pieces: Vec<(u32, Vec<u8>)>) -> Result<()> {
-        match self
-            .host
-            .call(
-                self.worker,
-                self.limits,
-                Call::Restore {
-                    pieces: to_wire(pieces),
-                },
-            )
-            .await?
-        {
+        self.restore_as(pieces, None).await
+    }
+
+    /// Has the worker take pieces another component snapshotted (an
+    /// upgrade) through the circuit's `upgrade`, the operators in
+    /// `start_empty` starting empty.
+    pub(crate) async fn upgrade(
+        &mut self,
+        pieces: Vec<(u32, Vec<u8>)>,
+        start_empty: Vec<String>,
+    ) -> Result<()> {
+        self.restore_as(pieces, Some(start_empty)).await
+    }
+
+    async fn restore_as(
+        &mut self,
+        pieces: Vec<(u32, Vec<u8>)>,
+        upgrade: Option<Vec<String>>,
+    ) -> Result<()> {
+        let call = Call::Restore {
+            pieces: to_wire(pieces),
+            upgrade,
+        };
+        match self.host.call(self.worker, self.limits, call).await? {
             Answer::Done => Ok(()),
             _ => Err(unexpected(&self.host, "restore")),
         }

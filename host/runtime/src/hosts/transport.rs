@@ -44,8 +44,9 @@ pub const QUEUE: usize = 64;
 /// heartbeats to its hosts, and a peer link first says which exchange
 /// session and slot it feeds. 7: an input range carries its bad-record
 /// policy, and a step's answer the records its worker skipped. 8: an
-/// exchange failure names the slot whose silence caused it.)
-pub(crate) const VERSION: u32 = 8;
+/// exchange failure names the slot whose silence caused it. 9: a restore
+/// may go through the circuit's `upgrade`, after a change of component.)
+pub(crate) const VERSION: u32 = 9;
 
 /// The handshake: who speaks, for which pipeline, with which nonce.
 #[derive(Debug, Serialize, Deserialize)]

@@ -325,11 +325,16 @@ pub(crate) enum Call {
     },
     Restore {
         pieces: Vec<WirePiece>,
+        /// The pieces are another component's (an upgrade): taken through
+        /// the circuit's `upgrade`, these operators starting empty.
+        upgrade: Option<Vec<String>>,
     },
     /// Restore the worker's pieces of committed checkpoint `step`, read
-    /// from the host's checkpoint store (its own copy first).
+    /// from the host's checkpoint store (its own copy first); through the
+    /// circuit's `upgrade` with `upgrade`, as [`Call::Restore`].
     RestoreFrom {
         step: u64,
+        upgrade: Option<Vec<String>>,
     },
     Export {
         shards: Vec<u32>,

@@ -18,3 +18,4 @@ mod single;
 
 pub use crate::settings::{HostsSettings, KafkaSettings};
 pub use handle::PipelineHandle;
+pub(crate) use single::log_config;

@@ -23,21 +23,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
-/// Opens (or creates) the storage in `dir` of pipeline `spec`, which this
-/// server runs alone, and starts its task in state `desired`.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn open(
-    engine: Arc<SluiceEngine>,
+/// The logs of pipeline `spec` of `tenant`, which this server runs alone:
+/// its Kafka topics on `kafka`'s brokers, or (`None`) the embedded log.
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+pub(crate) fn log_config(
     tenant: &str,
-    spec: PipelineSpec,
-    component: LoadedComponent,
-    ports: CircuitPorts,
-    limits: EffectiveLimits,
-    dir: PathBuf,
-    desired: Desired,
+    spec: &PipelineSpec,
     kafka: Option<KafkaSettings>,
-) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
-    let log = match kafka {
+) -> sluice_pipeline::Result<LogConfig> {
+    Ok(match kafka {
         None => LogConfig::default(),
         #[cfg(feature = "kafka")]
         Some(k) => {
@@ -60,7 +54,24 @@ pub(super) async fn open(
             )
             .into());
         }
-    };
+    })
+}
+
+/// Opens (or creates) the storage in `dir` of pipeline `spec`, which this
+/// server runs alone, and starts its task in state `desired`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn open(
+    engine: Arc<SluiceEngine>,
+    tenant: &str,
+    spec: PipelineSpec,
+    component: LoadedComponent,
+    ports: CircuitPorts,
+    limits: EffectiveLimits,
+    dir: PathBuf,
+    desired: Desired,
+    kafka: Option<KafkaSettings>,
+) -> sluice_pipeline::Result<Arc<PipelineHandle>> {
+    let log = log_config(tenant, &spec, kafka)?;
     let embedded = matches!(log, LogConfig::Embedded { .. });
     let config = PipelineConfig {
         data: dir,

@@ -39,7 +39,7 @@ impl Service {
     /// keeping the state the new version can take (operators named in
     /// `start_empty` start empty; with `rebuild`, every operator's
     /// state is computed anew from the pipeline's retained input). Refused — the pipeline running on as
-    /// before — when it runs across hosts or on Kafka (not built yet),
+    /// before — when it runs across hosts, or rebuilds on Kafka (not built yet),
     /// already runs that component, or the new version refuses its state
     /// (naming the operator).
     pub async fn upgrade_pipeline(
@@ -78,15 +78,25 @@ impl Service {
             .get(name)
             .cloned()
             .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
-        if h.across_hosts() || entry.spec.log != LogKind::Embedded {
+        if h.across_hosts() {
             return Err(ServiceError::invalid(
                 "upgrade_unsupported",
                 format!(
-                    "pipeline {name} keeps its logs in Kafka or runs across hosts: changing its \
-                     component is built for a pipeline on this server's embedded log only, so far"
+                    "pipeline {name} runs across hosts: changing its component is built for a \
+                     pipeline this server runs alone, so far"
                 ),
             ));
         }
+        if entry.spec.log != LogKind::Embedded && rebuild {
+            return Err(ServiceError::invalid(
+                "upgrade_unsupported",
+                format!(
+                    "pipeline {name} keeps its logs in Kafka: rebuilding its state from its \
+                     input is built for the embedded log only, so far"
+                ),
+            ));
+        }
+        let log = self.log_config(tenant, &entry.spec)?;
         if hash == entry.spec.component_hash {
             return Err(ServiceError::invalid(
                 "same_component",
@@ -149,7 +159,10 @@ impl Service {
 
         let started = Instant::now();
         let upgraded = loop {
-            let config = PipelineConfig::new(dir.clone(), entry.spec.workers);
+            let config = PipelineConfig {
+                log: log.clone(),
+                ..PipelineConfig::new(dir.clone(), entry.spec.workers)
+            };
             match Pipeline::upgrade(
                 engine.clone(),
                 loaded.clone(),
@@ -168,21 +181,28 @@ impl Service {
             }
         };
         // Only a refusal surely changed nothing; after another error the
-        // data directory says whether the change was made.
+        // data directory (on Kafka, the log's record) says whether the
+        // change was made. When that cannot be read either (`None`), the
+        // pipeline loads as it was and the record of the upgrade under way
+        // stays, for the server's next start to settle.
         let made = match &upgraded {
-            Ok(_) => true,
-            Err(sluice_pipeline::Error::UpgradeRefused(_)) => false,
-            Err(_) => {
-                let d = dir.clone();
-                tokio::task::spawn_blocking(move || sluice_pipeline::storage::stored_component(&d))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .flatten()
-                    .as_deref()
-                    == Some(hash.as_str())
-            }
+            Ok(_) => Some(true),
+            Err(sluice_pipeline::Error::UpgradeRefused(_)) => Some(false),
+            Err(_) => match read_upgraded(dir.clone(), log).await {
+                Ok(stored) => Some(stored.as_deref() == Some(hash.as_str())),
+                Err(e) => {
+                    tracing::error!(
+                        tenant,
+                        pipeline = name,
+                        "an upgrade failed and whether it was made cannot be read ({e}): \
+                         the server's next start settles it"
+                    );
+                    None
+                }
+            },
         };
+        let settled = made.is_some();
+        let made = made == Some(true);
         // The spec as it is now, the new component's where the change was
         // made (the rest of it, and the state wanted, as the registry has
         // them).
@@ -197,7 +217,9 @@ impl Service {
                     e.spec.component = component.to_owned();
                     e.spec.component_hash = hash.clone();
                 }
-                e.upgrading_to = None;
+                if settled {
+                    e.upgrading_to = None;
+                }
                 Ok(e.clone())
             })
             .await;
@@ -279,6 +301,16 @@ impl Service {
 }
 
 impl Service {
+    /// The logs of a tenant's pipeline: its Kafka topics on this server's
+    /// brokers, or the embedded log.
+    fn log_config(&self, tenant: &str, spec: &PipelineSpec) -> Result<sluice_pipeline::LogConfig> {
+        let kafka = match spec.log {
+            LogKind::Embedded => None,
+            LogKind::Kafka => Some(self.kafka.clone().ok_or(ServiceError::NoKafka)?),
+        };
+        Ok(crate::runner::log_config(tenant, spec, kafka)?)
+    }
+
     /// Records (or clears) the upgrade under way of a tenant's pipeline.
     async fn set_upgrading_to(
         &self,
@@ -296,10 +328,12 @@ impl Service {
     }
 
     /// Settles an upgrade the server died in (at start, before the
-    /// pipeline loads): if the data directory runs the component the
-    /// upgrade was moving to, the spec follows; else the upgrade did not
-    /// happen. Either way the record of it goes. Left as it is (logged)
-    /// when the directory cannot be read: loading then says why.
+    /// pipeline loads): if the pipeline runs the component the upgrade was
+    /// moving to (as its data directory says, or on Kafka the log's record
+    /// of the change), the spec follows; else the upgrade did not happen.
+    /// Either way the record of it goes. Left as it is (logged) when
+    /// neither can be read: loading then says why, and the next start
+    /// settles it.
     pub(super) async fn settle_upgrade(
         &self,
         tenant: &str,
@@ -312,13 +346,15 @@ impl Service {
         let dir = self
             .data
             .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
-        let stored =
-            tokio::task::spawn_blocking(move || sluice_pipeline::storage::stored_component(&dir))
-                .await;
+        // On Kafka, the log's record of the change is its commit point.
+        let stored = match self.log_config(tenant, &entry.spec) {
+            Ok(log) => read_upgraded(dir, log).await,
+            Err(e) => Err(e.to_string()),
+        };
         let made = match stored {
-            Ok(Ok(stored)) => stored.as_deref() == Some(hash.as_str()),
-            other => {
-                tracing::warn!(tenant, pipeline = %name, "could not read whether an upgrade was made: {other:?}");
+            Ok(stored) => stored.as_deref() == Some(hash.as_str()),
+            Err(e) => {
+                tracing::warn!(tenant, pipeline = %name, "could not read whether an upgrade was made: {e}");
                 entry.upgrading_to = Some((component, hash));
                 return entry;
             }
@@ -339,6 +375,34 @@ impl Service {
             .await;
         tracing::info!(tenant, pipeline = %name, made, stored = settled.is_ok(), "settled an upgrade the server stopped in");
         entry
+    }
+}
+
+/// The component the pipeline in data directory `dir` runs on logs `log`
+/// ([`upgraded_component`](sluice_pipeline::storage::upgraded_component)),
+/// tried three times a second apart (a broker may be restarting); the
+/// last error, as text, when it cannot be read.
+async fn read_upgraded(
+    dir: std::path::PathBuf,
+    log: sluice_pipeline::LogConfig,
+) -> std::result::Result<Option<String>, String> {
+    let mut tries = 0;
+    loop {
+        let (d, l) = (dir.clone(), log.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            sluice_pipeline::storage::upgraded_component(&d, &l)
+        })
+        .await;
+        let e = match read {
+            Ok(Ok(stored)) => return Ok(stored),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tries += 1;
+        if tries == 3 {
+            return Err(e);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

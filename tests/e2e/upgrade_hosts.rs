@@ -1,0 +1,250 @@
+//! Changing a running circuit (issue #31) for a pipeline whose workers run
+//! on other hosts: after an upgrade, the first recovery takes the old
+//! component's checkpoint through the new version's `upgrade` on every
+//! worker — on the coordinator's host, on a host that reads its pieces from
+//! the shared checkpoint store itself, and on one that is sent them.
+//! (Before, a remote worker refused: the pipeline had to be opened once
+//! without other hosts first.)
+
+use crate::hosts::{connect, fill, lines, options, start_host_with};
+use crate::support::{Harness, component, recount, sluice_cmd, stderr};
+use crate::upgrade_switch::{recount_lengths, with_store};
+use sluice_pipeline::{Pipeline, PipelineConfig};
+use sluice_runtime::{Limits, Reach};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Word count (W = 3) runs its first input on one host and checkpoints;
+/// it is upgraded to version 2 (a new `lengths` count; `counts` kept);
+/// then version 2 runs on the coordinator's host and two worker hosts —
+/// one reaching the checkpoint store, one not — through more input. The
+/// counts go on from version 1's on every worker, the new count starts at
+/// the switch, and `sluice verify` finds the logs consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upgraded_pipeline_recovers_through_upgrade_on_every_host() {
+    let v1 = component("examples/wordcount");
+    let v2 = component("tests/guests/wordcount-v2");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("p");
+    let store = format!("file://{}", dir.path().join("store").display());
+    let (before, after) = (lines(1_200), lines(2_000).split_off(1_200));
+
+    // Version 1, on one host, to the end of its input (a checkpoint).
+    let h = Harness::open_with(&data, &v1, 3, Limits::default(), |c| {
+        c.checkpoint_store = Some(store.clone())
+    })
+    .await;
+    fill(&h, &before).await;
+    let mut c = h.coordinator(options()).await.unwrap();
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+    let engine = h.engine().clone();
+    drop(h);
+
+    // The upgrade (in this process: its trial runs on one host).
+    let loaded = engine.load_file(&v2).unwrap();
+    let config = PipelineConfig {
+        checkpoint_store: Some(store.clone()),
+        ..PipelineConfig::new(&data, 3)
+    };
+    let (pipeline, trial, report) = Pipeline::upgrade(engine, loaded, config, Vec::new(), false)
+        .await
+        .unwrap();
+    drop(trial);
+    let checkpoint = report.checkpoint.expect("the upgrade carried state");
+
+    // Version 2 across hosts: `a` reads its workers' pieces from the
+    // store, `b` reaches neither the store nor the logs (it is sent both).
+    let h = Harness {
+        log: pipeline.storage().log.clone(),
+        storage: pipeline.storage().guarded(),
+        outputs: pipeline.shape().outputs.clone(),
+        workers: 3,
+        pipeline,
+    };
+    assert!(h.outputs.iter().any(|o| o == "lengths"), "{:?}", h.outputs);
+    let name = h.pipeline.options().name.clone();
+    let checkpoints: Arc<dyn sluice_storage::CheckpointStore> = Arc::new(
+        sluice_objstore::ObjectCheckpointStore::open(&store)
+            .unwrap()
+            .with_cache(dir.path().join("a"))
+            .unwrap(),
+    );
+    let reach_a = Reach {
+        checkpoints: Some(checkpoints),
+        log: Some(h.log.clone()),
+        read_only_log: false,
+    };
+    let (a, task_a, _) = start_host_with(&h, &name, reach_a).await;
+    let (b, task_b, _) = start_host_with(&h, &name, Reach::default()).await;
+    fill(&h, &after).await;
+    let mut c = h
+        .pipeline
+        .coordinator_on(
+            options(),
+            vec![connect(&a, &name).await, connect(&b, &name).await],
+        )
+        .await
+        .unwrap();
+    let stats = c.stats().clone();
+    assert_eq!(stats.restored_checkpoint, Some(checkpoint), "{stats:?}");
+    assert_eq!(stats.replayed_steps, 0, "{stats:?}");
+    // Every worker's pieces were read: by `a` from the store (counted as
+    // fetched or local there), and here for `b` and this host's worker.
+    assert!(
+        stats.restored_local_bytes + stats.restored_fetched_bytes > 0,
+        "{stats:?}"
+    );
+    while c.step().await.unwrap() {}
+    c.finish().await.unwrap();
+    drop(c);
+
+    let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+    assert_eq!(
+        h.word_counts(),
+        recount(all.iter().map(|l| (l.as_str(), 1))),
+        "the counts go on from version 1's state on every worker"
+    );
+    let pairs: Vec<(String, i64)> = after.iter().map(|l| (l.clone(), 1)).collect();
+    assert_eq!(
+        current_lengths(&h.integrated("lengths")),
+        Some(recount_lengths(&pairs)),
+        "the new count started empty at the switch"
+    );
+
+    // The audit, once the hosts let go of the pipeline's database.
+    task_a.abort();
+    task_b.abort();
+    let _ = (task_a.await, task_b.await);
+    drop(h);
+    let verify = move || {
+        with_store(&Some(store.clone()), sluice_cmd())
+            .args(["verify", "--data"])
+            .arg(&data)
+            .output()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = tokio::task::spawn_blocking(verify.clone()).await.unwrap();
+        if out.status.success() || Instant::now() > deadline || !stderr(&out).contains("lock") {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Version 2's `lengths` integrated (JSON `[length, count]` → weight): the
+/// current count of each length; `None` unless each length has one count
+/// of weight 1 (a reader between two partitions' ends may see that).
+fn current_lengths(integrated: &BTreeMap<String, i64>) -> Option<BTreeMap<u64, i64>> {
+    let mut current = BTreeMap::new();
+    for (value, weight) in integrated {
+        let v: serde_json::Value = serde_json::from_str(value).unwrap();
+        let (len, count) = (v[0].as_u64().unwrap(), v[1].as_i64().unwrap());
+        if *weight != 1 || current.insert(len, count).is_some() {
+            return None;
+        }
+    }
+    Some(current)
+}
+
+/// The switch for a pipeline of `sluice host` processes (Kafka logs, etcd
+/// group, checkpoints in S3), as a user makes it: every host is stopped
+/// (SIGKILL), version 1 runs to a checkpoint on one host's data directory
+/// (`sluice run`), `sluice upgrade` switches it there, and the hosts start
+/// again with version 2, with more input. Version 1's counts
+/// go on, version 2's new count starts at the switch, each once.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
+    use crate::support::cluster::{Cluster, integrated, parts};
+    let Some((brokers, etcd)) = parts() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = Cluster::new(dir.path(), "upgrade-group", 2_000, &brokers, etcd);
+    let hosts = ["h1", "h2", "h3"];
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start("h2");
+    c.start("h3");
+    c.wait_for_recount(&expected, Duration::from_secs(240));
+    for h in hosts {
+        c.signal(h, "-KILL");
+        c.hosts.get_mut(h).unwrap().wait().unwrap();
+    }
+
+    // The upgrade is made at a checkpoint of the last step: killed, the
+    // hosts left steps after their last one, which a run of version 1 on
+    // one host's data directory takes to a checkpoint (as `sluice upgrade`
+    // says when it refuses).
+    let out = sluice_cmd()
+        .arg("run")
+        .arg(&c.wasm)
+        .arg("--data")
+        .arg(dir.path().join("h1"))
+        .args(["--log=kafka", &format!("--brokers={brokers}")])
+        .args([
+            format!("--pipeline={}", c.pipeline),
+            format!("--store={}", c.store),
+        ])
+        .args(["--workers", "3", "--partitions", "6"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = sluice_cmd()
+        .arg("upgrade")
+        .arg(component("tests/guests/wordcount-v2"))
+        .arg("--data")
+        .arg(dir.path().join("h1"))
+        .args([
+            format!("--brokers={brokers}"),
+            format!("--store={}", c.store),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The same input generator again: each count doubles.
+    c.wasm = component("tests/guests/wordcount-v2");
+    c.input = dir.path().join("more.jsonl");
+    let more = crate::support::cluster::input(&c.input, 2_000);
+    assert_eq!(more, expected);
+    for h in hosts {
+        c.start(h);
+    }
+    let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
+    c.wait_for_recount(&doubled, Duration::from_secs(240));
+
+    // `lengths`, from the switch: the second file's lines (a delete takes
+    // one line back).
+    let pairs: Vec<(String, i64)> = std::fs::read_to_string(&c.input)
+        .unwrap()
+        .lines()
+        .map(
+            |l| match serde_json::from_str::<serde_json::Value>(l).unwrap() {
+                serde_json::Value::String(line) => (line, 1),
+                v => (v["delete"].as_str().unwrap().to_owned(), -1),
+            },
+        )
+        .collect();
+    let wanted = recount_lengths(&pairs);
+    let topic = format!("{}.lengths", c.pipeline);
+    c.wait("version 2's lengths", Duration::from_secs(120), |_| {
+        current_lengths(&integrated(&brokers, &topic)).as_ref() == Some(&wanted)
+    });
+    for h in hosts {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+    crate::support::cluster::audit(&c, &hosts);
+}
