@@ -324,6 +324,18 @@ impl Coordinator {
             Some(u) if u.checkpoint == step => u.rebuilt.clone(),
             _ => None,
         };
+        // A rebuild (and its switch output) runs in this process only:
+        // refused before any worker takes a piece, not after the replay.
+        if rebuilt.is_some()
+            && self
+                .placement
+                .instances
+                .iter()
+                .flatten()
+                .any(|w| matches!(w, AnyWorker::Remote(_)))
+        {
+            return Err(Error::UpgradeAcrossHosts);
+        }
         if upgrade.is_some() {
             tracing::debug!(
                 pipeline = %self.options.name,

@@ -3,7 +3,8 @@
 //! is unloaded (it checkpoints its last step), its data directory is
 //! upgraded as `sluice upgrade` does ([`Pipeline::upgrade`]), and it is
 //! loaded again with the new component, in the state it was wanted in. A
-//! refused upgrade loads it again as it was. Meanwhile every request for
+//! refused upgrade loads it again as it was. Meanwhile its status (and
+//! the listing) shows it in state `upgrading`, and every other request for
 //! it answers 503 (`upgrading`).
 
 use super::components::sha256;
