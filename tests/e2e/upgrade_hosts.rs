@@ -8,7 +8,7 @@
 
 use crate::hosts::{connect, fill, lines, options, start_host_with};
 use crate::support::{Harness, component, recount, sluice_cmd, stderr};
-use crate::upgrade_switch::{recount_lengths, with_store};
+use crate::upgrade_switch::{assert_verified, recount_lengths, verify_cmd};
 use sluice_pipeline::{Pipeline, PipelineConfig};
 use sluice_runtime::{Limits, Reach};
 use std::collections::BTreeMap;
@@ -126,13 +126,8 @@ async fn an_upgraded_pipeline_recovers_through_upgrade_on_every_host() {
     task_b.abort();
     let _ = (task_a.await, task_b.await);
     drop(h);
-    let verify = move || {
-        with_store(&Some(store.clone()), sluice_cmd())
-            .args(["verify", "--data"])
-            .arg(&data)
-            .output()
-            .unwrap()
-    };
+    let store = Some(store);
+    let verify = move || verify_cmd(&data, &store).output().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let out = loop {
         let out = tokio::task::spawn_blocking(verify.clone()).await.unwrap();
@@ -141,12 +136,7 @@ async fn an_upgraded_pipeline_recovers_through_upgrade_on_every_host() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert!(
-        out.status.success(),
-        "{}{}",
-        stderr(&out),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert_verified(&out, "the upgraded pipeline across hosts");
 }
 
 /// Word count's `counts` as written by the steps after `step`, integrated

@@ -12,8 +12,8 @@ use crate::kafka::{brokers, fresh_name};
 use crate::support::crash::{env_count, seeded};
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
-    input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd, run_with_kills, store_in,
-    upgrade_cmd, with_store,
+    assert_verified, input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd,
+    run_with_kills, store_in, upgrade_cmd, verify_cmd, with_store,
 };
 use std::path::Path;
 use std::process::Command;
@@ -115,15 +115,18 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
         // Version 2 runs here, or on another machine (a fresh data
         // directory, the checkpoints from the store), where version 1 no
         // longer opens the pipeline.
-        let data = if store.is_some() {
-            let there = dir.path().join("there");
-            let out = run(&v1, &there, &a, &["counts"]).output().unwrap();
+        let there = dir.path().join("there");
+        let refused = |wasm: &Path, file: &Path, why: &str| {
+            let out = run(wasm, &there, file, &["counts"]).output().unwrap();
             assert!(!out.status.success());
             assert!(
-                stderr(&out).contains("`sluice upgrade` moves"),
+                stderr(&out).contains(why),
                 "trial {trial}: {}",
                 stderr(&out)
             );
+        };
+        let data = if store.is_some() {
+            refused(&v1, &a, "`sluice upgrade` moves");
             std::fs::remove_dir_all(&there).unwrap();
             elsewhere += 1;
             there
@@ -131,14 +134,7 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
             // Without a shared store, a fresh data directory has not the
             // checkpoint of the change: refused, saying so, rather than
             // replaying version 1's steps under version 2.
-            let there = dir.path().join("there");
-            let out = run(&v2, &there, &b, &["counts"]).output().unwrap();
-            assert!(!out.status.success());
-            assert!(
-                stderr(&out).contains("which this host does not have (it has none)"),
-                "trial {trial}: {}",
-                stderr(&out)
-            );
+            refused(&v2, &b, "which this host does not have (it has none)");
             here.clone()
         };
         let n = rng.below(2) as u32;
@@ -171,18 +167,11 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
             recount_lengths(&after_pairs),
             "trial {trial}: the new count started empty at the switch"
         );
-        let out = with_store(&store, sluice_cmd())
-            .args(["verify", "--data"])
-            .arg(&data)
+        let out = verify_cmd(&data, &store)
             .arg(format!("--brokers={brokers}"))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "trial {trial}: {}{}",
-            stderr(&out),
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert_verified(&out, &format!("trial {trial}"));
     }
     eprintln!(
         "kafka upgrade test: {trials} trials ({elsewhere} run on another machine), {kills} \

@@ -9,8 +9,8 @@
 use crate::support::crash::{Rng, env_count, seeded};
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
-    input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd, run_with_kills, stem_counts,
-    store_in, upgrade, upgrade_cmd, with_store,
+    assert_verified, input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd,
+    run_with_kills, stem_counts, store_in, upgrade, upgrade_cmd, verify_cmd, with_store,
 };
 
 /// Word count keeping its input, then `sluice upgrade --rebuild` to
@@ -162,18 +162,8 @@ fn an_upgrade_rebuilds_a_new_operator_from_the_retained_input_exactly_once() {
             recount_lengths(&all),
             "trial {trial}: the rebuilt count of lengths, of all the input"
         );
-        let out = on_store(sluice_cmd())
-            .arg("verify")
-            .arg("--data")
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "trial {trial}: {}{}",
-            stderr(&out),
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let out = verify_cmd(&data, &store).output().unwrap();
+        assert_verified(&out, &format!("trial {trial}"));
     }
     eprintln!(
         "rebuild test: {trials} trials, {kills} SIGKILLs of runs, {upgrade_kills} of upgrades; \

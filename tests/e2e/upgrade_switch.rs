@@ -200,6 +200,25 @@ pub(crate) fn with_store(
     cmd
 }
 
+/// `sluice verify --data DATA`, its checkpoints in `store` if there is
+/// one.
+pub(crate) fn verify_cmd(data: &Path, store: &Option<String>) -> std::process::Command {
+    let mut cmd = with_store(store, sluice_cmd());
+    cmd.args(["verify", "--data"]).arg(data);
+    cmd
+}
+
+/// Fails, saying `what` and what `sluice verify` printed, unless it found
+/// the logs consistent.
+pub(crate) fn assert_verified(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        stderr(out),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// The command of [`upgrade`].
 pub(crate) fn upgrade_cmd(wasm: &Path, data: &Path, extra: &[&str]) -> std::process::Command {
     let mut cmd = sluice_cmd();
@@ -517,18 +536,8 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
             recount_lengths(&after_pairs),
             "trial {trial}: the new count started empty at the switch"
         );
-        let out = on_store(sluice_cmd())
-            .arg("verify")
-            .arg("--data")
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "trial {trial}: {}{}",
-            stderr(&out),
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let out = verify_cmd(&data, &store).output().unwrap();
+        assert_verified(&out, &format!("trial {trial}"));
         // The old version no longer opens the pipeline.
         let out = on_store(run_cmd(&v1, &data, &a, &["counts"], dir.path()))
             .output()

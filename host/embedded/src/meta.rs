@@ -186,8 +186,8 @@ impl PipelineMeta {
     pub fn check_compatible(&self, wanted: &PipelineMeta) -> Result<(), ConfigError> {
         if self.component != wanted.component {
             return Err(ConfigError::ComponentChanged {
-                stored: short(&self.component).into(),
-                wanted: short(&wanted.component).into(),
+                stored: short_hash(&self.component).into(),
+                wanted: short_hash(&wanted.component).into(),
             });
         }
         if self.log.to_string() != wanted.log.to_string() {
@@ -202,8 +202,10 @@ impl PipelineMeta {
     }
 }
 
-fn short(hash: &str) -> &str {
-    &hash[..hash.len().min(12)]
+/// A component hash (SHA-256, hex) as messages show it: its first 12
+/// digits.
+pub fn short_hash(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
 }
 
 #[cfg(test)]

@@ -185,7 +185,7 @@ impl Storage {
                 return Err(Refused(format!(
                     "the pipeline was upgraded to component {} (its log records it), which this \
                      data directory has not opened yet: run that component here first",
-                    &last.to[..last.to.len().min(12)]
+                    meta::short_hash(&last.to)
                 )));
             }
             let mut followed = stored.clone();
@@ -208,7 +208,7 @@ impl Storage {
         if stored.component == hash {
             return Err(Refused(format!(
                 "the pipeline already runs component {}",
-                &hash[..hash.len().min(12)]
+                meta::short_hash(hash)
             )));
         }
         ports.validate()?;
@@ -319,7 +319,7 @@ impl Storage {
                         Err(sluice_core::ConfigError::Invalid(format!(
                             "the pipeline was upgraded to component {} since this host opened \
                              it (its log records the change): open it again with that component",
-                            &last.to[..last.to.len().min(12)]
+                            meta::short_hash(&last.to)
                         ))
                         .into())
                     }
@@ -404,8 +404,8 @@ fn follow_shared_upgrades(
     }
     if wanted.component != last.to {
         return Err(sluice_core::ConfigError::ComponentChanged {
-            stored: last.to[..last.to.len().min(12)].into(),
-            wanted: wanted.component[..wanted.component.len().min(12)].into(),
+            stored: meta::short_hash(&last.to).into(),
+            wanted: meta::short_hash(&wanted.component).into(),
         }
         .into());
     }

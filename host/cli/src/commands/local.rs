@@ -140,7 +140,7 @@ pub async fn upgrade(
     };
     let (_, _, report) =
         sluice_pipeline::Pipeline::upgrade(engine, loaded, config, start_empty, rebuild).await?;
-    let short = |h: &str| h[..h.len().min(12)].to_owned();
+    let short = sluice_embedded::meta::short_hash;
     let at = match report.checkpoint {
         Some(step) => format!("at the checkpoint of step {step}, its state carried"),
         None => "before its first step (no state to carry)".to_owned(),
@@ -465,7 +465,7 @@ pub async fn verify(
                      data directory that has, so the audit knows each component's outputs",
                     data.display(),
                     recorded.len(),
-                    last.to.get(..12).unwrap_or(&last.to)
+                    sluice_embedded::meta::short_hash(&last.to)
                 );
             }
         }
