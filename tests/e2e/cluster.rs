@@ -10,7 +10,7 @@
 
 use crate::kafka::fresh_name;
 use crate::support::cluster::{
-    Cluster, OwnBroker, SESSION_MS, audit, free_port, input, kcat, parts,
+    Cluster, OwnBroker, SESSION_MS, audit, free_port, input, kcat, parts, produce_lines,
 };
 use crate::support::{component, sluice_cmd};
 use std::collections::BTreeMap;
@@ -361,38 +361,7 @@ fn servers_run_a_pipeline_across_hosts() {
         .to_string();
     assert!(err.contains("across hosts"), "{err}");
     let kafka_name = format!("sl.{tenant}.wc");
-    // As Kafka records: a line's JSON; a deletion is the deleted line with
-    // the header `sluice-weight: -1`.
-    let (inserts, deletes) = (dir.path().join("inserts"), dir.path().join("deletes"));
-    {
-        let (mut ins, mut del) = (String::new(), String::new());
-        for line in std::fs::read_to_string(&file).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            match v.get("delete") {
-                Some(victim) => del.push_str(&format!("{victim}\n")),
-                None => ins.push_str(&format!("{line}\n")),
-            }
-        }
-        std::fs::write(&inserts, ins).unwrap();
-        std::fs::write(&deletes, del).unwrap();
-    }
-    let produce = || {
-        for (records, headers) in [
-            (&inserts, &[][..]),
-            (&deletes, &["-H", "sluice-weight=-1"][..]),
-        ] {
-            // One record per line (kcat reads stdin line by line; a file
-            // argument would be one record).
-            let ok = std::process::Command::new("kcat")
-                .args(["-P", "-b", &brokers, "-t", &format!("{kafka_name}.lines")])
-                .args(headers)
-                .stdin(std::fs::File::open(records).unwrap())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "kcat -P");
-        }
-    };
+    let produce = || produce_lines(&brokers, &format!("{kafka_name}.lines"), &file);
     produce();
     let reader = Cluster::reader(dir.path(), &brokers, &kafka_name);
     wait(

@@ -192,18 +192,13 @@ fn current_lengths(integrated: &BTreeMap<String, i64>) -> Option<BTreeMap<u64, i
 #[cfg(feature = "kafka")]
 #[test]
 fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
-    use crate::support::cluster::{Cluster, integrated, parts};
+    use crate::support::cluster::{integrated, parts};
     let Some((brokers, etcd)) = parts() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (mut c, expected) = Cluster::new(dir.path(), "upgrade-group", 2_000, &brokers, etcd);
+    let (mut c, expected) = three_hosts(dir.path(), "upgrade-group", &brokers, etcd);
     let hosts = ["h1", "h2", "h3"];
-    c.start("h1");
-    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
-    c.start("h2");
-    c.start("h3");
-    c.wait_for_recount(&expected, Duration::from_secs(240));
     for h in hosts {
         c.signal(h, "-KILL");
         c.hosts.get_mut(h).unwrap().wait().unwrap();
@@ -240,20 +235,42 @@ fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
 
-    // The same input generator again: each count doubles.
+    // The same input generator again: each count doubles. h3 starts
+    // with version 1's file: it fetches version 2 from the store, where
+    // the upgrade published it.
     c.wasm = component("tests/guests/wordcount-v2");
     c.input = dir.path().join("more.jsonl");
     let more = crate::support::cluster::input(&c.input, 2_000);
     assert_eq!(more, expected);
-    for h in hosts {
-        c.start(h);
-    }
+    c.start("h1");
+    c.start("h2");
+    c.wasm = component("examples/wordcount");
+    c.start("h3");
     let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
     c.wait_for_recount(&doubled, Duration::from_secs(240));
 
     // `lengths`, from the switch: the second file's lines (a delete takes
     // one line back).
-    let pairs: Vec<(String, i64)> = std::fs::read_to_string(&c.input)
+    let wanted = recount_lengths(&pairs_of(&c.input));
+    let topic = format!("{}.lengths", c.pipeline);
+    c.wait("version 2's lengths", Duration::from_secs(120), |_| {
+        current_lengths(&integrated(&brokers, &topic)).as_ref() == Some(&wanted)
+    });
+    // h3, started with version 1, runs version 2's workers.
+    c.wait("a leader on all three", Duration::from_secs(120), |c| {
+        c.leads_on("h1", &["h1", "h2", "h3"]) || c.leads_on("h2", &["h2", "h1", "h3"])
+    });
+    for h in hosts {
+        let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
+        assert!(running, "{h} exited:\n{}", c.stderr(h));
+    }
+    crate::support::cluster::audit(&c, &hosts);
+}
+
+/// The lines of a word-count input file (as `support::cluster::input`
+/// writes it) with their weights: a delete takes one line back.
+fn pairs_of(file: &std::path::Path) -> Vec<(String, i64)> {
+    std::fs::read_to_string(file)
         .unwrap()
         .lines()
         .map(
@@ -262,15 +279,164 @@ fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
                 v => (v["delete"].as_str().unwrap().to_owned(), -1),
             },
         )
-        .collect();
-    let wanted = recount_lengths(&pairs);
-    let topic = format!("{}.lengths", c.pipeline);
-    c.wait("version 2's lengths", Duration::from_secs(120), |_| {
-        current_lengths(&integrated(&brokers, &topic)).as_ref() == Some(&wanted)
+        .collect()
+}
+
+/// `sluice upgrade NEW --group` for the pipeline of `sluice host`
+/// processes in `c`: its output.
+#[cfg(feature = "kafka")]
+fn upgrade_group(
+    c: &crate::support::cluster::Cluster,
+    new: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Output {
+    sluice_cmd()
+        .arg("upgrade")
+        .arg(new)
+        .args(extra)
+        .args([
+            format!("--etcd={}", c.etcd),
+            format!("--group={}", c.pipeline),
+            format!("--store={}", c.store),
+            "--wait-secs=180".to_owned(),
+        ])
+        .output()
+        .unwrap()
+}
+
+/// The switch of a running group, as a user makes it: three `sluice host`
+/// processes (Kafka logs, etcd group, checkpoints in S3) run version 1;
+/// `sluice upgrade v2 --group` publishes version 2 in the store and asks
+/// the group; the leader checkpoints, upgrades, and runs version 2 on all
+/// three hosts (the others fetch it from the store: they were started with
+/// version 1's file). An upgrade the new version refuses (`--start-empty`
+/// of no operator) changes nothing, and asked again after the switch, the
+/// leader answers that it runs it. Input written to the topic after the
+/// switch is counted once with the state carried; `lengths` counts from
+/// the switch. Then the leader is killed: the next one, started with
+/// version 1's file, opens the pipeline, follows the change (fetching
+/// version 2) and goes on, and the killed host, restarted with version 1's
+/// file, rejoins and serves version 2's workers. No host exits; the
+/// cluster audit passes.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_running_group_is_upgraded_by_its_leader_and_every_host_follows() {
+    use crate::support::cluster::{integrated, parts, produce_lines};
+    let Some((brokers, etcd)) = parts() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, expected) = three_hosts(dir.path(), "upgrade-running", &brokers, etcd);
+    let hosts = ["h1", "h2", "h3"];
+    c.wait("h1 to lead on all three", Duration::from_secs(60), |c| {
+        c.leads_on("h1", &hosts)
     });
+
+    // A refusal changes nothing: the group runs on with version 1.
+    let v2 = component("tests/guests/wordcount-v2");
+    let out = upgrade_group(&c, &v2, &["--start-empty=nosuch"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("upgrade refused") && stderr(&out).contains("nosuch"),
+        "{}",
+        stderr(&out)
+    );
+    c.wait(
+        "h1 to lead on all three after the refusal",
+        Duration::from_secs(120),
+        |c| c.leads_on("h1", &hosts),
+    );
+    let out = upgrade_group(&c, &v2, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("upgraded: component"),
+        "{}",
+        stderr(&out)
+    );
+    c.wait(
+        "h1 to lead on all three again",
+        Duration::from_secs(120),
+        |c| c.leads_on("h1", &hosts),
+    );
+    assert!(c.stderr("h1").contains("host h1: upgraded the pipeline to"));
+    // Asked again: made already.
+    let out = upgrade_group(&c, &v2, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the pipeline runs component"),
+        "{}",
+        stderr(&out)
+    );
+
+    // More input, straight to the topic: each count doubles.
+    let pipeline = c.pipeline.clone();
+    let topic = |port: &str| format!("{pipeline}.{port}");
+    let more = dir.path().join("more.jsonl");
+    assert_eq!(crate::support::cluster::input(&more, 2_000), expected);
+    produce_lines(&brokers, &topic("lines"), &more);
+    let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
+    c.wait_for_recount(&doubled, Duration::from_secs(240));
+    let mut pairs = pairs_of(&more);
+    c.wait("version 2's lengths", Duration::from_secs(120), |_| {
+        current_lengths(&integrated(&brokers, &topic("lengths"))) == Some(recount_lengths(&pairs))
+    });
+
+    // The leader dies; the next was started with version 1's file.
+    c.signal("h1", "-KILL");
+    c.hosts.get_mut("h1").unwrap().wait().unwrap();
+    c.wait("another host to lead", Duration::from_secs(120), |c| {
+        c.leading("h2") || c.leading("h3")
+    });
+    let (next, other) = match c.leading("h2") {
+        true => ("h2", "h3"),
+        false => ("h3", "h2"),
+    };
+    assert!(
+        c.stderr(next)
+            .contains("the pipeline was upgraded by another host"),
+        "{}",
+        c.stderr(next)
+    );
+    c.start("h1");
+    produce_lines(&brokers, &topic("lines"), &more);
+    let tripled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 3 * n)).collect();
+    c.wait_for_recount(&tripled, Duration::from_secs(240));
+    pairs.extend(pairs_of(&more));
+    c.wait(
+        "version 2's lengths again",
+        Duration::from_secs(120),
+        |_| {
+            current_lengths(&integrated(&brokers, &topic("lengths")))
+                == Some(recount_lengths(&pairs))
+        },
+    );
+    c.wait(
+        "the new leader to lead on all three",
+        Duration::from_secs(120),
+        |c| c.leads_on(next, &[next, "h1", other]),
+    );
     for h in hosts {
         let running = c.hosts.get_mut(h).unwrap().try_wait().unwrap().is_none();
         assert!(running, "{h} exited:\n{}", c.stderr(h));
     }
     crate::support::cluster::audit(&c, &hosts);
+}
+
+/// Three `sluice host` processes (h1 leading first) of a fresh word-count
+/// pipeline named `what-…` over 2,000 lines, run until its output is the
+/// recount (returned).
+#[cfg(feature = "kafka")]
+fn three_hosts(
+    dir: &std::path::Path,
+    what: &str,
+    brokers: &str,
+    etcd: String,
+) -> (crate::support::cluster::Cluster, BTreeMap<String, i64>) {
+    let (mut c, expected) = crate::support::cluster::Cluster::new(dir, what, 2_000, brokers, etcd);
+    c.start("h1");
+    c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
+    c.start("h2");
+    c.start("h3");
+    c.wait_for_recount(&expected, Duration::from_secs(240));
+    (c, expected)
 }

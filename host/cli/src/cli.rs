@@ -309,47 +309,9 @@ pub enum Command {
     /// pipeline in a data directory (--data; a `sluice run` that finished
     /// leaves the checkpoint; `sluice run NEW --data DIR` goes on), or on a
     /// server (--pipeline: the new version is uploaded, and the pipeline
-    /// checkpoints and switches).
-    Upgrade {
-        /// The new version: a component file (`.wasm`).
-        component: PathBuf,
-        /// The pipeline's data directory.
-        #[arg(
-            long,
-            required_unless_present = "pipeline",
-            conflicts_with = "pipeline"
-        )]
-        data: Option<PathBuf>,
-        /// A pipeline on a server (--server, --token) instead.
-        #[arg(long)]
-        pipeline: Option<String>,
-        /// With --pipeline: the name to upload the new version under
-        /// (default: the file's name without `.wasm`).
-        #[arg(long = "as", requires = "pipeline")]
-        as_name: Option<String>,
-        /// Operators of the new version to start empty (ID[,ID…]).
-        #[arg(long = "start-empty", value_delimiter = ',')]
-        start_empty: Vec<String>,
-        /// Compute the new version's state anew from all of the input
-        /// (kept with --retain-input), and write each output's difference
-        /// from the new version's at the switch.
-        #[arg(long)]
-        rebuild: bool,
-        /// With --data: the object store of a pipeline run with `--store`
-        /// (as given there; ignored with --pipeline, as the next).
-        #[arg(long, env = "SLUICE_CHECKPOINT_STORE")]
-        store: Option<String>,
-        /// With --data: Kafka bootstrap servers, for a pipeline whose logs
-        /// are in Kafka (the upgrade fences any host still running it).
-        #[arg(long, env = "SLUICE_KAFKA_BROKERS")]
-        brokers: Option<String>,
-        /// The server, with --pipeline.
-        #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7878")]
-        server: String,
-        /// The API token, with --pipeline.
-        #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-    },
+    /// checkpoints and switches), or run by `sluice host` processes
+    /// (--group: their leader switches them all).
+    Upgrade(crate::upgrade_args::UpgradeArgs),
     /// List the caller's pipelines (state, W, rates, lag, checkpoint,
     /// last error).
     Pipelines {

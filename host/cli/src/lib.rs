@@ -20,3 +20,4 @@ pub mod client;
 pub mod commands;
 pub mod human;
 mod parse;
+pub mod upgrade_args;

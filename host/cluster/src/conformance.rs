@@ -1,9 +1,10 @@
 //! The suite every [`Membership`] implementation passes: joining in order,
 //! the first to join leading, leaving, lapsing when renewals stop, a
-//! quick rejoin under the same name keeping its place, and a name another
-//! address holds refused.
+//! quick rejoin under the same name keeping its place, a name another
+//! address holds refused, and an upgrade request pending until the leader
+//! answers it, once.
 
-use crate::{Member, Membership};
+use crate::{Error, Member, Membership, UpgradeAnswer, UpgradeRequest};
 use std::time::{Duration, Instant};
 
 fn member(name: &str) -> Member {
@@ -29,6 +30,7 @@ where
     a_member_that_stops_renewing_lapses(&*make().await).await;
     a_quick_rejoin_keeps_its_place(&*make().await).await;
     a_name_another_address_holds_is_refused(&*make().await).await;
+    an_upgrade_request_is_answered_once(&*make().await).await;
 }
 
 /// Members appear in join order; the first leads.
@@ -125,4 +127,98 @@ pub async fn a_name_another_address_holds_is_refused(group: &dyn Membership) {
     let taken = group.join(elsewhere.clone()).await.unwrap();
     assert_eq!(group.view().await.unwrap().leader(), Some(&elsewhere));
     assert!(taken.alive());
+}
+
+fn upgrade(to: &str) -> UpgradeRequest {
+    UpgradeRequest {
+        id: format!("id-{to}"),
+        to: to.into(),
+        start_empty: vec!["counts".into()],
+        answer: None,
+    }
+}
+
+/// An upgrade request is stored and read back; while it is pending another
+/// is refused; only an answer for its component is kept, and only once; an
+/// answered request is replaced by the next; of two asked at once, one is
+/// stored.
+pub async fn an_upgrade_request_is_answered_once(group: &dyn Membership) {
+    assert_eq!(group.upgrade_request().await.unwrap(), None);
+    // Only the leader answers.
+    let answered = UpgradeRequest {
+        answer: Some(UpgradeAnswer::Refused("no".into())),
+        ..upgrade("aa11")
+    };
+    assert!(matches!(
+        group.request_upgrade(&answered).await,
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(group.upgrade_request().await.unwrap(), None);
+
+    group.request_upgrade(&upgrade("aa11")).await.unwrap();
+    assert_eq!(
+        group.upgrade_request().await.unwrap(),
+        Some(upgrade("aa11"))
+    );
+    // One at a time.
+    match group.request_upgrade(&upgrade("bb22")).await {
+        Err(Error::UpgradePending { to }) => assert_eq!(to, "aa11"),
+        other => panic!("a second upgrade asked while one is pending: {other:?}"),
+    }
+    assert_eq!(
+        group.upgrade_request().await.unwrap(),
+        Some(upgrade("aa11"))
+    );
+
+    // An answer for another request is not kept.
+    let upgraded = UpgradeAnswer::Upgraded("kept 2 operators, started 1 empty".into());
+    assert!(
+        !group
+            .answer_upgrade("id-bb22", upgraded.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        group.upgrade_request().await.unwrap(),
+        Some(upgrade("aa11"))
+    );
+    assert!(
+        group
+            .answer_upgrade("id-aa11", upgraded.clone())
+            .await
+            .unwrap()
+    );
+    let done = UpgradeRequest {
+        answer: Some(upgraded),
+        ..upgrade("aa11")
+    };
+    assert_eq!(group.upgrade_request().await.unwrap(), Some(done.clone()));
+    // Answered once: a second answer changes nothing.
+    let refused = UpgradeAnswer::Refused("too late".into());
+    assert!(
+        !group
+            .answer_upgrade("id-aa11", refused.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(group.upgrade_request().await.unwrap(), Some(done));
+
+    // The next request replaces the answered one.
+    group.request_upgrade(&upgrade("bb22")).await.unwrap();
+    assert_eq!(
+        group.upgrade_request().await.unwrap(),
+        Some(upgrade("bb22"))
+    );
+    assert!(group.answer_upgrade("id-bb22", refused).await.unwrap());
+
+    // Two hosts asking at once: one request is stored, the other refused.
+    let (c, d) = (upgrade("cc33"), upgrade("dd44"));
+    let (asked_c, asked_d) = tokio::join!(group.request_upgrade(&c), group.request_upgrade(&d));
+    let (stored, pending) = match (asked_c, asked_d) {
+        (Ok(()), Err(Error::UpgradePending { to })) => (c, to),
+        (Err(Error::UpgradePending { to }), Ok(())) => (d, to),
+        other => panic!("two upgrades asked at once: {other:?}"),
+    };
+    assert_eq!(pending, stored.to, "refused for another pending request");
+    assert_eq!(group.upgrade_request().await.unwrap(), Some(stored));
 }

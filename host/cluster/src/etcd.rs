@@ -1,8 +1,13 @@
 //! Membership in etcd: a key per member, `/sluice/<group>/members/<name>`,
 //! holding its record (JSON), attached to a lease of the group's TTL that
 //! the member keeps alive. Join order is the keys' create revision.
+//!
+//! The upgrade request is the key `/sluice/<group>/upgrade` (JSON of an
+//! [`UpgradeRequest`]), under no lease: it outlives the members. It is
+//! changed only by transactions comparing its revision with the one read
+//! just before.
 
-use crate::{Error, Member, Membership, Result, Session, View};
+use crate::{Error, Member, Membership, Result, Session, UpgradeAnswer, UpgradeRequest, View};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +17,8 @@ use std::time::Duration;
 pub struct EtcdMembership {
     client: Client,
     prefix: String,
+    /// The key of the group's upgrade request.
+    upgrade: String,
     ttl: Duration,
 }
 
@@ -24,6 +31,47 @@ fn backend(what: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error 
 }
 
 impl EtcdMembership {
+    /// The stored upgrade request and its key's mod revision, if any.
+    async fn read_upgrade(&self, client: &mut Client) -> Result<Option<(i64, UpgradeRequest)>> {
+        let got = client
+            .get(self.upgrade.as_str(), None)
+            .await
+            .map_err(backend("reading the upgrade request"))?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(None);
+        };
+        let request: UpgradeRequest =
+            serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
+                key: self.upgrade.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(Some((kv.mod_revision(), request)))
+    }
+
+    /// Writes `request` as the upgrade request if the key is still as read:
+    /// absent (`None`) or at mod revision `revision`. Returns whether it
+    /// did.
+    async fn put_upgrade(
+        &self,
+        client: &mut Client,
+        revision: Option<i64>,
+        request: &UpgradeRequest,
+        what: &str,
+    ) -> Result<bool> {
+        let record = serde_json::to_vec(request).map_err(|e| Error::Invalid(e.to_string()))?;
+        let key = self.upgrade.as_str();
+        let compare = match revision {
+            None => Compare::create_revision(key, CompareOp::Equal, 0),
+            Some(revision) => Compare::mod_revision(key, CompareOp::Equal, revision),
+        };
+        let put = TxnOp::put(key, record, None);
+        let written = client
+            .txn(Txn::new().when([compare]).and_then([put]))
+            .await
+            .map_err(backend(what))?;
+        Ok(written.succeeded())
+    }
+
     /// Connects to etcd at `endpoints` (`http://host:2379`, …) for the
     /// group `group` (the pipeline's name), whose members lapse `ttl` (at
     /// least 2 s: etcd's shortest lease) after they stop renewing.
@@ -40,6 +88,7 @@ impl EtcdMembership {
         Ok(EtcdMembership {
             client,
             prefix: format!("/sluice/{group}/members/"),
+            upgrade: format!("/sluice/{group}/upgrade"),
             ttl: ttl.max(Duration::from_secs(2)),
         })
     }
@@ -191,6 +240,66 @@ impl Membership for EtcdMembership {
     fn ttl(&self) -> Duration {
         self.ttl
     }
+
+    async fn request_upgrade(&self, request: &UpgradeRequest) -> Result<()> {
+        if request.answer.is_some() {
+            return Err(Error::Invalid(format!(
+                "an upgrade request to {} comes with an answer: the leader answers",
+                request.to
+            )));
+        }
+        if request.to.is_empty() {
+            return Err(Error::Invalid(
+                "an upgrade request names no component".into(),
+            ));
+        }
+        let mut client = self.client.clone();
+        // Read, then write if nothing changed in between; if something did
+        // (another host asked, or the leader answered), look again.
+        loop {
+            let revision = match self.read_upgrade(&mut client).await? {
+                None => None,
+                Some((_, stored)) if stored.answer.is_none() => {
+                    return Err(Error::UpgradePending { to: stored.to });
+                }
+                Some((revision, _)) => Some(revision),
+            };
+            let what = format!("asking for an upgrade to {}", request.to);
+            if self
+                .put_upgrade(&mut client, revision, request, &what)
+                .await?
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn upgrade_request(&self) -> Result<Option<UpgradeRequest>> {
+        let mut client = self.client.clone();
+        Ok(self.read_upgrade(&mut client).await?.map(|(_, r)| r))
+    }
+
+    async fn answer_upgrade(&self, id: &str, answer: UpgradeAnswer) -> Result<bool> {
+        let mut client = self.client.clone();
+        // As in `request_upgrade`: a change between the read and the write
+        // (another host answered) is looked at again.
+        loop {
+            let Some((revision, mut stored)) = self.read_upgrade(&mut client).await? else {
+                return Ok(false);
+            };
+            if stored.answer.is_some() || stored.id != id {
+                return Ok(false);
+            }
+            stored.answer = Some(answer.clone());
+            let what = format!("answering the upgrade to {}", stored.to);
+            if self
+                .put_upgrade(&mut client, Some(revision), &stored, &what)
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -234,7 +343,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_passes_the_membership_conformance_suite() {
         let Some(endpoint) = endpoint() else { return };
-        let run = std::process::id();
+        // The upgrade request outlives the members: a group name of an
+        // earlier run (in an etcd kept between runs) is not reused.
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let run = format!("{}-{since}", std::process::id());
         let n = std::sync::atomic::AtomicU32::new(0);
         crate::conformance::membership(|| {
             let group = format!("conformance-{run}-{}", n.fetch_add(1, Ordering::Relaxed));
@@ -271,5 +386,43 @@ mod tests {
             zone: None,
         };
         assert!(m.join(bad).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_upgrade_request_is_reported() {
+        let Some(endpoint) = endpoint() else { return };
+        let group = format!("corrupt-upgrade-{}", std::process::id());
+        let m = EtcdMembership::connect(&[endpoint], &group, Duration::from_secs(2))
+            .await
+            .unwrap();
+        m.client
+            .clone()
+            .put(m.upgrade.as_str(), "not json", None)
+            .await
+            .unwrap();
+        let request = UpgradeRequest {
+            id: "id-aa11".into(),
+            to: "aa11".into(),
+            start_empty: vec![],
+            answer: None,
+        };
+        assert!(matches!(
+            m.upgrade_request().await,
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            m.request_upgrade(&request).await,
+            Err(Error::Corrupt { .. })
+        ));
+        let answer = UpgradeAnswer::Refused("no".into());
+        assert!(matches!(
+            m.answer_upgrade("id-aa11", answer).await,
+            Err(Error::Corrupt { .. })
+        ));
+        m.client
+            .clone()
+            .delete(m.upgrade.as_str(), None)
+            .await
+            .unwrap();
     }
 }

@@ -11,8 +11,14 @@
 //! commits are fenced by Kafka's transactional id. Membership only decides
 //! who *tries*.
 //!
+//! The group also carries one request to upgrade the pipeline to a new
+//! component ([`UpgradeRequest`]): any host (an operator's command) asks,
+//! the leader acts and answers ([`UpgradeAnswer`]), and the asker reads the
+//! answer back. At most one request is pending at a time.
+//!
 //! [`EtcdMembership`] keeps the group in etcd (a key per member under a
-//! lease with the group's TTL). [`conformance`] is the suite any
+//! lease with the group's TTL, the upgrade request under a key of its own
+//! that outlives the members). [`conformance`] is the suite any
 //! implementation must pass.
 
 pub mod conformance;
@@ -35,8 +41,9 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A member's record could not be read.
-    #[error("membership: member record {key}: {message}")]
+    /// A record of the group (a member's, the upgrade request) could not be
+    /// read.
+    #[error("membership: record {key}: {message}")]
     Corrupt {
         /// Its key.
         key: String,
@@ -57,6 +64,13 @@ pub enum Error {
         name: String,
         /// The address the member under it gave.
         holder: String,
+    },
+    /// An upgrade was asked while another, not answered yet, is pending:
+    /// one at a time.
+    #[error("membership: an upgrade to {to} is pending: wait for its answer")]
+    UpgradePending {
+        /// The pending request's component (SHA-256, hex).
+        to: String,
     },
 }
 
@@ -95,6 +109,33 @@ impl View {
     }
 }
 
+/// An upgrade of the pipeline's component asked of the group's leader: at
+/// most one is pending at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeRequest {
+    /// The asker's name for this request (unique: a nonce); the answer is
+    /// set only on the request it names.
+    pub id: String,
+    /// The new component's SHA-256 (hex), published in the pipeline's
+    /// checkpoint store.
+    pub to: String,
+    /// Operators of the new component to start empty.
+    pub start_empty: Vec<String>,
+    /// The leader's answer once it acted: `None` while pending.
+    pub answer: Option<UpgradeAnswer>,
+}
+
+/// What the leader made of an upgrade request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome", content = "message")]
+pub enum UpgradeAnswer {
+    /// The pipeline runs the new component (a message saying what was kept
+    /// and what started empty).
+    Upgraded(String),
+    /// Refused with nothing changed (why).
+    Refused(String),
+}
+
 /// A pipeline's group of hosts.
 #[async_trait::async_trait]
 pub trait Membership: Send + Sync {
@@ -112,6 +153,34 @@ pub trait Membership: Send + Sync {
 
     /// How long a member that stops renewing stays in the group.
     fn ttl(&self) -> Duration;
+
+    /// Asks the leader to upgrade the pipeline: stores `request` as the
+    /// group's upgrade request, whoever is a member (the request outlives
+    /// the members, and the asker need not be one).
+    ///
+    /// The request must not carry an answer yet, and must name a component
+    /// ([`Error::Invalid`] otherwise). While a stored request has no answer,
+    /// another is refused ([`Error::UpgradePending`], naming the pending
+    /// one's component); a request already answered is replaced. The check
+    /// and the store are one atomic step: of two hosts asking at once while
+    /// none is pending, exactly one succeeds and the other is refused. A
+    /// stored request that cannot be read is [`Error::Corrupt`] (nothing is
+    /// replaced).
+    async fn request_upgrade(&self, request: &UpgradeRequest) -> Result<()>;
+
+    /// The group's upgrade request, pending or answered (`None` if none was
+    /// ever asked); [`Error::Corrupt`] if the stored one cannot be read.
+    async fn upgrade_request(&self) -> Result<Option<UpgradeRequest>>;
+
+    /// Answers the group's upgrade request (the leader, once it acted):
+    /// sets `answer` on the stored request if it is pending and is request
+    /// `id`. The check and the write are one atomic step: of two hosts
+    /// answering at once, only one answer is kept, and a request is never
+    /// answered twice. Returns whether it set the answer: `false` when no
+    /// request is stored, when it is answered already, or when it is
+    /// another request. A stored request that cannot be read is
+    /// [`Error::Corrupt`].
+    async fn answer_upgrade(&self, id: &str, answer: UpgradeAnswer) -> Result<bool>;
 }
 
 /// One host's membership.

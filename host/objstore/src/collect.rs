@@ -2,6 +2,7 @@
 //! the [`KEPT`] newest checkpoints are deleted, then the segments below the
 //! oldest kept step that no kept manifest references (those of dropped
 //! checkpoints, and of writes that crashed before their manifest).
+//! Nothing else under the prefix is listed or deleted: components stay.
 //!
 //! [`KEPT`]: sluice_storage::checkpoint::KEPT
 

@@ -26,6 +26,11 @@
 //!   committer another host has fenced cannot do. Names are never reused,
 //!   so a fenced committer's late manifest overwrites nothing; it is an
 //!   orphan, collected like the segments of a write that crashed.
+//! - `components/{sha256}.wasm`: component files by the SHA-256 (lower-case
+//!   hex) of their bytes, written once, never collected
+//!   ([`ObjectCheckpointStore::put_component`]): the hosts of a pipeline
+//!   fetch from here a new version of the circuit that another host
+//!   published.
 //!
 //! # Collection
 //!
@@ -35,7 +40,8 @@
 //! below the oldest kept checkpoint that no kept manifest references — the
 //! segments of dropped checkpoints, and those of a write that crashed
 //! before its manifest. Segments of newer steps are never collected: they
-//! may belong to a checkpoint being written.
+//! may belong to a checkpoint being written. Components are never
+//! collected.
 //!
 //! # Reading some shards
 //!
@@ -51,6 +57,8 @@
 mod cache;
 /// Collecting the manifests and segments no kept checkpoint needs.
 mod collect;
+/// Components: WebAssembly component files kept by the hash of their bytes.
+mod components;
 /// Backend errors of the object store, and refusals of a checkpoint.
 mod error;
 /// The commit mark of a checkpoint: its manifest, where its pieces lie,

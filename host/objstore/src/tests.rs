@@ -509,3 +509,128 @@ fn a_corrupt_manifest_is_reported_not_trusted() {
     let err = store.latest().unwrap_err().to_string();
     assert!(err.contains("manifest of checkpoint 1"), "{err}");
 }
+
+/// A store in a fresh directory (`<dir>/store`), and the directory.
+fn directory_store() -> (ObjectCheckpointStore, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = ObjectCheckpointStore::open(&format!("file://{}", root.display())).unwrap();
+    (store, root, dir)
+}
+
+/// The SHA-256 of `bytes` in lower-case hex, computed here.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn a_published_component_is_read_back_by_its_hash() {
+    let bytes = b"\0asm\x0d\0\x01\0 a component".to_vec();
+    let (in_directory, _root, _dir) = directory_store();
+    for store in [
+        ObjectCheckpointStore::open("memory:///").unwrap(),
+        in_directory,
+    ] {
+        let hash = store.put_component(&bytes).unwrap();
+        assert_eq!(hash, sha256_hex(&bytes));
+        assert_eq!(store.get_component(&hash).unwrap(), Some(bytes.clone()));
+        // Publishing again is fine, and changes nothing.
+        assert_eq!(store.put_component(&bytes).unwrap(), hash);
+        assert_eq!(store.get_component(&hash).unwrap(), Some(bytes.clone()));
+        // Another component has another name.
+        let other = store.put_component(b"another").unwrap();
+        assert_ne!(other, hash);
+        assert_eq!(
+            store.get_component(&other).unwrap(),
+            Some(b"another".to_vec())
+        );
+        assert_eq!(store.get_component(&hash).unwrap(), Some(bytes.clone()));
+    }
+}
+
+#[test]
+fn a_component_published_by_one_host_is_read_by_another() {
+    let (h, _dirs) = hosts(2);
+    let hash = h[0].put_component(b"version 2").unwrap();
+    assert_eq!(
+        h[1].get_component(&hash).unwrap(),
+        Some(b"version 2".to_vec())
+    );
+}
+
+#[test]
+fn an_unknown_component_is_none() {
+    let (store, _root, _dir) = directory_store();
+    assert_eq!(store.get_component(&sha256_hex(b"never")).unwrap(), None);
+    store.put_component(b"some").unwrap();
+    assert_eq!(store.get_component(&sha256_hex(b"never")).unwrap(), None);
+}
+
+#[test]
+fn a_component_hash_that_is_not_a_sha256_is_refused() {
+    let store = ObjectCheckpointStore::open("memory:///").unwrap();
+    let good = sha256_hex(b"x");
+    for hash in [
+        String::new(),
+        good[..63].to_owned(),
+        format!("{good}0"),
+        good.to_uppercase(),
+        format!("../{}", &good[3..]),
+        format!("{}/x", &good[..62]),
+        format!("{}g", &good[..63]),
+        format!("{}é", &good[..62]),
+    ] {
+        let err = store.get_component(&hash).unwrap_err();
+        assert!(matches!(err, StorageError::Config(_)), "{hash:?}: {err}");
+        assert!(!err.is_transient());
+    }
+}
+
+#[test]
+fn a_component_whose_bytes_changed_is_reported_not_trusted() {
+    let (store, root, _dir) = directory_store();
+    let hash = store.put_component(b"the circuit").unwrap();
+    let file = root.join("components").join(format!("{hash}.wasm"));
+    assert_eq!(std::fs::read(&file).unwrap(), b"the circuit");
+    std::fs::write(&file, b"another circuit").unwrap();
+    let err = store.get_component(&hash).unwrap_err();
+    assert!(matches!(err, StorageError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains(&hash), "{err}");
+    // Publishing the true bytes again leaves the object as it is (create
+    // only), so it is still reported.
+    assert_eq!(store.put_component(b"the circuit").unwrap(), hash);
+    assert!(matches!(
+        store.get_component(&hash).unwrap_err(),
+        StorageError::Corrupt { .. }
+    ));
+}
+
+#[test]
+fn components_are_never_collected() {
+    let (store, root, _dir) = directory_store();
+    let hash = store.put_component(b"the circuit").unwrap();
+    let steps = sluice_storage::checkpoint::KEPT as u64 + 3;
+    for step in 1..=steps {
+        store
+            .put(&checkpoint(
+                step,
+                vec![piece(0, 0, b"s"), piece(1, 1, b"t")],
+            ))
+            .unwrap();
+    }
+    let kept: Vec<u64> = (steps + 1 - sluice_storage::checkpoint::KEPT as u64..=steps).collect();
+    assert_eq!(store.list().unwrap(), kept, "collection ran");
+    assert!(
+        root.join("components")
+            .join(format!("{hash}.wasm"))
+            .is_file()
+    );
+    assert_eq!(
+        store.get_component(&hash).unwrap(),
+        Some(b"the circuit".to_vec())
+    );
+}

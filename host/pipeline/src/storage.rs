@@ -449,16 +449,28 @@ fn open_checkpoints(
 /// else as its metadata says (see [`stored_component`]). Blocks; on Kafka,
 /// initialises the pipeline's ingest producer (call it with the pipeline
 /// unloaded).
-#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
 pub fn upgraded_component(data: &std::path::Path, log: &LogConfig) -> Result<Option<String>> {
+    match recorded_upgrade(log)? {
+        Some(to) => Ok(Some(to)),
+        None => stored_component(data),
+    }
+}
+
+/// The component the last change of component recorded on logs `log`
+/// moved the pipeline to: `None` if none is recorded, or the logs record
+/// none (embedded: each data directory's metadata does). Blocks; on Kafka,
+/// initialises the pipeline's ingest producer (as
+/// [`upgraded_component`]).
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+pub fn recorded_upgrade(log: &LogConfig) -> Result<Option<String>> {
     #[cfg(feature = "kafka")]
     if let LogConfig::Kafka { config } = log {
         let shared = sluice_kafka::KafkaLog::open(config.clone())?.upgrades()?;
-        if let Some(last) = meta::decode_upgrades(shared.as_deref())?.pop() {
-            return Ok(Some(last.to));
-        }
+        return Ok(meta::decode_upgrades(shared.as_deref())?
+            .pop()
+            .map(|last| last.to));
     }
-    stored_component(data)
+    Ok(None)
 }
 
 /// Where a host keeps its copy of the checkpoint segments it wrote to a

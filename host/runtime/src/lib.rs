@@ -64,5 +64,5 @@ pub use coordinator::{
 };
 pub use engine::{Limits, LoadedComponent, SluiceEngine};
 pub use error::{Error, ExchangeError, GuestError, Result};
-pub use hosts::{HostOptions, Reach, RemoteHost, Tls, WorkerHost};
+pub use hosts::{ComponentSource, Fetched, HostOptions, Reach, RemoteHost, Tls, WorkerHost};
 pub use worker::{Snapshot, Worker, WorkerInfo};

@@ -533,6 +533,33 @@ pub fn input(path: &Path, n: usize) -> BTreeMap<String, i64> {
     recount(lines.iter().map(|(l, w)| (l.as_str(), *w)))
 }
 
+/// Writes the word-count input in `file` (as [`input`] makes it) to
+/// Kafka topic `topic` as a pipeline's input records: a line's JSON; a
+/// deletion is the deleted line with the header `sluice-weight: -1`.
+pub fn produce_lines(brokers: &str, topic: &str, file: &Path) {
+    let (mut ins, mut del) = (String::new(), String::new());
+    for line in std::fs::read_to_string(file).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        match v.get("delete") {
+            Some(victim) => del.push_str(&format!("{victim}\n")),
+            None => ins.push_str(&format!("{line}\n")),
+        }
+    }
+    for (records, headers) in [(ins, &[][..]), (del, &["-H", "sluice-weight=-1"][..])] {
+        // One record per line (kcat reads stdin line by line).
+        let mut kcat = std::process::Command::new("kcat")
+            .args(["-P", "-b", brokers, "-t", topic])
+            .args(headers)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = kcat.stdin.take().unwrap();
+        stdin.write_all(records.as_bytes()).unwrap();
+        drop(stdin);
+        assert!(kcat.wait().unwrap().success(), "kcat -P");
+    }
+}
+
 /// A Kafka broker of this test's own (`scripts/kafka-broker.sh start-at`),
 /// stopped when dropped. Each broker's controller listens on port 9093 of
 /// its address, so each gets a loopback address of its own (127.0.0.2 and

@@ -133,6 +133,17 @@ pub async fn upgrade(
     }
     let dir = data.clone();
     let log = tokio::task::spawn_blocking(move || stored_log_config(&dir, brokers)).await??;
+    if let (Some(store), sluice_pipeline::LogConfig::Kafka { .. }) = (&store, &log) {
+        // Where the pipeline's hosts fetch it: one started with the old
+        // version follows the change instead of being refused.
+        let (store, path) = (store.clone(), component.clone());
+        tokio::task::spawn_blocking(move || {
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            sluice_pipeline::hosts::publish_component(&store, &bytes).map_err(anyhow::Error::from)
+        })
+        .await??;
+    }
     let config = PipelineConfig {
         checkpoint_store: store,
         log,
@@ -337,6 +348,18 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
                     .last()
                     .map(|(step, _)| format!("; the primaries' output committed since step {step}"))
                     .unwrap_or_default()
+            ),
+            HostEvent::Upgraded {
+                to,
+                answer: sluice_cluster::UpgradeAnswer::Upgraded(said),
+            } => eprintln!("host {name}: upgraded the pipeline to {}: {said}", meta::short_hash(&to)),
+            HostEvent::Upgraded {
+                to,
+                answer: sluice_cluster::UpgradeAnswer::Refused(why),
+            } => eprintln!("host {name}: refused the upgrade to {}: {why}", meta::short_hash(&to)),
+            HostEvent::Followed { component } => eprintln!(
+                "host {name}: the pipeline was upgraded by another host: runs component {} from the store",
+                meta::short_hash(&component)
             ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),

@@ -2,6 +2,8 @@
 
 /// Commands against a `sluice serve`: the client side of its HTTP API.
 mod api;
+/// `sluice upgrade --group`: the upgrade of a group of hosts.
+mod group;
 /// Commands on this machine's pipelines: `run`, `host`, `upgrade`, `verify`, `read`,
 /// `serve`.
 mod local;
@@ -11,6 +13,7 @@ mod progress;
 mod tools;
 
 use crate::cli::{Cli, Command, GenCommand};
+use std::time::Duration;
 
 /// Runs a parsed command line.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -93,36 +96,45 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             token,
             json,
         } => api::diff(old, new, start_empty, rebuild, server, token, json).await,
-        Command::Upgrade {
-            component,
-            data: Some(data),
-            start_empty,
-            rebuild,
-            store,
-            brokers,
-            ..
-        } => local::upgrade(component, data, store, brokers, start_empty, rebuild).await,
-        Command::Upgrade {
-            component,
-            pipeline,
-            as_name,
-            start_empty,
-            rebuild,
-            server,
-            token,
-            ..
-        } => {
-            api::upgrade(
-                component,
-                pipeline,
-                as_name,
-                start_empty,
-                rebuild,
-                server,
-                token,
-            )
-            .await
-        }
+        Command::Upgrade(a) => match (a.data, a.group) {
+            (Some(data), _) => {
+                local::upgrade(
+                    a.component,
+                    data,
+                    a.store,
+                    a.brokers,
+                    a.start_empty,
+                    a.rebuild,
+                )
+                .await
+            }
+            (None, Some(group)) => {
+                let request = group::GroupUpgrade {
+                    component: a.component,
+                    etcd: a.etcd,
+                    group,
+                    store: a.store.unwrap_or_default(),
+                    start_empty: a.start_empty,
+                    rebuild: a.rebuild,
+                    wait: Duration::from_secs(a.wait_secs),
+                };
+                group::upgrade_group(request).await
+            }
+            (None, None) => {
+                let pipeline = a.pipeline;
+                let (server, token) = (a.server, a.token);
+                api::upgrade(
+                    a.component,
+                    pipeline,
+                    a.as_name,
+                    a.start_empty,
+                    a.rebuild,
+                    server,
+                    token,
+                )
+                .await
+            }
+        },
         Command::Scale {
             pipeline,
             workers,

@@ -14,10 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Leads until the group changes, this host must stop, or a step fails.
-/// Returns why it stopped leading. `hint` is where the workers ran when
-/// this host last led (kept where their hosts still are), and where they
-/// run now when this returns.
+/// How a lead ended (else it failed).
+#[derive(Debug)]
+pub(super) enum Led {
+    /// It stopped leading, for this reason.
+    Ended(String),
+    /// The group asks for an upgrade: the coordinator checkpointed its last
+    /// step and went; this host makes the upgrade on its data directory.
+    Upgrade(sluice_cluster::UpgradeRequest),
+}
+
+/// Leads until the group changes, this host must stop, a step fails, or
+/// the group asks for an upgrade; says which ([`Led`]). `hint` is where
+/// the workers ran when this host last led (kept where their hosts still
+/// are), and where they run now when this returns.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn lead(
     pipeline: &Pipeline,
@@ -31,7 +41,7 @@ pub(super) async fn lead(
     hint: &mut Vec<String>,
     left_out: &mut HashMap<String, Instant>,
     progress: &mut Instant,
-) -> Result<String> {
+) -> Result<Led> {
     let started = Instant::now();
     let identity = pipeline.options().name.clone();
     let connect = |addr: String| {
@@ -106,7 +116,7 @@ pub(super) async fn lead(
     loop {
         if *stop.borrow() {
             coordinator.finish().await?;
-            return Ok("stopping".into());
+            return Ok(Led::Ended("stopping".into()));
         }
         if last_check.elapsed() >= POLL {
             last_check = Instant::now();
@@ -116,7 +126,7 @@ pub(super) async fn lead(
                     // Lapsed while the group answers: another host may
                     // lead already. Leave the coordinator as it is (a
                     // checkpoint would be fenced) and join again.
-                    return Ok("this host's membership lapsed".into());
+                    return Ok(Led::Ended("this host's membership lapsed".into()));
                 }
                 // Lapsed because the group does not answer (etcd is
                 // away): lead on. Kafka fences this host's commits if
@@ -128,6 +138,19 @@ pub(super) async fn lead(
                          on while Kafka's fencing holds; joining again when the group answers"
                     );
                 }
+            }
+            // An upgrade the group asks for, made by its leader as the
+            // group sees it now (a host that no longer leads leaves it to
+            // the one that does).
+            let leads =
+                |v: &View| v.leader().map(|m| m.name.as_str()) == Some(config.name.as_str());
+            if matches!(&now, Ok(v) if leads(v))
+                && session.alive()
+                && let Some(request) = asked_upgrade(pipeline, membership).await
+            {
+                // The upgrade is made at a checkpoint of the last step.
+                coordinator.finish().await?;
+                return Ok(Led::Upgrade(request));
             }
             // With replicas, a host whose connection ended is given up by
             // the coordinator (a follower took over): it leaves the
@@ -218,11 +241,11 @@ pub(super) async fn lead(
                         // The instances are gone: reopen on the group as
                         // it is (from the newest checkpoint).
                         Err(e) => {
-                            return Ok(format!(
+                            return Ok(Led::Ended(format!(
                                 "the group changed ({} → {} hosts) and moving workers live failed: {e}",
                                 connected.len() + 1,
                                 next.len() + 1
-                            ));
+                            )));
                         }
                     };
                     connected = next;
@@ -241,7 +264,7 @@ pub(super) async fn lead(
                     // the hosts we run on are there, then reopen on the
                     // group as it is.
                     let saved = coordinator.finish().await;
-                    return Ok(format!(
+                    return Ok(Led::Ended(format!(
                         "the group changed ({} → {} hosts){}",
                         view.members.len(),
                         now.members.len(),
@@ -249,7 +272,7 @@ pub(super) async fn lead(
                             Ok(()) => String::new(),
                             Err(e) => format!("; no checkpoint first: {e}"),
                         }
-                    ));
+                    )));
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "reading the group failed"),
@@ -304,6 +327,36 @@ pub(super) async fn lead(
             }
         }
     }
+}
+
+/// An upgrade the group asks for, pending and to another component than
+/// `pipeline`'s. One to the component the pipeline runs was made (by a
+/// leader that went before answering it): answered here.
+async fn asked_upgrade(
+    pipeline: &Pipeline,
+    membership: &dyn Membership,
+) -> Option<sluice_cluster::UpgradeRequest> {
+    let request = match membership.upgrade_request().await {
+        Ok(Some(request)) if request.answer.is_none() => request,
+        Ok(_) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the group's upgrade request failed");
+            return None;
+        }
+    };
+    let runs = &pipeline.component().hash;
+    if request.to != *runs {
+        return Some(request);
+    }
+    let said = format!(
+        "the pipeline runs component {}",
+        sluice_embedded::meta::short_hash(runs)
+    );
+    let answered = sluice_cluster::UpgradeAnswer::Upgraded(said);
+    if let Err(e) = membership.answer_upgrade(&request.id, answered).await {
+        tracing::warn!(error = %e, "answering the group's upgrade request failed");
+    }
+    None
 }
 
 /// The zone of each member that has one, by the address the leader dials

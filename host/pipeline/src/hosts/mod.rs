@@ -32,10 +32,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// Changes of component across hosts: components through the store, the
+/// leader making an upgrade the group asks for, hosts following one.
+mod follow;
 /// The leader's loop: the coordinator over the group's hosts, moving
 /// workers live as the group changes, until a step fails or the group
 /// changes so that it must reopen.
 mod lead;
+
+pub use follow::publish_component;
 
 /// One host's part in a pipeline across hosts.
 #[derive(Debug, Clone)]
@@ -121,6 +126,21 @@ pub enum HostEvent {
         bytes: u64,
         /// How long the move paused the steps.
         took: Duration,
+    },
+    /// Leading, it made the upgrade the group asked for (or refused it,
+    /// with nothing changed): the answer the group got.
+    Upgraded {
+        /// The component asked for (SHA-256, hex).
+        to: String,
+        /// What was made of it.
+        answer: sluice_cluster::UpgradeAnswer,
+    },
+    /// Opening the pipeline, it found that another host had moved it to
+    /// another component, fetched that from the checkpoint store, and runs
+    /// it from now on.
+    Followed {
+        /// The component it runs now (SHA-256, hex).
+        component: String,
     },
     /// No longer leading (the group changed, a step failed, or stopping).
     LeadEnded {
@@ -225,6 +245,10 @@ async fn open_reach(config: &HostConfig, inputs: &[String]) -> Result<Reach> {
 /// How often the group is read while nothing else happens.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How many times a leader makes an upgrade the group asked for whose
+/// outcome a failure left unknown before it answers that it failed.
+const UPGRADE_TRIES: u32 = 3;
+
 /// How often a leader tries again to reach members that did not answer.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -262,6 +286,7 @@ pub async fn run_host(
     mut stop: watch::Receiver<bool>,
     mut report: impl FnMut(HostEvent) + Send,
 ) -> Result<()> {
+    let mut component = component;
     if config.read_only_log && !config.inputs.is_empty() {
         return Err(sluice_core::ConfigError::Invalid(
             "a host that may not write the pipeline's logs (--read-only-log) cannot append \
@@ -341,6 +366,13 @@ pub async fn run_host(
                 ..reach
             },
             session_timeout: config.session_timeout,
+            // A coordinator of a newer component (after an upgrade): its
+            // bytes are in the checkpoint store, by hash.
+            components: config
+                .pipeline
+                .checkpoint_store
+                .as_deref()
+                .map(|store| follow::source(&engine, store)),
             ..HostOptions::default()
         },
     );
@@ -400,6 +432,8 @@ pub async fn run_host(
     // a coordinator, committed a step): one that makes none for
     // `give_way_after` gives way to another member.
     let mut progress = Instant::now();
+    // Upgrades the group asked for that failed here, by request.
+    let mut upgrade_tries: HashMap<String, u32> = HashMap::new();
     loop {
         if *stop.borrow() {
             break;
@@ -482,8 +516,43 @@ pub async fn run_host(
         let led = async {
             if pipeline.is_none() {
                 let opened =
-                    Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone());
-                pipeline = Some(opened.await?);
+                    Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone())
+                        .await;
+                pipeline = Some(match opened {
+                    Ok(p) => p,
+                    // Another host moved the pipeline to another component
+                    // (its open refuses this one): follow it.
+                    Err(e) if !e.is_transient() => {
+                        let Some(to) = follow::recorded_change(&config, &component.hash).await
+                        else {
+                            return Err(e);
+                        };
+                        let store = config.pipeline.checkpoint_store.as_deref();
+                        let store = store.unwrap_or_default();
+                        let new = match follow::fetch(&engine, store, &to).await? {
+                            Some(new) => new,
+                            None => {
+                                tracing::error!(error = %e, "opening the pipeline");
+                                let short = sluice_embedded::meta::short_hash(&to);
+                                return Err(sluice_core::ConfigError::Invalid(format!(
+                                    "the pipeline was upgraded to component {short}, which is \
+                                     not in its checkpoint store ({store}): start this host \
+                                     with that component's file"
+                                ))
+                                .into());
+                            }
+                        };
+                        tracing::info!(component = %to, "another host upgraded the pipeline: following");
+                        worker_host.add_component(new.clone());
+                        component = new;
+                        report(HostEvent::Followed {
+                            component: to.clone(),
+                        });
+                        Pipeline::open(engine.clone(), component.clone(), config.pipeline.clone())
+                            .await?
+                    }
+                    Err(e) => return Err(e),
+                });
             }
             let p = pipeline.as_ref().expect("just opened");
             if !ingested {
@@ -508,9 +577,51 @@ pub async fn run_host(
             .await
         };
         match led.await {
-            Ok(reason) => {
+            Ok(lead::Led::Ended(reason)) => {
                 failures = 0;
                 report(HostEvent::LeadEnded { reason });
+            }
+            Ok(lead::Led::Upgrade(request)) => {
+                // The upgrade is made on this host's data directory, which
+                // the pipeline lets go of; then it opens again across the
+                // hosts with the component it runs after.
+                pipeline = None;
+                hint.clear();
+                report(HostEvent::LeadEnded {
+                    reason: format!(
+                        "upgrading to component {}",
+                        sluice_embedded::meta::short_hash(&request.to)
+                    ),
+                });
+                let (answer, new) = follow::perform(&engine, &config, &request).await;
+                if let Some(new) = new {
+                    worker_host.add_component(new.clone());
+                    component = new;
+                }
+                // An outcome not known here is settled by the next lead
+                // (made again, or answered as made); a few times at most.
+                let tries = upgrade_tries.entry(request.id.clone()).or_insert(0);
+                *tries += 1;
+                let answer = answer.or_else(|| {
+                    (*tries >= UPGRADE_TRIES).then(|| {
+                        sluice_cluster::UpgradeAnswer::Refused(format!(
+                            "the upgrade failed {UPGRADE_TRIES} times (this host's log says \
+                             why): nothing changed"
+                        ))
+                    })
+                });
+                if let Some(answer) = answer {
+                    if let Err(e) = membership.answer_upgrade(&request.id, answer.clone()).await {
+                        // Asked again at the next lead's first look:
+                        // answered then as made (or made again).
+                        tracing::warn!(error = %e, "answering the group's upgrade request failed");
+                    }
+                    report(HostEvent::Upgraded {
+                        to: request.to.clone(),
+                        answer,
+                    });
+                }
+                progress = Instant::now();
             }
             Err(e) if e.as_runtime().and_then(|r| r.refusing_host()).is_some() => {
                 // A host that runs another component: reopening with it

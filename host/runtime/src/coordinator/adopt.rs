@@ -345,6 +345,7 @@ fn choose<'k>(
         p.clean
             && !p.busy
             && at_last
+            && p.component == o.component.hash
             && p.workers == o.layout.workers
             && p.owners == o.layout.shards
             && (complete || p.held == Some(step) || p.committed == Some(step))
@@ -464,6 +465,7 @@ fn in_flight<'k>(
             && from_last
             && p.at.as_ref().is_some_and(|m| m.step == next)
             && p.held == Some(next)
+            && p.component == o.component.hash
             && p.workers == o.layout.workers
             && p.owners == o.layout.shards
     };
@@ -530,7 +532,7 @@ impl AdoptOne<'_> {
         if slot == 0 {
             let own = self.own.ok_or(Error::WorkersLost)?;
             let (mut worker, held) = own
-                .unpark(w, at, self.config)
+                .unpark(w, at, self.component, self.config)
                 .await
                 .ok_or(Error::WorkersLost)?;
             if let Some(step) = commit {

@@ -41,8 +41,13 @@ impl WorkerHost {
                     call,
                     out,
                 } => (id, limits, *call, out),
-                TaskMsg::Release { at, config, to } => {
-                    if lock().refuses(&at, &config).is_some() {
+                TaskMsg::Release {
+                    at,
+                    component,
+                    config,
+                    to,
+                } => {
+                    if lock().refuses(&at, &component, &config).is_some() {
                         let _ = to.send(None);
                         continue;
                     }
@@ -53,7 +58,12 @@ impl WorkerHost {
             };
             // Adopted only where the coordinator saw it, with its settings.
             let refused = match &call {
-                Call::Adopt { at, config, .. } => lock().refuses(at, config),
+                Call::Adopt {
+                    at,
+                    component,
+                    config,
+                    ..
+                } => lock().refuses(at, component, config),
                 _ => None,
             };
             if let Some(why) = refused {
@@ -93,8 +103,8 @@ impl WorkerHost {
                     // `fail`: every host reads the same record.
                     || matches!(e, Error::Storage(StorageError::BadRecord { .. })),
                 exchange: e.kind() == "exchange",
-                // Refused for good until this host runs the coordinator's
-                // component: the leader leaves it out meanwhile.
+                // Refused until this host runs the coordinator's component
+                // (or can fetch it): the leader leaves it out meanwhile.
                 refused: matches!(e, Error::ComponentDiffers { .. }),
                 silent_slot: e.silent_slot(),
                 message: e.to_string(),
@@ -123,12 +133,7 @@ impl WorkerHost {
             component,
         } = call
         {
-            if component != self.component.hash {
-                return Err(Error::ComponentDiffers {
-                    here: self.component.hash.clone(),
-                    coordinator: component,
-                });
-            }
+            let component = self.component_for(&component).await?;
             let info = WorkerInfo {
                 worker: index,
                 workers,
@@ -138,7 +143,7 @@ impl WorkerHost {
             let exchange = self.exchange_for(mesh, out);
             let mut started = Worker::start(
                 &self.engine,
-                &self.component,
+                &component,
                 info,
                 Some(exchange),
                 inherit_stderr,
@@ -324,15 +329,9 @@ impl WorkerHost {
                 w.rewire(self.exchange_for(mesh, out));
                 Answer::Done
             }
-            Call::Adopt {
-                mesh, component, ..
-            } => {
-                if component != self.component.hash {
-                    return Err(Error::ComponentDiffers {
-                        here: self.component.hash.clone(),
-                        coordinator: component,
-                    });
-                }
+            // An instance of another component was refused before (its
+            // kept state names the component it was started from).
+            Call::Adopt { mesh, .. } => {
                 w.rewire(self.exchange_for(mesh, out));
                 // A new session: the worker is taken anew when it first
                 // commits (its holder from before may have been fenced

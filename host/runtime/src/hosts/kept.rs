@@ -23,6 +23,7 @@ pub(super) enum TaskMsg {
     /// process, if it is still at `at`; and end.
     Release {
         at: StepMark,
+        component: String,
         config: Vec<(String, String)>,
         to: oneshot::Sender<Option<(Worker, Option<WorkerCommit>)>>,
     },
@@ -35,6 +36,9 @@ pub(super) enum TaskMsg {
 pub(super) struct Parkable {
     workers: u32,
     owners: Vec<u32>,
+    /// The SHA-256 of the component it was started from (a host runs
+    /// several across an upgrade).
+    component: String,
     /// The pipeline settings it was started with.
     config: Vec<(String, String)>,
     at: Option<StepMark>,
@@ -55,11 +59,25 @@ impl Parkable {
     }
 
     /// Why a coordinator that saw the instance at `at` may not adopt it
-    /// with `config`, if it may not: it moved on since, a call failed, or
-    /// it runs with other settings.
-    pub(super) fn refuses(&self, at: &StepMark, config: &[(String, String)]) -> Option<String> {
+    /// into a session of `component` with `config`, if it may not: it
+    /// moved on since, a call failed, it is an instance of another
+    /// component (one from before an upgrade), or it runs with other
+    /// settings.
+    pub(super) fn refuses(
+        &self,
+        at: &StepMark,
+        component: &str,
+        config: &[(String, String)],
+    ) -> Option<String> {
         if self.failed || self.busy || self.at.as_ref() != Some(at) {
             return Some("the kept instance is no longer where it was".into());
+        }
+        if self.component != component {
+            return Some(format!(
+                "the kept instance runs component {}, not the coordinator's {}",
+                short(&self.component),
+                short(component)
+            ));
         }
         (self.config != config).then(|| {
             "the kept instance runs with other pipeline settings than the coordinator's".into()
@@ -71,6 +89,7 @@ impl Parkable {
             worker,
             workers: self.workers,
             owners: self.owners.clone(),
+            component: self.component.clone(),
             at: self.at.clone(),
             before: self.before.clone(),
             held_hash: self.held_hash,
@@ -90,11 +109,13 @@ impl Parkable {
                 workers,
                 mesh,
                 config,
+                component,
                 ..
             } => {
                 *self = Parkable {
                     workers: *workers,
                     owners: mesh.owners.clone(),
+                    component: component.clone(),
                     config: config.clone(),
                     busy: true,
                     ..Parkable::default()
@@ -165,5 +186,46 @@ impl Parkable {
         if committed.is_some() {
             self.committed = committed;
         }
+    }
+}
+
+/// A component's hash shortened for messages.
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kept instance is adopted only into a session of the component
+    /// it was started from: after an upgrade, the old version's instances
+    /// at the log's last step are not the new version's.
+    #[test]
+    fn a_kept_instance_of_another_component_is_refused() {
+        let at = StepMark {
+            step: 7,
+            epoch: 1,
+            frontier: Default::default(),
+            time_ms: 0,
+            limits: StepLimits::default(),
+            own_input: true,
+        };
+        let kept = Parkable {
+            component: "aaaa".repeat(16),
+            config: vec![("k".into(), "v".into())],
+            at: Some(at.clone()),
+            ..Parkable::default()
+        };
+        let config = [("k".to_owned(), "v".to_owned())];
+        assert_eq!(kept.refuses(&at, &"aaaa".repeat(16), &config), None);
+        let refused = kept.refuses(&at, &"bbbb".repeat(16), &config);
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|r| r.contains("aaaaaaaaaaaa")),
+            "{refused:?}"
+        );
+        assert_eq!(kept.describe(0).component, "aaaa".repeat(16));
     }
 }

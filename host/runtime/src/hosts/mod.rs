@@ -65,12 +65,14 @@
 
 mod calls;
 mod client;
+mod components;
 mod frames;
 mod kept;
 mod links;
 mod listener;
 pub(crate) mod placement;
 mod server;
+mod source;
 mod transport;
 pub(crate) mod wire;
 
@@ -78,5 +80,6 @@ pub(crate) use client::{Adopt, Stepped};
 pub use client::{RemoteHost, RemoteWorker};
 pub(crate) use placement::MeshPlan;
 pub use server::{HostOptions, Reach, WorkerHost};
+pub use source::{ComponentSource, Fetched};
 pub use transport::{HEARTBEAT, MAX_CONNECTIONS, QUEUE, SESSION_TIMEOUT, Tls};
 pub(crate) use wire::ShareSpec;

@@ -41,7 +41,12 @@ const PARK_AT_LEAST: Duration = Duration::from_secs(60);
 /// hosts' end of [`RemoteHost`].
 pub struct WorkerHost {
     pub(super) engine: SluiceEngine,
-    pub(super) component: LoadedComponent,
+    /// The components it runs, the newest last (see `components.rs`).
+    pub(super) components: Mutex<Vec<LoadedComponent>>,
+    /// Where it fetches one a coordinator names that it does not run.
+    pub(super) source: Option<super::ComponentSource>,
+    /// One fetch at a time.
+    pub(super) fetching: tokio::sync::Mutex<()>,
     pipeline: String,
     secret: Vec<u8>,
     /// How its peer links dial the other hosts.
@@ -165,6 +170,9 @@ pub struct HostOptions {
     /// At most this many connections at once (default
     /// [`MAX_CONNECTIONS`]); one more is closed at once.
     pub max_connections: usize,
+    /// Where it fetches a component a coordinator names that it does not
+    /// run (none: such a coordinator is refused).
+    pub components: Option<super::ComponentSource>,
 }
 
 impl Default for HostOptions {
@@ -174,6 +182,7 @@ impl Default for HostOptions {
             reach: Reach::default(),
             session_timeout: SESSION_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
+            components: None,
         }
     }
 }
@@ -256,6 +265,7 @@ impl WorkerHost {
             reach,
             session_timeout,
             max_connections,
+            components,
         } = options;
         let peer_bytes: Arc<AtomicU64> = Arc::default();
         Arc::new(WorkerHost {
@@ -271,7 +281,9 @@ impl WorkerHost {
             session_timeout,
             max_connections: max_connections.max(1),
             engine: engine.with_limits(engine.limits()),
-            component: component.clone(),
+            components: Mutex::new(vec![component.clone()]),
+            source: components,
+            fetching: tokio::sync::Mutex::new(()),
             pipeline: pipeline.to_owned(),
             secret: secret.to_vec(),
             current: Mutex::new(None),
@@ -349,12 +361,13 @@ impl WorkerHost {
 
     /// Takes kept worker `worker` out of its task, with the share it
     /// holds, for a coordinator in this process to run as its own instance
-    /// — if it is still at `at` and runs with `config` (`None` if not, or
-    /// if it is not kept here).
+    /// — if it is still at `at` and runs `component` with `config` (`None`
+    /// if not, or if it is not kept here).
     pub(crate) async fn unpark(
         &self,
         worker: u32,
         at: &StepMark,
+        component: &str,
         config: &[(String, String)],
     ) -> Option<(crate::worker::Worker, Option<WorkerCommit>)> {
         let task = self
@@ -366,6 +379,7 @@ impl WorkerHost {
         let (to, rx) = oneshot::channel();
         let release = TaskMsg::Release {
             at: at.clone(),
+            component: component.to_owned(),
             config: config.to_vec(),
             to,
         };

@@ -45,8 +45,9 @@ pub const QUEUE: usize = 64;
 /// session and slot it feeds. 7: an input range carries its bad-record
 /// policy, and a step's answer the records its worker skipped. 8: an
 /// exchange failure names the slot whose silence caused it. 9: a restore
-/// may go through the circuit's `upgrade`, after a change of component.)
-pub(crate) const VERSION: u32 = 9;
+/// may go through the circuit's `upgrade`, after a change of component.
+/// 10: a kept instance names its component; a host runs several.)
+pub(crate) const VERSION: u32 = 10;
 
 /// The handshake: who speaks, for which pipeline, with which nonce.
 #[derive(Debug, Serialize, Deserialize)]

@@ -256,6 +256,9 @@ pub(crate) struct WireParked {
     pub workers: u32,
     /// The owner of each shard in that layout.
     pub owners: Vec<u32>,
+    /// The SHA-256 of the component it runs: a coordinator adopts only
+    /// instances of its own (a host runs several across an upgrade).
+    pub component: String,
     /// The step it last computed a share of, unless a call since changed
     /// its state otherwise (a restore, a hand-off, a layout change).
     pub at: Option<StepMark>,
@@ -297,8 +300,9 @@ pub(crate) enum Call {
         config: Vec<(String, String)>,
         inherit_stderr: bool,
         mesh: WireMesh,
-        /// The SHA-256 of the coordinator's component: a host running
-        /// another refuses (two versions of a circuit in one pipeline
+        /// The SHA-256 of the coordinator's component: a host that does
+        /// not run it fetches it from its component source (after an
+        /// upgrade), or refuses (two versions of a circuit in one pipeline
         /// would route and compute differently).
         component: String,
     },

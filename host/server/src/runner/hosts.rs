@@ -286,6 +286,10 @@ impl Host {
                     h.replicas.clear();
                     s.last_error = Some(reason);
                 }
+                // The server's registry keeps the component the tenant
+                // gave (an upgrade across hosts is made by `sluice
+                // upgrade --group`; see the server's upgrade module).
+                HostEvent::Upgraded { .. } | HostEvent::Followed { .. } => {}
                 HostEvent::Rejoined | HostEvent::SteppedAside | HostEvent::GaveWay { .. } => {
                     h.leading = false;
                     h.group.clear();
