@@ -197,7 +197,7 @@ fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (mut c, expected) = three_hosts(dir.path(), "upgrade-group", &brokers, etcd);
+    let (mut c, expected) = three_hosts(dir.path(), "upgrade-group", &brokers, etcd, &[]);
     let hosts = ["h1", "h2", "h3"];
     for h in hosts {
         c.signal(h, "-KILL");
@@ -326,7 +326,7 @@ fn a_running_group_is_upgraded_by_its_leader_and_every_host_follows() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (mut c, expected) = three_hosts(dir.path(), "upgrade-running", &brokers, etcd);
+    let (mut c, expected) = three_hosts(dir.path(), "upgrade-running", &brokers, etcd, &[]);
     let hosts = ["h1", "h2", "h3"];
     c.wait("h1 to lead on all three", Duration::from_secs(60), |c| {
         c.leads_on("h1", &hosts)
@@ -387,16 +387,7 @@ fn a_running_group_is_upgraded_by_its_leader_and_every_host_follows() {
     c.wait("another host to lead", Duration::from_secs(120), |c| {
         c.leading("h2") || c.leading("h3")
     });
-    let (next, other) = match c.leading("h2") {
-        true => ("h2", "h3"),
-        false => ("h3", "h2"),
-    };
-    assert!(
-        c.stderr(next)
-            .contains("the pipeline was upgraded by another host"),
-        "{}",
-        c.stderr(next)
-    );
+    let (next, other) = next_leader_followed(&c);
     c.start("h1");
     produce_lines(&brokers, &topic("lines"), &more);
     let tripled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 3 * n)).collect();
@@ -422,21 +413,98 @@ fn a_running_group_is_upgraded_by_its_leader_and_every_host_follows() {
     crate::support::cluster::audit(&c, &hosts);
 }
 
-/// Three `sluice host` processes (h1 leading first) of a fresh word-count
-/// pipeline named `what-…` over 2,000 lines, run until its output is the
-/// recount (returned).
+/// Three `sluice host` processes (h1 leading first, with `h1_env` set) of
+/// a fresh word-count pipeline named `what-…` over 2,000 lines, run until
+/// its output is the recount (returned).
 #[cfg(feature = "kafka")]
 fn three_hosts(
     dir: &std::path::Path,
     what: &str,
     brokers: &str,
     etcd: String,
+    h1_env: &[(&str, &str)],
 ) -> (crate::support::cluster::Cluster, BTreeMap<String, i64>) {
     let (mut c, expected) = crate::support::cluster::Cluster::new(dir, what, 2_000, brokers, etcd);
+    let before = c.env.clone();
+    c.env
+        .extend(h1_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     c.start("h1");
+    c.env = before;
     c.wait("h1 to lead", Duration::from_secs(60), |c| c.leading("h1"));
     c.start("h2");
     c.start("h3");
     c.wait_for_recount(&expected, Duration::from_secs(240));
     (c, expected)
+}
+
+/// The leader dies between the upgrade's record on the meta topic (the
+/// commit point) and its answer (`SLUICE_CRASH_AT=after-upgrade-record`):
+/// the request stays pending; the next leader, started with version 1's
+/// file, finds the pipeline moved (its open is refused), follows the
+/// record — fetching version 2 — and answers the request as made, so
+/// `sluice upgrade --group` succeeds. The counts go on from the state
+/// carried, `lengths` counts from the switch, the killed host rejoins
+/// (version 1's file again) and the cluster audit passes.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_leader_that_dies_at_the_record_of_a_group_upgrade_leaves_it_made() {
+    use crate::support::cluster::{integrated, parts, produce_lines};
+    let Some((brokers, etcd)) = parts() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let crash = [("SLUICE_CRASH_AT", "after-upgrade-record:1")];
+    let (mut c, expected) = three_hosts(dir.path(), "upgrade-died", &brokers, etcd, &crash);
+    c.wait("h1 to lead on all three", Duration::from_secs(60), |c| {
+        c.leads_on("h1", &["h1", "h2", "h3"])
+    });
+    let v2 = component("tests/guests/wordcount-v2");
+    let out = upgrade_group(&c, &v2, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("upgraded: the pipeline runs component"),
+        "{}",
+        stderr(&out)
+    );
+    let h1 = c.hosts.get_mut("h1").unwrap().try_wait().unwrap();
+    assert!(
+        h1.is_some_and(|s| !s.success()),
+        "h1 did not die at the record"
+    );
+    let (next, other) = next_leader_followed(&c);
+    c.start("h1");
+    let pipeline = c.pipeline.clone();
+    let more = dir.path().join("more.jsonl");
+    assert_eq!(crate::support::cluster::input(&more, 2_000), expected);
+    produce_lines(&brokers, &format!("{pipeline}.lines"), &more);
+    let doubled: BTreeMap<String, i64> = expected.iter().map(|(w, n)| (w.clone(), 2 * n)).collect();
+    c.wait_for_recount(&doubled, Duration::from_secs(240));
+    let pairs = pairs_of(&more);
+    c.wait("version 2's lengths", Duration::from_secs(120), |_| {
+        current_lengths(&integrated(&brokers, &format!("{pipeline}.lengths")))
+            == Some(recount_lengths(&pairs))
+    });
+    c.wait(
+        "the new leader to lead on all three",
+        Duration::from_secs(120),
+        |c| c.leads_on(next, &[next, "h1", other]),
+    );
+    crate::support::cluster::audit(&c, &["h1", "h2", "h3"]);
+}
+
+/// The host of h2 and h3 that leads after h1 (and the other), having
+/// followed the upgrade another host made.
+#[cfg(feature = "kafka")]
+fn next_leader_followed(c: &crate::support::cluster::Cluster) -> (&'static str, &'static str) {
+    let (next, other) = match c.leading("h2") {
+        true => ("h2", "h3"),
+        false => ("h3", "h2"),
+    };
+    assert!(
+        c.stderr(next)
+            .contains("the pipeline was upgraded by another host"),
+        "{}",
+        c.stderr(next)
+    );
+    (next, other)
 }
