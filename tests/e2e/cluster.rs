@@ -11,6 +11,7 @@
 use crate::kafka::fresh_name;
 use crate::support::cluster::{
     Cluster, OwnBroker, SESSION_MS, audit, free_port, input, kcat, parts, produce_lines,
+    server_host_args,
 };
 use crate::support::{component, sluice_cmd};
 use std::collections::BTreeMap;
@@ -282,25 +283,9 @@ fn servers_run_a_pipeline_across_hosts() {
     std::fs::write(&secret, "a secret the servers share").unwrap();
     let store = format!("s3://sluice-tests/{}", fresh_name("servers"));
     let tenant = fresh_name("t").replace('-', "");
-    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/fixtures/tls");
     let start = |name: &str| {
-        Server::start_with(
-            &dir.path().join(name),
-            &[
-                format!("--kafka-brokers={brokers}"),
-                format!("--hosts-etcd={etcd}"),
-                format!("--hosts-store={store}"),
-                format!("--hosts-secret-file={}", secret.display()),
-                format!("--hosts-name={name}"),
-                "--hosts-bind=127.0.0.1".to_owned(),
-                format!("--hosts-session-timeout-ms={SESSION_MS}"),
-                // Mutual TLS between the servers (the fixtures' certificate
-                // names 127.0.0.1).
-                format!("--hosts-tls-cert={}", tls.join("sluice-host.pem").display()),
-                format!("--hosts-tls-key={}", tls.join("sluice-host.key").display()),
-                format!("--hosts-tls-ca={}", tls.join("sluice-ca.pem").display()),
-            ],
-        )
+        let args = server_host_args(name, &brokers, &etcd, &store, &secret, true);
+        Server::start_with(&dir.path().join(name), &args)
     };
     let bytes = std::fs::read(component("examples/wordcount")).unwrap();
     let spec = serde_json::json!({

@@ -169,7 +169,7 @@ fn counts_after(h: &Harness, step: u64) -> Option<BTreeMap<String, i64>> {
 /// Version 2's `lengths` integrated (JSON `[length, count]` → weight): the
 /// current count of each length; `None` unless each length has one count
 /// of weight 1 (a reader between two partitions' ends may see that).
-fn current_lengths(integrated: &BTreeMap<String, i64>) -> Option<BTreeMap<u64, i64>> {
+pub(crate) fn current_lengths(integrated: &BTreeMap<String, i64>) -> Option<BTreeMap<u64, i64>> {
     let mut current = BTreeMap::new();
     for (value, weight) in integrated {
         let v: serde_json::Value = serde_json::from_str(value).unwrap();
@@ -269,7 +269,7 @@ fn a_group_of_hosts_stopped_upgraded_and_started_again_runs_the_new_version() {
 
 /// The lines of a word-count input file (as `support::cluster::input`
 /// writes it) with their weights: a delete takes one line back.
-fn pairs_of(file: &std::path::Path) -> Vec<(String, i64)> {
+pub(crate) fn pairs_of(file: &std::path::Path) -> Vec<(String, i64)> {
     std::fs::read_to_string(file)
         .unwrap()
         .lines()
@@ -290,18 +290,24 @@ fn upgrade_group(
     new: &std::path::Path,
     extra: &[&str],
 ) -> std::process::Output {
-    sluice_cmd()
-        .arg("upgrade")
-        .arg(new)
-        .args(extra)
-        .args([
-            format!("--etcd={}", c.etcd),
-            format!("--group={}", c.pipeline),
-            format!("--store={}", c.store),
-            "--wait-secs=180".to_owned(),
-        ])
-        .output()
-        .unwrap()
+    upgrade_group_cmd(c, new, extra).output().unwrap()
+}
+
+/// The command of [`upgrade_group`], to run.
+#[cfg(feature = "kafka")]
+pub(crate) fn upgrade_group_cmd(
+    c: &crate::support::cluster::Cluster,
+    new: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut cmd = sluice_cmd();
+    cmd.arg("upgrade").arg(new).args(extra).args([
+        format!("--etcd={}", c.etcd),
+        format!("--group={}", c.pipeline),
+        format!("--store={}", c.store),
+        "--wait-secs=180".to_owned(),
+    ]);
+    cmd
 }
 
 /// The switch of a running group, as a user makes it: three `sluice host`
@@ -417,7 +423,7 @@ fn a_running_group_is_upgraded_by_its_leader_and_every_host_follows() {
 /// a fresh word-count pipeline named `what-…` over 2,000 lines, run until
 /// its output is the recount (returned).
 #[cfg(feature = "kafka")]
-fn three_hosts(
+pub(crate) fn three_hosts(
     dir: &std::path::Path,
     what: &str,
     brokers: &str,

@@ -135,6 +135,20 @@ pub enum ServiceError {
         /// The pipeline.
         name: String,
     },
+    /// An upgrade of a pipeline across hosts asked of its leader, not
+    /// answered in time: it stays asked (the leader, or the next one,
+    /// makes it), and the pipeline's status shows the component it runs.
+    #[error(
+        "the upgrade of pipeline {name} was asked of its hosts' leader, which did not answer \
+         within {waited_secs} s: it stays asked (the leader, or the next one, makes it, and \
+         the pipeline's status then shows the new component); asking again is refused meanwhile"
+    )]
+    UpgradePending {
+        /// The pipeline.
+        name: String,
+        /// How long the server waited.
+        waited_secs: u64,
+    },
     /// A Kafka pipeline on a server started without brokers.
     #[error("this server has no Kafka brokers configured (sluice serve --kafka-brokers)")]
     NoKafka,

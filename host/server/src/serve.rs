@@ -83,6 +83,19 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             }
         }
     });
+    // Each pipeline across hosts runs the component its hosts moved it to
+    // (an upgrade another server asked for): the registry follows.
+    let follow = tokio::spawn({
+        let service = service.clone();
+        async move {
+            let mut every = tokio::time::interval(crate::service::FOLLOW_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                service.follow_components().await;
+            }
+        }
+    });
     // What pipelines freed goes back to the kernel within seconds, not at
     // the allocator's leisure (see `memory`).
     let give_back = tokio::spawn(async {
@@ -96,6 +109,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     });
     accept(listener, app, &opts.limits, shutdown_signal()).await;
     housekeeping.abort();
+    follow.abort();
     give_back.abort();
     service.shutdown().await;
     Ok(())

@@ -40,6 +40,38 @@ const STARTED: &str = "--- (test) the host starts";
 pub const WORKERS: u32 = 3;
 pub const SESSION_MS: u64 = 2_000;
 
+/// The `sluice serve` flags that make server `name` one host of the
+/// pipelines across hosts on `brokers`, etcd `etcd` and checkpoint store
+/// `store`, sharing the secret in file `secret`; with `tls`, mutual TLS
+/// between the servers (the fixtures' certificate names 127.0.0.1).
+pub fn server_host_args(
+    name: &str,
+    brokers: &str,
+    etcd: &str,
+    store: &str,
+    secret: &Path,
+    tls: bool,
+) -> Vec<String> {
+    let mut args = vec![
+        format!("--kafka-brokers={brokers}"),
+        format!("--hosts-etcd={etcd}"),
+        format!("--hosts-store={store}"),
+        format!("--hosts-secret-file={}", secret.display()),
+        format!("--hosts-name={name}"),
+        "--hosts-bind=127.0.0.1".to_owned(),
+        format!("--hosts-session-timeout-ms={SESSION_MS}"),
+    ];
+    if tls {
+        let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/fixtures/tls");
+        args.extend([
+            format!("--hosts-tls-cert={}", tls.join("sluice-host.pem").display()),
+            format!("--hosts-tls-key={}", tls.join("sluice-host.key").display()),
+            format!("--hosts-tls-ca={}", tls.join("sluice-ca.pem").display()),
+        ]);
+    }
+    args
+}
+
 /// The hosts of one pipeline, and where they find its parts.
 pub struct Cluster {
     pub dir: PathBuf,

@@ -3,10 +3,10 @@
 
 use super::progress::bar;
 use anyhow::{Context, bail};
-use sluice_cluster::{Membership, UpgradeAnswer, UpgradeRequest};
+use sluice_cluster::{Membership, UpgradeAnswer};
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What `sluice upgrade --group` asks.
 pub struct GroupUpgrade {
@@ -26,9 +26,6 @@ pub struct GroupUpgrade {
     /// How long to wait for the leader's answer.
     pub wait: Duration,
 }
-
-/// How often the group's answer is read.
-const POLL: Duration = Duration::from_millis(500);
 
 /// Publishes the new version in the pipeline's store, asks the group's
 /// leader to upgrade to it, and waits for the answer: the leader
@@ -60,54 +57,27 @@ pub async fn upgrade_group(a: GroupUpgrade) -> anyhow::Result<()> {
             a.group
         );
     }
-    let id = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-    );
-    let request = UpgradeRequest {
-        id: id.clone(),
-        to: to.clone(),
-        start_empty: a.start_empty.clone(),
-        answer: None,
-    };
-    group
-        .request_upgrade(&request)
-        .await
-        .context("asking the group's leader")?;
     let waiting = bar(
         std::io::stderr().is_terminal(),
         "{spinner} {msg} ({elapsed})",
     );
     waiting.set_message(format!(
-        "asked the group's leader to upgrade to {short}: waiting for its answer"
+        "asking the group's leader to upgrade to {short}: waiting for its answer"
     ));
     waiting.enable_steady_tick(Duration::from_millis(120));
-    let started = Instant::now();
-    let answer = loop {
-        if let Some(UpgradeRequest {
-            id: asked,
-            answer: Some(answer),
-            ..
-        }) = group.upgrade_request().await?
-            && asked == id
-        {
-            break answer;
-        }
-        if started.elapsed() > a.wait {
-            waiting.finish_and_clear();
-            bail!(
-                "no answer from the group's leader within {:?}: the request stays pending (the \
-                 leader, or the next one, makes it; asking again is refused meanwhile)",
-                a.wait
-            );
-        }
-        tokio::time::sleep(POLL).await;
+    let asked = async {
+        let id = sluice_pipeline::hosts::ask_group(&group, &to, a.start_empty.clone()).await?;
+        sluice_pipeline::hosts::group_answer(&group, &id, a.wait).await
     };
+    let asked = asked.await.context("asking the group's leader");
     waiting.finish_and_clear();
+    let Some(answer) = asked? else {
+        bail!(
+            "no answer from the group's leader within {:?}: the request stays pending (the \
+             leader, or the next one, makes it; asking again is refused meanwhile)",
+            a.wait
+        );
+    };
     match answer {
         UpgradeAnswer::Upgraded(said) => {
             eprintln!("upgraded: {said}");

@@ -361,6 +361,10 @@ pub async fn host(a: crate::cli::HostArgs) -> anyhow::Result<()> {
                 "host {name}: the pipeline was upgraded by another host: runs component {} from the store",
                 meta::short_hash(&component)
             ),
+            HostEvent::Fetched { component } => eprintln!(
+                "host {name}: the leader runs component {}: its workers here run it too, fetched from the store",
+                meta::short_hash(&component)
+            ),
             HostEvent::LeadEnded { reason } => eprintln!("host {name}: stopped leading: {reason}"),
             HostEvent::Rejoined => eprintln!("host {name}: membership lapsed; joined again"),
             HostEvent::SteppedAside => eprintln!(

@@ -16,9 +16,10 @@
 use super::HostConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
-use sluice_cluster::{UpgradeAnswer, UpgradeRequest};
+use sluice_cluster::{Membership, UpgradeAnswer, UpgradeRequest};
 use sluice_runtime::{ComponentSource, LoadedComponent, SluiceEngine};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Publishes a component's bytes in the checkpoint store at `store` (a
 /// URL, as `--store` takes it), where the hosts of a pipeline fetch it by
@@ -26,6 +27,69 @@ use std::sync::Arc;
 /// harmless. Blocks.
 pub fn publish_component(store: &str, bytes: &[u8]) -> Result<String> {
     Ok(sluice_objstore::ObjectCheckpointStore::open(store)?.put_component(bytes)?)
+}
+
+/// The bytes of component `hash` (SHA-256, hex) published in the
+/// checkpoint store at `store`, checked against the hash; `None` if it was
+/// never published there. Blocks.
+pub fn published_component(store: &str, hash: &str) -> Result<Option<Vec<u8>>> {
+    Ok(sluice_objstore::ObjectCheckpointStore::open(store)?.get_component(hash)?)
+}
+
+/// Asks the leader of a group of hosts to upgrade the pipeline to component
+/// `to` (published in its checkpoint store, [`publish_component`]),
+/// starting `start_empty` empty: the request's id, for [`group_answer`].
+/// Refused while another request is pending
+/// ([`sluice_cluster::Error::UpgradePending`]).
+pub async fn ask_group(
+    group: &dyn Membership,
+    to: &str,
+    start_empty: Vec<String>,
+) -> Result<String> {
+    let id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    );
+    let request = UpgradeRequest {
+        id: id.clone(),
+        to: to.to_owned(),
+        start_empty,
+        answer: None,
+    };
+    group.request_upgrade(&request).await?;
+    Ok(id)
+}
+
+/// The leader's answer to upgrade request `id` ([`ask_group`]), waited for
+/// up to `wait` (read every half second; a read that fails is tried again
+/// until then): `None` if none came by then — the request stays pending,
+/// and the leader, or the next one, makes it.
+pub async fn group_answer(
+    group: &dyn Membership,
+    id: &str,
+    wait: Duration,
+) -> Result<Option<UpgradeAnswer>> {
+    let started = Instant::now();
+    loop {
+        match group.upgrade_request().await {
+            Ok(Some(UpgradeRequest {
+                id: asked,
+                answer: Some(answer),
+                ..
+            })) if asked == id => return Ok(Some(answer)),
+            Ok(_) => {}
+            Err(e) if started.elapsed() > wait => return Err(e.into()),
+            Err(e) => tracing::warn!(error = %e, "reading the group's answer failed; again"),
+        }
+        if started.elapsed() > wait {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Fetches and loads component `hash` from the checkpoint store at
@@ -37,8 +101,7 @@ pub(super) async fn fetch(
 ) -> Result<Option<LoadedComponent>> {
     let (engine, store, hash) = (engine.clone(), store.to_owned(), hash.to_owned());
     tokio::task::spawn_blocking(move || {
-        let objects = sluice_objstore::ObjectCheckpointStore::open(&store)?;
-        let Some(bytes) = objects.get_component(&hash)? else {
+        let Some(bytes) = published_component(&store, &hash)? else {
             return Ok(None);
         };
         let origin = std::path::PathBuf::from(format!("{store}/components/{hash}.wasm"));

@@ -40,7 +40,7 @@ mod follow;
 /// changes so that it must reopen.
 mod lead;
 
-pub use follow::publish_component;
+pub use follow::{ask_group, group_answer, publish_component, published_component};
 
 /// One host's part in a pipeline across hosts.
 #[derive(Debug, Clone)]
@@ -140,6 +140,15 @@ pub enum HostEvent {
     /// it from now on.
     Followed {
         /// The component it runs now (SHA-256, hex).
+        component: String,
+    },
+    /// Not leading, its workers were started with another component than
+    /// the one it last reported (the leader's, after an upgrade: fetched
+    /// from the checkpoint store if it had not run it). It still opens the
+    /// pipeline with its own when its turn to lead comes, and follows the
+    /// change then ([`HostEvent::Followed`]).
+    Fetched {
+        /// The component its workers run now (SHA-256, hex).
         component: String,
     },
     /// No longer leading (the group changed, a step failed, or stopping).
@@ -434,6 +443,10 @@ pub async fn run_host(
     let mut progress = Instant::now();
     // Upgrades the group asked for that failed here, by request.
     let mut upgrade_tries: HashMap<String, u32> = HashMap::new();
+    // The component this host last said the pipeline runs: its own, then
+    // one it upgraded to or followed, or the leader's coordinators started
+    // its workers with.
+    let mut reported = component.hash.clone();
     loop {
         if *stop.borrow() {
             break;
@@ -470,6 +483,12 @@ pub async fn run_host(
             pipeline = None;
             hint.clear();
             progress = Instant::now();
+            if let Some(started) = worker_host.take_started()
+                && started != reported
+            {
+                reported = started.clone();
+                report(HostEvent::Fetched { component: started });
+            }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}
@@ -506,6 +525,9 @@ pub async fn run_host(
             }
             continue;
         }
+        // A `Start` from before this lead (or a stale coordinator's) says
+        // nothing of the pipeline now.
+        worker_host.take_started();
         // Whether this lead opens the logs afresh (else it goes on with the
         // handle of an earlier lead), and when it began.
         let fresh = pipeline.is_none();
@@ -545,6 +567,7 @@ pub async fn run_host(
                         tracing::info!(component = %to, "another host upgraded the pipeline: following");
                         worker_host.add_component(new.clone());
                         component = new;
+                        reported = to.clone();
                         report(HostEvent::Followed {
                             component: to.clone(),
                         });
@@ -594,28 +617,40 @@ pub async fn run_host(
                     ),
                 });
                 let (answer, new) = follow::perform(&engine, &config, &request).await;
+                let made = new.as_ref().map(|n| n.hash.clone());
                 if let Some(new) = new {
                     worker_host.add_component(new.clone());
                     component = new;
                 }
-                // An outcome not known here is settled by the next lead
-                // (made again, or answered as made); a few times at most.
-                let tries = upgrade_tries.entry(request.id.clone()).or_insert(0);
-                *tries += 1;
-                let answer = answer.or_else(|| {
-                    (*tries >= UPGRADE_TRIES).then(|| {
-                        sluice_cluster::UpgradeAnswer::Refused(format!(
-                            "the upgrade failed {UPGRADE_TRIES} times (this host's log says \
-                             why): nothing changed"
-                        ))
+                // A host that lost the lead meanwhile (it stalled past its
+                // session) does not answer: the leader now does. (Its
+                // refusal, "another host ran the pipeline", would be
+                // false: that leader has made the request, or makes it.)
+                let answer = if still_leads(&*membership, &*session, &config.name).await {
+                    // An outcome not known here is settled by the next
+                    // lead (made again, or answered as made); a few times
+                    // at most.
+                    let tries = upgrade_tries.entry(request.id.clone()).or_insert(0);
+                    *tries += 1;
+                    answer.or_else(|| {
+                        (*tries >= UPGRADE_TRIES).then(|| {
+                            sluice_cluster::UpgradeAnswer::Refused(format!(
+                                "the upgrade failed {UPGRADE_TRIES} times (this host's log \
+                                 says why): nothing changed"
+                            ))
+                        })
                     })
-                });
+                } else {
+                    tracing::warn!("lost the lead during the upgrade: the next leader answers it");
+                    None
+                };
                 if let Some(answer) = answer {
                     if let Err(e) = membership.answer_upgrade(&request.id, answer.clone()).await {
                         // Asked again at the next lead's first look:
                         // answered then as made (or made again).
                         tracing::warn!(error = %e, "answering the group's upgrade request failed");
                     }
+                    reported = made.unwrap_or(reported);
                     report(HostEvent::Upgraded {
                         to: request.to.clone(),
                         answer,
@@ -712,6 +747,18 @@ pub async fn run_host(
         tokio::time::sleep(grace.min(Duration::from_secs(10))).await;
     }
     Ok(())
+}
+
+/// Whether host `me` still leads the group: its membership holds and the
+/// group's view names it first. (A view that cannot be read: no.)
+async fn still_leads(membership: &dyn Membership, session: &dyn Session, me: &str) -> bool {
+    if !session.alive() {
+        return false;
+    }
+    match membership.view().await {
+        Ok(view) => view.leader().is_some_and(|m| m.name == me),
+        Err(_) => false,
+    }
 }
 
 /// Whether a leader that made no progress since `progress` gives way: it

@@ -24,9 +24,18 @@ impl WorkerHost {
 
     /// The component a coordinator's `Start` names: one this host runs,
     /// else fetched from its source (one fetch at a time: the workers of
-    /// one session ask together). Refused ([`Error::ComponentDiffers`]) if
-    /// neither has it, or the fetch fails (logged here).
+    /// one session ask together), and recorded as the one started last
+    /// ([`take_started`](Self::take_started)). Refused
+    /// ([`Error::ComponentDiffers`]) if neither has it, or the fetch fails
+    /// (logged here).
     pub(super) async fn component_for(&self, hash: &str) -> Result<LoadedComponent> {
+        let found = self.find_or_fetch(hash).await?;
+        *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(hash.to_owned());
+        Ok(found)
+    }
+
+    /// [`component_for`](Self::component_for), without recording it.
+    async fn find_or_fetch(&self, hash: &str) -> Result<LoadedComponent> {
         if let Some(c) = self.find_component(hash) {
             return Ok(c);
         }
@@ -63,6 +72,17 @@ impl WorkerHost {
     /// The loaded component of `hash`, if any.
     fn find_component(&self, hash: &str) -> Option<LoadedComponent> {
         self.loaded().iter().find(|c| c.hash == hash).cloned()
+    }
+
+    /// The component (SHA-256, hex) a coordinator's `Start` named last,
+    /// since the last call: after an upgrade elsewhere, the pipeline's new
+    /// version (a coordinator starts only the component the pipeline's
+    /// log records). `None` if no worker was started since.
+    pub fn take_started(&self) -> Option<String> {
+        self.started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The hash of the component added last.

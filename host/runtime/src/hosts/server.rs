@@ -47,6 +47,9 @@ pub struct WorkerHost {
     pub(super) source: Option<super::ComponentSource>,
     /// One fetch at a time.
     pub(super) fetching: tokio::sync::Mutex<()>,
+    /// The component a coordinator's `Start` last named, until taken
+    /// ([`WorkerHost::take_started`]).
+    pub(super) started: Mutex<Option<String>>,
     pipeline: String,
     secret: Vec<u8>,
     /// How its peer links dial the other hosts.
@@ -284,6 +287,7 @@ impl WorkerHost {
             components: Mutex::new(vec![component.clone()]),
             source: components,
             fetching: tokio::sync::Mutex::new(()),
+            started: Mutex::default(),
             pipeline: pipeline.to_owned(),
             secret: secret.to_vec(),
             current: Mutex::new(None),

@@ -53,6 +53,9 @@ impl From<ServiceError> for ApiError {
             }
             S::NoKafka => ApiError::new(C::UNPROCESSABLE_ENTITY, "no_kafka", message),
             S::Upgrading { .. } => ApiError::new(C::SERVICE_UNAVAILABLE, "upgrading", message),
+            S::UpgradePending { .. } => {
+                ApiError::new(C::GATEWAY_TIMEOUT, "upgrade_pending", message)
+            }
             S::OutOfRange { .. } => ApiError::new(C::BAD_REQUEST, "out_of_range", message),
             S::Busy { .. } => ApiError::new(C::TOO_MANY_REQUESTS, "too_many_requests", message),
             S::HostMemory { .. } => {
@@ -77,6 +80,9 @@ fn pipeline_error(e: &sluice_pipeline::Error, message: String) -> ApiError {
     use sluice_storage::StorageError as S;
     if let sluice_pipeline::Error::UpgradeRefused(_) = e {
         return ApiError::new(C::UNPROCESSABLE_ENTITY, "upgrade_refused", message);
+    }
+    if let sluice_pipeline::Error::Membership(sluice_cluster::Error::UpgradePending { .. }) = e {
+        return ApiError::new(C::CONFLICT, "upgrade_pending", message);
     }
     match e.as_runtime() {
         Some(R::Storage(S::Unknown { .. })) => ApiError::new(C::NOT_FOUND, "not_found", message),

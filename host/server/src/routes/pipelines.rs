@@ -63,14 +63,18 @@ pub(super) async fn metrics(
 /// Changes a pipeline: `{"component": NAME, "start_empty": [ID…]}`
 /// upgrades it to another uploaded component, keeping the state the new
 /// version can take (503 `upgrading` meanwhile; 422 `upgrade_refused`,
-/// the pipeline unchanged, if the new version refuses its state);
+/// the pipeline unchanged, if the new version refuses its state; across
+/// hosts, the group's leader makes it: 504 `upgrade_pending` says it did
+/// not answer in time, the request staying asked, and 409
+/// `upgrade_pending` refuses another meanwhile);
 /// `{"workers": W}` rescales it (a layout change between two steps that
 /// moves only the shards the new balance needs; the status shows the new
 /// W once it is done).
 #[utoipa::path(patch, path = "/pipelines/{name}", params(("name" = String, Path, description = "pipeline name")),
     request_body = crate::types::PipelinePatch,
     responses((status = 200, body = PipelineStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+        (status = 409, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 504, body = ErrorBody)))]
 pub(super) async fn patch(
     State(state): Shared,
     headers: HeaderMap,

@@ -56,6 +56,9 @@ pub struct PipelineHandle {
     pub(super) task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Rotates pushes without a producer over input partitions.
     pub(super) next_partition: AtomicU32,
+    /// Across hosts: the component this server's host of the pipeline
+    /// last reported running, when it moved to another (an upgrade).
+    pub(super) runs: Arc<Mutex<Option<String>>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,6 +123,22 @@ impl PipelineHandle {
     /// layout between two steps.
     pub fn set_workers(&self, workers: u32) {
         self.control.send_modify(|c| c.workers = workers);
+    }
+
+    /// The component (SHA-256, hex) this server's host of a pipeline across
+    /// hosts last reported running, when it moved to another after the
+    /// pipeline was loaded (an upgrade, here or elsewhere); `None` until
+    /// then.
+    pub fn runs_component(&self) -> Option<String> {
+        lock(&self.runs).clone()
+    }
+
+    /// Records that the pipeline runs component `name` (SHA-256 `hash`) now:
+    /// a pipeline across hosts whose component its hosts changed.
+    pub fn set_component(&self, name: &str, hash: &str) {
+        let mut s = lock(&self.status);
+        s.component = name.to_owned();
+        s.component_hash = hash.to_owned();
     }
 
     /// Asks the task for `desired`.

@@ -104,7 +104,9 @@ pub(super) async fn open(
         shutdown: None,
     });
     let (committed_tx, committed) = watch::channel(0);
+    let runs = Arc::new(Mutex::new(None));
     let host = Host {
+        runs: runs.clone(),
         engine,
         component,
         config: HostConfig {
@@ -139,6 +141,7 @@ pub(super) async fn open(
         committed,
         task: Mutex::new(Some(task)),
         next_partition: AtomicU32::new(0),
+        runs,
     }))
 }
 
@@ -153,6 +156,8 @@ struct Host {
     status: Arc<Mutex<PipelineStatus>>,
     control: watch::Receiver<Control>,
     committed: Arc<watch::Sender<u64>>,
+    /// The component the host reported running after a change.
+    runs: Arc<Mutex<Option<String>>>,
 }
 
 /// How often the status reads the pipeline's progress from Kafka.
@@ -253,6 +258,7 @@ impl Host {
         .map_err(|e| format!("joining the pipeline's group in etcd: {e}"))?;
         let (stop_tx, stop) = watch::channel(false);
         let status = self.status.clone();
+        let runs = self.runs.clone();
         let report = move |event: HostEvent| {
             let mut s = lock(&status);
             let Some(h) = s.hosts.as_mut() else { return };
@@ -286,10 +292,17 @@ impl Host {
                     h.replicas.clear();
                     s.last_error = Some(reason);
                 }
-                // The server's registry keeps the component the tenant
-                // gave (an upgrade across hosts is made by `sluice
-                // upgrade --group`; see the server's upgrade module).
-                HostEvent::Upgraded { .. } | HostEvent::Followed { .. } => {}
+                // The pipeline runs another component now (this host
+                // made the upgrade, or another did): the server's registry
+                // follows it, then the status (see the server's
+                // `upgrade_hosts` module).
+                HostEvent::Upgraded {
+                    to: component,
+                    answer: sluice_cluster::UpgradeAnswer::Upgraded(_),
+                }
+                | HostEvent::Followed { component }
+                | HostEvent::Fetched { component } => *lock(&runs) = Some(component),
+                HostEvent::Upgraded { .. } => {}
                 HostEvent::Rejoined | HostEvent::SteppedAside | HostEvent::GaveWay { .. } => {
                     h.leading = false;
                     h.group.clear();

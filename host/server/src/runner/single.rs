@@ -150,6 +150,7 @@ pub(super) async fn open(
         committed,
         task: Mutex::new(Some(task)),
         next_partition: AtomicU32::new(0),
+        runs: Arc::default(),
     }))
 }
 

@@ -24,6 +24,9 @@ mod state;
 mod tenants;
 /// Changing a pipeline's component, keeping its state.
 mod upgrade;
+/// Changing the component of a pipeline across hosts; registries following
+/// what the hosts run.
+mod upgrade_hosts;
 
 pub use crate::error::{Result, ServiceError};
 pub use crate::limits::{EffectiveLimits, PROBE_LIMITS, effective_limits};
@@ -31,3 +34,4 @@ pub use crate::settings::kafka_name;
 pub use io::PushBytes;
 pub use state::{Caller, Service};
 pub use tenants::DISK_MEASURE_AGE;
+pub use upgrade_hosts::FOLLOW_EVERY;

@@ -6,7 +6,7 @@
 
 use crate::error::{Result, ServiceError};
 use crate::limits::{Gate, ServerLimits, effective_limits};
-use crate::registry::{self, Registry};
+use crate::registry::{self, PipelineEntry, Registry};
 use crate::runner::PipelineHandle;
 use crate::settings::KafkaSettings;
 use crate::types::{Desired, PipelineStatus, TenantLimits};
@@ -71,6 +71,10 @@ pub struct Service {
     /// each had when its upgrade began (state `upgrading`; none until it
     /// is read).
     pub(super) upgrading: Mutex<BTreeMap<(String, String), Option<PipelineStatus>>>,
+    /// Pipelines across hosts whose upgrade this server asked of their
+    /// leader and waits for: they run on meanwhile, but their registry
+    /// entry is the upgrade's until it is answered.
+    pub(super) asking: Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// A pipeline being created: counted against its tenant's quota and the
@@ -83,6 +87,16 @@ pub(super) struct Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         lock(&self.service.registry).creating.remove(&self.key);
+    }
+}
+
+/// Runs its closure when dropped: takes a mark off a pipeline (being
+/// upgraded, being asked of its leader) however the request ends.
+pub(super) struct OnDrop<F: FnMut()>(pub(super) F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }
 
@@ -122,7 +136,19 @@ impl Service {
             disk: Mutex::new(HashMap::new()),
             pushing: Mutex::new(HashMap::new()),
             upgrading: Mutex::new(Default::default()),
+            asking: Mutex::new(Default::default()),
         })
+    }
+
+    /// A tenant's pipeline as the registry has it (404 if it has none of
+    /// that name).
+    pub(super) fn registered(&self, tenant: &str, name: &str) -> Result<PipelineEntry> {
+        lock(&self.registry)
+            .tenant(tenant)?
+            .pipelines
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServiceError::not_found("pipeline", name))
     }
 
     /// The server-wide limits.

@@ -8,7 +8,7 @@
 //! it answers 503 (`upgrading`).
 
 use super::components::sha256;
-use super::state::{Reservation, Service, lock, tenant_dir};
+use super::state::{OnDrop, Reservation, Service, lock, tenant_dir};
 use crate::error::{Result, ServiceError};
 use crate::limits::effective_limits;
 use crate::registry::PipelineEntry;
@@ -23,26 +23,15 @@ use std::time::{Duration, Instant};
 /// (a request that held its handle, a stream of its output, ends first).
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
-/// Takes a pipeline out of the "being upgraded" set when dropped.
-struct Upgrading<'a> {
-    service: &'a Service,
-    key: (String, String),
-}
-
-impl Drop for Upgrading<'_> {
-    fn drop(&mut self) {
-        lock(&self.service.upgrading).remove(&self.key);
-    }
-}
-
 impl Service {
     /// Moves a tenant's pipeline to its uploaded component `component`,
     /// keeping the state the new version can take (operators named in
     /// `start_empty` start empty; with `rebuild`, every operator's
     /// state is computed anew from the pipeline's retained input). Refused — the pipeline running on as
-    /// before — when it runs across hosts, or rebuilds on Kafka (not built yet),
-    /// already runs that component, or the new version refuses its state
-    /// (naming the operator).
+    /// before — when it rebuilds on Kafka (not built yet), already runs
+    /// that component, or the new version refuses its state (naming the
+    /// operator). A pipeline across hosts is moved by its hosts' leader,
+    /// asked through etcd (see the `upgrade_hosts` module).
     pub async fn upgrade_pipeline(
         &self,
         tenant: &str,
@@ -51,10 +40,25 @@ impl Service {
         start_empty: Vec<String>,
         rebuild: bool,
     ) -> Result<PipelineStatus> {
-        self.pipeline(tenant, name)?;
+        let loaded = self.pipeline(tenant, name)?;
         validate_name("component", component)?;
         let bytes = self.component_bytes(tenant, component)?;
         let hash = sha256(&bytes);
+        if loaded.across_hosts() {
+            if rebuild {
+                return Err(ServiceError::invalid(
+                    "upgrade_unsupported",
+                    format!(
+                        "pipeline {name} runs across hosts: rebuilding its state from its input \
+                         is built for a pipeline on the embedded log only, so far"
+                    ),
+                ));
+            }
+            return self
+                .upgrade_across_hosts(&loaded, tenant, name, component, bytes, &hash, start_empty)
+                .await;
+        }
+        drop(loaded);
         // Marked first: from here every other request for the pipeline
         // (a scale, a stop, a delete, another upgrade) answers 503, so the
         // handle and the entry read next stay the pipeline's.
@@ -62,10 +66,9 @@ impl Service {
         if lock(&self.upgrading).insert(key.clone(), None).is_some() {
             return Err(ServiceError::Upgrading { name: name.into() });
         }
-        let _upgrading = Upgrading {
-            service: self,
-            key: key.clone(),
-        };
+        let _upgrading = OnDrop(|| {
+            lock(&self.upgrading).remove(&key);
+        });
         let h = lock(&self.pipelines)
             .get(&key)
             .cloned()
@@ -73,21 +76,7 @@ impl Service {
         let mut listed = h.status();
         listed.state = PipelineState::Upgrading;
         lock(&self.upgrading).insert(key.clone(), Some(listed));
-        let entry = lock(&self.registry)
-            .tenant(tenant)?
-            .pipelines
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ServiceError::not_found("pipeline", name))?;
-        if h.across_hosts() {
-            return Err(ServiceError::invalid(
-                "upgrade_unsupported",
-                format!(
-                    "pipeline {name} runs across hosts: changing its component is built for a \
-                     pipeline this server runs alone, so far"
-                ),
-            ));
-        }
+        let entry = self.registered(tenant, name)?;
         if entry.spec.log != LogKind::Embedded && rebuild {
             return Err(ServiceError::invalid(
                 "upgrade_unsupported",
@@ -313,7 +302,7 @@ impl Service {
     }
 
     /// Records (or clears) the upgrade under way of a tenant's pipeline.
-    async fn set_upgrading_to(
+    pub(super) async fn set_upgrading_to(
         &self,
         tenant: &str,
         name: &str,
@@ -344,6 +333,21 @@ impl Service {
             return entry;
         };
         let name = entry.spec.name.clone();
+        if entry.spec.across_hosts {
+            // Its hosts follow the log's record of the change themselves
+            // (and the registry follows them: `follow_components`). Read
+            // here, the record would fence the leader's ingest.
+            let settled = self
+                .update(|reg| {
+                    if let Some(e) = reg.tenant_mut(tenant)?.pipelines.get_mut(&name) {
+                        e.upgrading_to = None;
+                    }
+                    Ok(())
+                })
+                .await;
+            tracing::info!(tenant, pipeline = %name, to = %hash, stored = settled.is_ok(), "forgot an upgrade across hosts the server stopped in: the registry follows what its hosts run");
+            return entry;
+        }
         let dir = self
             .data
             .join(format!("{}/pipelines/{name}", tenant_dir(tenant)));
