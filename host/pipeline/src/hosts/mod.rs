@@ -137,7 +137,9 @@ pub enum HostEvent {
     },
     /// Opening the pipeline, it found that another host had moved it to
     /// another component, fetched that from the checkpoint store, and runs
-    /// it from now on.
+    /// it from now on. (Also when it opens the pipeline with the component
+    /// of an upgrade it made itself but did not answer, having lost the
+    /// lead.)
     Followed {
         /// The component it runs now (SHA-256, hex).
         component: String,
@@ -576,6 +578,15 @@ pub async fn run_host(
                     }
                     Err(e) => return Err(e),
                 });
+                // Opened with another component than it last reported: one
+                // it made an upgrade to, and lost the lead before it
+                // answered (the next leader did).
+                if component.hash != reported {
+                    reported = component.hash.clone();
+                    report(HostEvent::Followed {
+                        component: reported.clone(),
+                    });
+                }
             }
             let p = pipeline.as_ref().expect("just opened");
             if !ingested {

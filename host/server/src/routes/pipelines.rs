@@ -64,9 +64,10 @@ pub(super) async fn metrics(
 /// upgrades it to another uploaded component, keeping the state the new
 /// version can take (503 `upgrading` meanwhile; 422 `upgrade_refused`,
 /// the pipeline unchanged, if the new version refuses its state; across
-/// hosts, the group's leader makes it: 504 `upgrade_pending` says it did
-/// not answer in time, the request staying asked, and 409
-/// `upgrade_pending` refuses another meanwhile);
+/// hosts, the group's leader makes it while the pipeline runs on: 504
+/// `upgrade_pending` says it did not answer in time, the request staying
+/// asked, and 409 `upgrade_pending` refuses another meanwhile — 503
+/// `upgrading` on the server still waiting for the answer);
 /// `{"workers": W}` rescales it (a layout change between two steps that
 /// moves only the shards the new balance needs; the status shows the new
 /// W once it is done).

@@ -134,8 +134,10 @@ impl PipelineHandle {
     }
 
     /// Records that the pipeline runs component `name` (SHA-256 `hash`) now:
-    /// a pipeline across hosts whose component its hosts changed.
+    /// a pipeline across hosts whose component its hosts changed (also
+    /// what its host is taken to run, until it reports another).
     pub fn set_component(&self, name: &str, hash: &str) {
+        *lock(&self.runs) = Some(hash.to_owned());
         let mut s = lock(&self.status);
         s.component = name.to_owned();
         s.component_hash = hash.to_owned();

@@ -74,6 +74,7 @@ impl Service {
             .ok_or(ServiceError::NoKafka)?;
         let (group, store) = self.hosts_store(tenant, &entry.spec)?;
         self.keep_version(tenant, hash, &bytes)?;
+        let kept = bytes.clone();
         let published = tokio::task::spawn_blocking({
             let store = store.clone();
             move || sluice_pipeline::hosts::publish_component(&store, &bytes)
@@ -105,6 +106,9 @@ impl Service {
         // the hosts run it, however this request ends).
         self.set_upgrading_to(tenant, name, Some((component.to_owned(), hash.to_owned())))
             .await?;
+        // (Kept again, now that the registry names it: a collection may
+        // have run since it was kept.)
+        self.keep_version(tenant, hash, &kept)?;
         let answer = sluice_pipeline::hosts::group_answer(&membership, &id, ANSWER_WAIT).await?;
         match answer {
             Some(UpgradeAnswer::Upgraded(said)) => {
@@ -214,6 +218,9 @@ impl Service {
         if !followed {
             return Ok(());
         }
+        // (Kept again, now that the registry names it: a collection may
+        // have run since it was kept.)
+        self.keep_version(tenant, runs, &bytes)?;
         if let Some(h) = lock(&self.pipelines).get(&key) {
             h.set_component(&component, runs);
         }
