@@ -48,6 +48,15 @@ pub struct HostsSettings {
     pub zone: Option<String>,
 }
 
+impl HostsSettings {
+    /// The checkpoint store of the pipeline across hosts named `group` (its
+    /// Kafka name): `<store>/<group>`, where its hosts also fetch the
+    /// components an upgrade moves it to.
+    pub fn pipeline_store(&self, group: &str) -> String {
+        format!("{}/{group}", self.store.trim_end_matches('/'))
+    }
+}
+
 impl std::fmt::Debug for HostsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostsSettings")

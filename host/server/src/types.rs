@@ -138,6 +138,17 @@ pub struct PipelineSpec {
     pub bad_records: BTreeMap<String, sluice_core::BadRecordPolicy>,
 }
 
+impl PipelineSpec {
+    /// The name its Kafka topics, transactional ids and (across hosts) its
+    /// group and checkpoints derive from: the one the server chose, or
+    /// `<tenant>.<pipeline>` for a pipeline created before it chose names.
+    pub fn kafka_name_in(&self, tenant: &str) -> String {
+        self.kafka_name
+            .clone()
+            .unwrap_or_else(|| format!("{tenant}.{}", self.name))
+    }
+}
+
 fn one() -> u32 {
     1
 }

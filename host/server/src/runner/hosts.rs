@@ -13,7 +13,7 @@
 
 use super::handle::{Control, PipelineHandle, lock, options};
 use crate::limits::EffectiveLimits;
-use crate::settings::{KafkaSettings, kafka_name};
+use crate::settings::KafkaSettings;
 use crate::types::{
     CommittedBy, Desired, HostsStatus, PipelineSpec, PipelineState, PipelineStatus,
 };
@@ -48,10 +48,7 @@ pub(super) async fn open(
         )
         .into());
     };
-    let name = spec
-        .kafka_name
-        .clone()
-        .unwrap_or_else(|| kafka_name(tenant, &spec.name));
+    let name = spec.kafka_name_in(tenant);
     let mut topics = sluice_kafka::KafkaConfig::new(kafka.brokers.clone(), name.clone());
     topics.replication = kafka.replication;
     topics.output_partitions = spec.workers;
@@ -61,7 +58,7 @@ pub(super) async fn open(
         log: LogConfig::Kafka {
             config: topics.clone(),
         },
-        checkpoint_store: Some(format!("{}/{name}", hosts.store.trim_end_matches('/'))),
+        checkpoint_store: Some(hosts.pipeline_store(&name)),
         options: options(&spec, &limits),
         id_prefix: format!("{tenant}/{}/", spec.name),
         ..PipelineConfig::new(dir, spec.workers)

@@ -38,10 +38,7 @@ pub(crate) fn log_config(
             // Topics `<kafka name>.<port>`: a tenant cannot name another
             // tenant's topics (pipelines created before the server chose
             // names use `<tenant>.<pipeline>`).
-            let name = spec
-                .kafka_name
-                .clone()
-                .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+            let name = spec.kafka_name_in(tenant);
             let mut config = sluice_kafka::KafkaConfig::new(k.brokers, name);
             config.replication = k.replication;
             config.output_partitions = spec.workers;

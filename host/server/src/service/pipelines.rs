@@ -358,10 +358,7 @@ impl Service {
         }
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
-            let name = spec
-                .kafka_name
-                .clone()
-                .unwrap_or_else(|| format!("{tenant}.{}", spec.name));
+            let name = spec.kafka_name_in(tenant);
             let config = sluice_kafka::KafkaConfig::new(k.brokers.clone(), name);
             match tokio::task::spawn_blocking(move || sluice_kafka::delete_topics(&config)).await {
                 Ok(Ok(deleted)) => {

@@ -22,7 +22,6 @@
 use super::state::{OnDrop, Service, lock};
 use crate::error::{Result, ServiceError};
 use crate::runner::PipelineHandle;
-use crate::settings::kafka_name;
 use crate::types::{PipelineSpec, PipelineStatus};
 use sluice_cluster::{Membership, UpgradeAnswer};
 use std::time::Duration;
@@ -261,11 +260,8 @@ impl Service {
     fn hosts_store(&self, tenant: &str, spec: &PipelineSpec) -> Result<(String, String)> {
         let hosts = self.kafka.as_ref().and_then(|k| k.hosts.as_ref());
         let hosts = hosts.ok_or(ServiceError::NoKafka)?;
-        let group = spec
-            .kafka_name
-            .clone()
-            .unwrap_or_else(|| kafka_name(tenant, &spec.name));
-        let store = format!("{}/{group}", hosts.store.trim_end_matches('/'));
+        let group = spec.kafka_name_in(tenant);
+        let store = hosts.pipeline_store(&group);
         Ok((group, store))
     }
 }
