@@ -24,18 +24,26 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     if line.is_empty() {
         return Ok(None);
     }
-    if line.starts_with('"') && !line.contains('\\') {
-        // A string without escapes (the commonest line) is its own event:
-        // checked, not built. (Without escapes, what serde_json accepts
-        // does not depend on what it parses into; with them it does: a
-        // lone surrogate is no `String`.)
-        serde_json::from_str::<serde::de::IgnoredAny>(line)
-            .map_err(|e| LineError(format!("not JSON: {e}")))?;
-        return Ok(Some(Event {
-            value: line.as_bytes().to_vec(),
-            weight: 1,
-        }));
+    if !line.contains('\\') {
+        // Without escapes, what serde_json accepts does not depend on what
+        // it parses into (with them it does: a lone surrogate is no
+        // `String`), so the line is checked, not built, unless it is an
+        // envelope: most lines are their own event.
+        let shape =
+            serde_json::from_str::<Shape>(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
+        if !shape.envelope {
+            return Ok(Some(Event {
+                value: line.as_bytes().to_vec(),
+                weight: 1,
+            }));
+        }
     }
+    parse_built(line)
+}
+
+/// [`parse_input_line`] of a trimmed, non-blank line, through a
+/// [`serde_json::Value`] of it.
+fn parse_built(line: &str) -> Result<Option<Event>, LineError> {
     let value: Value =
         serde_json::from_str(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
     if let Value::Object(map) = &value {
@@ -74,6 +82,95 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
         value: line.as_bytes().to_vec(),
         weight: 1,
     }))
+}
+
+/// A JSON value checked, not built: whether it is an object whose keys are
+/// all `insert`, `delete` or `weight`, with `insert` or `delete` among them
+/// (an envelope, which [`parse_input_line`] then reads whole). It accepts
+/// what a [`Value`] accepts: every part of the value, numbers included, is
+/// visited as `Value` visits it, only nothing is kept.
+struct Shape {
+    envelope: bool,
+}
+
+/// A top-level key of an object, as [`Shape`] sorts it.
+enum Key {
+    /// `insert` or `delete`.
+    Op,
+    /// `weight`.
+    Weight,
+    /// Any other.
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl serde::de::Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
+                Ok(match key {
+                    "insert" | "delete" => Key::Op,
+                    "weight" => Key::Weight,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Shape {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{MapAccess, SeqAccess, Visitor};
+        struct ShapeVisitor;
+        impl<'de> Visitor<'de> for ShapeVisitor {
+            type Value = Shape;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_unit<E>(self) -> Result<Shape, E> {
+                Ok(Shape { envelope: false })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+                while seq.next_element::<Shape>()?.is_some() {}
+                Ok(Shape { envelope: false })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+                let (mut op, mut only_known) = (false, true);
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Op => op = true,
+                        Key::Weight => {}
+                        Key::Other => only_known = false,
+                    }
+                    map.next_value::<Shape>()?;
+                }
+                Ok(Shape {
+                    envelope: op && only_known,
+                })
+            }
+        }
+        d.deserialize_any(ShapeVisitor)
+    }
 }
 
 /// Writes one output event as a JSON line (with the trailing newline).
@@ -207,6 +304,61 @@ mod tests {
         Event {
             value: v.as_bytes().to_vec(),
             weight: w,
+        }
+    }
+
+    /// The checked path accepts, rejects and keeps exactly what the built
+    /// path does, on lines of every shape the checker sorts.
+    #[test]
+    fn checked_lines_read_as_built_ones() {
+        let values = [
+            "1",
+            "-2.5",
+            "1e400",
+            "-0",
+            "01",
+            "true",
+            "null",
+            "\"s\"",
+            "[]",
+            "[1,[2,{}]]",
+            "{}",
+            "{\"a\":1}",
+            "{\"insert\":1}",
+            "[1,",
+            "{\"a\"}",
+            "nul",
+            "\"\u{1}\"",
+        ];
+        let mut lines: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        for key in ["insert", "delete", "weight", "other", "Insert"] {
+            for v in values {
+                lines.push(format!("{{\"{key}\": {v}}}"));
+                for (key2, v2) in [
+                    ("weight", "2"),
+                    ("weight", "-1"),
+                    ("insert", "3"),
+                    ("x", "4"),
+                ] {
+                    lines.push(format!("{{\"{key}\": {v}, \"{key2}\": {v2}}}"));
+                }
+            }
+        }
+        lines.push("{\"insert\": 1, \"insert\": 2}".into());
+        lines.push("[1] 2".into());
+        lines.push("{\"a\": 1} x".into());
+        lines.push("[".repeat(200) + &"]".repeat(200));
+        for line in &lines {
+            let checked = parse_input_line(line);
+            let built = parse_built(line.trim());
+            assert_eq!(
+                checked.is_ok(),
+                built.is_ok(),
+                "{line}: {checked:?} vs {built:?}"
+            );
+            if let (Ok(checked), Ok(built)) = (checked, built) {
+                assert_eq!(checked, built, "{line}");
+            }
         }
     }
 
