@@ -151,19 +151,110 @@ pub fn ingest_file(
         already: mark.lines,
         bad_lines: 0,
     };
-    let (mut bytes, mut lines) = (mark.bytes, mark.lines);
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut line = String::new();
-    loop {
-        let mut parts: Vec<Vec<Event>> = vec![Vec::new(); partitions as usize];
-        let mut chunk_lines = 0;
+    let reader = Chunks {
+        reader: BufReader::with_capacity(1 << 20, file),
+        path,
+        partitions,
+        bad_lines,
+        hasher,
+        bytes: mark.bytes,
+        lines: mark.lines,
+    };
+    // The file is read, checked and hashed on a thread of its own while
+    // the chunk before is appended (the append waits on the log's sync):
+    // one chunk ahead, no more.
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || reader.send_all(&tx));
+        for chunk in rx {
+            let Chunk {
+                parts,
+                events,
+                bad_lines,
+                mark,
+            } = chunk?;
+            let state = serde_json::to_vec(&mark).map_err(StorageError::corrupt("ingest mark"))?;
+            log.append(AppendBatch {
+                appends: parts
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, events)| !events.is_empty())
+                    .map(|(p, events)| (input.to_owned(), p as u32, events))
+                    .collect(),
+                mark: Some(IngestMark {
+                    source: source.clone(),
+                    state,
+                }),
+                producer: None,
+            })?;
+            report.appended += events;
+            report.bad_lines += bad_lines;
+            progress(mark.bytes, size);
+            crash_point(CrashPoint::MidIngest);
+        }
+        Ok(report)
+    })
+}
+
+/// One append's worth of a file: its events by partition, and the mark
+/// that says how far the file is appended once they are.
+struct Chunk {
+    parts: Vec<Vec<Event>>,
+    /// Events among `parts` (not the lines kept as bad records).
+    events: u64,
+    /// Lines kept as bad records.
+    bad_lines: u64,
+    mark: FileMark,
+}
+
+/// A file read from a mark on: whole lines, checked and hashed, in chunks.
+struct Chunks<'a> {
+    reader: BufReader<std::fs::File>,
+    path: &'a Path,
+    partitions: u32,
+    bad_lines: BadRecordPolicy,
+    /// The SHA-256 of the file up to `bytes`.
+    hasher: Sha256,
+    /// Bytes and lines read so far.
+    bytes: u64,
+    lines: u64,
+}
+
+impl Chunks<'_> {
+    /// Sends every chunk to `tx`, then stops: at the file's end (or its
+    /// last line still being written), at an error (sent last), or when
+    /// the receiver is gone.
+    fn send_all(mut self, tx: &std::sync::mpsc::SyncSender<Result<Chunk, IngestError>>) {
+        loop {
+            match self.next_chunk() {
+                Ok(None) => return,
+                Ok(Some(chunk)) => {
+                    if tx.send(Ok(chunk)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The next chunk of up to [`CHUNK_LINES`] lines, or `None` at the end.
+    fn next_chunk(&mut self) -> Result<Option<Chunk>, IngestError> {
+        let path = self.path;
+        let mut parts: Vec<Vec<Event>> = vec![Vec::new(); self.partitions as usize];
+        let (mut chunk_lines, mut bad) = (0, 0);
+        let mut line = String::new();
         while chunk_lines < CHUNK_LINES {
             line.clear();
-            let n = reader
+            let n = self
+                .reader
                 .read_line(&mut line)
                 .map_err(|e| IngestError::BadLine {
                     path: path.to_owned(),
-                    line: lines + 1,
+                    line: self.lines + 1,
                     message: e.to_string(),
                 })?;
             if n == 0 || !line.ends_with('\n') {
@@ -171,21 +262,21 @@ pub fn ingest_file(
                 // for the next run, whole.
                 break;
             }
-            lines += 1;
+            self.lines += 1;
             chunk_lines += 1;
-            bytes += n as u64;
-            hasher.update(line.as_bytes());
-            let event = match (parse_input_line(&line), bad_lines) {
+            self.bytes += n as u64;
+            self.hasher.update(line.as_bytes());
+            let event = match (parse_input_line(&line), self.bad_lines) {
                 (Ok(event), _) => event,
                 (Err(m), BadRecordPolicy::Fail) => {
                     return Err(IngestError::BadLine {
                         path: path.to_owned(),
-                        line: lines,
+                        line: self.lines,
                         message: m.to_string(),
                     });
                 }
                 (Err(_), BadRecordPolicy::DeadLetter) => {
-                    report.bad_lines += 1;
+                    bad += 1;
                     Some(Event {
                         value: line.trim_end_matches(['\n', '\r']).as_bytes().to_vec(),
                         weight: 0,
@@ -193,36 +284,23 @@ pub fn ingest_file(
                 }
             };
             if let Some(event) = event {
-                let p = ((lines - 1) / LINES_PER_PARTITION_BLOCK) % partitions as u64;
+                let p = ((self.lines - 1) / LINES_PER_PARTITION_BLOCK) % self.partitions as u64;
                 parts[p as usize].push(event);
             }
         }
         if chunk_lines == 0 {
-            break;
+            return Ok(None);
         }
-        let events: u64 = parts.iter().flatten().filter(|e| e.weight != 0).count() as u64;
-        let mark = FileMark {
-            bytes,
-            lines,
-            prefix_sha256: hex::encode(hasher.clone().finalize()),
-        };
-        let state = serde_json::to_vec(&mark).map_err(StorageError::corrupt("ingest mark"))?;
-        log.append(AppendBatch {
-            appends: parts
-                .into_iter()
-                .enumerate()
-                .filter(|(_, events)| !events.is_empty())
-                .map(|(p, events)| (input.to_owned(), p as u32, events))
-                .collect(),
-            mark: Some(IngestMark {
-                source: source.clone(),
-                state,
-            }),
-            producer: None,
-        })?;
-        report.appended += events;
-        progress(bytes, size);
-        crash_point(CrashPoint::MidIngest);
+        let events = parts.iter().flatten().filter(|e| e.weight != 0).count() as u64;
+        Ok(Some(Chunk {
+            parts,
+            events,
+            bad_lines: bad,
+            mark: FileMark {
+                bytes: self.bytes,
+                lines: self.lines,
+                prefix_sha256: hex::encode(self.hasher.clone().finalize()),
+            },
+        }))
     }
-    Ok(report)
 }
