@@ -159,13 +159,18 @@ pub fn ingest_file(
         hasher,
         bytes: mark.bytes,
         lines: mark.lines,
+        ended: false,
     };
     // The file is read, checked and hashed on a thread of its own while
     // the chunk before is appended (the append waits on the log's sync):
-    // one chunk ahead, no more.
+    // one chunk ahead, no more (a rendezvous: the next chunk waits, built,
+    // until the append before it is done).
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        scope.spawn(move || reader.send_all(&tx));
+        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        std::thread::Builder::new()
+            .name("sluice-ingest".into())
+            .spawn_scoped(scope, move || reader.send_all(&tx))
+            .map_err(io(path))?;
         for chunk in rx {
             let Chunk {
                 parts,
@@ -218,6 +223,10 @@ struct Chunks<'a> {
     /// Bytes and lines read so far.
     bytes: u64,
     lines: u64,
+    /// Whether the end was reached, or a last line still being written:
+    /// nothing more is read (its start is consumed, and the rest of it
+    /// must not be taken for a line of its own).
+    ended: bool,
 }
 
 impl Chunks<'_> {
@@ -247,7 +256,7 @@ impl Chunks<'_> {
         let mut parts: Vec<Vec<Event>> = vec![Vec::new(); self.partitions as usize];
         let (mut chunk_lines, mut bad) = (0, 0);
         let mut line = String::new();
-        while chunk_lines < CHUNK_LINES {
+        while chunk_lines < CHUNK_LINES && !self.ended {
             line.clear();
             let n = self
                 .reader
@@ -260,6 +269,7 @@ impl Chunks<'_> {
             if n == 0 || !line.ends_with('\n') {
                 // The end, or a last line still being written: it is left
                 // for the next run, whole.
+                self.ended = true;
                 break;
             }
             self.lines += 1;
@@ -302,5 +312,51 @@ impl Chunks<'_> {
                 prefix_sha256: hex::encode(self.hasher.clone().finalize()),
             },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A last line still being written ends the reading: when the writer
+    /// finishes it between two chunks, its rest is not read as a line.
+    #[test]
+    fn a_line_finished_between_chunks_is_left_whole_for_the_next_run() {
+        let path = std::env::temp_dir().join(format!(
+            "sluice-ingest-test-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::write(&path, "1\n2\n3\n12").unwrap();
+        let mut chunks = Chunks {
+            reader: BufReader::new(std::fs::File::open(&path).unwrap()),
+            path: &path,
+            partitions: 2,
+            bad_lines: BadRecordPolicy::Fail,
+            hasher: Sha256::new(),
+            bytes: 0,
+            lines: 0,
+            ended: false,
+        };
+        let chunk = chunks.next_chunk().unwrap().expect("the whole lines");
+        assert_eq!(chunk.events, 3);
+        assert_eq!((chunk.mark.bytes, chunk.mark.lines), (6, 3));
+        assert_eq!(
+            chunk.mark.prefix_sha256,
+            hex::encode(Sha256::digest(b"1\n2\n3\n"))
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(b"345\n").unwrap();
+        let next = chunks.next_chunk();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            next.unwrap().is_none(),
+            "the rest of a line read in part is no line of its own"
+        );
     }
 }
