@@ -24,19 +24,20 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     if line.is_empty() {
         return Ok(None);
     }
-    if !line.contains('\\') {
+    // An envelope names `insert` or `delete` as a key, which (without
+    // escapes) is that text in quotes.
+    let maybe_envelope =
+        line.starts_with('{') && (line.contains("\"insert\"") || line.contains("\"delete\""));
+    if !maybe_envelope && !line.contains('\\') {
         // Without escapes, what serde_json accepts does not depend on what
         // it parses into (with them it does: a lone surrogate is no
-        // `String`), so the line is checked, not built, unless it is an
-        // envelope: most lines are their own event.
-        let shape =
-            serde_json::from_str::<Shape>(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
-        if !shape.envelope {
-            return Ok(Some(Event {
-                value: line.as_bytes().to_vec(),
-                weight: 1,
-            }));
-        }
+        // `String`), so a line that is no envelope is checked, not built:
+        // it is its own event.
+        serde_json::from_str::<Checked>(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
+        return Ok(Some(Event {
+            value: line.as_bytes().to_vec(),
+            weight: 1,
+        }));
     }
     parse_built(line)
 }
@@ -84,92 +85,48 @@ fn parse_built(line: &str) -> Result<Option<Event>, LineError> {
     }))
 }
 
-/// A JSON value checked, not built: whether it is an object whose keys are
-/// all `insert`, `delete` or `weight`, with `insert` or `delete` among them
-/// (an envelope, which [`parse_input_line`] then reads whole). It accepts
-/// what a [`Value`] accepts: every part of the value, numbers included, is
-/// visited as `Value` visits it, only nothing is kept.
-struct Shape {
-    envelope: bool,
-}
+/// A JSON value checked, not built: it accepts what a [`Value`] accepts,
+/// as every part of the value, numbers included, is visited as `Value`
+/// visits it; only nothing is kept.
+struct Checked;
 
-/// A top-level key of an object, as [`Shape`] sorts it.
-enum Key {
-    /// `insert` or `delete`.
-    Op,
-    /// `weight`.
-    Weight,
-    /// Any other.
-    Other,
-}
-
-impl<'de> serde::Deserialize<'de> for Key {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl serde::de::Visitor<'_> for KeyVisitor {
-            type Value = Key;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
-                Ok(match key {
-                    "insert" | "delete" => Key::Op,
-                    "weight" => Key::Weight,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_str(KeyVisitor)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Shape {
+impl<'de> serde::Deserialize<'de> for Checked {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::{MapAccess, SeqAccess, Visitor};
-        struct ShapeVisitor;
-        impl<'de> Visitor<'de> for ShapeVisitor {
-            type Value = Shape;
+        struct CheckedVisitor;
+        impl<'de> Visitor<'de> for CheckedVisitor {
+            type Value = Checked;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON value")
             }
-            fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_unit<E>(self) -> Result<Shape, E> {
-                Ok(Shape { envelope: false })
+            fn visit_unit<E>(self) -> Result<Checked, E> {
+                Ok(Checked)
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
-                while seq.next_element::<Shape>()?.is_some() {}
-                Ok(Shape { envelope: false })
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
-                let (mut op, mut only_known) = (false, true);
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Op => op = true,
-                        Key::Weight => {}
-                        Key::Other => only_known = false,
-                    }
-                    map.next_value::<Shape>()?;
-                }
-                Ok(Shape {
-                    envelope: op && only_known,
-                })
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                while map.next_entry::<Checked, Checked>()?.is_some() {}
+                Ok(Checked)
             }
         }
-        d.deserialize_any(ShapeVisitor)
+        d.deserialize_any(CheckedVisitor)
     }
 }
 
@@ -308,7 +265,8 @@ mod tests {
     }
 
     /// The checked path accepts, rejects and keeps exactly what the built
-    /// path does, on lines of every shape the checker sorts.
+    /// path does, on lines of every shape: envelopes or not, and objects
+    /// that name `insert` elsewhere than as a top-level key.
     #[test]
     fn checked_lines_read_as_built_ones() {
         let values = [
@@ -345,6 +303,8 @@ mod tests {
             }
         }
         lines.push("{\"insert\": 1, \"insert\": 2}".into());
+        lines.push("{\"a\": {\"insert\": 1}, \"b\": \"delete\"}".into());
+        lines.push("[{\"insert\": 1}]".into());
         lines.push("[1] 2".into());
         lines.push("{\"a\": 1} x".into());
         lines.push("{ \"insert\" :\t1 ,\"weight\" : 2 }".into());
