@@ -4,6 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod counters;
+pub use counters::{BidStats, COUNTERS, Counters, bid_counters};
+
 /// Someone who sells or bids.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Person {
@@ -69,12 +72,18 @@ pub struct Bid {
     pub extra: String,
 }
 
+/// Milliseconds in a day.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// Milliseconds in a minute.
+pub const MINUTE_MS: u64 = 60_000;
+
 /// The UTC day of `ms` (milliseconds since the epoch) as `yyyy-MM-dd`, as
 /// Flink's `DATE_FORMAT(dateTime, 'yyyy-MM-dd')` writes it (q15–q17 group
 /// by it). The proleptic Gregorian calendar, from the day number.
 pub fn day(ms: u64) -> String {
     // Howard Hinnant's civil_from_days, for days since 1970-01-01.
-    let z = (ms / 86_400_000) as i64 + 719_468;
+    let z = (ms / DAY_MS) as i64 + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
@@ -89,8 +98,19 @@ pub fn day(ms: u64) -> String {
 /// The UTC hour and minute of `ms` as `HH:mm` (Flink's
 /// `DATE_FORMAT(dateTime, 'HH:mm')`).
 pub fn hour_minute(ms: u64) -> String {
-    let minute = ms / 60_000 % 1_440;
+    let minute = ms / MINUTE_MS % 1_440;
     format!("{:02}:{:02}", minute / 60, minute % 60)
+}
+
+/// A 64-bit FNV-1a hash of `text`. A key that leads with it, as
+/// `(fingerprint(&s), s)`, sorts the same texts together and compares
+/// unequal ones by an integer almost always: in the guest, a string
+/// comparison is a call that walks bytes, and a key's tree search makes
+/// a dozen of them.
+pub fn fingerprint(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A price's rank in q15–q17: 0 under 10 000, 1 under 1 000 000, 2 from
@@ -112,50 +132,9 @@ pub struct SideInput {
     pub value: String,
 }
 
-/// q15's and q16's figures of a group of bids, folded (`fold_by`) over
-/// their distinct `(id, price, minute)` values in order, each with its
-/// count: bids in all and per price rank, distinct ids (bidders or
-/// auctions) in all and per rank, and the latest `HH:mm`. The values of one
-/// id come one after another, so distinct ids are counted without a set.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Figures {
-    /// Bids in all and per rank.
-    pub bids: (i64, [i64; 3]),
-    /// Distinct ids in all and per rank.
-    pub ids: (i64, [i64; 3]),
-    /// The latest `HH:mm` of the bids.
-    pub minute: String,
-    /// The id of the values folded last, and the ranks it was counted in.
-    current: Option<(u64, [bool; 3])>,
-}
-
-impl Figures {
-    /// `self` with `n` more bids of value `(id, price, minute)`.
-    pub fn add(mut self, (id, price, minute): &(u64, u64, String), n: i64) -> Figures {
-        let rank = price_rank(*price);
-        self.bids.0 += n;
-        self.bids.1[rank] += n;
-        let seen = match &mut self.current {
-            Some((current, seen)) if current == id => seen,
-            slot => {
-                self.ids.0 += 1;
-                &mut slot.insert((*id, [false; 3])).1
-            }
-        };
-        if !seen[rank] {
-            seen[rank] = true;
-            self.ids.1[rank] += 1;
-        }
-        if *minute > self.minute {
-            self.minute.clone_from(minute);
-        }
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Figures, day, hour_minute, price_rank};
+    use super::{day, hour_minute, price_rank};
 
     #[test]
     fn days_are_utc_calendar_dates() {
@@ -172,24 +151,12 @@ mod tests {
     }
 
     #[test]
-    fn minutes_ranks_and_figures() {
+    fn minutes_and_ranks() {
         assert_eq!(hour_minute(1_700_000_000_000), "22:13");
         assert_eq!(hour_minute(86_399_999), "23:59");
         assert_eq!(
             [9_999, 10_000, 999_999, 1_000_000].map(price_rank),
             [0, 1, 1, 2]
         );
-        // Bidders 1 (two bids under 10 000, one over a million) and 2.
-        let values = [
-            ((1, 5, "10:00".to_owned()), 2),
-            ((1, 2_000_000, "10:05".to_owned()), 1),
-            ((2, 5, "09:00".to_owned()), 1),
-        ];
-        let f = values
-            .iter()
-            .fold(Figures::default(), |f, (v, n)| f.add(v, *n));
-        assert_eq!(f.bids, (4, [3, 0, 1]));
-        assert_eq!(f.ids, (2, [2, 0, 1]));
-        assert_eq!(f.minute, "10:05");
     }
 }

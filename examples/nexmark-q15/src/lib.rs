@@ -4,11 +4,14 @@
 //!
 //! Follows the Flink nexmark SQL (`count(*)`, `count(distinct bidder)`,
 //! `count(distinct auction)`, each also `filter (where price …)`, `GROUP BY
-//! DATE_FORMAT(dateTime, 'yyyy-MM-dd')`), with the day in UTC. Two folds per
-//! day, over `(bidder, price, minute)` and over `(auction, price, minute)`
-//! (`Figures` of the model; the minute is q16's), joined.
+//! DATE_FORMAT(dateTime, 'yyyy-MM-dd')`), with the day in UTC.
+//!
+//! Planned as an incremental SQL engine plans it (the model's
+//! `bid_counters`): each `count(distinct x) filter (…)` is a `distinct` of
+//! `(day, x)` pairs, and one `sum_by` adds up the twelve counters per day,
+//! so a step's work is its own bids, not the whole day's.
 
-use nexmark_model::{Bid, Figures, day, hour_minute};
+use nexmark_model::{Bid, BidStats, DAY_MS, bid_counters, day};
 use serde::{Deserialize, Serialize};
 use sluice_guest::Circuit;
 
@@ -17,61 +20,17 @@ use sluice_guest::Circuit;
 pub struct Report {
     /// `yyyy-MM-dd`.
     pub day: String,
-    /// Bids.
-    pub total_bids: i64,
-    /// Bids under 10 000.
-    pub rank1_bids: i64,
-    /// Bids from 10 000 to under 1 000 000.
-    pub rank2_bids: i64,
-    /// Bids from 1 000 000.
-    pub rank3_bids: i64,
-    /// Distinct bidders.
-    pub total_bidders: i64,
-    /// Distinct bidders of rank-1 bids.
-    pub rank1_bidders: i64,
-    /// Distinct bidders of rank-2 bids.
-    pub rank2_bidders: i64,
-    /// Distinct bidders of rank-3 bids.
-    pub rank3_bidders: i64,
-    /// Distinct auctions.
-    pub total_auctions: i64,
-    /// Distinct auctions with rank-1 bids.
-    pub rank1_auctions: i64,
-    /// Distinct auctions with rank-2 bids.
-    pub rank2_auctions: i64,
-    /// Distinct auctions with rank-3 bids.
-    pub rank3_auctions: i64,
+    /// The figures.
+    #[serde(flatten)]
+    pub stats: BidStats,
 }
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
-    let bids = c.input::<Bid>("bid");
-    let fold = |id: fn(&Bid) -> u64| {
-        bids.fold_by(
-            |b| day(b.date_time),
-            move |b| (id(b), b.price, hour_minute(b.date_time)),
-            Figures::default(),
-            |f, v, n| f.add(v, n),
-        )
-        .key_by(|(day, _)| day.clone())
-    };
-    let bidders = fold(|b| b.bidder);
-    let auctions = fold(|b| b.auction);
-    bidders
-        .join(&auctions, |day, (_, b), (_, a)| Report {
-            day: day.clone(),
-            total_bids: b.bids.0,
-            rank1_bids: b.bids.1[0],
-            rank2_bids: b.bids.1[1],
-            rank3_bids: b.bids.1[2],
-            total_bidders: b.ids.0,
-            rank1_bidders: b.ids.1[0],
-            rank2_bidders: b.ids.1[1],
-            rank3_bidders: b.ids.1[2],
-            total_auctions: a.ids.0,
-            rank1_auctions: a.ids.1[0],
-            rank2_auctions: a.ids.1[1],
-            rank3_auctions: a.ids.1[2],
+    bid_counters(&c.input::<Bid>("bid"), |b| b.date_time / DAY_MS)
+        .map(|(d, c)| Report {
+            day: day(d * DAY_MS),
+            stats: c.into(),
         })
         .output("bidding_stats");
 }

@@ -4,8 +4,13 @@
 //! Follows the Flink nexmark SQL (`GROUP BY channel, DATE_FORMAT(dateTime,
 //! 'yyyy-MM-dd')`, `max(DATE_FORMAT(dateTime, 'HH:mm'))`), with days and
 //! minutes in UTC.
+//!
+//! Planned as q15 (the model's `bid_counters`), per channel and day, joined
+//! with the group's latest minute (`max_by`).
 
-use nexmark_model::{Bid, Figures, day, hour_minute};
+use nexmark_model::{
+    Bid, BidStats, DAY_MS, MINUTE_MS, bid_counters, day, fingerprint, hour_minute,
+};
 use serde::{Deserialize, Serialize};
 use sluice_guest::Circuit;
 
@@ -18,63 +23,31 @@ pub struct Report {
     pub day: String,
     /// The latest `HH:mm` of the bids.
     pub minute: String,
-    /// Bids.
-    pub total_bids: i64,
-    /// Bids under 10 000.
-    pub rank1_bids: i64,
-    /// Bids from 10 000 to under 1 000 000.
-    pub rank2_bids: i64,
-    /// Bids from 1 000 000.
-    pub rank3_bids: i64,
-    /// Distinct bidders.
-    pub total_bidders: i64,
-    /// Distinct bidders of rank-1 bids.
-    pub rank1_bidders: i64,
-    /// Distinct bidders of rank-2 bids.
-    pub rank2_bidders: i64,
-    /// Distinct bidders of rank-3 bids.
-    pub rank3_bidders: i64,
-    /// Distinct auctions.
-    pub total_auctions: i64,
-    /// Distinct auctions with rank-1 bids.
-    pub rank1_auctions: i64,
-    /// Distinct auctions with rank-2 bids.
-    pub rank2_auctions: i64,
-    /// Distinct auctions with rank-3 bids.
-    pub rank3_auctions: i64,
+    /// The figures.
+    #[serde(flatten)]
+    pub stats: BidStats,
 }
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     let bids = c.input::<Bid>("bid");
-    let fold = |id: fn(&Bid) -> u64| {
-        bids.fold_by(
-            |b| (b.channel.clone(), day(b.date_time)),
-            move |b| (id(b), b.price, hour_minute(b.date_time)),
-            Figures::default(),
-            |f, v, n| f.add(v, n),
+    // The channel's fingerprint before its text: see `fingerprint`.
+    let group = |b: &Bid| {
+        (
+            b.date_time / DAY_MS,
+            fingerprint(&b.channel),
+            b.channel.clone(),
         )
-        .key_by(|(group, _)| group.clone())
     };
-    let bidders = fold(|b| b.bidder);
-    let auctions = fold(|b| b.auction);
-    bidders
-        .join(&auctions, |(channel, day), (_, b), (_, a)| Report {
+    // The latest minute of the day, as minutes since midnight: their order
+    // is that of the `HH:mm` texts.
+    let latest = bids.max_by(group, |b| b.date_time / MINUTE_MS % 1_440);
+    bid_counters(&bids, group)
+        .join(&latest, |(d, _, channel), c, minute| Report {
             channel: channel.clone(),
-            day: day.clone(),
-            minute: b.minute.clone(),
-            total_bids: b.bids.0,
-            rank1_bids: b.bids.1[0],
-            rank2_bids: b.bids.1[1],
-            rank3_bids: b.bids.1[2],
-            total_bidders: b.ids.0,
-            rank1_bidders: b.ids.1[0],
-            rank2_bidders: b.ids.1[1],
-            rank3_bidders: b.ids.1[2],
-            total_auctions: a.ids.0,
-            rank1_auctions: a.ids.1[0],
-            rank2_auctions: a.ids.1[1],
-            rank3_auctions: a.ids.1[2],
+            day: day(d * DAY_MS),
+            minute: hour_minute(minute * MINUTE_MS),
+            stats: c.into(),
         })
         .output("channel_stats");
 }

@@ -41,6 +41,30 @@ macro_rules! impl_sum {
 }
 impl_sum!(i8, i16, i32, i64, i128, isize);
 
+/// Several sums at once, slot by slot: one `sum_by` for a report's
+/// counters, where each record adds 1 to the slots it counts in (its
+/// `count(*) FILTER (…)`s and, after a `distinct`, its `count(DISTINCT …)`s).
+///
+/// ```
+/// # use sluice_guest::{Circuit, CircuitInstance};
+/// // Per region: orders, and orders over 100.
+/// CircuitInstance::build(|c: &mut Circuit| {
+///     c.input::<(String, i64)>("orders")
+///         .sum_by(|(region, _)| region.clone(), |(_, amount)| [1i64, i64::from(*amount > 100)])
+///         .output("order_counts");
+/// }).unwrap();
+/// ```
+impl<S: Sum, const N: usize> Sum for [S; N]
+where
+    [S; N]: Data + Default,
+{
+    fn add_weighted(&mut self, value: &Self, weight: Weight) {
+        for (sum, v) in self.iter_mut().zip(value) {
+            sum.add_weighted(v, weight);
+        }
+    }
+}
+
 /// Per-key state: the multiplicity of the group and the weighted sum.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Acc<S> {
@@ -504,6 +528,13 @@ mod tests {
                     let n: i64 = vs.iter().map(|(_, w)| w).sum();
                     let s: i64 = vs.iter().map(|(v, w)| v * w).sum();
                     (n > 0).then_some(((k, s), 1))
+                }))
+            })?;
+            check(|c| c.input::<(u8, i64)>("in").sum_by(|(k, _)| *k, |(_, v)| [1, *v, v * v]).output("out"), &steps, |input| {
+                zset(per_key(input).into_iter().filter_map(|(k, vs)| {
+                    let n: i64 = vs.iter().map(|(_, w)| w).sum();
+                    let slot = |f: fn(i64) -> i64| vs.iter().map(|(v, w)| f(*v) * w).sum::<i64>();
+                    (n > 0).then_some(((k, [slot(|_| 1), slot(|v| v), slot(|v| v * v)]), 1))
                 }))
             })?;
             check(|c| c.input::<(u8, i64)>("in").avg_by(|(k, _)| *k, |(_, v)| *v).output("out"), &steps, |input| {

@@ -1,6 +1,6 @@
 //! `union` and `minus`: adding and subtracting Z-sets.
 
-use crate::circuit::{Data, Operator, StepContext, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput, input};
 use crate::error::Result;
 use crate::{Stream, ZSet};
 use std::any::Any;
@@ -21,6 +21,37 @@ impl<T: Data> Operator for Union<T> {
         let mut out: ZSet<T> = Vec::with_capacity(a.len() + b.len());
         out.extend(a.iter().cloned());
         out.extend(b.iter().map(|(v, w)| (v.clone(), self.sign * w)));
+        Ok(Box::new(out))
+    }
+
+    /// Moves the records of the inputs it is given (their last reader)
+    /// instead of cloning them: the first one's vector becomes the output.
+    fn eval_owned(
+        &mut self,
+        _: &mut StepContext<'_>,
+        inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
+        let mut inputs = inputs.into_iter();
+        let a = inputs.next().expect("a union has two inputs");
+        let b = inputs.next().expect("a union has two inputs");
+        let b_len = b.zset::<T>().len();
+        let mut out: ZSet<T> = if matches!(a, StepInput::Owned(_)) {
+            let mut a = a.into_owned::<T>().unwrap_or_default();
+            a.reserve(b_len);
+            a
+        } else {
+            let a = a.zset::<T>();
+            let mut out = Vec::with_capacity(a.len() + b_len);
+            out.extend(a.iter().cloned());
+            out
+        };
+        let sign = self.sign;
+        if matches!(b, StepInput::Owned(_)) {
+            let b = b.into_owned::<T>().unwrap_or_default();
+            out.extend(b.into_iter().map(|(v, w)| (v, sign * w)));
+        } else {
+            out.extend(b.zset::<T>().iter().map(|(v, w)| (v.clone(), sign * w)));
+        }
         Ok(Box::new(out))
     }
 }
