@@ -13,6 +13,7 @@ use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::marker::PhantomData;
 
 /// Integrated multisets per key.
@@ -26,10 +27,20 @@ pub(crate) fn apply<K: Data, V: Data>(
     weight: Weight,
 ) {
     let group = groups.entry(key.clone()).or_default();
-    let w = group.entry(value.clone()).or_insert(0);
-    *w += weight;
-    if *w == 0 {
-        group.remove(&value);
+    // The value is moved in, not cloned: it can be a whole record (q9's
+    // and q18's bids).
+    match group.entry(value) {
+        Entry::Occupied(mut w) => {
+            *w.get_mut() += weight;
+            if *w.get() == 0 {
+                w.remove();
+            }
+        }
+        Entry::Vacant(slot) => {
+            if weight != 0 {
+                slot.insert(weight);
+            }
+        }
     }
     if group.is_empty() {
         groups.remove(key);
