@@ -10,7 +10,10 @@ impl<T: Data> Stream<T> {
     /// its integrated weight, starting from `init`. Emits `(key, result)` for
     /// every non-empty group; when a group changes, the old result is deleted
     /// and the new one inserted. Because the group's values are kept, the
-    /// fold needs no inverse: deletes are handled by folding again.
+    /// fold needs no inverse: deletes are handled by folding again. That
+    /// costs the whole group at every step that changes it: for counts,
+    /// sums and distinct counts over large groups, `distinct` and `sum_by`
+    /// (several sums at once in an array) do only the step's changes.
     /// Re-shards by key through the exchange.
     ///
     /// ```
