@@ -137,17 +137,28 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_max_background_jobs(2);
-    // Files are written 16 KiB at a time (RocksDB's default buffer is
-    // 1 MiB). The kernel caches a larger write in a larger folio (ext4,
-    // Linux 6.x), taken from the high orders of the page allocator. On a
-    // VM whose free memory the host takes back (virtio-balloon free page
-    // reporting: blocks of 2 MiB and up), those pages are the host's to
-    // fault in again at first touch: measured on this project's machines,
-    // 1 MiB writes into new cache pages fall from 4.5 GB/s to ~110 MB/s
-    // past the first few hundred MB; 16 KiB writes (folios of the orders
-    // the allocator keeps per CPU) stay at 3.6 GB/s. q0 of Nexmark: 2.0 →
-    // 1.7 s. On bare metal it is a few thousand more `write` calls per GB.
+    // Files are written at most 16 KiB at a time (RocksDB's default
+    // buffer is 1 MiB, and a large value is written whole). The kernel
+    // caches a larger write in a larger folio (ext4, Linux 6.x), taken from
+    // the high orders of the page allocator. On a VM whose free memory the
+    // host takes back (virtio-balloon free page reporting: free blocks of
+    // 2 MiB and up), those pages fault in on the host again at first touch:
+    // measured on this project's machines, 1 MiB writes into new cache
+    // pages fall from 4.5 GB/s to ~110 MB/s past the first few hundred MB,
+    // while 16 KiB writes (folios of the orders the allocator keeps per
+    // CPU) stay at 3.6 GB/s. The buffer bounds the writes of small entries;
+    // a step's output is one large value per worker, which the flush writes
+    // whole unless its writes are cut: the rate limiter cuts flush and
+    // compaction writes into requests of one refill, `WRITE_CHUNK` bytes
+    // per microsecond. Its nominal rate (16 GB/s) is not what would bind:
+    // a request that finds the bucket empty waits for the next refill, a
+    // thread wake-up. Here the input family's flushes ran at 0.2–0.6 GB/s
+    // with and without it, and a Nexmark q0 run's output flushes (20–30 MB
+    // each) took 45–53 ms instead of 100–350 ms; q0 and q1 ran 1.9 → 1.7 s.
+    // On bare metal it costs more `write` calls (about 60 000 per GB) and
+    // may hold a flush to a wake-up per 16 KiB.
     opts.set_writable_file_max_buffer_size(WRITE_CHUNK as u64);
+    opts.set_ratelimiter(WRITE_CHUNK as i64 * 1_000_000, 1, 10);
     // Every column family's memtables together, not 2 x 64 MiB each: a
     // host runs many pipelines, and counts this in their tenants' usage.
     // Past the limit RocksDB flushes the largest. Writers never wait for a
