@@ -6,7 +6,7 @@
 //! (or −1) to the counters it counts in; and one `sum_by` adds the
 //! counters up per group.
 
-use crate::{Bid, price_rank};
+use crate::{Bid, BidNumbers, BidOnChannel, price_rank};
 use serde::{Deserialize, Serialize};
 use sluice_guest::{Data, Stream};
 
@@ -78,7 +78,35 @@ fn counted(slots: &[usize]) -> Counters {
     c
 }
 
-/// What the counters read of a bid.
+/// What [`bid_counters`] reads of a bid, whichever view of it a query's
+/// input is.
+pub trait CountedBid {
+    /// The auction's id.
+    fn auction(&self) -> u64;
+    /// The bidder's person id.
+    fn bidder(&self) -> u64;
+    /// Price in cents.
+    fn price(&self) -> u64;
+}
+
+macro_rules! counted_bid {
+    ($($t:ty),*) => {$(
+        impl CountedBid for $t {
+            fn auction(&self) -> u64 {
+                self.auction
+            }
+            fn bidder(&self) -> u64 {
+                self.bidder
+            }
+            fn price(&self) -> u64 {
+                self.price
+            }
+        }
+    )*};
+}
+counted_bid!(Bid, BidNumbers, BidOnChannel);
+
+/// What the counters keep of a bid.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 struct Counted<G> {
     group: G,
@@ -90,12 +118,15 @@ struct Counted<G> {
 /// The [`Counters`] of `bids` per `group`, for every group with bids: when
 /// a group's counters change, the old pair is deleted and the new one
 /// inserted (as `sum_by` does).
-pub fn bid_counters<G: Data>(bids: &Stream<Bid>, group: fn(&Bid) -> G) -> Stream<(G, Counters)> {
+pub fn bid_counters<B: Data + CountedBid, G: Data>(
+    bids: &Stream<B>,
+    group: fn(&B) -> G,
+) -> Stream<(G, Counters)> {
     let bids = bids.map(move |b| Counted {
         group: group(b),
-        rank: price_rank(b.price),
-        bidder: b.bidder,
-        auction: b.auction,
+        rank: price_rank(b.price()),
+        bidder: b.bidder(),
+        auction: b.auction(),
     });
     // `count(DISTINCT id)` per rank (the three slots after `first`) and
     // in all (slot `first`): the pairs of all ranks are those of some

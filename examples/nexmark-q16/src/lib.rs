@@ -9,7 +9,7 @@
 //! with the group's latest minute (`max_by`).
 
 use nexmark_model::{
-    Bid, BidStats, DAY_MS, MINUTE_MS, bid_counters, day, fingerprint, hour_minute,
+    BidOnChannel, BidStats, DAY_MS, MINUTE_MS, bid_counters, day, fingerprint, hour_minute,
 };
 use serde::{Deserialize, Serialize};
 use sluice_guest::Circuit;
@@ -30,9 +30,10 @@ pub struct Report {
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
-    let bids = c.input::<Bid>("bid");
+    // Read without the URL and padding: the decoder skips them.
+    let bids = c.input::<BidOnChannel>("bid");
     // The channel's fingerprint before its text: see `fingerprint`.
-    let group = |b: &Bid| {
+    let group = |b: &BidOnChannel| {
         (
             b.date_time / DAY_MS,
             fingerprint(&b.channel),

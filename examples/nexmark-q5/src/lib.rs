@@ -6,18 +6,17 @@
 //! `num >= maxn`). Deviation: the window's start is in the output, so a
 //! row says which window it is the hottest of.
 
-use nexmark_model::Bid;
+use nexmark_model::BidNumbers;
 use sluice_guest::Circuit;
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     let counts = c
-        .input::<Bid>("bid")
-        // Only what the query reads: each bid enters five windows, and its
-        // channel, URL and padding (most of its bytes) need not.
-        .map(|b| (b.auction, b.date_time))
-        .hopping(|(_, at)| *at as i64, 10_000, 2_000)
-        .count_by(|(w, (auction, _))| (w.start, *auction));
+        // Read as the bid's numbers: the decoder skips its channel, URL and
+        // padding, and each bid enters its five windows as four integers.
+        .input::<BidNumbers>("bid")
+        .hopping(|b| b.date_time as i64, 10_000, 2_000)
+        .count_by(|(w, b)| (w.start, b.auction));
     let most = counts
         .max_by(|((start, _), _)| *start, |(_, n)| *n)
         .key_by(|(start, n)| (*start, *n));
