@@ -2,14 +2,15 @@
 //! every auction, among bids placed while it was open, averaged per
 //! category. A join, a keyed max and a keyed average, all incremental.
 
-use nexmark_model::{Auction, Bid};
+use nexmark_model::{Auction, BidNumbers};
 use sluice_guest::Circuit;
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     let auctions = c.input::<Auction>("auction").key_by(|a| a.id);
     let bids = c
-        .input::<Bid>("bid")
+        // Read as the bid's numbers: the decoder skips the rest of each line.
+        .input::<BidNumbers>("bid")
         .map(|b| (b.auction, b.price, b.date_time))
         .key_by(|b| b.0);
     auctions

@@ -8,14 +8,15 @@
 //! auction's "last" is by its closing time (`expires`, then its id), and
 //! every auction with a bid counts as closed in the final result.
 
-use nexmark_model::{Auction, Bid};
+use nexmark_model::{Auction, BidNumbers};
 use sluice_guest::Circuit;
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     let auctions = c.input::<Auction>("auction").key_by(|a| a.id);
     let bids = c
-        .input::<Bid>("bid")
+        // Read as the bid's numbers: the decoder skips the rest of each line.
+        .input::<BidNumbers>("bid")
         .map(|b| (b.auction, b.price, b.date_time))
         .key_by(|b| b.0);
     auctions
