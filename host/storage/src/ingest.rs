@@ -3,8 +3,11 @@
 //! Only complete lines are appended: a last line without its newline (a
 //! file still being written) is left for the next run. Each file is
 //! appended in chunks; every chunk's append carries a mark
-//! (bytes and lines consumed, SHA-256 of the consumed prefix) stored
-//! atomically with its events.
+//! (bytes and lines consumed, a hash of the consumed prefix) stored
+//! atomically with its events. The hash is XXH3-128: it tells a file
+//! changed by accident, not one forged to collide (whoever can write the
+//! file can write any events into it anyway); marks written before it
+//! hold a SHA-256, which is still checked.
 //!
 //! A line that is not an event fails the ingest, naming the file and the
 //! line — unless its input's bad-record policy is `dead-letter`: then it is
@@ -23,6 +26,7 @@ use sluice_core::wire::parse_input_line;
 use sluice_core::{BadRecordPolicy, Event};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::Xxh3;
 
 /// Why a file could not be appended.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +95,61 @@ const LINES_PER_PARTITION_BLOCK: u64 = 1024;
 struct FileMark {
     bytes: u64,
     lines: u64,
+    /// XXH3-128 of the first `bytes` bytes, hex: what marks hold now.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    prefix_xxh3: String,
+    /// SHA-256 of them, hex: what marks held before XXH3 (2026-12-05); read
+    /// only, to check a file appended by an older version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     prefix_sha256: String,
+}
+
+/// A prefix hash as marks hold it.
+fn xxh3_hex(hasher: &Xxh3) -> String {
+    format!("{:032x}", hasher.digest128())
+}
+
+/// Reads the part of `file` that `mark` says was appended and checks that
+/// it is unchanged (against whichever hash the mark holds): the hasher of
+/// that prefix, to go on with, or `Changed`.
+fn check_prefix(
+    file: &mut std::fs::File,
+    mark: &FileMark,
+    path: &Path,
+    input: &str,
+) -> Result<Xxh3, IngestError> {
+    let mut hasher = Xxh3::new();
+    if mark.bytes == 0 {
+        return Ok(hasher);
+    }
+    // A mark from before XXH3: checked by its SHA-256.
+    let mut older = mark.prefix_xxh3.is_empty().then(Sha256::new);
+    let mut prefix = (&mut *file).take(mark.bytes);
+    let mut buf = vec![0; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = prefix.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        if let Some(sha) = &mut older {
+            sha.update(&buf[..n]);
+        }
+        copied += n as u64;
+    }
+    let same = match older {
+        Some(sha) => hex::encode(sha.finalize()) == mark.prefix_sha256,
+        None => xxh3_hex(&hasher) == mark.prefix_xxh3,
+    };
+    if copied != mark.bytes || !same {
+        return Err(IngestError::Changed {
+            path: path.to_owned(),
+            bytes: mark.bytes,
+            input: input.to_owned(),
+        });
+    }
+    Ok(hasher)
 }
 
 /// What ingesting one file did.
@@ -132,17 +190,8 @@ pub fn ingest_file(
     };
 
     // Check that what was appended before is still the file's prefix.
-    let mut hasher = Sha256::new();
+    let hasher = check_prefix(&mut file, &mark, path, input)?;
     if mark.bytes > 0 {
-        let mut prefix = (&mut file).take(mark.bytes);
-        let copied = std::io::copy(&mut prefix, &mut hasher).map_err(io(path))?;
-        if copied != mark.bytes || hex::encode(hasher.clone().finalize()) != mark.prefix_sha256 {
-            return Err(IngestError::Changed {
-                path: path.to_owned(),
-                bytes: mark.bytes,
-                input: input.to_owned(),
-            });
-        }
         file.seek(SeekFrom::Start(mark.bytes)).map_err(io(path))?;
     }
     progress(mark.bytes, size);
@@ -218,8 +267,8 @@ struct Chunks<'a> {
     path: &'a Path,
     partitions: u32,
     bad_lines: BadRecordPolicy,
-    /// The SHA-256 of the file up to `bytes`.
-    hasher: Sha256,
+    /// The XXH3-128 of the file up to `bytes`.
+    hasher: Xxh3,
     /// Bytes and lines read so far.
     bytes: u64,
     lines: u64,
@@ -309,7 +358,8 @@ impl Chunks<'_> {
             mark: FileMark {
                 bytes: self.bytes,
                 lines: self.lines,
-                prefix_sha256: hex::encode(self.hasher.clone().finalize()),
+                prefix_xxh3: xxh3_hex(&self.hasher),
+                prefix_sha256: String::new(),
             },
         }))
     }
@@ -335,7 +385,7 @@ mod tests {
             path: &path,
             partitions: 2,
             bad_lines: BadRecordPolicy::Fail,
-            hasher: Sha256::new(),
+            hasher: Xxh3::new(),
             bytes: 0,
             lines: 0,
             ended: false,
@@ -344,8 +394,8 @@ mod tests {
         assert_eq!(chunk.events, 3);
         assert_eq!((chunk.mark.bytes, chunk.mark.lines), (6, 3));
         assert_eq!(
-            chunk.mark.prefix_sha256,
-            hex::encode(Sha256::digest(b"1\n2\n3\n"))
+            chunk.mark.prefix_xxh3,
+            format!("{:032x}", xxhash_rust::xxh3::xxh3_128(b"1\n2\n3\n"))
         );
         let mut file = std::fs::OpenOptions::new()
             .append(true)
@@ -358,5 +408,50 @@ mod tests {
             next.unwrap().is_none(),
             "the rest of a line read in part is no line of its own"
         );
+    }
+
+    /// A mark holds the hash of the prefix it covers: XXH3 now, SHA-256
+    /// in marks written before; both are checked, and a changed prefix is
+    /// refused either way.
+    #[test]
+    fn a_prefix_is_checked_by_the_hash_its_mark_holds() {
+        let path = std::env::temp_dir().join(format!(
+            "sluice-ingest-prefix-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::write(&path, "1\n2\n3\n").unwrap();
+        let check = |mark: &str| {
+            let mark: FileMark = serde_json::from_str(mark).unwrap();
+            let mut file = std::fs::File::open(&path).unwrap();
+            check_prefix(&mut file, &mark, &path, "in").map(|h| xxh3_hex(&h))
+        };
+        let sha = hex::encode(Sha256::digest(b"1\n2\n"));
+        let xxh = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(b"1\n2\n"));
+        let older = format!(r#"{{"bytes":4,"lines":2,"prefix_sha256":"{sha}"}}"#);
+        let newer = format!(r#"{{"bytes":4,"lines":2,"prefix_xxh3":"{xxh}"}}"#);
+        // Either way the hasher goes on from the prefix's XXH3.
+        assert_eq!(check(&older).unwrap(), xxh);
+        assert_eq!(check(&newer).unwrap(), xxh);
+        std::fs::write(&path, "1\n7\n3\n").unwrap();
+        let older = check(&older);
+        let newer = check(&newer);
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(older, Err(IngestError::Changed { .. })),
+            "{older:?}"
+        );
+        assert!(
+            matches!(newer, Err(IngestError::Changed { .. })),
+            "{newer:?}"
+        );
+        // A new mark is written without the old field.
+        let mark = FileMark {
+            bytes: 4,
+            lines: 2,
+            prefix_xxh3: xxh,
+            prefix_sha256: String::new(),
+        };
+        assert!(!serde_json::to_string(&mark).unwrap().contains("sha256"));
     }
 }
