@@ -1,10 +1,11 @@
 //! q15's and q16's counters of a group of bids, planned as an incremental
 //! SQL engine plans `count(*) FILTER (…)` and `count(DISTINCT …) FILTER
-//! (…)`: each distinct count is a `distinct` of `(id, group)` pairs (of the
-//! matching bids), so a step's work is its own bids, not the whole group's;
-//! every bid, and every pair when it first appears (or last goes), adds 1
-//! (or −1) to the counters it counts in; and one `sum_by` adds the
-//! counters up per group.
+//! (…)`: the distinct counts per rank are a `distinct` of `(id, rank,
+//! group)`, and the distinct counts in all a `distinct` of `(id, group)`
+//! fed by the first one's changes, so a step's work is its own bids, not
+//! the whole group's; every bid, and every tuple when it first appears (or
+//! last goes), adds 1 (or −1) to the counters it counts in; and one
+//! `sum_by` adds the counters up per group.
 
 use crate::{Bid, BidNumbers, BidOnChannel, price_rank};
 use serde::{Deserialize, Serialize};
@@ -148,6 +149,10 @@ pub fn bid_counters<B: Data + CountedBid, G: Data>(
         .union(&distinct(4, |b| b.bidder))
         .union(&distinct(8, |b| b.auction))
         .sum_by(|(g, _)| g.clone(), |(_, c)| *c)
+        // A group is there while it has bids (as with `count_by`): its sum
+        // also counts the pairs, and a delete that comes before its insert
+        // leaves a group without bids but with counters.
+        .filter(|(_, c)| c[0] > 0)
 }
 
 #[cfg(test)]
@@ -206,6 +211,14 @@ mod tests {
                 vec![(("a".into(), [3, 2, 1, 0, 2, 1, 1, 0, 2, 1, 1, 0]), 1)],
                 "W = {workers}"
             );
+            // A delete before its insert, beside another bid, leaves no
+            // bids: no group, although its distinct pairs count.
+            let early = vec![vec![events(&[
+                (bid(5, 5, 5, "c"), -1),
+                (bid(6, 6, 5, "c"), 1),
+            ])]];
+            let out = run(build, workers, &early, None).unwrap();
+            assert!(integrate_port::<(String, Counters)>(&out, 0).is_empty());
         }
     }
 }

@@ -8,8 +8,9 @@
 //!
 //! Planned as an incremental SQL engine plans it (the model's
 //! `bid_counters`): each `count(distinct x) filter (…)` is a `distinct` of
-//! `(day, x)` pairs, and one `sum_by` adds up the twelve counters per day,
-//! so a step's work is its own bids, not the whole day's.
+//! `(x, rank, day)` (and of `(x, day)`, fed by the first one's changes),
+//! and one `sum_by` adds up the twelve counters per day, so a step's work
+//! is its own bids, not the whole day's.
 
 use nexmark_model::{BidNumbers, BidStats, DAY_MS, bid_counters, day};
 use serde::{Deserialize, Serialize};

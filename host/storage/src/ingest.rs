@@ -122,16 +122,25 @@ fn check_prefix(
     if mark.bytes == 0 {
         return Ok(hasher);
     }
+    if mark.prefix_xxh3.is_empty() && mark.prefix_sha256.is_empty() {
+        return Err(StorageError::Corrupt {
+            what: format!("ingest mark of {}", path.display()),
+            message: format!("{} bytes appended, without a hash of them", mark.bytes),
+        }
+        .into());
+    }
     // A mark from before XXH3: checked by its SHA-256.
     let mut older = mark.prefix_xxh3.is_empty().then(Sha256::new);
     let mut prefix = (&mut *file).take(mark.bytes);
     let mut buf = vec![0; 1 << 20];
     let mut copied = 0u64;
     loop {
-        let n = prefix.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
-        }
+        let n = match prefix.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(path)(e)),
+        };
         hasher.update(&buf[..n]);
         if let Some(sha) = &mut older {
             sha.update(&buf[..n]);
