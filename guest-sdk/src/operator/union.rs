@@ -36,7 +36,7 @@ impl<T: Data> Operator for Union<T> {
         let b = inputs.next().expect("a union has two inputs");
         let b_len = b.zset::<T>().len();
         let mut out: ZSet<T> = if matches!(a, StepInput::Owned(_)) {
-            let mut a = a.into_owned::<T>().unwrap_or_default();
+            let mut a = a.into_owned::<T>().expect("an input not lent is given");
             a.reserve(b_len);
             a
         } else {
@@ -47,7 +47,7 @@ impl<T: Data> Operator for Union<T> {
         };
         let sign = self.sign;
         if matches!(b, StepInput::Owned(_)) {
-            let b = b.into_owned::<T>().unwrap_or_default();
+            let b = b.into_owned::<T>().expect("an input not lent is given");
             out.extend(b.into_iter().map(|(v, w)| (v, sign * w)));
         } else {
             out.extend(b.zset::<T>().iter().map(|(v, w)| (v.clone(), sign * w)));

@@ -138,26 +138,26 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.create_missing_column_families(true);
     opts.set_max_background_jobs(2);
     // Tables are written at most 16 KiB at a time, the write-ahead log at
-    // most 32 KiB (its block; RocksDB's default buffer is 1 MiB, and a large
-    // value is written whole). The kernel
-    // caches a larger write in a larger folio (ext4, Linux 6.x), taken from
-    // the high orders of the page allocator. On a VM whose free memory the
-    // host takes back (virtio-balloon free page reporting: free blocks of
-    // 2 MiB and up), those pages fault in on the host again at first touch:
-    // measured on this project's machines, 1 MiB writes into new cache
-    // pages fall from 4.5 GB/s to ~110 MB/s past the first few hundred MB,
-    // while 16 KiB writes (folios of the orders the allocator keeps per
-    // CPU) stay at 3.6 GB/s. The buffer bounds the writes of small entries;
-    // a step's output is one large value per worker, which the flush writes
-    // whole unless its writes are cut: the rate limiter cuts flush and
-    // compaction writes into requests of one refill, `WRITE_CHUNK` bytes
-    // per microsecond. Its nominal rate (16 GB/s) is not what would bind:
-    // a request that finds the bucket empty refills it when a microsecond
+    // most 32 KiB (its block); RocksDB's default buffer is 1 MiB, and a
+    // large value is written whole. The kernel caches a larger write in a
+    // larger folio (ext4, Linux 6.x), taken from the high orders of the
+    // page allocator. On a VM whose free memory the host takes back
+    // (virtio-balloon free page reporting: free blocks of 2 MiB and up),
+    // those pages fault in on the host again at first touch: measured on
+    // this project's machines, 1 MiB writes into new cache pages fall from
+    // 4.5 GB/s to ~110 MB/s past the first few hundred MB, while 16 KiB
+    // writes (folios of the orders the allocator keeps per CPU) stay at
+    // 3.6 GB/s. The buffer bounds the writes of small entries; a step's
+    // output is one large value per worker, which the flush writes whole
+    // unless its writes are cut: the rate limiter cuts flush and compaction
+    // writes into requests of one refill, `WRITE_CHUNK` bytes per
+    // microsecond. Its nominal rate (16 GB/s) is not what would bind: a
+    // request that finds the bucket empty refills it when a microsecond
     // has passed, and waits only when a flush and a compaction meet in
-    // one. Here the input family's flushes ran at 0.2–0.6 GB/s
-    // with and without it, and a Nexmark q0 run's output flushes (20–30 MB
-    // each) took 45–53 ms instead of 100–350 ms; q0 and q1 ran 1.9 → 1.7 s.
-    // On bare metal it costs more `write` calls (about 60 000 per GB).
+    // one. Here the input family's flushes ran at 0.2–0.6 GB/s with and
+    // without it, and a Nexmark q0 run's output flushes (20–30 MB each)
+    // took 45–53 ms instead of 100–350 ms; q0 and q1 ran 1.9 → 1.7 s. On
+    // bare metal it costs more `write` calls (about 60 000 per GB).
     opts.set_writable_file_max_buffer_size(WRITE_CHUNK as u64);
     opts.set_ratelimiter(WRITE_CHUNK as i64 * 1_000_000, 1, 10);
     // Every column family's memtables together, not 2 x 64 MiB each: a
