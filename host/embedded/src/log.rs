@@ -19,8 +19,9 @@ use sluice_core::bad_records::marked_record_error;
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
 use sluice_storage::records::events_only;
 use sluice_storage::{
-    AppendBatch, BadRecord, InputRecord, LogBackend, ProducerCheck, ProducerState, Result,
-    StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer, decide_share,
+    AppendBatch, BadRecord, InputRecord, LogBackend, ProducerCheck, ProducerState, RecordRef,
+    Result, StorageError as Error, WorkerCommit, WorkerCommitter, WorkerDone, check_producer,
+    decide_share,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -320,6 +321,30 @@ impl EmbeddedLog {
         partition: u32,
         range: Range<u64>,
     ) -> Result<Vec<InputRecord>> {
+        let mut records = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
+        self.scan_range(input, partition, range, &mut |record| {
+            records.push(match record {
+                RecordRef::Event { value, weight } => InputRecord::Event(Event {
+                    value: value.to_vec(),
+                    weight,
+                }),
+                RecordRef::Bad(bad) => InputRecord::Bad(bad),
+            });
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Lends the records at offsets `range` of a partition to `each`, in
+    /// order (what [`read_range`](Self::read_range) collects); returns how
+    /// many.
+    fn scan_range(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
+    ) -> Result<u64> {
         let (low, _) = self.watermarks(input, partition)?;
         if range.start < low && !range.is_empty() {
             return Err(Error::Trimmed {
@@ -330,22 +355,24 @@ impl EmbeddedLog {
             });
         }
         if range.is_empty() {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let cf = db::cf(&self.db, CF_INPUT)?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_upper_bound(input_key(input, partition, range.end));
-        // A raw iterator lends each record's key and value: no copy of
-        // either, one allocation per event (its value).
+        // A step reads its range once: its blocks would only push others
+        // out of the cache.
+        opts.fill_cache(false);
+        // A raw iterator lends each record's key and value: neither is
+        // copied here.
         let mut it = self.db.raw_iterator_cf_opt(cf, opts);
         // The key each record must have: the partition's prefix, then its
         // offset (embedded offsets are dense: a gap is corruption).
         let mut expected = input_key(input, partition, range.start);
         let offset_at = expected.len() - 8;
         it.seek(&expected);
-        let mut events = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
+        let mut offset = range.start;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let offset = range.start + events.len() as u64;
             expected[offset_at..].copy_from_slice(&offset.to_be_bytes());
             if k != expected.as_slice() {
                 return Err(Error::Corrupt {
@@ -353,21 +380,34 @@ impl EmbeddedLog {
                     message: format!("offset {offset} is missing"),
                 });
             }
-            let event: Event = postcard::from_bytes(v).map_err(Error::corrupt("input event"))?;
-            events.push(match event.weight {
-                0 => InputRecord::Bad(BadRecord {
+            let event: StoredEvent<'_> =
+                postcard::from_bytes(v).map_err(Error::corrupt("input event"))?;
+            each(match event.weight {
+                0 => RecordRef::Bad(BadRecord {
                     offset,
                     position: format!("{input}/{partition}@{offset}"),
-                    error: marked_record_error(&event.value),
-                    value: Some(event.value),
+                    error: marked_record_error(event.value),
+                    value: Some(event.value.to_vec()),
                 }),
-                _ => InputRecord::Event(event),
-            });
+                weight => RecordRef::Event {
+                    value: event.value,
+                    weight,
+                },
+            })?;
+            offset += 1;
             it.next();
         }
         it.status().map_err(rocks("reading input"))?;
-        Ok(events)
+        Ok(offset - range.start)
     }
+}
+
+/// An input event as stored (an [`Event`]'s postcard encoding), its value
+/// borrowed from the bytes it is read from.
+#[derive(serde::Deserialize)]
+struct StoredEvent<'a> {
+    value: &'a [u8],
+    weight: i64,
 }
 
 /// One worker of an embedded pipeline's divided steps, taken at a holder
@@ -537,7 +577,9 @@ impl LogBackend for EmbeddedLog {
             for (i, event) in events.iter().enumerate() {
                 key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
                 value.clear();
-                value = postcard::to_extend(event, value).map_err(Error::corrupt("input event"))?;
+                // `to_io` copies a value's bytes with one `extend_from_slice`
+                // (`to_extend` pushes them one by one).
+                value = postcard::to_io(event, value).map_err(Error::corrupt("input event"))?;
                 wb.put_cf(cf, &key, &value);
             }
             let end = start + events.len() as u64;
@@ -626,6 +668,25 @@ impl LogBackend for EmbeddedLog {
         self.read_range(input, partition, range)
     }
 
+    fn each_record(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+        each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
+    ) -> Result<u64> {
+        if exact {
+            let (_, high) = self.watermarks(input, partition)?;
+            if high < range.end {
+                return Err(sluice_storage::log::not_visible(
+                    input, partition, range.end, high,
+                ));
+            }
+        }
+        self.scan_range(input, partition, range, each)
+    }
+
     fn fence(&self) -> Result<u64> {
         // The commit lock orders a fence against commits of this handle; the
         // epoch itself is read from the database at every commit, so a fence
@@ -686,7 +747,7 @@ impl LogBackend for EmbeddedLog {
         }
         let mut wb = WriteBatch::with_capacity_bytes(capacity);
         for ((key, entry), size) in entries.into_iter().zip(sizes) {
-            let value = postcard::to_extend(entry, Vec::with_capacity(size))
+            let value = postcard::to_io(entry, Vec::with_capacity(size))
                 .map_err(Error::corrupt("output entry"))?;
             wb.put_cf(out, key, value);
         }

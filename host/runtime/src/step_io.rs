@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::{
     BadRecordPolicy, DeadLetter, Event, Frontier, PartitionId, dead_letter_log, hash_outputs,
 };
-use sluice_storage::InputRecord;
+use sluice_storage::RecordRef;
 
 /// One partition's part of a worker's input for one step: offsets
 /// `start..end` of partition `id` of input log `name`, and what a record
@@ -117,17 +117,6 @@ pub(crate) fn read_batches(
     let mut dead_letters = DeadLetters::default();
     for r in ranges {
         let (name, partition, start, end) = (&r.name, r.id.partition, r.start, r.end);
-        // Offsets may be sparse (Kafka's transaction markers take
-        // offsets), so the range holds at most `end - start` records; a
-        // dense backend checks its own ranges.
-        let records = log.read_records(name, partition, start..end, strict)?;
-        if records.len() as u64 > end - start {
-            return Err(sluice_storage::StorageError::Corrupt {
-                what: format!("input `{name}` partition {partition}"),
-                message: format!("offsets {start}..{end} returned {} records", records.len()),
-            }
-            .into());
-        }
         let i = match batches.iter().position(|b| b.port == r.id.input) {
             Some(i) => i,
             None => {
@@ -141,13 +130,16 @@ pub(crate) fn read_batches(
             }
         };
         let batch = &mut batches[i];
-        for record in records {
-            let e = match (record, r.bad_records) {
-                (InputRecord::Event(e), _) => e,
-                (InputRecord::Bad(bad), BadRecordPolicy::Fail) => {
-                    return Err(bad.into_error().into());
+        // Each value is copied once, from the log into the batch.
+        let read = log.each_record(name, partition, start..end, strict, &mut |record| {
+            match (record, r.bad_records) {
+                (RecordRef::Event { value, weight }, _) => {
+                    batch.values.extend_from_slice(value);
+                    batch.ends.push(batch.values.len() as u32);
+                    batch.weights.push(weight);
                 }
-                (InputRecord::Bad(bad), BadRecordPolicy::DeadLetter) => {
+                (RecordRef::Bad(bad), BadRecordPolicy::Fail) => return Err(bad.into_error()),
+                (RecordRef::Bad(bad), BadRecordPolicy::DeadLetter) => {
                     dead_letters.push(&DeadLetter {
                         input: name.clone(),
                         partition,
@@ -156,12 +148,19 @@ pub(crate) fn read_batches(
                         error: bad.error,
                         value: bad.value,
                     });
-                    continue;
                 }
-            };
-            batch.values.extend_from_slice(&e.value);
-            batch.ends.push(batch.values.len() as u32);
-            batch.weights.push(e.weight);
+            }
+            Ok(())
+        })?;
+        // Offsets may be sparse (Kafka's transaction markers take
+        // offsets), so the range holds at most `end - start` records; a
+        // dense backend checks its own ranges.
+        if read > end - start {
+            return Err(sluice_storage::StorageError::Corrupt {
+                what: format!("input `{name}` partition {partition}"),
+                message: format!("offsets {start}..{end} returned {read} records"),
+            }
+            .into());
         }
     }
     Ok(StepRead {

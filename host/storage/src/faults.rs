@@ -194,6 +194,19 @@ impl LogBackend for FaultyLog {
             self.inner.read_records(input, partition, range, exact)
         })
     }
+    fn each_record(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+        each: &mut dyn FnMut(crate::RecordRef<'_>) -> Result<()>,
+    ) -> Result<u64> {
+        self.faults.read("read", || {
+            self.inner
+                .each_record(input, partition, range, exact, &mut *each)
+        })
+    }
     fn fence(&self) -> Result<u64> {
         self.faults.write("fence", || self.inner.fence())
     }

@@ -50,4 +50,4 @@ pub use log::{
     WorkerCommitter, WorkerDone, check_producer, check_worker_commit, decide_share,
 };
 pub use read::read_output;
-pub use records::{BadRecord, InputRecord};
+pub use records::{BadRecord, InputRecord, RecordRef};

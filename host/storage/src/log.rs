@@ -8,7 +8,7 @@
 //! pass [`conformance::log_backend`](crate::conformance::log_backend).
 
 use crate::error::{Result, StorageError};
-use crate::records::InputRecord;
+use crate::records::{InputRecord, RecordRef};
 use sluice_core::{
     ConfigError, Event, Frontier, OutputEntry, StepCommit, StepRecord, dead_letter_input,
     hash_ports,
@@ -448,6 +448,33 @@ pub trait LogBackend: Send + Sync {
             false => self.read(input, partition, range)?,
         };
         Ok(events.into_iter().map(InputRecord::Event).collect())
+    }
+
+    /// Reads offsets `range` like [`read_records`](Self::read_records),
+    /// lending each record to `each` in offset order instead of collecting
+    /// them (a step's read then copies each value once, into its batch).
+    /// Returns how many records it lent. An error from `each` stops the
+    /// read and is returned. The default wraps `read_records`.
+    fn each_record(
+        &self,
+        input: &str,
+        partition: u32,
+        range: Range<u64>,
+        exact: bool,
+        each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
+    ) -> Result<u64> {
+        let records = self.read_records(input, partition, range, exact)?;
+        let count = records.len() as u64;
+        for record in records {
+            match record {
+                InputRecord::Event(e) => each(RecordRef::Event {
+                    value: &e.value,
+                    weight: e.weight,
+                })?,
+                InputRecord::Bad(bad) => each(RecordRef::Bad(bad))?,
+            }
+        }
+        Ok(count)
     }
 
     /// Reads offsets `range` like [`read`](Self::read), but never short:

@@ -43,6 +43,22 @@ pub enum InputRecord {
     Bad(BadRecord),
 }
 
+/// One record of an input log lent to a reader
+/// ([`LogBackend::each_record`](crate::LogBackend::each_record)): an
+/// event's value borrowed from the log, or a record that is not an event.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecordRef<'a> {
+    /// An event: its value (JSON bytes) and weight.
+    Event {
+        /// The value, as stored.
+        value: &'a [u8],
+        /// Its weight, never 0.
+        weight: i64,
+    },
+    /// A record that is not an event.
+    Bad(BadRecord),
+}
+
 /// The events of `records`, failing on the first that is not one (what
 /// [`LogBackend::read`](crate::LogBackend::read) returns).
 pub fn events_only(records: Vec<InputRecord>) -> Result<Vec<Event>, StorageError> {

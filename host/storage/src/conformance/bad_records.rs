@@ -7,7 +7,7 @@
 
 use super::{ev, sample_commit, sample_division, sample_share};
 use crate::error::StorageError as Error;
-use crate::{AppendBatch, InputRecord, LogBackend, WorkerDone};
+use crate::{AppendBatch, InputRecord, LogBackend, RecordRef, WorkerDone};
 use sluice_core::{DeadLetter, Event, OutputEntry, StepCommit, dead_letter_log};
 use std::sync::Arc;
 
@@ -81,6 +81,33 @@ pub fn marked_records_read_back_as_bad(log: &dyn LogBackend) {
         records,
         "an exact read gives the same records"
     );
+    for exact in [false, true] {
+        let mut lent = Vec::new();
+        let count = log
+            .each_record("in", 0, r[0].clone(), exact, &mut |record| {
+                lent.push(match record {
+                    RecordRef::Event { value, weight } => InputRecord::Event(Event {
+                        value: value.to_vec(),
+                        weight,
+                    }),
+                    RecordRef::Bad(bad) => InputRecord::Bad(bad),
+                });
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(count, 3);
+        assert_eq!(lent, records, "each_record lends what read_records returns");
+    }
+    let mut calls = 0;
+    let stopped = log.each_record("in", 0, r[0].clone(), false, &mut |_| {
+        calls += 1;
+        Err(Error::Corrupt {
+            what: "the reader".into(),
+            message: "stops".into(),
+        })
+    });
+    assert!(matches!(stopped, Err(Error::Corrupt { .. })), "{stopped:?}");
+    assert_eq!(calls, 1, "an error from the reader stops the read");
     match log.read("in", 0, r[0].clone()) {
         Err(Error::BadRecord { position, message }) => {
             assert_eq!(position, bad.position);
