@@ -286,10 +286,13 @@ mod tests {
             value: v.as_bytes().to_vec(),
             weight: w,
         };
+        // Values of every length class XXH3 treats apart (with the 8 bytes
+        // of the weight: up to 16, 128, 240 bytes, and longer).
         let ports = vec![
             vec![e("{\"a\":1}", 1), e(&"x".repeat(300), -2)],
             vec![],
-            vec![e("", 7)],
+            vec![e("", 7), e(&"y".repeat(60), 1), e(&"z".repeat(200), 3)],
+            vec![e(&"w".repeat(5000), -1)],
         ];
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         for (port, events) in ports.iter().enumerate() {

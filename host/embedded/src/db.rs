@@ -201,7 +201,8 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
             // once per `LOG_LEVEL0_FILES` flushes. A step's read seeks
             // about that many files (up to 3x if compaction falls behind),
             // each by one index lookup; their index blocks, pinned in the
-            // block cache, are some 20 KiB per 4 MiB file. Trimmed input
+            // block cache, are some 1.5 KiB per 4 MiB file (64 KiB data
+            // blocks). Trimmed input
             // leaves the disk at the next compaction, so up to
             // `LOG_LEVEL0_FILES` memtables' worth (128 MiB) later.
             o.set_level_zero_file_num_compaction_trigger(LOG_LEVEL0_FILES);

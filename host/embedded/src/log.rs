@@ -321,7 +321,8 @@ impl EmbeddedLog {
         partition: u32,
         range: Range<u64>,
     ) -> Result<Vec<InputRecord>> {
-        let mut records = Vec::with_capacity((range.end - range.start).min(1 << 20) as usize);
+        let expected = range.end.saturating_sub(range.start);
+        let mut records = Vec::with_capacity(expected.min(1 << 20) as usize);
         self.scan_range(input, partition, range, &mut |record| {
             records.push(match record {
                 RecordRef::Event { value, weight } => InputRecord::Event(Event {
@@ -360,9 +361,6 @@ impl EmbeddedLog {
         let cf = db::cf(&self.db, CF_INPUT)?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_upper_bound(input_key(input, partition, range.end));
-        // A step reads its range once: its blocks would only push others
-        // out of the cache.
-        opts.fill_cache(false);
         // A raw iterator lends each record's key and value: neither is
         // copied here.
         let mut it = self.db.raw_iterator_cf_opt(cf, opts);
@@ -578,7 +576,7 @@ impl LogBackend for EmbeddedLog {
                 key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
                 value.clear();
                 // `to_io` copies a value's bytes with one `extend_from_slice`
-                // (`to_extend` pushes them one by one).
+                // (`to_extend` extends from an iterator of bytes).
                 value = postcard::to_io(event, value).map_err(Error::corrupt("input event"))?;
                 wb.put_cf(cf, &key, &value);
             }

@@ -1,9 +1,10 @@
-//! Input records as a step reads them ([`LogBackend::read_records`]): an
-//! event, or a record that is not one ([`BadRecord`]) with its position and
-//! why — which the step then fails on or dead-letters, by its input's
-//! policy.
+//! Input records as a step reads them ([`LogBackend::read_records`], or
+//! lent one by one by [`LogBackend::each_record`]): an event, or a record
+//! that is not one ([`BadRecord`]) with its position and why — which the
+//! step then fails on or dead-letters, by its input's policy.
 //!
 //! [`LogBackend::read_records`]: crate::LogBackend::read_records
+//! [`LogBackend::each_record`]: crate::LogBackend::each_record
 
 use crate::error::StorageError;
 use sluice_core::Event;

@@ -98,6 +98,12 @@ pub fn marked_records_read_back_as_bad(log: &dyn LogBackend) {
         assert_eq!(count, 3);
         assert_eq!(lent, records, "each_record lends what read_records returns");
     }
+    let past = r[0].start..r[0].end + 1;
+    assert!(
+        log.each_record("in", 0, past, true, &mut |_| Ok(()))
+            .is_err(),
+        "an exact read past the end fails"
+    );
     let mut calls = 0;
     let stopped = log.each_record("in", 0, r[0].clone(), false, &mut |_| {
         calls += 1;
