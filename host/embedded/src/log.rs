@@ -560,14 +560,7 @@ impl LogBackend for EmbeddedLog {
         range: Range<u64>,
         exact: bool,
     ) -> Result<Vec<InputRecord>> {
-        if exact {
-            let (_, high) = self.watermarks(input, partition)?;
-            if high < range.end {
-                return Err(sluice_storage::log::not_visible(
-                    input, partition, range.end, high,
-                ));
-            }
-        }
+        self.check_visible(input, partition, &range, exact)?;
         self.read_range(input, partition, range)
     }
 
@@ -579,14 +572,7 @@ impl LogBackend for EmbeddedLog {
         exact: bool,
         each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
     ) -> Result<u64> {
-        if exact {
-            let (_, high) = self.watermarks(input, partition)?;
-            if high < range.end {
-                return Err(sluice_storage::log::not_visible(
-                    input, partition, range.end, high,
-                ));
-            }
-        }
+        self.check_visible(input, partition, &range, exact)?;
         self.scan_range(input, partition, range, each)
     }
 

@@ -12,6 +12,26 @@ use sluice_storage::{
 use std::ops::Range;
 
 impl EmbeddedLog {
+    /// With `exact`, fails (transiently) if `range` extends past the
+    /// partition's end: what an exact read checks before reading.
+    pub(super) fn check_visible(
+        &self,
+        input: &str,
+        partition: u32,
+        range: &Range<u64>,
+        exact: bool,
+    ) -> Result<()> {
+        if exact {
+            let (_, high) = self.watermarks(input, partition)?;
+            if high < range.end {
+                return Err(sluice_storage::log::not_visible(
+                    input, partition, range.end, high,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The records of offsets `range` of one partition: a record stored
     /// with weight 0 (a line an ingest kept as not an event) as a
     /// [`BadRecord`], the others as events.
