@@ -8,6 +8,7 @@ use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::supervise::RecoveryPolicy;
+use futures_util::future::try_join_all;
 use sluice_core::PartitionId;
 use sluice_core::wire::write_output_line;
 use sluice_runtime::{Limits, SluiceEngine, Stats};
@@ -128,39 +129,61 @@ pub async fn run(
         .map_err(Error::task("reading the input's size"))??;
     // Input events appended so far (kept by the gate), for progress.
     let total = Arc::new(AtomicU64::new(appended));
-    let ingest = async {
-        let mut ingested = Vec::new();
-        for (i, (port, file)) in req.inputs.iter().enumerate() {
-            let (p, port2, file2) = (progress.clone(), port.clone(), file.clone());
-            let tell = appending.clone();
-            let report = pipeline
-                .ingest_file(port, file, move |done, size| {
-                    p(RunEvent::Ingest {
-                        port: port2.clone(),
-                        file: file2.clone(),
-                        done,
-                        size,
-                    });
-                    // A chunk was appended: wake the gate.
-                    tell.send_modify(|_| {});
-                })
-                .await;
-            match report {
-                Ok(report) => ingested.push(report),
-                Err(e) => {
-                    appending.send_modify(|a| a.failed = true);
-                    return Err(e);
+    // Each port's files are appended in order, the ports side by side: one
+    // after the other, a step would wait for a large file of one port
+    // before a small one of the next gave it a whole batch.
+    let mut ports: Vec<&str> = Vec::new();
+    for (port, _) in &req.inputs {
+        if !ports.contains(&port.as_str()) {
+            ports.push(port);
+        }
+    }
+    let per_port = ports.into_iter().map(|port| {
+        let (progress, appending, pipeline) = (&progress, &appending, &pipeline);
+        let files = req
+            .inputs
+            .iter()
+            .enumerate()
+            .filter(move |(_, (p, _))| p == port);
+        async move {
+            let mut reports = Vec::new();
+            for (i, (_, file)) in files {
+                let (p, port2, file2) = (progress.clone(), port.to_owned(), file.clone());
+                let tell = appending.clone();
+                let report = pipeline
+                    .ingest_file(port, file, move |done, size| {
+                        p(RunEvent::Ingest {
+                            port: port2.clone(),
+                            file: file2.clone(),
+                            done,
+                            size,
+                        });
+                        // A chunk was appended: wake the gate.
+                        tell.send_modify(|_| {});
+                    })
+                    .await;
+                match report {
+                    Ok(report) => reports.push((i, report)),
+                    Err(e) => {
+                        appending.send_modify(|a| a.failed = true);
+                        return Err(e);
+                    }
                 }
             }
-            // This port is whole, unless a later file appends to it too.
-            let later = req.inputs[i + 1..].iter().any(|(p, _)| p == port);
-            appending.send_modify(|a| {
-                if !later {
-                    a.ports.retain(|p| p != port);
-                }
-            });
+            // This port is whole.
+            appending.send_modify(|a| a.ports.retain(|p| p != port));
+            Ok::<_, Error>(reports)
         }
-        Ok(ingested)
+    });
+    let ingest = async {
+        let mut ingested: Vec<(usize, IngestReport)> = try_join_all(per_port)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        // Reported in the order the files were given.
+        ingested.sort_by_key(|(i, _)| *i);
+        Ok::<_, Error>(ingested.into_iter().map(|(_, r)| r).collect::<Vec<_>>())
     };
     let started = Instant::now();
     let policy = RecoveryPolicy::default();
