@@ -120,9 +120,13 @@ impl Pipeline {
                 loop {
                     if let Err(e) = gate(&c).await {
                         gated = true;
+                        // The last step's commit, still being written,
+                        // ends before the run does.
+                        c.settle().await?;
                         return Err(e);
                     }
-                    if !c.step().await? {
+                    // Each step's commit is written while the next runs.
+                    if !c.step_overlapped().await? {
                         break;
                     }
                     committed = true;

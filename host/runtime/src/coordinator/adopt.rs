@@ -242,6 +242,7 @@ impl Coordinator {
                 ..Stats::default()
             },
             read_ahead: None,
+            commit: None,
         };
         // What was kept and not adopted goes (a step left running that
         // never ends among it).

@@ -33,6 +33,17 @@ impl Coordinator {
     /// Whether a checkpoint is due (by steps or by time since the last); after
     /// a failed write, not before its retry time.
     pub fn checkpoint_due(&self) -> bool {
+        self.checkpoint_due_at(self.position.next_step)
+    }
+
+    /// Whether a checkpoint will be due once the next step is committed.
+    pub(super) fn checkpoint_due_after_next(&self) -> bool {
+        self.checkpoint_due_at(self.position.next_step + 1)
+    }
+
+    /// [`checkpoint_due`](Self::checkpoint_due) with `next_step` steps
+    /// committed.
+    fn checkpoint_due_at(&self, next_step: u64) -> bool {
         if self
             .checkpoints
             .behind
@@ -47,7 +58,7 @@ impl Coordinator {
             .as_ref()
             .map(|p| p.step)
             .or(self.checkpoints.step);
-        let since = self.position.next_step - last.map_or(0, |s| s + 1);
+        let since = next_step.saturating_sub(last.map_or(0, |s| s + 1));
         since >= self.options.checkpoint_every_steps.max(1)
             || self.checkpoints.last_at.elapsed() >= self.options.checkpoint_interval
     }
@@ -84,6 +95,8 @@ impl Coordinator {
     /// starts writing it (then trimming) in the background. One write at a
     /// time: a previous one is waited for first.
     pub(super) async fn start_checkpoint(&mut self) -> Result<()> {
+        // The snapshots follow the last step: its commit is durable first.
+        self.settle_commit().await?;
         self.await_checkpoint().await?;
         let Some(step) = self.position.next_step.checked_sub(1) else {
             return Ok(());
@@ -344,6 +357,7 @@ impl Coordinator {
     /// Waits for a checkpoint still being written in the background (before
     /// dropping a coordinator whose storage is about to go away).
     pub async fn settle(&mut self) -> Result<()> {
+        self.settle_commit().await?;
         self.await_checkpoint().await
     }
 

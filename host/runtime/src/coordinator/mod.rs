@@ -84,6 +84,9 @@ pub struct Coordinator {
     /// The next step's input, read while the last step ran (a step of this
     /// process's own workers, committed whole, only).
     read_ahead: Option<step::ReadAhead>,
+    /// The last step's commit, still being written
+    /// ([`Coordinator::step_overlapped`]).
+    commit: Option<step::PendingCommit>,
 }
 
 /// Where a pipeline is in its steps.

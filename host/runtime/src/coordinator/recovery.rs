@@ -257,6 +257,7 @@ impl Coordinator {
             checkpoints: CheckpointState::none(),
             stats: Stats::default(),
             read_ahead: None,
+            commit: None,
         };
         // The steps up to an upgrade's checkpoint ran the component before
         // it: without that checkpoint (or a newer one) they would replay

@@ -29,6 +29,7 @@ impl Coordinator {
         if workers == self.placement.layout.workers {
             return Ok(None);
         }
+        self.settle_commit().await?;
         self.await_checkpoint().await?;
         let started = Instant::now();
         let next = self.placement.layout.rebalance(workers);
@@ -36,7 +37,7 @@ impl Coordinator {
         let shards_moved = self.placement.layout.moves(&next).len() as u32;
         let bytes_moved = self.relayout(next).await?;
         self.placement.relayout_pending = true;
-        self.step_with(true).await?;
+        self.step_with(true, false).await?;
         let pause = started.elapsed();
         crash_point(CrashPoint::AfterRelayout);
         // The change is committed with the step; its checkpoint shortens
@@ -194,6 +195,7 @@ impl Coordinator {
     /// Returns the bytes moved. On failure the instances are dropped:
     /// reopening recovers.
     pub async fn replace_hosts(&mut self, hosts: Vec<Arc<RemoteHost>>) -> Result<u64> {
+        self.settle_commit().await?;
         self.await_checkpoint().await?;
         let r = self.replace_hosts_inner(hosts).await;
         if r.is_err() {

@@ -33,6 +33,19 @@ pub(super) type ReadAhead = (Vec<Vec<InputRange>>, Vec<StepRead>);
 /// could not be foreseen.
 type ReadingAhead = tokio::task::JoinHandle<Result<Option<ReadAhead>>>;
 
+/// A whole step's commit still being written while the next step runs
+/// ([`Coordinator::step_overlapped`]): the write, and the step's figures,
+/// counted once it is durable.
+pub(super) struct PendingCommit {
+    /// The write (`commit_step` on a blocking thread).
+    write: tokio::task::JoinHandle<Result<()>>,
+    /// The step.
+    step: u64,
+    /// Input events it read, of them read by the workers' hosts, output
+    /// events it wrote, and input records it skipped into dead-letter logs.
+    events: (u64, u64, u64, u64),
+}
+
 /// How a step commits its workers' output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Commit {
@@ -57,12 +70,31 @@ impl Coordinator {
     /// worker has new input. A checkpoint that falls due is started: its
     /// snapshots pause the pipeline, its write overlaps the next steps.
     pub async fn step(&mut self) -> Result<bool> {
-        self.step_with(false).await
+        self.step_with(false, false).await
+    }
+
+    /// [`step`](Self::step), but returns once the step's commit is under
+    /// way: the next step runs while it is written (a pipeline whose
+    /// workers are all in this process, on one log, without replicas; any
+    /// other, or a step after which a checkpoint falls due, commits as
+    /// [`step`](Self::step) does). The commit is awaited before the next
+    /// step's commit starts, and by [`checkpoint`](Self::checkpoint),
+    /// [`finish`](Self::finish), [`settle`](Self::settle) and every
+    /// [`step`](Self::step); its failure is the error of the call that
+    /// awaits it (the instances are then dropped, as after any failed
+    /// commit: recovery restores a state that matches the log). Meanwhile
+    /// [`next_step`](Self::next_step) and [`frontiers`](Self::frontiers)
+    /// already count the step; [`stats`](Self::stats) count it once
+    /// committed. Output is still written step by step, in order: a step
+    /// whose predecessor's commit failed is never committed.
+    pub async fn step_overlapped(&mut self) -> Result<bool> {
+        self.step_with(false, true).await
     }
 
     /// [`step`](Self::step); with `force`, commits a step even when no
-    /// worker has new input (to commit a layout change).
-    pub(super) async fn step_with(&mut self, force: bool) -> Result<bool> {
+    /// worker has new input (to commit a layout change); with `overlap`, as
+    /// [`step_overlapped`](Self::step_overlapped).
+    pub(super) async fn step_with(&mut self, force: bool, overlap: bool) -> Result<bool> {
         if self
             .checkpoints
             .pending
@@ -71,16 +103,60 @@ impl Coordinator {
         {
             self.await_checkpoint().await?;
         }
-        let r = self.step_inner(force).await;
+        let r = self.step_inner(force, overlap).await;
         if r.is_err() {
             // Leave no write behind a failure: recovery must see the
-            // checkpoint store and the input as they will stay.
+            // logs, the checkpoint store and the input as they will stay.
+            let _ = self.settle_commit().await;
             let _ = self.await_checkpoint().await;
         }
         r
     }
 
-    pub(super) async fn step_inner(&mut self, force: bool) -> Result<bool> {
+    /// Whether a step's commit may be left writing while the next step
+    /// runs: every worker here, the step committed whole, no layout to
+    /// commit, nothing to heal, and no checkpoint due after it (its
+    /// snapshots must follow a durable step).
+    fn may_overlap(&self) -> bool {
+        self.placement.hosts.is_empty()
+            && self.placement.followers.iter().all(Vec::is_empty)
+            && !self.placement.relayout_pending
+            && !self.placement.heal_pending
+            && self
+                .placement
+                .instances
+                .iter()
+                .flatten()
+                .all(|w| matches!(w, AnyWorker::Local(_)))
+            && !self.checkpoint_due_after_next()
+    }
+
+    /// Awaits the commit still being written, if any, and counts its step.
+    /// A failed commit drops the instances (they hold its effects and
+    /// those of any step run since) and is the error.
+    pub(super) async fn settle_commit(&mut self) -> Result<()> {
+        let Some(p) = self.commit.take() else {
+            return Ok(());
+        };
+        let written = p
+            .write
+            .await
+            .map_err(Error::task("a step's commit"))
+            .and_then(|r| r);
+        if let Err(e) = written {
+            self.placement.drop_instances();
+            return Err(e);
+        }
+        let (events_in, by_hosts, events_out, skipped) = p.events;
+        self.count_committed(p.step, events_in, by_hosts, events_out, skipped);
+        Ok(())
+    }
+
+    pub(super) async fn step_inner(&mut self, force: bool, overlap: bool) -> Result<bool> {
+        let overlap = overlap && self.may_overlap();
+        if !overlap {
+            self.settle_commit().await?;
+        }
         self.heal().await?;
         let target = self.divide().await?;
         if target == self.position.frontiers && !force {
@@ -90,6 +166,7 @@ impl Coordinator {
         let step = self.position.next_step;
         let time_ms = now_ms().max(self.position.last_time_ms);
         if self.divides() {
+            self.settle_commit().await?;
             return self.step_divided(target, step, time_ms).await;
         }
         let mut outputs = self
@@ -136,6 +213,27 @@ impl Coordinator {
             outputs: logs,
             dead_letters,
         };
+        // The step before, written while this one ran, is durable first.
+        self.settle_commit().await?;
+        if overlap {
+            let link = commit.record.chain_hash();
+            let storage = self.storage.clone();
+            let write = tokio::task::spawn_blocking(move || {
+                crash_point(CrashPoint::BeforeCommit);
+                storage.commit_step(&commit)?;
+                crash_point(CrashPoint::AfterCommit);
+                Ok(())
+            });
+            let by_hosts = self.position.events_read_by_hosts;
+            self.commit = Some(PendingCommit {
+                write,
+                step,
+                events: (events_in, by_hosts, events_out, skipped),
+            });
+            self.position.prev = link;
+            self.advance(target, time_ms);
+            return Ok(true);
+        }
         self.commit_record(commit).await?;
         self.committed(target, time_ms, events_in, events_out, skipped)
             .await
@@ -526,7 +624,8 @@ impl Coordinator {
     }
 
     /// Moves on past the step just committed (which skipped `skipped`
-    /// input records into dead-letter logs).
+    /// input records into dead-letter logs), and starts a checkpoint if
+    /// one is due.
     pub(super) async fn committed(
         &mut self,
         target: Vec<Frontier>,
@@ -536,6 +635,31 @@ impl Coordinator {
         skipped: u64,
     ) -> Result<bool> {
         let step = self.position.next_step;
+        let by_hosts = self.position.events_read_by_hosts;
+        self.count_committed(step, events_in, by_hosts, events_out, skipped);
+        self.advance(target, time_ms);
+        if self.checkpoint_due() {
+            self.start_checkpoint().await?;
+        }
+        Ok(true)
+    }
+
+    /// Moves the position past a step: its frontiers and time.
+    fn advance(&mut self, target: Vec<Frontier>, time_ms: u64) {
+        self.position.frontiers = target;
+        self.position.last_time_ms = time_ms;
+        self.position.next_step += 1;
+    }
+
+    /// Counts a committed step in the figures.
+    fn count_committed(
+        &mut self,
+        step: u64,
+        events_in: u64,
+        events_in_read_by_hosts: u64,
+        events_out: u64,
+        skipped: u64,
+    ) {
         tracing::debug!(pipeline = %self.options.name, step, events_in, events_out, "step committed");
         if skipped > 0 {
             tracing::warn!(
@@ -557,17 +681,10 @@ impl Coordinator {
                 .saturating_sub(COMMITTED_BY_KEPT);
             self.stats.committed_by.drain(..over);
         }
-        self.position.frontiers = target;
-        self.position.last_time_ms = time_ms;
-        self.position.next_step += 1;
         self.stats.steps += 1;
         self.stats.events_in += events_in;
-        self.stats.events_in_read_by_hosts += self.position.events_read_by_hosts;
+        self.stats.events_in_read_by_hosts += events_in_read_by_hosts;
         self.stats.events_out += events_out;
-        if self.checkpoint_due() {
-            self.start_checkpoint().await?;
-        }
-        Ok(true)
     }
 
     /// Sets the deterministic limits of every instance (a record without
