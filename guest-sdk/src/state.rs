@@ -128,22 +128,64 @@ pub fn shard_of_key<K: Serialize + ?Sized>(key: &K) -> Result<u32> {
 }
 
 /// Splits entries by the shard of their key, keeping the shards in `only`
-/// (all when `None`): per shard, the encoding of its entries in order.
+/// (all when `None`): per shard, the encoding of its entries in order — a
+/// `Vec<(K, V)>`'s encoding, which restores read.
+///
+/// One pass: each key is encoded once, for its shard and into the piece
+/// (an entry's encoding is its key's followed by its value's), and the
+/// value straight after it; each piece then gets its length in front.
 pub fn split<'a, K: Serialize + 'a, V: Serialize + 'a>(
     entries: impl IntoIterator<Item = (&'a K, &'a V)>,
     only: Option<&Shards>,
 ) -> Result<BTreeMap<u32, Vec<u8>>> {
-    let mut by_shard: BTreeMap<u32, Vec<(&K, &V)>> = BTreeMap::new();
+    let encoding = |e: postcard::Error| crate::Error::Failed(format!("encoding state: {e}"));
+    // Per shard: how many entries, and their encodings back to back.
+    let mut shards: Vec<(usize, Vec<u8>)> = (0..SHARDS).map(|_| (0, Vec::new())).collect();
+    let mut key = Vec::new();
     for (k, v) in entries {
-        let shard = shard_of_key(k)?;
+        key.clear();
+        key = postcard::serialize_with_flavor(k, Append(key)).map_err(encoding)?;
+        let shard = shard_of(&key);
         if only.is_none_or(|o| o.contains(shard)) {
-            by_shard.entry(shard).or_default().push((k, v));
+            let (n, piece) = &mut shards[shard as usize];
+            *n += 1;
+            piece.extend_from_slice(&key);
+            *piece = postcard::serialize_with_flavor(v, Append(std::mem::take(piece)))
+                .map_err(encoding)?;
         }
     }
-    by_shard
-        .into_iter()
-        .map(|(shard, entries)| Ok((shard, codec::to_bytes(&entries)?)))
-        .collect()
+    let mut pieces = BTreeMap::new();
+    for (shard, (n, entries)) in shards.into_iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        // A sequence's encoding: its length (a varint), then its elements.
+        let mut piece = codec::to_bytes(&n)?;
+        piece.extend_from_slice(&entries);
+        pieces.insert(shard as u32, piece);
+    }
+    Ok(pieces)
+}
+
+/// A postcard flavor that appends to a vector, a slice at a time.
+struct Append(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append {
+    type Output = Vec<u8>;
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
 }
 
 /// Removes the entries of a map whose key lies in `shards`.
@@ -160,6 +202,18 @@ mod tests {
     fn a_split_is_by_the_key_encoding_s_shard() {
         let map: BTreeMap<String, i64> = (0..100).map(|i| (format!("k{i}"), i)).collect();
         let pieces = split(&map, None).unwrap();
+        // A length is written as a sequence's length is, past one byte too.
+        let long = codec::to_bytes(&vec![7u8; 300]).unwrap();
+        assert_eq!(long[..2], codec::to_bytes(&300usize).unwrap()[..]);
+        // Each piece is the encoding of its entries as a sequence of pairs,
+        // the format restores read (and snapshots before one pass wrote).
+        for (shard, bytes) in &pieces {
+            let entries: Vec<(&String, &i64)> = map
+                .iter()
+                .filter(|(k, _)| shard_of(&codec::to_bytes(k).unwrap()) == *shard)
+                .collect();
+            assert_eq!(*bytes, codec::to_bytes(&entries).unwrap(), "shard {shard}");
+        }
         let mut back: BTreeMap<String, i64> = BTreeMap::new();
         for (shard, bytes) in &pieces {
             let entries: Vec<(String, i64)> = codec::from_bytes(bytes).unwrap();
