@@ -23,8 +23,12 @@ where
     }
 
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let mut out: ZSet<U> = Vec::new();
-        for (v, w) in input::<T>(inputs, 0) {
+        let records = input::<T>(inputs, 0);
+        // At least one record out per record in is the common case (words
+        // of lines, windows of records): grown from empty, the output
+        // would be copied a dozen times on the way.
+        let mut out: ZSet<U> = Vec::with_capacity(records.len());
+        for (v, w) in records {
             out.extend((self.f)(v).into_iter().map(|u| (u, *w)));
         }
         Ok(Box::new(out))

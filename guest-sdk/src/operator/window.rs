@@ -53,10 +53,13 @@ impl<T: Data> Stream<T> {
             ));
         }
         let (size, hop) = (size.max(1), hop.max(1));
+        // The windows a record lies in: at most `size / hop + 1` (fewer
+        // near the start of time), reserved up to 64.
+        let per_record = usize::try_from(size.div_euclid(hop) + 1).map_or(1, |n| n.min(64));
         self.flat_map(move |t| {
             let at = ts(t);
             let mut start = at.div_euclid(hop) * hop;
-            let mut windows = Vec::new();
+            let mut windows = Vec::with_capacity(per_record);
             while start.saturating_add(size) > at {
                 windows.push((
                     Window {
