@@ -8,7 +8,7 @@
 use crate::support::{cache_dir, component};
 use sluice_core::Event;
 use sluice_pipeline::{LogConfig, Pipeline, PipelineConfig, RecoveryPolicy};
-use sluice_runtime::{Limits, PipelineOptions, SluiceEngine};
+use sluice_runtime::{Limits, LoadedComponent, PipelineOptions, SluiceEngine};
 use sluice_storage::faults::{FaultConfig, FaultyCheckpoints, FaultyLog};
 use sluice_storage::{AppendBatch, LogBackend, ProducerSeq};
 use std::collections::BTreeMap;
@@ -110,19 +110,7 @@ async fn faults_never_lose_or_duplicate(data: &std::path::Path, log: LogConfig) 
     assert!(idle.recoveries > 5, "faults forced recoveries");
 
     // Read the result without faults.
-    let integrate = |name: &str| {
-        let mut z: BTreeMap<String, i64> = BTreeMap::new();
-        clean
-            .scan_output(name, 0, &mut |e| {
-                for ev in e.events {
-                    *z.entry(String::from_utf8(ev.value).unwrap()).or_default() += ev.weight;
-                }
-                Ok(std::ops::ControlFlow::Continue(()))
-            })
-            .unwrap();
-        z.retain(|_, w| *w != 0);
-        z
-    };
+    let integrate = |name: &str| integrated(&*clean, name);
     let mut expected_out: BTreeMap<String, i64> = BTreeMap::new();
     for w in &words {
         *expected_out
@@ -164,20 +152,8 @@ async fn injected_faults_on_kafka_never_lose_or_duplicate_an_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_delays_checkpoints_not_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Arc::new(SluiceEngine::new(Limits::default(), Some(cache_dir())).unwrap());
-    let component = engine
-        .load_file(&component("tests/guests/misbehave"))
-        .unwrap();
-    let options = PipelineOptions {
-        max_batch: 20,
-        checkpoint_every_steps: 2,
-        checkpoint_interval: Duration::from_millis(300),
-        ..PipelineOptions::default()
-    };
-    let config = PipelineConfig {
-        options: options.clone(),
-        ..PipelineConfig::new(dir.path(), 2)
-    };
+    let (engine, component, options, config) =
+        misbehave(dir.path(), 2, 2, Duration::from_millis(300));
     let mut pipeline = Pipeline::open(engine, component, config).await.unwrap();
     let mut store = None;
     pipeline.storage_mut().wrap(|l, c| {
@@ -256,15 +232,7 @@ async fn a_store_outage_delays_checkpoints_not_steps() {
     drop(c);
 
     // Every word exactly once.
-    let mut z: BTreeMap<String, i64> = BTreeMap::new();
-    log.scan_output("out", 0, &mut |e| {
-        for ev in e.events {
-            *z.entry(String::from_utf8(ev.value).unwrap()).or_default() += ev.weight;
-        }
-        Ok(std::ops::ControlFlow::Continue(()))
-    })
-    .unwrap();
-    z.retain(|_, w| *w != 0);
+    let z = integrated(&*log, "out");
     let mut expected: BTreeMap<String, i64> = BTreeMap::new();
     for w in &words {
         *expected
@@ -272,4 +240,126 @@ async fn a_store_outage_delays_checkpoints_not_steps() {
             .or_default() += 1;
     }
     assert_eq!(z, expected);
+}
+
+/// The `misbehave` guest on a fresh engine, and a pipeline of `workers` in
+/// `dir` stepping 20 events per partition, checkpointing every
+/// `every_steps` steps or `interval`.
+fn misbehave(
+    dir: &std::path::Path,
+    workers: u32,
+    every_steps: u64,
+    interval: Duration,
+) -> (
+    Arc<SluiceEngine>,
+    LoadedComponent,
+    PipelineOptions,
+    PipelineConfig,
+) {
+    let engine = Arc::new(SluiceEngine::new(Limits::default(), Some(cache_dir())).unwrap());
+    let component = engine
+        .load_file(&component("tests/guests/misbehave"))
+        .unwrap();
+    let options = PipelineOptions {
+        max_batch: 20,
+        checkpoint_every_steps: every_steps,
+        checkpoint_interval: interval,
+        ..PipelineOptions::default()
+    };
+    let config = PipelineConfig {
+        options: options.clone(),
+        ..PipelineConfig::new(dir, workers)
+    };
+    (engine, component, options, config)
+}
+
+/// The output log integrated: each value's total weight, zeros dropped.
+fn integrated(log: &dyn LogBackend, port: &str) -> BTreeMap<String, i64> {
+    let mut z: BTreeMap<String, i64> = BTreeMap::new();
+    log.scan_output(port, 0, &mut |e| {
+        for ev in e.events {
+            *z.entry(String::from_utf8(ev.value).unwrap()).or_default() += ev.weight;
+        }
+        Ok(std::ops::ControlFlow::Continue(()))
+    })
+    .unwrap();
+    z.retain(|_, w| *w != 0);
+    z
+}
+
+/// A step's commit that fails while the next step runs
+/// (`Coordinator::step_overlapped`) is the error of the call that awaits
+/// it: nothing of that step or after it is committed, the coordinator goes
+/// back to before the step (a plain `step` then fails for want of
+/// instances, rather than taking the pipeline for idle past input it never
+/// committed), and a reopen commits every word exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_overlapped_commit_fails_the_next_step_and_nothing_after_it_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, component, options, config) =
+        misbehave(dir.path(), 1, 1_000, Duration::from_secs(3_600));
+    let words: Vec<String> = (0..200).map(|i| format!("w{}", i % 13)).collect();
+    let mut pipeline = Pipeline::open(engine.clone(), component.clone(), config.clone())
+        .await
+        .unwrap();
+    let clean = pipeline.storage().log.clone();
+    append_through_faults(&*clean, &words);
+    // Every log operation waits first: a commit left writing is still
+    // waiting when the log goes down right after the step returns.
+    let mut faulty = None;
+    pipeline.storage_mut().wrap(|l, c| {
+        let l = Arc::new(FaultyLog::new(
+            l,
+            FaultConfig {
+                delay: Duration::from_millis(150),
+                ..FaultConfig::default()
+            },
+        ));
+        faulty = Some(l.clone());
+        (l, c)
+    });
+    let faulty = faulty.unwrap();
+
+    let mut c = pipeline.coordinator_with(options).await.unwrap();
+    assert!(c.step_overlapped().await.unwrap(), "step 0 ran");
+    assert_eq!(c.next_step(), 1, "the position counts a step under way");
+    faulty.set_down(true);
+    let e = c
+        .step_overlapped()
+        .await
+        .expect_err("step 0's commit failed, and step 1 could not divide");
+    assert!(e.to_string().contains("injected fault"), "{e}");
+    assert_eq!(c.stats().steps, 0, "no step counts as committed");
+    assert_eq!(c.next_step(), 0, "back to before the failed step");
+    assert!(
+        c.frontiers().iter().all(|f| f.values().all(|o| *o == 0)),
+        "the frontiers too: {:?}",
+        c.frontiers()
+    );
+    faulty.set_down(false);
+    assert!(
+        c.step().await.is_err(),
+        "the instances held the failed step's effects: they are gone"
+    );
+    drop(c);
+    assert!(
+        integrated(&*clean, "out").is_empty(),
+        "nothing was committed"
+    );
+    // (Every handle on the data directory goes before it is opened again.)
+    drop((pipeline, clean, faulty));
+
+    // Reopened without faults: every word exactly once.
+    let pipeline = Pipeline::open(engine, component, config).await.unwrap();
+    pipeline
+        .run_until_idle(&RecoveryPolicy::default(), |_| {})
+        .await
+        .unwrap();
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for w in &words {
+        *expected
+            .entry(serde_json::to_string(w).unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(integrated(&*pipeline.storage().log, "out"), expected);
 }

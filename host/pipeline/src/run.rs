@@ -8,7 +8,7 @@ use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::supervise::RecoveryPolicy;
-use futures_util::future::try_join_all;
+use futures_util::future::join_all;
 use sluice_core::PartitionId;
 use sluice_core::wire::write_output_line;
 use sluice_runtime::{Limits, SluiceEngine, Stats};
@@ -176,11 +176,14 @@ pub async fn run(
         }
     });
     let ingest = async {
-        let mut ingested: Vec<(usize, IngestReport)> = try_join_all(per_port)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        // Every port's append ends before the run does, one that failed
+        // or not (an append cannot be stopped between its chunks, and none
+        // is left writing behind the run's error); an error is the run's
+        // (the first port's, in the order given).
+        let mut ingested: Vec<(usize, IngestReport)> = Vec::new();
+        for reports in join_all(per_port).await {
+            ingested.extend(reports?);
+        }
         // Reported in the order the files were given.
         ingested.sort_by_key(|(i, _)| *i);
         Ok::<_, Error>(ingested.into_iter().map(|(_, r)| r).collect::<Vec<_>>())

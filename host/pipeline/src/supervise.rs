@@ -121,15 +121,21 @@ impl Pipeline {
                     if let Err(e) = gate(&c).await {
                         gated = true;
                         // The last step's commit, still being written,
-                        // ends before the run does.
-                        c.settle().await?;
+                        // ends before the run does (the gate's error is
+                        // the one to tell; a failed commit is recovered by
+                        // the next run).
+                        let _ = c.settle().await;
                         return Err(e);
                     }
                     // Each step's commit is written while the next runs.
-                    if !c.step_overlapped().await? {
+                    let stepped = c.step_overlapped().await?;
+                    // Progress is a step committed, not one under way: a
+                    // commit that fails on every attempt must not reset
+                    // the count of retries in a row.
+                    committed = c.stats().steps > 0;
+                    if !stepped {
                         break;
                     }
-                    committed = true;
                     on_step(&c);
                 }
                 c.finish().await?;

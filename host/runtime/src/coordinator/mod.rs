@@ -264,8 +264,11 @@ impl Coordinator {
     /// Drops the coordinator as the death of its process would: its
     /// connections to the hosts just end (no worker there is told to
     /// stop), so the hosts keep their workers for the next coordinator to
-    /// adopt; its own instances are gone. For fault campaigns and tests —
-    /// a coordinator that stops on purpose [`finish`](Self::finish)es.
+    /// adopt; its own instances are gone. A step's commit still being
+    /// written ([`step_overlapped`](Self::step_overlapped)) goes on in the
+    /// background, as a dying process's last write may reach the disk. For
+    /// fault campaigns and tests — a coordinator that stops on purpose
+    /// [`finish`](Self::finish)es.
     pub fn crash(self) {
         for h in &self.placement.hosts {
             h.sever();

@@ -44,6 +44,10 @@ pub(super) struct PendingCommit {
     /// Input events it read, of them read by the workers' hosts, output
     /// events it wrote, and input records it skipped into dead-letter logs.
     events: (u64, u64, u64, u64),
+    /// The position before the step (its frontiers, the time of the step
+    /// before and the chain hash it links to): where the pipeline is
+    /// again if the commit fails.
+    before: (Vec<Frontier>, u64, u128),
 }
 
 /// How a step commits its workers' output.
@@ -100,8 +104,11 @@ impl Coordinator {
             .pending
             .as_ref()
             .is_some_and(|p| p.write.is_finished())
+            && let Err(e) = self.await_checkpoint().await
         {
-            self.await_checkpoint().await?;
+            // Leave no commit writing behind the error either.
+            let _ = self.settle_commit().await;
+            return Err(e);
         }
         let r = self.step_inner(force, overlap).await;
         if r.is_err() {
@@ -145,6 +152,16 @@ impl Coordinator {
             .and_then(|r| r);
         if let Err(e) = written {
             self.placement.drop_instances();
+            // The step is not in the log: the position goes back to before
+            // it (a later call fails for want of instances rather than
+            // taking the pipeline for idle past input it never committed).
+            let (frontiers, last_time_ms, prev) = p.before;
+            self.position.frontiers = frontiers;
+            self.position.last_time_ms = last_time_ms;
+            self.position.prev = prev;
+            self.position.next_step = p.step;
+            // Nor does a checkpoint write go on behind the failure.
+            let _ = self.await_checkpoint().await;
             return Err(e);
         }
         let (events_in, by_hosts, events_out, skipped) = p.events;
@@ -225,10 +242,16 @@ impl Coordinator {
                 Ok(())
             });
             let by_hosts = self.position.events_read_by_hosts;
+            let before = (
+                self.position.frontiers.clone(),
+                self.position.last_time_ms,
+                self.position.prev,
+            );
             self.commit = Some(PendingCommit {
                 write,
                 step,
                 events: (events_in, by_hosts, events_out, skipped),
+                before,
             });
             self.position.prev = link;
             self.advance(target, time_ms);
