@@ -23,8 +23,9 @@ pub fn bar(show: bool, template: &str) -> ProgressBar {
 struct Bars {
     multi: MultiProgress,
     loading: Option<ProgressBar>,
-    /// The file being appended (its label) and its bar.
-    ingest: Option<(String, ProgressBar)>,
+    /// The files being appended (their labels) and their bars: the files
+    /// of different ports are appended side by side.
+    ingest: Vec<(String, ProgressBar)>,
     steps: Option<ProgressBar>,
 }
 
@@ -40,10 +41,11 @@ impl Bars {
 
     /// Clears every bar.
     fn clear(&mut self) {
-        let ingest = self.ingest.take().map(|(_, b)| b);
-        for b in [self.loading.take(), ingest, self.steps.take()]
+        let ingest = self.ingest.drain(..).map(|(_, b)| b);
+        for b in [self.loading.take(), self.steps.take()]
             .into_iter()
             .flatten()
+            .chain(ingest)
         {
             b.finish_and_clear();
         }
@@ -55,7 +57,7 @@ pub fn run_progress(show: bool) -> Arc<dyn Fn(RunEvent) + Send + Sync> {
     let bars = Mutex::new(Bars {
         multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
         loading: None,
-        ingest: None,
+        ingest: Vec::new(),
         steps: None,
     });
     Arc::new(move |event| {
@@ -86,17 +88,21 @@ pub fn run_progress(show: bool) -> Arc<dyn Fn(RunEvent) + Send + Sync> {
                 size,
             } => {
                 let label = format!("{} → {port}", file.display());
-                if bars.ingest.as_ref().is_none_or(|(l, _)| *l != label) {
-                    if let Some((_, b)) = bars.ingest.take() {
-                        b.finish_and_clear();
+                let at = match bars.ingest.iter().position(|(l, _)| *l == label) {
+                    Some(at) => at,
+                    None => {
+                        let b = bars.add("appending {msg} {wide_bar} {bytes}/{total_bytes}");
+                        b.set_message(label.clone());
+                        bars.ingest.push((label, b));
+                        bars.ingest.len() - 1
                     }
-                    let b = bars.add("appending {msg} {wide_bar} {bytes}/{total_bytes}");
-                    b.set_message(label.clone());
-                    bars.ingest = Some((label, b));
-                }
-                if let Some((_, b)) = &bars.ingest {
-                    b.set_length(size);
-                    b.set_position(done);
+                };
+                let b = &bars.ingest[at].1;
+                b.set_length(size);
+                b.set_position(done);
+                if done >= size {
+                    // This file is appended: its line goes.
+                    bars.ingest.remove(at).1.finish_and_clear();
                 }
             }
             RunEvent::Steps {
