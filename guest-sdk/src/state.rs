@@ -138,20 +138,18 @@ pub fn split<'a, K: Serialize + 'a, V: Serialize + 'a>(
     entries: impl IntoIterator<Item = (&'a K, &'a V)>,
     only: Option<&Shards>,
 ) -> Result<BTreeMap<u32, Vec<u8>>> {
-    let encoding = |e: postcard::Error| crate::Error::Failed(format!("encoding state: {e}"));
     // Per shard: how many entries, and their encodings back to back.
     let mut shards: Vec<(usize, Vec<u8>)> = (0..SHARDS).map(|_| (0, Vec::new())).collect();
     let mut key = Vec::new();
     for (k, v) in entries {
         key.clear();
-        key = postcard::serialize_with_flavor(k, Append(key)).map_err(encoding)?;
+        codec::write_bytes(&mut key, k)?;
         let shard = shard_of(&key);
         if only.is_none_or(|o| o.contains(shard)) {
             let (n, piece) = &mut shards[shard as usize];
             *n += 1;
             piece.extend_from_slice(&key);
-            *piece = postcard::serialize_with_flavor(v, Append(std::mem::take(piece)))
-                .map_err(encoding)?;
+            codec::write_bytes(piece, v)?;
         }
     }
     let mut pieces = BTreeMap::new();
@@ -165,27 +163,6 @@ pub fn split<'a, K: Serialize + 'a, V: Serialize + 'a>(
         pieces.insert(shard as u32, piece);
     }
     Ok(pieces)
-}
-
-/// A postcard flavor that appends to a vector, a slice at a time.
-struct Append(Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Append {
-    type Output = Vec<u8>;
-
-    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(data);
-        Ok(())
-    }
-
-    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.push(data);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<Vec<u8>> {
-        Ok(self.0)
-    }
 }
 
 /// Removes the entries of a map whose key lies in `shards`.

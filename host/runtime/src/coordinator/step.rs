@@ -234,13 +234,7 @@ impl Coordinator {
         self.settle_commit().await?;
         if overlap {
             let link = commit.record.chain_hash();
-            let storage = self.storage.clone();
-            let write = tokio::task::spawn_blocking(move || {
-                crash_point(CrashPoint::BeforeCommit);
-                storage.commit_step(&commit)?;
-                crash_point(CrashPoint::AfterCommit);
-                Ok(())
-            });
+            let write = tokio::task::spawn_blocking(self.commit_write(commit));
             let by_hosts = self.position.events_read_by_hosts;
             let before = (
                 self.position.frontiers.clone(),
@@ -623,17 +617,8 @@ impl Coordinator {
     /// Commits a step's record — whole, with every worker's output, or a
     /// division — and links the next record to it.
     pub(super) async fn commit_record(&mut self, commit: StepCommit) -> Result<()> {
-        let whole = !commit.record.is_division();
         let link = commit.record.chain_hash();
-        let storage = self.storage.clone();
-        let committed = blocking(move || {
-            crash_point(CrashPoint::BeforeCommit);
-            storage.commit_step(&commit)?;
-            if whole {
-                crash_point(CrashPoint::AfterCommit);
-            }
-            Ok::<_, Error>(())
-        });
+        let committed = blocking(self.commit_write(commit));
         if let Err(e) = committed.await {
             // The instances already hold this step's effects: continuing with
             // them after a failed (or ambiguous) commit could lose or repeat
@@ -644,6 +629,21 @@ impl Coordinator {
         self.position.prev = link;
         self.placement.relayout_pending = false;
         Ok(())
+    }
+
+    /// The durable write of a step's commit, for a blocking thread: the
+    /// record and every output in one write, between its crash points.
+    fn commit_write(&self, commit: StepCommit) -> impl FnOnce() -> Result<()> + Send + 'static {
+        let whole = !commit.record.is_division();
+        let storage = self.storage.clone();
+        move || {
+            crash_point(CrashPoint::BeforeCommit);
+            storage.commit_step(&commit)?;
+            if whole {
+                crash_point(CrashPoint::AfterCommit);
+            }
+            Ok(())
+        }
     }
 
     /// Moves on past the step just committed (which skipped `skipped`
