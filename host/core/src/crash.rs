@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The named points, in protocol order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CrashPoint {
-    /// After an input chunk was appended durably (ingest).
+    /// After an input chunk was appended (ingest; written, not yet
+    /// synced: a process that dies there loses nothing).
     MidIngest,
     /// After a replayed step ran during recovery, before the next.
     DuringReplay,

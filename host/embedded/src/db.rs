@@ -140,6 +140,11 @@ pub fn open(dir: &Path) -> Result<Arc<PipelineDb>> {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_max_background_jobs(2);
+    // After a crash of the machine, the write-ahead log is replayed up to
+    // its first damaged or missing record, no further (RocksDB's default,
+    // named because the input's lazy appends rely on it: a prefix of them
+    // survives, never a later one without an earlier).
+    opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
     // Tables are written at most 16 KiB at a time, the write-ahead log at
     // most 32 KiB (its block); RocksDB's default buffer is 1 MiB, and a
     // large value is written whole. The kernel caches a larger write in a

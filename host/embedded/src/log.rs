@@ -154,6 +154,88 @@ impl EmbeddedLog {
         }
     }
 
+    /// Appends `batch` (see [`LogBackend::append`]) with `write`'s
+    /// durability.
+    fn append_with(
+        &self,
+        batch: AppendBatch,
+        write: &rocksdb::WriteOptions,
+    ) -> Result<Vec<Range<u64>>> {
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let producer_input = batch.producer_input()?;
+        // The lock orders appends: a producer's check and its write are one
+        // action.
+        let mut cache = lock(&self.marks);
+        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
+            let state = self.producer(&p.id, input)?;
+            if let ProducerCheck::Duplicate(ranges) = check_producer(p, input, state.as_ref())? {
+                return Ok(ranges);
+            }
+        }
+        let mut next: HashMap<(String, u32), u64> = HashMap::new();
+        // Sized before it is filled (it would grow by doubling, copying):
+        // each event's key and value, their lengths, a tag and a column
+        // family.
+        let capacity: usize = (batch.appends.iter())
+            .map(|(input, _, events)| {
+                let per_event = input.len() + 13 + 10 + 8;
+                events
+                    .iter()
+                    .map(|e| e.value.len() + per_event)
+                    .sum::<usize>()
+            })
+            .sum();
+        let mut wb = WriteBatch::with_capacity_bytes(capacity + 4096);
+        let mut ranges = Vec::with_capacity(batch.appends.len());
+        for (input, partition, events) in &batch.appends {
+            let start = match next.get(&(input.clone(), *partition)) {
+                Some(n) => *n,
+                None => self.marks_of(&mut cache, input, *partition)?.1,
+            };
+            // One key and one value buffer for all (the batch copies them).
+            let mut key = input_key(input, *partition, start);
+            let offset_at = key.len() - 8;
+            let mut value = Vec::new();
+            for (i, event) in events.iter().enumerate() {
+                key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
+                value.clear();
+                // `to_io` copies a value's bytes with one `extend_from_slice`
+                // (`to_extend` extends from an iterator of bytes).
+                value = postcard::to_io(event, value).map_err(Error::corrupt("input event"))?;
+                wb.put_cf(cf, &key, &value);
+            }
+            let end = start + events.len() as u64;
+            next.insert((input.clone(), *partition), end);
+            ranges.push(start..end);
+        }
+        if let Some(mark) = &batch.mark {
+            wb.put_cf(
+                db::cf(&self.db, CF_INGEST)?,
+                mark.source.as_bytes(),
+                &mark.state,
+            );
+        }
+        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
+            let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+            let state = postcard::to_allocvec(&(p.epoch, p.seq, pairs))
+                .map_err(Error::corrupt("producer state"))?;
+            wb.put_cf(
+                db::cf(&self.db, CF_INGEST)?,
+                producer_key(&p.id, input),
+                state,
+            );
+        }
+        self.db
+            .write_opt(wb, write)
+            .map_err(rocks("appending input"))?;
+        for (key, high) in next {
+            if let Some(m) = cache.get_mut(&key) {
+                m.1 = high;
+            }
+        }
+        Ok(ranges)
+    }
+
     fn current_epoch(&self) -> Result<u64> {
         Ok(match self.meta(EPOCH_KEY, "the epoch")? {
             Some(v) => be_u64(&v, "epoch")?,
@@ -442,79 +524,21 @@ impl LogBackend for EmbeddedLog {
     }
 
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
-        let cf = db::cf(&self.db, CF_INPUT)?;
-        let producer_input = batch.producer_input()?;
-        // The lock orders appends: a producer's check and its write are one
-        // action.
-        let mut cache = lock(&self.marks);
-        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
-            let state = self.producer(&p.id, input)?;
-            if let ProducerCheck::Duplicate(ranges) = check_producer(p, input, state.as_ref())? {
-                return Ok(ranges);
-            }
-        }
-        let mut next: HashMap<(String, u32), u64> = HashMap::new();
-        // Sized before it is filled (it would grow by doubling, copying):
-        // each event's key and value, their lengths, a tag and a column
-        // family.
-        let capacity: usize = (batch.appends.iter())
-            .map(|(input, _, events)| {
-                let per_event = input.len() + 13 + 10 + 8;
-                events
-                    .iter()
-                    .map(|e| e.value.len() + per_event)
-                    .sum::<usize>()
-            })
-            .sum();
-        let mut wb = WriteBatch::with_capacity_bytes(capacity + 4096);
-        let mut ranges = Vec::with_capacity(batch.appends.len());
-        for (input, partition, events) in &batch.appends {
-            let start = match next.get(&(input.clone(), *partition)) {
-                Some(n) => *n,
-                None => self.marks_of(&mut cache, input, *partition)?.1,
-            };
-            // One key and one value buffer for all (the batch copies them).
-            let mut key = input_key(input, *partition, start);
-            let offset_at = key.len() - 8;
-            let mut value = Vec::new();
-            for (i, event) in events.iter().enumerate() {
-                key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
-                value.clear();
-                // `to_io` copies a value's bytes with one `extend_from_slice`
-                // (`to_extend` extends from an iterator of bytes).
-                value = postcard::to_io(event, value).map_err(Error::corrupt("input event"))?;
-                wb.put_cf(cf, &key, &value);
-            }
-            let end = start + events.len() as u64;
-            next.insert((input.clone(), *partition), end);
-            ranges.push(start..end);
-        }
-        if let Some(mark) = &batch.mark {
-            wb.put_cf(
-                db::cf(&self.db, CF_INGEST)?,
-                mark.source.as_bytes(),
-                &mark.state,
-            );
-        }
-        if let (Some(p), Some(input)) = (&batch.producer, producer_input) {
-            let pairs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
-            let state = postcard::to_allocvec(&(p.epoch, p.seq, pairs))
-                .map_err(Error::corrupt("producer state"))?;
-            wb.put_cf(
-                db::cf(&self.db, CF_INGEST)?,
-                producer_key(&p.id, input),
-                state,
-            );
-        }
+        self.append_with(batch, &db::synced())
+    }
+
+    fn append_lazily(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        // Written to the write-ahead log (a process that dies loses
+        // nothing), not synced: the next synced write syncs the log up to
+        // itself, this write included (RocksDB syncs every log file before
+        // a synced write's), and recovery keeps a prefix of the writes.
+        self.append_with(batch, &rocksdb::WriteOptions::default())
+    }
+
+    fn sync_appends(&self) -> Result<()> {
         self.db
-            .write_opt(wb, &db::synced())
-            .map_err(rocks("appending input"))?;
-        for (key, high) in next {
-            if let Some(m) = cache.get_mut(&key) {
-                m.1 = high;
-            }
-        }
-        Ok(ranges)
+            .flush_wal(true)
+            .map_err(rocks("syncing appended input"))
     }
 
     fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>> {

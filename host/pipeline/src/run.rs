@@ -47,7 +47,7 @@ pub enum RunEvent {
         port: String,
         /// The file.
         file: PathBuf,
-        /// Bytes appended so far (durably).
+        /// Bytes appended so far (durable once the file is in).
         done: u64,
         /// The file's size.
         size: u64,

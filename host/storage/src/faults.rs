@@ -167,6 +167,14 @@ impl LogBackend for FaultyLog {
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
         self.faults.write("append", || self.inner.append(batch))
     }
+    fn append_lazily(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        self.faults
+            .write("append", || self.inner.append_lazily(batch))
+    }
+    fn sync_appends(&self) -> Result<()> {
+        self.faults
+            .write("sync_appends", || self.inner.sync_appends())
+    }
     fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>> {
         self.faults
             .read("producer", || self.inner.producer(id, input))

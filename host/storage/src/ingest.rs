@@ -86,7 +86,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IngestError + '_ {
     }
 }
 
-/// Lines per append (and per durable mark).
+/// Lines per append (and per mark).
 const CHUNK_LINES: usize = 8192;
 /// Consecutive lines that go to one partition.
 const LINES_PER_PARTITION_BLOCK: u64 = 1024;
@@ -175,7 +175,13 @@ pub struct IngestReport {
 
 /// Appends the JSON lines of `path` to input log `input` (with `partitions`
 /// partitions), exactly once across runs and crashes. `progress` is called
-/// with (bytes done, file size) as chunks become durable. A line that is
+/// with (bytes done, file size) as chunks are appended; they are durable
+/// when this returns (a chunk is appended
+/// [lazily](LogBackend::append_lazily), with its mark: a crash of the
+/// machine may lose the last chunks, never part of one, and a step that
+/// read them made them durable by committing; after an error, the chunks
+/// before it are as durable as the next write makes them, and a run again
+/// resumes after the last that is). A line that is
 /// not an event fails the ingest under `bad_lines` = `fail`; under
 /// `dead-letter` it is appended marked (see the module's docs).
 pub fn ingest_file(
@@ -220,7 +226,7 @@ pub fn ingest_file(
         ended: false,
     };
     // The file is read, checked and hashed on a thread of its own while
-    // the chunk before is appended (the append waits on the log's sync):
+    // the chunk before is appended:
     // one chunk ahead, no more (a rendezvous: the next chunk waits, built,
     // until the append before it is done).
     std::thread::scope(|scope| {
@@ -237,7 +243,7 @@ pub fn ingest_file(
                 mark,
             } = chunk?;
             let state = serde_json::to_vec(&mark).map_err(StorageError::corrupt("ingest mark"))?;
-            log.append(AppendBatch {
+            log.append_lazily(AppendBatch {
                 appends: parts
                     .into_iter()
                     .enumerate()
@@ -255,6 +261,8 @@ pub fn ingest_file(
             progress(mark.bytes, size);
             crash_point(CrashPoint::MidIngest);
         }
+        // Every chunk is durable before the file is reported appended.
+        log.sync_appends()?;
         Ok(report)
     })
 }

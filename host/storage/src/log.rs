@@ -412,6 +412,26 @@ pub trait LogBackend: Send + Sync {
     /// nothing; any other sequence number than the next fails.
     fn append(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>>;
 
+    /// [`append`](Self::append), except that the batch need not be durable
+    /// yet when this returns: it is appended atomically, in order with the
+    /// log's other writes, and is durable once a later durable write is
+    /// (an `append`, a step's commit: a step that read it makes it durable
+    /// by committing) or [`sync_appends`](Self::sync_appends) returns. A
+    /// crash of the machine before then may lose it and every lazy append
+    /// after it, never a part of one, nor one without those before it. For
+    /// the chunks of a file, each carrying its mark: a lost tail of them is
+    /// appended again from the last durable mark. The default, for a log
+    /// whose every append is durable: `append`.
+    fn append_lazily(&self, batch: AppendBatch) -> Result<Vec<Range<u64>>> {
+        self.append(batch)
+    }
+
+    /// Makes every append before it durable (see
+    /// [`append_lazily`](Self::append_lazily)). The default: nothing to do.
+    fn sync_appends(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// What is stored of producer `id` on input log `input`, if it appended
     /// there.
     fn producer(&self, id: &str, input: &str) -> Result<Option<ProducerState>>;
