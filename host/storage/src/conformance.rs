@@ -86,7 +86,7 @@ pub fn log_backend(make: &dyn Fn() -> Arc<dyn LogBackend>, flags: LogFlags) {
     append_read_watermarks(&*make(), flags);
     appends_are_ordered_per_partition(&*make());
     ingest_marks_are_atomic_with_appends(&*make());
-    lazy_appends_are_read_like_appends(&*make());
+    lazy_appends_are_read_like_appends(&*make(), flags);
     producers_follow_the_idempotence_rules(&*make(), flags);
     commit_step_once_and_in_order(&*make());
     fencing_refuses_an_older_epoch(&*make());
