@@ -11,7 +11,9 @@
 //! when the weight's magnitude is above 1.
 
 use crate::event::Event;
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use std::cell::Cell;
 
 /// Why a line is not an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,16 +26,21 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     if line.is_empty() {
         return Ok(None);
     }
-    // An envelope names `insert` or `delete` as a key, which (without
-    // escapes) is that text in quotes.
-    let maybe_envelope =
-        line.starts_with('{') && (line.contains("\"insert\"") || line.contains("\"delete\""));
-    if !maybe_envelope && !line.contains('\\') {
-        // Without escapes, what serde_json accepts does not depend on what
-        // it parses into (with them it does: a lone surrogate is no
-        // `String`), so a line that is no envelope is checked, not built:
-        // it is its own event.
-        serde_json::from_str::<Checked>(line).map_err(|e| LineError(format!("not JSON: {e}")))?;
+    // One pass checks the line and finds what needs it built: a key
+    // `insert` or `delete` at the top (an envelope), or an escape anywhere
+    // (with one, what serde_json accepts depends on what it parses into: a
+    // lone surrogate is no `String`). Without either, a line is its own
+    // event. A line that is not JSON is built too, for the error a built
+    // line gives.
+    let found = Found::default();
+    let mut de = serde_json::Deserializer::from_str(line);
+    let checked = Check {
+        found: &found,
+        top: true,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    if checked.is_ok() && !found.escaped.get() && !found.envelope.get() {
         return Ok(Some(Event {
             value: line.as_bytes().to_vec(),
             weight: 1,
@@ -85,48 +92,111 @@ fn parse_built(line: &str) -> Result<Option<Event>, LineError> {
     }))
 }
 
+/// What a [`Check`] of a line found.
+#[derive(Default)]
+struct Found {
+    /// A string (a key or a value) with an escape in it.
+    escaped: Cell<bool>,
+    /// A key `insert` or `delete` (without escapes) of the top object.
+    envelope: Cell<bool>,
+}
+
 /// A JSON value checked, not built: it accepts what a [`Value`] accepts,
 /// as every part of the value, numbers included, is visited as `Value`
-/// visits it; only nothing is kept.
-struct Checked;
+/// visits it; only nothing is kept but what [`Found`] notes. (Parsed from
+/// text, a string without escapes is lent to the visitor, one with escapes
+/// is not.)
+struct Check<'f> {
+    found: &'f Found,
+    /// Whether this is the line's whole value.
+    top: bool,
+}
 
-impl<'de> serde::Deserialize<'de> for Checked {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::{MapAccess, SeqAccess, Visitor};
-        struct CheckedVisitor;
-        impl<'de> Visitor<'de> for CheckedVisitor {
-            type Value = Checked;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_unit<E>(self) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-                while seq.next_element::<Checked>()?.is_some() {}
-                Ok(Checked)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-                while map.next_entry::<Checked, Checked>()?.is_some() {}
-                Ok(Checked)
-            }
+impl<'de> DeserializeSeed<'de> for Check<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Check<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_borrowed_str<E>(self, _: &'de str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        self.found.escaped.set(true);
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = || Check {
+            found: self.found,
+            top: false,
+        };
+        while seq.next_element_seed(inner())?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let key = || Key {
+            found: self.found,
+            top: self.top,
+        };
+        while map.next_key_seed(key())?.is_some() {
+            map.next_value_seed(Check {
+                found: self.found,
+                top: false,
+            })?;
         }
-        d.deserialize_any(CheckedVisitor)
+        Ok(())
+    }
+}
+
+/// A key of an object, checked: one of the top object's that names an
+/// envelope is noted.
+struct Key<'f> {
+    found: &'f Found,
+    top: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for Key<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_borrowed_str<E>(self, key: &'de str) -> Result<(), E> {
+        if self.top && (key == "insert" || key == "delete") {
+            self.found.envelope.set(true);
+        }
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        self.found.escaped.set(true);
+        Ok(())
     }
 }
 
@@ -309,6 +379,16 @@ mod tests {
         lines.push("{\"a\": 1} x".into());
         lines.push("{ \"insert\" :\t1 ,\"weight\" : 2 }".into());
         lines.push("\t[ 1 , {\"a\" : [ ] } ]  ".into());
+        // Escapes in values and keys, a key `insert` spelled with one, a
+        // lone surrogate, envelope keys below the top.
+        lines.push(r#""a\nb""#.into());
+        lines.push(r#"{"ins\u0065rt": 1}"#.into());
+        lines.push(r#"{"a\\": 1, "insert": 2}"#.into());
+        lines.push(r#"{"a": "\ud800"}"#.into());
+        lines.push(r#"{"insert": "\ud800"}"#.into());
+        lines.push(r#"["\ud83d\ude00", {"delete": 1}]"#.into());
+        lines.push(r#"{"a": {"delete": 1}, "weight": 3}"#.into());
+        lines.push(r#"{"weight": 2}"#.into());
         // serde_json's depth limit (128), at it and past it, bare and in
         // an envelope.
         for depth in [127, 128, 129, 200] {
