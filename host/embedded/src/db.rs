@@ -44,13 +44,13 @@ pub const BLOCK_CACHE: usize = 8 << 20;
 /// One column family's memtable, in bytes: it is flushed once full, and a
 /// family has at most two (one written, one being flushed; writes to the
 /// family wait for the flush past that).
-const FAMILY_BUFFER: usize = WRITE_BUFFERS / 4;
+pub(crate) const FAMILY_BUFFER: usize = WRITE_BUFFERS / 4;
 
 /// The data block size of the log families (input and output), in bytes.
 const LOG_BLOCK: usize = 64 << 10;
 
 /// The size of RocksDB's writes to its files, in bytes (see [`open`]).
-const WRITE_CHUNK: usize = 16 << 10;
+pub(crate) const WRITE_CHUNK: usize = 16 << 10;
 
 /// Files on level 0 of a log's column family (input or output) before they
 /// are compacted (RocksDB's default is 4).
