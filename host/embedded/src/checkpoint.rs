@@ -13,7 +13,9 @@ use std::sync::Arc;
 /// Checkpoints in the pipeline's RocksDB database.
 ///
 /// Keys: `m[step u64]` → postcard [`CheckpointMeta`] (its presence is the
-/// commit mark: it is written in the same batch as the pieces);
+/// commit mark: it is written in the same batch as the pieces, or, for a
+/// large checkpoint of a step not yet committed, after its pieces were
+/// ingested: see [`RocksCheckpointStore::ingest_pieces`]);
 /// `s[step u64][shard u32][worker u32]` → a piece written by checkpoint
 /// `step` (the pieces of a shard lie together, so reading some shards reads
 /// only those); for an incremental checkpoint, `r[step][shard][worker]` →
@@ -90,13 +92,17 @@ impl RocksCheckpointStore {
         }
     }
 
-    /// Writes `pieces` (of checkpoint `step`) as `s` keys in a table file
-    /// and ingests it, durably, replacing whatever an earlier write of the
-    /// same step left (that is deleted first, durably: a retry after a
-    /// crash that ingested pieces but did not commit). The checkpoint is
-    /// not committed by this: its metadata, written after, is what makes
-    /// it one; pieces ingested without it lie below every later
-    /// checkpoint and are collected as any unlisted step's are.
+    /// Writes `pieces` (of checkpoint `step`, which must not be committed)
+    /// as `s` keys in a table file and ingests it, durably, replacing
+    /// whatever an earlier write of the same step left (that is deleted
+    /// first, durably: a retry after a crash that ingested pieces but did
+    /// not commit). Of two pieces of one shard and worker, the later is
+    /// kept, as a batch keeps it. The checkpoint is not committed by this:
+    /// its metadata, written after, is what makes it one; pieces ingested
+    /// without it lie below every later checkpoint and are collected as
+    /// any unlisted step's are. (A committed step written again goes
+    /// through the batch, atomically: deleting its pieces first would
+    /// leave it without them until the new ones are in.)
     ///
     /// The write-ahead log would take the pieces once and the flush of the
     /// memtable they fill once more (a Nexmark q9 run's final checkpoint:
@@ -121,14 +127,24 @@ impl RocksCheckpointStore {
             }
         }
         drop(earlier);
-        let mut sorted: Vec<(Vec<u8>, &[u8])> = pieces
-            .iter()
+        // Latest first, sorted stably: the first of equal keys is the last
+        // given.
+        let mut sorted: Vec<(Vec<u8>, &[u8])> = (pieces.iter().rev())
             .map(|p| (piece_key(step, p.shard, p.worker), p.state.as_slice()))
             .collect();
-        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        sorted.dedup_by(|later, kept| later.0 == kept.0);
         // Beside the database's directory, on its file system (moved in,
-        // not copied); a file left by a crash is overwritten.
+        // not copied). A file left by a crash may be a second name of a
+        // table the ingestion moved in (it drops the name last): it is
+        // unlinked, never written through.
         let path = self.db.path().with_file_name("checkpoint-pieces.sst");
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StorageError::io(&path)(e));
+            }
+            _ => {}
+        }
         let mut opts = rocksdb::Options::default();
         opts.set_writable_file_max_buffer_size(db::WRITE_CHUNK as u64);
         let mut file = rocksdb::SstFileWriter::create(&opts);
@@ -365,7 +381,11 @@ impl RocksCheckpointStore {
         // tag; the rest is small): grown by doubling, the batch would hold
         // up to twice the checkpoint again.
         let pieces: usize = checkpoint.pieces.iter().map(|p| p.state.len() + 32).sum();
-        let ingest = pieces >= self.ingest_at && !checkpoint.pieces.is_empty();
+        // A committed step written again goes through the batch (see
+        // `ingest_pieces`).
+        let ingest = pieces >= self.ingest_at
+            && !checkpoint.pieces.is_empty()
+            && !metas.iter().any(|m| m.step == step);
         let meta = postcard::to_allocvec(&checkpoint.meta)
             .map_err(StorageError::corrupt("checkpoint metadata"))?;
         let in_batch = if ingest { 0 } else { pieces };
@@ -587,9 +607,13 @@ mod tests {
             .ingest_pieces(3, &[&piece(1, b"orphan"), &piece(9, b"orphan")])
             .unwrap();
         assert_eq!(stored(&store).get(&3), Some(&2));
-        // Written again at step 3: shard 9's orphan is gone.
+        // Written again at step 3: shard 9's orphan is gone; of two pieces
+        // of shard 1, the later is kept (as a batch keeps it).
         store
-            .put(&checkpoint(3, vec![piece(2, b"b"), piece(1, b"a")]))
+            .put(&checkpoint(
+                3,
+                vec![piece(2, b"b"), piece(1, b"old"), piece(1, b"a")],
+            ))
             .unwrap();
         let got = store.pieces(3, None).unwrap().unwrap();
         let got: Vec<(u32, &[u8])> = got.iter().map(|p| (p.shard, &p.state[..])).collect();
@@ -618,6 +642,22 @@ mod tests {
             !beside.iter().any(|n| n.to_string_lossy().ends_with(".sst")),
             "{beside:?}"
         );
+        // A committed step written again goes through the batch, never
+        // deleting its pieces first: with the table file's place taken (a
+        // directory, which no ingestion gets past), writing the newest
+        // step again succeeds, and a new step fails, leaving it whole.
+        std::fs::create_dir(dir.path().join("checkpoint-pieces.sst")).unwrap();
+        let again = checkpoint(last, vec![piece(0, b"y"), piece(3, b"z")]);
+        store.put(&again).unwrap();
+        assert!(
+            store
+                .put(&checkpoint(last + 1, vec![piece(0, b"w")]))
+                .is_err()
+        );
+        assert_eq!(store.latest_meta().unwrap().map(|m| m.step), Some(last));
+        let got = store.pieces(last, None).unwrap().unwrap();
+        let got: Vec<(u32, &[u8])> = got.iter().map(|p| (p.shard, &p.state[..])).collect();
+        assert_eq!(got, vec![(0, &b"y"[..]), (3, &b"z"[..])]);
     }
 
     /// Stored pieces (`s` keys) per step.
