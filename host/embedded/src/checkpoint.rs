@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// Keys: `m[step u64]` → postcard [`CheckpointMeta`] (its presence is the
 /// commit mark: it is written in the same batch as the pieces, or, for a
 /// large checkpoint of a step not yet committed, after its pieces were
-/// ingested: see [`RocksCheckpointStore::ingest_pieces`]);
+/// ingested as a table file: see `ingest_pieces`);
 /// `s[step u64][shard u32][worker u32]` → a piece written by checkpoint
 /// `step` (the pieces of a shard lie together, so reading some shards reads
 /// only those); for an incremental checkpoint, `r[step][shard][worker]` →
