@@ -36,7 +36,7 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     let mut de = serde_json::Deserializer::from_str(line);
     let checked = Check {
         found: &found,
-        top: true,
+        at: Place::Top,
     }
     .deserialize(&mut de)
     .and_then(|()| de.end());
@@ -108,8 +108,27 @@ struct Found {
 /// is not.)
 struct Check<'f> {
     found: &'f Found,
-    /// Whether this is the line's whole value.
-    top: bool,
+    at: Place,
+}
+
+/// Where a checked value lies in its line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The line's whole value.
+    Top,
+    /// A key of the top object: `insert` or `delete` makes an envelope.
+    TopKey,
+    /// Anywhere else.
+    Inner,
+}
+
+impl Check<'_> {
+    fn at(&self, at: Place) -> Self {
+        Check {
+            found: self.found,
+            at,
+        }
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Check<'_> {
@@ -136,7 +155,10 @@ impl<'de> Visitor<'de> for Check<'_> {
     fn visit_f64<E>(self, _: f64) -> Result<(), E> {
         Ok(())
     }
-    fn visit_borrowed_str<E>(self, _: &'de str) -> Result<(), E> {
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<(), E> {
+        if self.at == Place::TopKey && (s == "insert" || s == "delete") {
+            self.found.envelope.set(true);
+        }
         Ok(())
     }
     fn visit_str<E>(self, _: &str) -> Result<(), E> {
@@ -147,55 +169,17 @@ impl<'de> Visitor<'de> for Check<'_> {
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let inner = || Check {
-            found: self.found,
-            top: false,
-        };
-        while seq.next_element_seed(inner())?.is_some() {}
+        while seq.next_element_seed(self.at(Place::Inner))?.is_some() {}
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let key = || Key {
-            found: self.found,
-            top: self.top,
+        let key = match self.at {
+            Place::Top => Place::TopKey,
+            _ => Place::Inner,
         };
-        while map.next_key_seed(key())?.is_some() {
-            map.next_value_seed(Check {
-                found: self.found,
-                top: false,
-            })?;
+        while map.next_key_seed(self.at(key))?.is_some() {
+            map.next_value_seed(self.at(Place::Inner))?;
         }
-        Ok(())
-    }
-}
-
-/// A key of an object, checked: one of the top object's that names an
-/// envelope is noted.
-struct Key<'f> {
-    found: &'f Found,
-    top: bool,
-}
-
-impl<'de> DeserializeSeed<'de> for Key<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Key<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a key")
-    }
-    fn visit_borrowed_str<E>(self, key: &'de str) -> Result<(), E> {
-        if self.top && (key == "insert" || key == "delete") {
-            self.found.envelope.set(true);
-        }
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        self.found.escaped.set(true);
         Ok(())
     }
 }

@@ -109,7 +109,7 @@ impl RocksCheckpointStore {
     /// 129 MB, 274 ms in the batch, and the process's exit waited for the
     /// flush); the table file is written once, in the writes of
     /// [`db::WRITE_CHUNK`] bytes the database's own files use.
-    fn ingest_pieces(&self, step: u64, pieces: &[&StatePiece]) -> Result<()> {
+    fn ingest_pieces(&self, step: u64, pieces: &[StatePiece]) -> Result<()> {
         let cf = db::cf(&self.db, CF_CHECKPOINTS)?;
         let what = |doing: &str| format!("{doing} the pieces of checkpoint {step}");
         let mut earlier = self.db.iterator_cf(
@@ -398,8 +398,7 @@ impl RocksCheckpointStore {
             .map(|p| (p.shard, p.worker))
             .collect();
         if ingest {
-            let all: Vec<&StatePiece> = checkpoint.pieces.iter().collect();
-            self.ingest_pieces(step, &all)?;
+            self.ingest_pieces(step, &checkpoint.pieces)?;
         } else {
             wb.delete_range_cf(cf, step_start(step), step_start(step + 1));
             for p in &checkpoint.pieces {
@@ -604,7 +603,7 @@ mod tests {
         // Step 3's pieces ingested, never committed (as a crash between
         // the ingestion and the metadata leaves them).
         store
-            .ingest_pieces(3, &[&piece(1, b"orphan"), &piece(9, b"orphan")])
+            .ingest_pieces(3, &[piece(1, b"orphan"), piece(9, b"orphan")])
             .unwrap();
         assert_eq!(stored(&store).get(&3), Some(&2));
         // Written again at step 3: shard 9's orphan is gone; of two pieces
@@ -619,7 +618,7 @@ mod tests {
         let got: Vec<(u32, &[u8])> = got.iter().map(|p| (p.shard, &p.state[..])).collect();
         assert_eq!(got, vec![(1, &b"a"[..]), (2, &b"b"[..])]);
         // An orphan below later checkpoints is collected with them.
-        store.ingest_pieces(4, &[&piece(5, b"orphan")]).unwrap();
+        store.ingest_pieces(4, &[piece(5, b"orphan")]).unwrap();
         for step in 5..5 + KEPT as u64 {
             store.put(&checkpoint(step, vec![piece(0, b"x")])).unwrap();
         }
