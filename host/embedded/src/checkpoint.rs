@@ -134,37 +134,13 @@ impl RocksCheckpointStore {
             .collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
         sorted.dedup_by(|later, kept| later.0 == kept.0);
-        // Beside the database's directory, on its file system (moved in,
-        // not copied). A file left by a crash may be a second name of a
-        // table the ingestion moved in (it drops the name last): it is
-        // unlinked, never written through.
-        let path = self.db.path().with_file_name("checkpoint-pieces.sst");
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(StorageError::io(&path)(e));
-            }
-            _ => {}
-        }
-        let mut opts = rocksdb::Options::default();
-        opts.set_writable_file_max_buffer_size(db::WRITE_CHUNK as u64);
-        let mut file = rocksdb::SstFileWriter::create(&opts);
-        file.open(&path)
-            .map_err(rocks(what("opening a table for")))?;
-        for (key, state) in &sorted {
-            file.put(key, state).map_err(rocks(what("writing")))?;
-        }
-        // Synced by `finish`; the ingestion syncs the directory and the
-        // manifest that lists the file.
-        file.finish()
-            .map_err(rocks(what("finishing the table of")))?;
-        let mut ingest = rocksdb::IngestExternalFileOptions::default();
-        ingest.set_move_files(true);
-        let ingested = self
-            .db
-            .ingest_external_file_cf_opts(cf, &ingest, vec![&path])
-            .map_err(rocks(what("ingesting")));
-        let _ = std::fs::remove_file(&path);
-        ingested
+        db::ingest_table(
+            &self.db,
+            CF_CHECKPOINTS,
+            "checkpoint-pieces.sst",
+            sorted,
+            &format!("the pieces of checkpoint {step}"),
+        )
     }
 
     /// Every `(key, value)` with `start <= key < end`, in key order.
