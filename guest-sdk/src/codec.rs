@@ -38,7 +38,12 @@ pub fn write_bytes<T: Serialize>(out: &mut Vec<u8>, value: &T) -> Result<()> {
 
 /// Encodes internal data (exchange keys and values, operator state).
 pub fn to_bytes<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    postcard::to_allocvec(value).map_err(|e| Error::Failed(format!("encoding state: {e}")))
+    let failed = |e: postcard::Error| Error::Failed(format!("encoding state: {e}"));
+    // Sized first (a walk that copies nothing): a snapshot's envelope
+    // holds a shard's whole state, which a buffer grown by doubling would
+    // copy about once more, into memory the instance then keeps.
+    let size = postcard::experimental::serialized_size(value).map_err(failed)?;
+    postcard::to_io(value, Vec::with_capacity(size)).map_err(failed)
 }
 
 /// Decodes internal data written by [`to_bytes`].

@@ -130,39 +130,95 @@ pub fn shard_of_key<K: Serialize + ?Sized>(key: &K) -> Result<u32> {
 /// Splits entries by the shard of their key, keeping the shards in `only`
 /// (all when `None`): per shard, the encoding of its entries in order — a
 /// `Vec<(K, V)>`'s encoding, which restores read.
-///
-/// One pass: each key is encoded once, for its shard and into the piece
-/// (an entry's encoding is its key's followed by its value's), and the
-/// value straight after it; each piece then gets its length in front.
 pub fn split<'a, K: Serialize + 'a, V: Serialize + 'a>(
     entries: impl IntoIterator<Item = (&'a K, &'a V)>,
     only: Option<&Shards>,
 ) -> Result<BTreeMap<u32, Vec<u8>>> {
-    // Per shard: how many entries, and their encodings back to back.
-    let mut shards: Vec<(usize, Vec<u8>)> = (0..SHARDS).map(|_| (0, Vec::new())).collect();
-    let mut key = Vec::new();
-    for (k, v) in entries {
-        key.clear();
-        codec::write_bytes(&mut key, k)?;
-        let shard = shard_of(&key);
-        if only.is_none_or(|o| o.contains(shard)) {
-            let (n, piece) = &mut shards[shard as usize];
-            *n += 1;
-            piece.extend_from_slice(&key);
-            codec::write_bytes(piece, v)?;
-        }
-    }
     let mut pieces = BTreeMap::new();
-    for (shard, (n, entries)) in shards.into_iter().enumerate() {
-        if n == 0 {
-            continue;
-        }
-        // A sequence's encoding: its length (a varint), then its elements.
-        let mut piece = codec::to_bytes(&n)?;
-        piece.extend_from_slice(&entries);
-        pieces.insert(shard as u32, piece);
+    for (shard, split) in split_entries(entries, only)? {
+        let mut piece = Vec::with_capacity(split.encoded_len()?);
+        split.write(&mut piece)?;
+        pieces.insert(shard, piece);
     }
     Ok(pieces)
+}
+
+/// One shard's entries, as [`split_entries`] gathers them: how many, and
+/// their encodings back to back.
+#[derive(Default)]
+pub(crate) struct Split {
+    count: usize,
+    entries: Vec<u8>,
+}
+
+impl Split {
+    /// The length of the entries' encoding as a sequence.
+    pub(crate) fn encoded_len(&self) -> Result<usize> {
+        Ok(varint_len(self.count)? + self.entries.len())
+    }
+
+    /// Appends the entries' encoding as a sequence (a `Vec<(K, V)>`'s):
+    /// their number (a varint), then the entries.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<()> {
+        codec::write_bytes(out, &self.count)?;
+        out.extend_from_slice(&self.entries);
+        Ok(())
+    }
+}
+
+/// The length of `n`'s encoding (a varint).
+pub(crate) fn varint_len(n: usize) -> Result<usize> {
+    postcard::experimental::serialized_size(&n)
+        .map_err(|e| crate::Error::Failed(format!("encoding state: {e}")))
+}
+
+/// The most [`split_entries`] sizes a shard's buffer for up front, in
+/// bytes: a first entry far larger than the rest must not make every shard
+/// take its size times the entries (an instance's memory counts against
+/// its limit once grown); past it a buffer grows by doubling.
+const RESERVE_AT_MOST: usize = 256 << 10;
+
+/// Per shard holding entries (of `only`, or all), the entries there.
+///
+/// One pass: each key is encoded once, for its shard and into the piece
+/// (an entry's encoding is its key's followed by its value's), and the
+/// value straight after it. Keys hash evenly over the shards: a shard's
+/// buffer is sized at its first entry for its share of the entries (as
+/// the iterator tells their number), each of that entry's size, and a
+/// quarter more (up to [`RESERVE_AT_MOST`]) — grown by doubling instead, the buffers of a large state
+/// were copied about once more, into memory the instance then keeps (a
+/// sixth of Nexmark q9's final snapshot went to growing them).
+pub(crate) fn split_entries<'a, K: Serialize + 'a, V: Serialize + 'a>(
+    entries: impl IntoIterator<Item = (&'a K, &'a V)>,
+    only: Option<&Shards>,
+) -> Result<BTreeMap<u32, Split>> {
+    let entries = entries.into_iter();
+    let share = entries.size_hint().0 / SHARDS as usize + 1;
+    let mut shards: Vec<Split> = (0..SHARDS).map(|_| Split::default()).collect();
+    let mut entry = Vec::new();
+    for (k, v) in entries {
+        entry.clear();
+        codec::write_bytes(&mut entry, k)?;
+        let shard = shard_of(&entry);
+        if only.is_none_or(|o| o.contains(shard)) {
+            let split = &mut shards[shard as usize];
+            split.count += 1;
+            if split.entries.capacity() == 0 {
+                codec::write_bytes(&mut entry, v)?;
+                let size = entry.len().saturating_mul(share);
+                let size = size.saturating_add(size / 4).min(RESERVE_AT_MOST);
+                split.entries.reserve_exact(size);
+                split.entries.extend_from_slice(&entry);
+            } else {
+                split.entries.extend_from_slice(&entry);
+                codec::write_bytes(&mut split.entries, v)?;
+            }
+        }
+    }
+    Ok((0..SHARDS)
+        .zip(shards)
+        .filter(|(_, s)| s.count > 0)
+        .collect())
 }
 
 /// Removes the entries of a map whose key lies in `shards`.

@@ -61,20 +61,26 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
     }
 
     /// Per shard, both sides' entries there (a side without any: an empty
-    /// list), as byte strings: one copy each, not byte by byte.
+    /// list), as byte strings — a `(Bytes, Bytes)`'s encoding, written
+    /// once, from the entries as split.
     fn snapshot(&self, only: Option<&Shards>) -> Result<BTreeMap<u32, Vec<u8>>> {
-        let mut left = state::split(&self.left, only)?;
-        let mut right = state::split(&self.right, only)?;
+        let mut left = state::split_entries(&self.left, only)?;
+        let mut right = state::split_entries(&self.right, only)?;
         let shards: std::collections::BTreeSet<u32> =
             left.keys().chain(right.keys()).copied().collect();
-        let empty = codec::to_bytes(&Vec::<()>::new())?;
         shards
             .into_iter()
             .map(|s| {
-                let l = left.remove(&s).unwrap_or_else(|| empty.clone());
-                let r = right.remove(&s).unwrap_or_else(|| empty.clone());
-                let piece =
-                    codec::to_bytes(&(serde_bytes::Bytes::new(&l), serde_bytes::Bytes::new(&r)))?;
+                let l = left.remove(&s).unwrap_or_default();
+                let r = right.remove(&s).unwrap_or_default();
+                let (l_len, r_len) = (l.encoded_len()?, r.encoded_len()?);
+                let mut piece = Vec::with_capacity(
+                    state::varint_len(l_len)? + l_len + state::varint_len(r_len)? + r_len,
+                );
+                codec::write_bytes(&mut piece, &l_len)?;
+                l.write(&mut piece)?;
+                codec::write_bytes(&mut piece, &r_len)?;
+                r.write(&mut piece)?;
                 Ok((s, piece))
             })
             .collect()
@@ -359,5 +365,40 @@ mod tests {
                 }))
             })?;
         }
+    }
+
+    /// A piece is the encoding of both sides' split entries as byte
+    /// strings, as it was when the join encoded that pair itself (pieces
+    /// written then restore now), a side without entries an empty list.
+    #[test]
+    fn pieces_encode_both_sides_as_byte_strings() {
+        use super::Sides;
+        use crate::{codec, state};
+        let mut sides = Sides::<u32, String, u8>::new();
+        for k in 0..3000u32 {
+            let group = sides.left.entry(k).or_default();
+            group.insert(format!("value {k}"), 1);
+            if k % 3 == 0 {
+                sides.right.entry(k).or_default().insert((k % 7) as u8, -2);
+            }
+        }
+        let pieces = sides.snapshot(None).unwrap();
+        let left = state::split(&sides.left, None).unwrap();
+        let right = state::split(&sides.right, None).unwrap();
+        let empty = codec::to_bytes(&Vec::<()>::new()).unwrap();
+        assert_eq!(
+            pieces.keys().collect::<Vec<_>>(),
+            left.keys().collect::<Vec<_>>()
+        );
+        for (shard, piece) in &pieces {
+            let l = &left[shard];
+            let r = right.get(shard).unwrap_or(&empty);
+            let pair = (serde_bytes::Bytes::new(l), serde_bytes::Bytes::new(r));
+            assert_eq!(*piece, codec::to_bytes(&pair).unwrap(), "shard {shard}");
+        }
+        assert!(
+            pieces.len() > right.len(),
+            "some shards without a right side"
+        );
     }
 }
