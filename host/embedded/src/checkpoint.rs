@@ -134,11 +134,10 @@ impl RocksCheckpointStore {
             .collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
         sorted.dedup_by(|later, kept| later.0 == kept.0);
-        db::ingest_table(
+        db::ingest_tables(
             &self.db,
             CF_CHECKPOINTS,
-            "checkpoint-pieces.sst",
-            sorted,
+            [("checkpoint-pieces.sst".to_owned(), sorted)],
             &format!("the pieces of checkpoint {step}"),
         )
     }

@@ -289,61 +289,72 @@ pub fn rocks(what: impl Into<String>) -> impl FnOnce(rocksdb::Error) -> StorageE
     move |source| StorageError::backend("RocksDB", what, true, source)
 }
 
-/// Writes `entries` (in strictly ascending key order) as a table file
-/// named `file` beside the database's directory, on its file system, and
-/// ingests it into column family `family`: the file is moved in, not
-/// copied, and RocksDB syncs it, the directory and the manifest that lists
-/// it before this returns. For a large write this spares the write-ahead
-/// log and a memtable, which would each hold it once more (and the flush
-/// write it again). `what` names the write in errors.
+/// Writes each of `tables` (a file name and its entries, in strictly
+/// ascending key order) as a table file of that name beside the database's
+/// directory, on its file system, and ingests them all into column family
+/// `family` at once (atomically): the files are moved in, not copied, and
+/// RocksDB syncs them, the directory and the manifest that lists them
+/// before this returns. For a large write this spares the write-ahead log
+/// and a memtable, which would each hold it once more (and the flush write
+/// it again). `what` names the write in errors.
 ///
 /// The entries are visible once ingested, not atomically with any other
 /// write: callers keep them out of reach until a later write says they
-/// count, and collect them when it never comes. A file of that name left
-/// by a crash may be a second name of a table the ingestion moved in (it
-/// drops the name last): it is unlinked, never written through.
-pub(crate) fn ingest_table<K, V>(
+/// count, and collect them when it never comes. A table's range should not
+/// span keys the memtable holds (another log's, between two of its own):
+/// RocksDB would flush the memtable first, holding every write meanwhile.
+/// A file of a table's name left by a crash may be a second name of a table
+/// the ingestion moved in (it drops the name last): it is unlinked, never
+/// written through.
+pub(crate) fn ingest_tables<K, V, E>(
     db: &PipelineDb,
     family: &str,
-    file: &str,
-    entries: impl IntoIterator<Item = (K, V)>,
+    tables: impl IntoIterator<Item = (String, E)>,
     what: &str,
 ) -> Result<()>
 where
     K: AsRef<[u8]>,
     V: AsRef<[u8]>,
+    E: IntoIterator<Item = (K, V)>,
 {
     let cf = cf(db, family)?;
-    let path = db.path().with_file_name(file);
-    match std::fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(StorageError::io(&path)(e));
+    let mut paths = Vec::new();
+    let written = (|| {
+        for (file, entries) in tables {
+            let path = db.path().with_file_name(file);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(StorageError::io(&path)(e));
+                }
+                _ => {}
+            }
+            paths.push(path.clone());
+            let mut opts = Options::default();
+            opts.set_writable_file_max_buffer_size(WRITE_CHUNK as u64);
+            let mut table = rocksdb::SstFileWriter::create(&opts);
+            table
+                .open(&path)
+                .map_err(rocks(format!("opening a table for {what}")))?;
+            for (key, value) in entries {
+                table
+                    .put(key, value)
+                    .map_err(rocks(format!("writing {what}")))?;
+            }
+            // Synced by `finish`; the ingestion syncs the directory and the
+            // manifest that lists the file.
+            table
+                .finish()
+                .map_err(rocks(format!("finishing the table of {what}")))?;
         }
-        _ => {}
+        let mut ingest = rocksdb::IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        db.ingest_external_file_cf_opts(cf, &ingest, paths.iter().collect())
+            .map_err(rocks(format!("ingesting {what}")))
+    })();
+    for path in &paths {
+        let _ = std::fs::remove_file(path);
     }
-    let mut opts = Options::default();
-    opts.set_writable_file_max_buffer_size(WRITE_CHUNK as u64);
-    let mut table = rocksdb::SstFileWriter::create(&opts);
-    table
-        .open(&path)
-        .map_err(rocks(format!("opening a table for {what}")))?;
-    for (key, value) in entries {
-        table
-            .put(key, value)
-            .map_err(rocks(format!("writing {what}")))?;
-    }
-    // Synced by `finish`; the ingestion syncs the directory and the
-    // manifest that lists the file.
-    table
-        .finish()
-        .map_err(rocks(format!("finishing the table of {what}")))?;
-    let mut ingest = rocksdb::IngestExternalFileOptions::default();
-    ingest.set_move_files(true);
-    let ingested = db
-        .ingest_external_file_cf_opts(cf, &ingest, vec![&path])
-        .map_err(rocks(format!("ingesting {what}")));
-    let _ = std::fs::remove_file(&path);
-    ingested
+    written
 }
 
 #[cfg(test)]

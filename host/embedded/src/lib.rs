@@ -6,7 +6,8 @@
 //!
 //! - [`db`]: opening the database, the data directory's lock.
 //! - [`EmbeddedLog`] ([`log`]): input, output and step logs; a step commits
-//!   as one synced `WriteBatch`.
+//!   as one synced `WriteBatch`, its output first ingested as table files
+//!   when it is large (read only once the record is in).
 //! - [`RocksCheckpointStore`] ([`checkpoint`]): checkpoints, also of
 //!   pipelines whose logs are in Kafka.
 //! - [`meta`]: the pipeline's identity and shape, checked on every open.

@@ -129,6 +129,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl EmbeddedLog {
     /// Opens the log in a database opened by [`db::open`].
     pub fn open(db: Arc<db::PipelineDb>) -> Result<Self> {
+        if let Some(dir) = db.path().parent() {
+            output::remove_left_tables(dir);
+        }
         let steps = db::cf(&db, CF_STEPS)?;
         let last_step = match db.iterator_cf(steps, IteratorMode::End).next() {
             Some(item) => {
@@ -680,7 +683,17 @@ impl LogBackend for EmbeddedLog {
         if ingest {
             wb = WriteBatch::with_capacity_bytes(record.len() + 64);
             self.unsettled_output.store(true, Ordering::Release);
-            self.ingest_output(step, entries)?;
+            let sized = (entries.into_iter().zip(sizes))
+                .map(|((key, entry), size)| (key, entry, size))
+                .collect();
+            self.ingest_output(step, sized)?;
+            #[cfg(test)]
+            if output::FAIL_RECORD.with(|f| f.replace(false)) {
+                return Err(Error::Corrupt {
+                    what: format!("the record of step {step}"),
+                    message: "its write failed (a test's)".into(),
+                });
+            }
         } else {
             wb = WriteBatch::with_capacity_bytes(capacity);
             for ((key, entry), size) in entries.into_iter().zip(sizes) {

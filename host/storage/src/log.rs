@@ -557,7 +557,9 @@ pub trait LogBackend: Send + Sync {
 
     /// Commits a step: every worker's output entries, the dead letters
     /// ([`StepCommit::dead_letters`], written like output entries) and the
-    /// step record, atomically and durably. Fails with
+    /// step record, atomically and durably — as readers see it: a backend
+    /// may write the entries first, provided no read returns them before
+    /// the record is in and none ever does if it never comes. Fails with
     /// [`StorageError::StepExists`] if the step is already
     /// committed (I1), [`StorageError::StepGap`] if it does
     /// not follow the last committed step, and

@@ -25,30 +25,71 @@ use std::sync::atomic::Ordering;
 /// memtable by itself.
 pub(super) const INGEST_AT: usize = db::FAMILY_BUFFER;
 
+/// How the names of a step's output tables start, in the data directory
+/// while they are written (`step-output-0.sst`, one per log).
+const TABLE_PREFIX: &str = "step-output-";
+
+/// Removes output tables a crash left in `dir`, the data directory, while
+/// they were written or ingested (a name left after the ingestion is a
+/// second name of a live table, holding its blocks on disk after the
+/// database drops it). Best effort: one that cannot be removed is
+/// unlinked before its name is written again.
+pub(super) fn remove_left_tables(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TABLE_PREFIX) && name.ends_with(".sst") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A test's request that the next ingested output's record fail (after
+    /// the ingestion), as a write can.
+    pub(super) static FAIL_RECORD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl EmbeddedLog {
-    /// Writes a step's output entries (keys with their entries) as a table
-    /// file and ingests it (see the module's docs). The caller has marked
-    /// the output unsettled: until the step's record commits, the entries
-    /// count as past the last step.
+    /// Writes a step's output entries (keys, their entries and their
+    /// encodings' sizes) as table files, one per log so that none spans
+    /// another log's keys, and ingests them together (see the module's
+    /// docs). The caller has marked the output unsettled: until the step's
+    /// record commits, the entries count as past the last step.
     pub(super) fn ingest_output(
         &self,
         step: u64,
-        entries: Vec<(Vec<u8>, &OutputEntry)>,
+        entries: Vec<(Vec<u8>, &OutputEntry, usize)>,
     ) -> Result<()> {
         let mut encoded = Vec::with_capacity(entries.len());
         // Latest first, sorted stably: the first of equal keys is the last
         // given (as a batch keeps the last put).
-        for (key, entry) in entries.into_iter().rev() {
-            let value = postcard::to_allocvec(entry).map_err(Error::corrupt("output entry"))?;
+        for (key, entry, size) in entries.into_iter().rev() {
+            let value = postcard::to_io(entry, Vec::with_capacity(size))
+                .map_err(Error::corrupt("output entry"))?;
             encoded.push((key, value));
         }
         encoded.sort_by(|a, b| a.0.cmp(&b.0));
         encoded.dedup_by(|later, kept| later.0 == kept.0);
-        db::ingest_table(
+        // A log's keys are its length-prefixed name and 12 bytes.
+        let mut tables: Vec<Vec<(Vec<u8>, Vec<u8>)>> = Vec::new();
+        for (key, value) in encoded {
+            let log = |k: &[u8]| k.len().checked_sub(12).map(|n| k[..n].to_vec());
+            match tables.last_mut() {
+                Some(t) if log(&t[0].0) == log(&key) => t.push((key, value)),
+                _ => tables.push(vec![(key, value)]),
+            }
+        }
+        let tables = (tables.into_iter().enumerate())
+            .map(|(i, table)| (format!("{TABLE_PREFIX}{i}.sst"), table));
+        db::ingest_tables(
             &self.db,
             CF_OUTPUT,
-            "step-output.sst",
-            encoded,
+            tables,
             &format!("the output of step {step}"),
         )
     }
@@ -121,59 +162,68 @@ fn past_log(prefix: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::output_key;
     use sluice_storage::LogBackend;
     use sluice_storage::conformance;
 
+    /// A commit of `step` with three workers' output and a dead-letter log.
+    fn wide(step: u64) -> sluice_core::StepCommit {
+        let mut c = conformance::sample_commit(step, 5);
+        let entry = c.outputs[0].1[0].clone();
+        c.outputs[0].1 = (0..3)
+            .map(|worker| OutputEntry {
+                worker,
+                ..entry.clone()
+            })
+            .collect();
+        c.dead_letters = vec![("in.dead-letter".into(), vec![entry])];
+        c
+    }
+
+    /// Entries in the output family, read or not.
+    fn raw_keys(log: &EmbeddedLog) -> usize {
+        let out = db::cf(&log.db, CF_OUTPUT).unwrap();
+        log.db.iterator_cf(out, IteratorMode::Start).count()
+    }
+
+    /// (step, worker) of every entry a scan of `name` reads.
+    fn scanned(log: &EmbeddedLog, name: &str) -> Vec<(u64, u32)> {
+        let mut seen = Vec::new();
+        log.scan_output_keyed(name, 0, &mut |step, worker, _| {
+            seen.push((step, worker));
+            Ok(std::ops::ControlFlow::Continue(()))
+        })
+        .unwrap();
+        seen
+    }
+
+    fn open(dir: &std::path::Path) -> EmbeddedLog {
+        let mut log = EmbeddedLog::open(db::open(dir).unwrap()).unwrap();
+        log.ingest_output_at = 0;
+        log
+    }
+
     /// Output ingested for a step whose record never committed (a crash
-    /// between the two writes, or a failed record) is never read, and is
-    /// gone before that step commits again, with fewer workers.
+    /// between the two writes) is never read, and is gone before that step
+    /// commits again, with fewer workers; table files left behind go when
+    /// the log opens.
     #[test]
     fn ingested_output_without_its_record_is_deleted_before_the_step_commits() {
         let dir = tempfile::tempdir().unwrap();
-        let wide = |step: u64| {
-            let mut c = conformance::sample_commit(step, 5);
-            let entry = c.outputs[0].1[0].clone();
-            c.outputs[0].1 = (0..3)
-                .map(|worker| OutputEntry {
-                    worker,
-                    ..entry.clone()
-                })
-                .collect();
-            c.dead_letters = vec![("in.dead-letter".into(), vec![entry])];
-            c
-        };
-        let raw_keys = |log: &EmbeddedLog| -> usize {
-            let out = db::cf(&log.db, CF_OUTPUT).unwrap();
-            log.db.iterator_cf(out, IteratorMode::Start).count()
-        };
-        let scanned = |log: &EmbeddedLog, name: &str| {
-            let mut seen = Vec::new();
-            log.scan_output_keyed(name, 0, &mut |step, worker, _| {
-                seen.push((step, worker));
-                Ok(std::ops::ControlFlow::Continue(()))
-            })
-            .unwrap();
-            seen
-        };
         {
-            let mut log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
-            log.ingest_output_at = 0;
+            let log = open(dir.path());
             log.fence().unwrap();
             log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
             // Step 1's output is in, its record is not.
-            let commit = wide(1);
-            let entries = commit
-                .logs()
-                .flat_map(|(name, es)| es.iter().map(move |e| (output_key(name, 1, e.worker), e)))
-                .collect();
-            log.unsettled_output.store(true, Ordering::Release);
-            log.ingest_output(1, entries).unwrap();
+            FAIL_RECORD.with(|f| f.set(true));
+            assert!(log.commit_step(&wide(1)).is_err());
             assert_eq!(raw_keys(&log), 5);
             assert_eq!(scanned(&log, "out"), [(0, 0)], "past the last step");
             assert!(scanned(&log, "in.dead-letter").is_empty());
         }
+        let left = dir.path().join(format!("{TABLE_PREFIX}7.sst"));
+        std::fs::write(&left, b"a table a crash left").unwrap();
         let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert!(!left.exists());
         assert_eq!(scanned(&log, "out"), [(0, 0)]);
         // Step 1 again, with one worker, through the batch.
         log.commit_step(&conformance::sample_commit(1, 5)).unwrap();
@@ -182,8 +232,38 @@ mod tests {
         assert_eq!(raw_keys(&log), 2);
         // Settled: the next commits look no further.
         assert!(!log.unsettled_output.load(Ordering::Acquire));
+    }
+
+    /// The same when the record's write fails and the step is retried on
+    /// the same handle: the next commit deletes what the failed one left.
+    /// Each log's entries are a table of their own.
+    #[test]
+    fn a_failed_record_s_output_is_deleted_before_the_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        log.fence().unwrap();
+        log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
+        assert!(!log.unsettled_output.load(Ordering::Acquire));
+        FAIL_RECORD.with(|f| f.set(true));
+        assert!(log.commit_step(&wide(1)).is_err());
+        assert_eq!(raw_keys(&log), 5);
+        log.commit_step(&conformance::sample_commit(1, 5)).unwrap();
+        assert_eq!(scanned(&log, "out"), [(0, 0), (1, 0)]);
+        assert!(scanned(&log, "in.dead-letter").is_empty());
         log.commit_step(&wide(2)).unwrap();
         assert_eq!(scanned(&log, "out").len(), 5);
         assert_eq!(scanned(&log, "in.dead-letter"), [(2, 0)]);
+        // Step 2's tables (the files that start at a key of step 2; a
+        // flush the ingestion caused holds step 1's).
+        let step = |k: &[u8]| u64::from_be_bytes(k[k.len() - 12..k.len() - 4].try_into().unwrap());
+        let tables: Vec<_> = (log.db.live_files().unwrap().into_iter())
+            .filter(|f| f.column_family_name == CF_OUTPUT)
+            .map(|f| (f.start_key.unwrap(), f.end_key.unwrap()))
+            .filter(|(start, _)| step(start) == 2)
+            .collect();
+        assert_eq!(tables.len(), 2, "one table a log");
+        for (start, end) in tables {
+            assert_eq!(start[..start.len() - 12], end[..end.len() - 12]);
+        }
     }
 }
