@@ -682,18 +682,7 @@ impl LogBackend for EmbeddedLog {
         let mut wb;
         if ingest {
             wb = WriteBatch::with_capacity_bytes(record.len() + 64);
-            self.unsettled_output.store(true, Ordering::Release);
-            let sized = (entries.into_iter().zip(sizes))
-                .map(|((key, entry), size)| (key, entry, size))
-                .collect();
-            self.ingest_output(step, sized)?;
-            #[cfg(test)]
-            if output::FAIL_RECORD.with(|f| f.replace(false)) {
-                return Err(Error::Corrupt {
-                    what: format!("the record of step {step}"),
-                    message: "its write failed (a test's)".into(),
-                });
-            }
+            self.ingest_output(step, entries, sizes)?;
         } else {
             wb = WriteBatch::with_capacity_bytes(capacity);
             for ((key, entry), size) in entries.into_iter().zip(sizes) {

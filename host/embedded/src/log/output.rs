@@ -55,20 +55,22 @@ thread_local! {
 }
 
 impl EmbeddedLog {
-    /// Writes a step's output entries (keys, their entries and their
+    /// Writes a step's output entries (keys and their entries, with their
     /// encodings' sizes) as table files, one per log so that none spans
     /// another log's keys, and ingests them together (see the module's
-    /// docs). The caller has marked the output unsettled: until the step's
-    /// record commits, the entries count as past the last step.
+    /// docs), having marked the output unsettled: until the step's record
+    /// commits, the entries count as past the last step.
     pub(super) fn ingest_output(
         &self,
         step: u64,
-        entries: Vec<(Vec<u8>, &OutputEntry, usize)>,
+        entries: Vec<(Vec<u8>, &OutputEntry)>,
+        sizes: Vec<usize>,
     ) -> Result<()> {
+        self.unsettled_output.store(true, Ordering::Release);
         let mut encoded = Vec::with_capacity(entries.len());
         // Latest first, sorted stably: the first of equal keys is the last
         // given (as a batch keeps the last put).
-        for (key, entry, size) in entries.into_iter().rev() {
+        for ((key, entry), size) in entries.into_iter().zip(sizes).rev() {
             let value = postcard::to_io(entry, Vec::with_capacity(size))
                 .map_err(Error::corrupt("output entry"))?;
             encoded.push((key, value));
@@ -91,7 +93,15 @@ impl EmbeddedLog {
             CF_OUTPUT,
             tables,
             &format!("the output of step {step}"),
-        )
+        )?;
+        #[cfg(test)]
+        if FAIL_RECORD.with(|f| f.replace(false)) {
+            return Err(Error::Corrupt {
+                what: format!("the record of step {step}"),
+                message: "its write failed (a test's)".into(),
+            });
+        }
+        Ok(())
     }
 
     /// If output may lie past the last recorded step (since the log was
