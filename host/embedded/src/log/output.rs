@@ -212,6 +212,19 @@ mod tests {
         log
     }
 
+    /// Commits step 0 on a fresh log, then step 1 (three workers and a
+    /// dead letter) whose record fails after its output was ingested.
+    fn fail_step_1(log: &EmbeddedLog) {
+        log.fence().unwrap();
+        log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
+        assert!(!log.unsettled_output.load(Ordering::Acquire));
+        FAIL_RECORD.with(|f| f.set(true));
+        assert!(log.commit_step(&wide(1)).is_err());
+        assert_eq!(raw_keys(log), 5);
+        assert_eq!(scanned(log, "out"), [(0, 0)], "past the last step");
+        assert!(scanned(log, "in.dead-letter").is_empty());
+    }
+
     /// Output ingested for a step whose record never committed (a crash
     /// between the two writes) is never read, and is gone before that step
     /// commits again, with fewer workers; table files left behind go when
@@ -219,17 +232,7 @@ mod tests {
     #[test]
     fn ingested_output_without_its_record_is_deleted_before_the_step_commits() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let log = open(dir.path());
-            log.fence().unwrap();
-            log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
-            // Step 1's output is in, its record is not.
-            FAIL_RECORD.with(|f| f.set(true));
-            assert!(log.commit_step(&wide(1)).is_err());
-            assert_eq!(raw_keys(&log), 5);
-            assert_eq!(scanned(&log, "out"), [(0, 0)], "past the last step");
-            assert!(scanned(&log, "in.dead-letter").is_empty());
-        }
+        fail_step_1(&open(dir.path()));
         let left = dir.path().join(format!("{TABLE_PREFIX}7.sst"));
         std::fs::write(&left, b"a table a crash left").unwrap();
         let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
@@ -251,12 +254,7 @@ mod tests {
     fn a_failed_record_s_output_is_deleted_before_the_retry() {
         let dir = tempfile::tempdir().unwrap();
         let log = open(dir.path());
-        log.fence().unwrap();
-        log.commit_step(&conformance::sample_commit(0, 2)).unwrap();
-        assert!(!log.unsettled_output.load(Ordering::Acquire));
-        FAIL_RECORD.with(|f| f.set(true));
-        assert!(log.commit_step(&wide(1)).is_err());
-        assert_eq!(raw_keys(&log), 5);
+        fail_step_1(&log);
         log.commit_step(&conformance::sample_commit(1, 5)).unwrap();
         assert_eq!(scanned(&log, "out"), [(0, 0), (1, 0)]);
         assert!(scanned(&log, "in.dead-letter").is_empty());
