@@ -79,8 +79,10 @@ impl EmbeddedLog {
         encoded.dedup_by(|later, kept| later.0 == kept.0);
         // A log's keys are its length-prefixed name and 12 bytes.
         let mut tables: Vec<Vec<(Vec<u8>, Vec<u8>)>> = Vec::new();
+        fn log(key: &[u8]) -> &[u8] {
+            &key[..key.len().saturating_sub(12)]
+        }
         for (key, value) in encoded {
-            let log = |k: &[u8]| k.len().checked_sub(12).map(|n| k[..n].to_vec());
             match tables.last_mut() {
                 Some(t) if log(&t[0].0) == log(&key) => t.push((key, value)),
                 _ => tables.push(vec![(key, value)]),
