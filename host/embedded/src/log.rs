@@ -1,9 +1,12 @@
 //! The embedded log: every log of a pipeline in its RocksDB database.
 //!
 //! Keys (big-endian numbers, so RocksDB's order is log order):
-//! - input:  `[name][partition u32][offset u64]` → postcard [`Event`] (weight
-//!   0: a line an ingest kept as not an event, see
-//!   [`sluice_core::bad_records`]; it reads back as a [`BadRecord`])
+//! - input:  `[name][partition u32][first offset u64][0xFF]` → a chunk,
+//!   postcard `Vec<Event>` (weight 0: a line an ingest kept as not an
+//!   event, see [`sluice_core::bad_records`]; it reads back as a
+//!   [`BadRecord`]); databases written before chunks hold
+//!   `[name][partition u32][offset u64]` → postcard [`Event`] (see the
+//!   `input` module)
 //! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`] (a
 //!   dead-letter log `<input>.dead-letter` too)
 //! - steps:  `[step u64]` → postcard [`StepRecord`]
@@ -188,15 +191,12 @@ impl EmbeddedLog {
         }
         let mut next: HashMap<(String, u32), u64> = HashMap::new();
         // Sized before it is filled (it would grow by doubling, copying):
-        // each event's key and value, their lengths, a tag and a column
-        // family.
+        // each event's value, its length and weight, and per chunk a key,
+        // lengths, a tag and a column family.
         let capacity: usize = (batch.appends.iter())
             .map(|(input, _, events)| {
-                let per_event = input.len() + 13 + 10 + 8;
-                events
-                    .iter()
-                    .map(|e| e.value.len() + per_event)
-                    .sum::<usize>()
+                let bytes: usize = events.iter().map(|e| e.value.len() + 20).sum();
+                bytes + (bytes / input::CHUNK_BYTES + 1) * (input.len() + 40)
             })
             .sum();
         let mut wb = WriteBatch::with_capacity_bytes(capacity + 4096);
@@ -206,18 +206,7 @@ impl EmbeddedLog {
                 Some(n) => *n,
                 None => self.marks_of(&mut cache, input, *partition)?.1,
             };
-            // One key and one value buffer for all (the batch copies them).
-            let mut key = input_key(input, *partition, start);
-            let offset_at = key.len() - 8;
-            let mut value = Vec::new();
-            for (i, event) in events.iter().enumerate() {
-                key[offset_at..].copy_from_slice(&(start + i as u64).to_be_bytes());
-                value.clear();
-                // `to_io` copies a value's bytes with one `extend_from_slice`
-                // (`to_extend` extends from an iterator of bytes).
-                value = postcard::to_io(event, value).map_err(Error::corrupt("input event"))?;
-                wb.put_cf(cf, &key, &value);
-            }
+            input::put_chunks(&mut wb, cf, (input, *partition), start, events)?;
             let end = start + events.len() as u64;
             next.insert((input.clone(), *partition), end);
             ranges.push(start..end);
@@ -371,18 +360,7 @@ impl EmbeddedLog {
             Some(v) => be_u64(&v, "low watermark")?,
             None => 0,
         };
-        let cf = db::cf(&self.db, CF_INPUT)?;
-        let upper = input_key(input, partition, u64::MAX);
-        let mut it = self.db.raw_iterator_cf(cf);
-        it.seek_for_prev(&upper);
-        let prefix = &upper[..upper.len() - 8];
-        let high = match it.key() {
-            Some(k) if k.starts_with(prefix) => be_u64(&k[prefix.len()..], "input offset")? + 1,
-            _ => {
-                it.status().map_err(rocks("scanning an input partition"))?;
-                0
-            }
-        };
+        let high = self.stored_end(input, partition)?;
         Ok((low, high.max(low)))
     }
 
@@ -797,11 +775,14 @@ impl LogBackend for EmbeddedLog {
             return Ok(());
         }
         let below = below.min(high);
+        // Entries wholly below `below` go; a chunk holding it stays, whole
+        // (the low watermark keeps reads off its trimmed part).
+        let cut = self.trim_cut(input, partition, below)?;
         let mut wb = WriteBatch::default();
         wb.delete_range_cf(
             db::cf(&self.db, CF_INPUT)?,
-            input_key(input, partition, low),
-            input_key(input, partition, below),
+            input_key(input, partition, 0),
+            input_key(input, partition, cut),
         );
         wb.put_cf(
             db::cf(&self.db, CF_META)?,

@@ -1,9 +1,19 @@
-//! How the embedded log reads its input: each record lent from RocksDB's
-//! iterator, in offset order.
+//! How the embedded log stores and reads its input: events in chunks, each
+//! record lent from the chunk RocksDB's iterator lends, in offset order.
+//!
+//! An append writes a partition's events as chunks of about
+//! [`CHUNK_BYTES`]: key `[name][partition][first offset u64][CHUNK_TAG]` →
+//! postcard `Vec<Event>`. One key per event (what databases written before
+//! chunks hold: `[name][partition][offset]` → postcard [`Event`]) cost a
+//! memtable insertion, a log record and a table entry per event, then an
+//! iterator step per event to read it back. Both kinds are read, in one
+//! partition too (a database appended to by both versions): a key's length
+//! tells them apart, and a chunk's key sorts after the single event of its
+//! first offset and before the next offset's.
 
-use super::{EmbeddedLog, input_key};
+use super::{EmbeddedLog, be_u64, input_key};
 use crate::db::{self, CF_INPUT, rocks};
-use rocksdb::ReadOptions;
+use rocksdb::{ColumnFamily, DBRawIteratorWithThreadMode, ReadOptions, WriteBatch};
 use sluice_core::Event;
 use sluice_core::bad_records::marked_record_error;
 use sluice_storage::{
@@ -81,42 +91,204 @@ impl EmbeddedLog {
         let cf = db::cf(&self.db, CF_INPUT)?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_upper_bound(input_key(input, partition, range.end));
-        // A raw iterator lends each record's key and value: neither is
-        // copied here.
+        // A raw iterator lends each entry's key and value: neither is
+        // copied here. The first entry is the one holding `range.start`.
         let mut it = self.db.raw_iterator_cf_opt(cf, opts);
-        // The key each record must have: the partition's prefix, then its
-        // offset (embedded offsets are dense: a gap is corruption).
-        let mut expected = input_key(input, partition, range.start);
-        let offset_at = expected.len() - 8;
-        it.seek(&expected);
+        let start = chunk_key(input, partition, range.start);
+        it.seek_for_prev(&start);
+        let missing = |offset: u64| Error::Corrupt {
+            what: format!("input `{input}` partition {partition}"),
+            message: format!("offset {offset} is missing"),
+        };
+        // Embedded offsets are dense: a gap is corruption.
         let mut offset = range.start;
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            expected[offset_at..].copy_from_slice(&offset.to_be_bytes());
-            if k != expected.as_slice() {
-                return Err(Error::Corrupt {
-                    what: format!("input `{input}` partition {partition}"),
-                    message: format!("offset {offset} is missing"),
-                });
+        while offset < range.end {
+            let Some(entry) = Entry::at(&it, &start[..start.len() - 9])? else {
+                break;
+            };
+            if entry.first > offset || entry.end() <= offset {
+                return Err(missing(offset));
             }
-            let event: StoredEvent<'_> =
-                postcard::from_bytes(v).map_err(Error::corrupt("input event"))?;
-            each(match event.weight {
-                0 => RecordRef::Bad(BadRecord {
-                    offset,
-                    position: format!("{input}/{partition}@{offset}"),
-                    error: marked_record_error(event.value),
-                    value: Some(event.value.to_vec()),
-                }),
-                weight => RecordRef::Event {
-                    value: event.value,
-                    weight,
-                },
-            })?;
-            offset += 1;
+            let mut events = entry.events();
+            let end = range.end.min(entry.end());
+            for _ in entry.first..offset {
+                events.next().transpose()?;
+            }
+            while offset < end {
+                let event = events.next().transpose()?.ok_or_else(|| missing(offset))?;
+                each(match event.weight {
+                    0 => RecordRef::Bad(BadRecord {
+                        offset,
+                        position: format!("{input}/{partition}@{offset}"),
+                        error: marked_record_error(event.value),
+                        value: Some(event.value.to_vec()),
+                    }),
+                    weight => RecordRef::Event {
+                        value: event.value,
+                        weight,
+                    },
+                })?;
+                offset += 1;
+            }
+            drop(events);
             it.next();
         }
         it.status().map_err(rocks("reading input"))?;
         Ok(offset - range.start)
+    }
+
+    /// The end of a partition's stored events (its high watermark as the
+    /// database holds it; 0 without any).
+    pub(super) fn stored_end(&self, input: &str, partition: u32) -> Result<u64> {
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let last = chunk_key(input, partition, u64::MAX);
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_for_prev(&last);
+        match Entry::at(&it, &last[..last.len() - 9])? {
+            Some(entry) => Ok(entry.end()),
+            _ => {
+                it.status().map_err(rocks("scanning an input partition"))?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// Where a trim of a partition below `below` may delete up to: the
+    /// first offset of the entry holding `below` (a chunk is deleted
+    /// whole, once all of it is below), or `below` itself when no entry
+    /// holds it.
+    pub(super) fn trim_cut(&self, input: &str, partition: u32, below: u64) -> Result<u64> {
+        let cf = db::cf(&self.db, CF_INPUT)?;
+        let key = chunk_key(input, partition, below);
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_for_prev(&key);
+        match Entry::at(&it, &key[..key.len() - 9])? {
+            Some(entry) if entry.end() > below => Ok(entry.first),
+            _ => {
+                it.status().map_err(rocks("finding where to trim input"))?;
+                Ok(below)
+            }
+        }
+    }
+}
+
+/// The approximate size of a chunk of input events: a block of the log's
+/// tables (`db::LOG_BLOCK`), so a step that starts inside a chunk skips
+/// at most a block's worth of events, and a chunk rarely spans blocks.
+pub(super) const CHUNK_BYTES: usize = 64 << 10;
+
+/// The last byte of a chunk's key (a single event's key has none).
+const CHUNK_TAG: u8 = 0xFF;
+
+/// The key of a chunk whose first event is at `offset`.
+fn chunk_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
+    let mut key = input_key(name, partition, offset);
+    key.push(CHUNK_TAG);
+    key
+}
+
+/// Puts `events`, at offsets from `start` of a partition, into `wb` as
+/// chunks of about [`CHUNK_BYTES`] (a larger event is a chunk of its own).
+pub(super) fn put_chunks(
+    wb: &mut WriteBatch,
+    cf: &ColumnFamily,
+    (input, partition): (&str, u32),
+    start: u64,
+    events: &[Event],
+) -> Result<()> {
+    // One key and one value buffer for all (the batch copies them).
+    let mut key = chunk_key(input, partition, start);
+    let offset_at = key.len() - 9;
+    let mut value = Vec::with_capacity(CHUNK_BYTES + 64);
+    let mut first = 0;
+    while first < events.len() {
+        let mut size = 0;
+        let mut end = first;
+        while end < events.len() && (end == first || size + events[end].value.len() <= CHUNK_BYTES)
+        {
+            size += events[end].value.len();
+            end += 1;
+        }
+        key[offset_at..offset_at + 8].copy_from_slice(&(start + first as u64).to_be_bytes());
+        value.clear();
+        // `to_io` copies a value's bytes with one `extend_from_slice`.
+        value =
+            postcard::to_io(&events[first..end], value).map_err(Error::corrupt("input chunk"))?;
+        wb.put_cf(cf, &key, &value);
+        first = end;
+    }
+    Ok(())
+}
+
+/// One stored entry of a partition: a chunk, or a single event (written
+/// before chunks), lent from an iterator.
+struct Entry<'a> {
+    /// The offset of its first event.
+    first: u64,
+    /// How many events it holds.
+    count: u64,
+    /// Its events' encodings: a chunk's after its count, or the one
+    /// event's.
+    events: &'a [u8],
+}
+
+impl<'a> Entry<'a> {
+    /// The entry the iterator is at, if it is one of the partition whose
+    /// keys start with `prefix` (the partition's part of [`input_key`]).
+    fn at(
+        it: &'a DBRawIteratorWithThreadMode<'_, rocksdb::DB>,
+        prefix: &[u8],
+    ) -> Result<Option<Entry<'a>>> {
+        let (Some(key), Some(value)) = (it.key(), it.value()) else {
+            return Ok(None);
+        };
+        let Some(rest) = key.strip_prefix(prefix) else {
+            return Ok(None);
+        };
+        let (first, count, events) = match rest {
+            [offset @ .., CHUNK_TAG] if offset.len() == 8 => {
+                let (count, events) = postcard::take_from_bytes::<u64>(value)
+                    .map_err(Error::corrupt("input chunk"))?;
+                (be_u64(offset, "input offset")?, count, events)
+            }
+            offset if offset.len() == 8 => (be_u64(offset, "input offset")?, 1, value),
+            _ => {
+                return Err(Error::Corrupt {
+                    what: "input".into(),
+                    message: format!("a key {} bytes past its partition's", rest.len()),
+                });
+            }
+        };
+
+        Ok(Some(Entry {
+            first,
+            count,
+            events,
+        }))
+    }
+
+    /// The offset after its last event.
+    fn end(&self) -> u64 {
+        self.first + self.count
+    }
+
+    /// Its events, decoded one by one.
+    fn events(&self) -> impl Iterator<Item = Result<StoredEvent<'a>>> + 'a {
+        let mut rest = self.events;
+        let mut left = self.count;
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
+            Some(match postcard::take_from_bytes::<StoredEvent<'a>>(rest) {
+                Ok((event, r)) => {
+                    rest = r;
+                    Ok(event)
+                }
+                Err(e) => Err(Error::corrupt("input event")(e)),
+            })
+        })
     }
 }
 
@@ -126,4 +298,183 @@ impl EmbeddedLog {
 struct StoredEvent<'a> {
     value: &'a [u8],
     weight: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocksdb::IteratorMode;
+    use sluice_storage::{AppendBatch, LogBackend};
+
+    fn ev(i: usize, len: usize) -> Event {
+        let mut value = format!("{i}:").into_bytes();
+        value.resize(len.max(value.len()), b'x');
+        Event {
+            value,
+            weight: i as i64 % 3,
+        }
+    }
+
+    fn append(log: &EmbeddedLog, events: Vec<Event>) -> Range<u64> {
+        let batch = AppendBatch {
+            appends: vec![("in".into(), 0, events)],
+            mark: None,
+            producer: None,
+        };
+        log.append(batch).unwrap().remove(0)
+    }
+
+    /// Every record of `range`, as (value, weight), weight 0 for a bad one.
+    fn read(log: &EmbeddedLog, range: Range<u64>) -> Vec<(Vec<u8>, i64)> {
+        let mut seen = Vec::new();
+        let n = log
+            .scan_range("in", 0, range.clone(), &mut |r| {
+                seen.push(match r {
+                    RecordRef::Event { value, weight } => (value.to_vec(), weight),
+                    RecordRef::Bad(bad) => (bad.value.unwrap_or_default(), 0),
+                });
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(n, seen.len() as u64);
+        seen
+    }
+
+    fn expected(events: &[Event], range: Range<u64>) -> Vec<(Vec<u8>, i64)> {
+        events[range.start as usize..range.end as usize]
+            .iter()
+            .map(|e| (e.value.clone(), e.weight))
+            .collect()
+    }
+
+    fn keys(log: &EmbeddedLog) -> Vec<Box<[u8]>> {
+        let cf = db::cf(&log.db, CF_INPUT).unwrap();
+        (log.db.iterator_cf(cf, IteratorMode::Start))
+            .map(|kv| kv.unwrap().0)
+            .collect()
+    }
+
+    /// An append is split into chunks of about `CHUNK_BYTES` (an event
+    /// larger than that is a chunk of its own); any range reads back
+    /// exactly its events, from inside chunks too.
+    #[test]
+    fn appends_are_stored_in_chunks_and_read_from_any_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        log.create_input("in", 1).unwrap();
+        let mut events: Vec<Event> = (0..300).map(|i| ev(i, 1000)).collect();
+        events[150] = ev(150, 3 * CHUNK_BYTES);
+        assert_eq!(append(&log, events[..200].to_vec()), 0..200);
+        assert_eq!(append(&log, events[200..].to_vec()), 200..300);
+        // 65 events of 1000 bytes fill a chunk: 150 in three chunks, the
+        // large one alone, then 49, then 65 and 35.
+        let chunks = keys(&log);
+        assert_eq!(chunks.len(), 3 + 1 + 1 + 2, "{chunks:?}");
+        assert!(chunks.iter().all(|k| k.last() == Some(&CHUNK_TAG)));
+        for range in [
+            0..300,
+            0..1,
+            64..66,
+            65..130,
+            149..152,
+            150..151,
+            199..201,
+            299..300,
+        ] {
+            assert_eq!(read(&log, range.clone()), expected(&events, range));
+        }
+        assert_eq!(read(&log, 290..400).len(), 10, "reads stop at the end");
+        assert_eq!(log.stored_end("in", 0).unwrap(), 300);
+    }
+
+    /// A trim deletes the chunks wholly below it and keeps the one holding
+    /// its offset; what is above reads back, after a reopen too.
+    #[test]
+    fn a_trim_inside_a_chunk_keeps_the_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let events: Vec<Event> = (0..200).map(|i| ev(i, 1000)).collect();
+        {
+            let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+            log.create_input("in", 1).unwrap();
+            append(&log, events.clone());
+            assert_eq!(keys(&log).len(), 4);
+            log.trim("in", 0, 100).unwrap();
+            assert_eq!(keys(&log).len(), 3, "the chunk of 0..65 is gone");
+            assert_eq!(read(&log, 100..200), expected(&events, 100..200));
+            assert!(matches!(
+                log.scan_range("in", 0, 99..100, &mut |_| Ok(())),
+                Err(Error::Trimmed { low: 100, .. })
+            ));
+            log.trim("in", 0, 130).unwrap();
+            assert_eq!(keys(&log).len(), 2, "a chunk ending at the trim goes");
+        }
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(log.watermarks("in", 0).unwrap(), (130, 200));
+        assert_eq!(read(&log, 130..200), expected(&events, 130..200));
+        log.trim("in", 0, 200).unwrap();
+        assert!(keys(&log).is_empty());
+        assert_eq!(log.watermarks("in", 0).unwrap(), (200, 200));
+        assert_eq!(append(&log, vec![ev(7, 10)]), 200..201);
+    }
+
+    /// A database written before chunks (one key per event) is read, and
+    /// appended to, trimmed and reopened, with chunks after its events.
+    #[test]
+    fn events_stored_one_per_key_are_read_beside_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let events: Vec<Event> = (0..120).map(|i| ev(i, 1000)).collect();
+        {
+            let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+            log.create_input("in", 2).unwrap();
+            let cf = db::cf(&log.db, CF_INPUT).unwrap();
+            // As the version before chunks wrote them, in partition 0 and
+            // (one event, which must not be read as partition 0's) in 1.
+            for (i, event) in events[..10].iter().enumerate() {
+                let value = postcard::to_allocvec(event).unwrap();
+                log.db
+                    .put_cf(cf, input_key("in", 0, i as u64), value)
+                    .unwrap();
+            }
+            let value = postcard::to_allocvec(&ev(99, 5)).unwrap();
+            log.db.put_cf(cf, input_key("in", 1, 0), value).unwrap();
+        }
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(log.watermarks("in", 0).unwrap(), (0, 10));
+        assert_eq!(log.watermarks("in", 1).unwrap(), (0, 1));
+        assert_eq!(read(&log, 3..7), expected(&events, 3..7));
+        assert_eq!(append(&log, events[10..].to_vec()), 10..120);
+        assert_eq!(read(&log, 0..120), expected(&events, 0..120));
+        assert_eq!(read(&log, 9..11), expected(&events, 9..11));
+        log.trim("in", 0, 5).unwrap();
+        assert_eq!(
+            keys(&log).len(),
+            5 + 2 + 1,
+            "five single events, two chunks, partition 1"
+        );
+        assert_eq!(read(&log, 5..120), expected(&events, 5..120));
+        log.trim("in", 0, 11).unwrap();
+        assert_eq!(keys(&log).len(), 2 + 1);
+        drop(log);
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(log.watermarks("in", 0).unwrap(), (11, 120));
+        assert_eq!(read(&log, 11..120), expected(&events, 11..120));
+    }
+
+    /// A partition whose entries skip an offset is corrupt, not short.
+    #[test]
+    fn a_gap_between_entries_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        log.create_input("in", 1).unwrap();
+        let cf = db::cf(&log.db, CF_INPUT).unwrap();
+        for (first, events) in [(0, vec![ev(0, 4), ev(1, 4)]), (3, vec![ev(3, 4)])] {
+            let mut wb = WriteBatch::default();
+            put_chunks(&mut wb, cf, ("in", 0), first, &events).unwrap();
+            log.db.write(wb).unwrap();
+        }
+        let err = log.scan_range("in", 0, 0..4, &mut |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("offset 2 is missing"), "{err}");
+        let err = log.scan_range("in", 0, 2..4, &mut |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("offset 2 is missing"), "{err}");
+    }
 }
