@@ -95,15 +95,30 @@ impl EmbeddedLog {
         // copied here. The first entry is the one holding `range.start`.
         let mut it = self.db.raw_iterator_cf_opt(cf, opts);
         let start = chunk_key(input, partition, range.start);
+        let prefix = &start[..start.len() - 9];
         it.seek_for_prev(&start);
-        let missing = |offset: u64| Error::Corrupt {
-            what: format!("input `{input}` partition {partition}"),
-            message: format!("offset {offset} is missing"),
+        if !matches!(Entry::at(&it, prefix)?, Some(e) if e.end() > range.start) {
+            // No entry holds the start: read on from the first entry past
+            // it, which starts later (a gap) or is none (the end).
+            it.seek(input_key(input, partition, range.start));
+        }
+        // An offset not found is corrupt, unless a trim took it meanwhile.
+        let missing = |offset: u64| match self.watermarks(input, partition) {
+            Ok((low, _)) if offset < low => Error::Trimmed {
+                input: input.to_owned(),
+                partition,
+                from: offset,
+                low,
+            },
+            _ => Error::Corrupt {
+                what: format!("input `{input}` partition {partition}"),
+                message: format!("offset {offset} is missing"),
+            },
         };
         // Embedded offsets are dense: a gap is corruption.
         let mut offset = range.start;
         while offset < range.end {
-            let Some(entry) = Entry::at(&it, &start[..start.len() - 9])? else {
+            let Some(entry) = Entry::at(&it, prefix)? else {
                 break;
             };
             if entry.first > offset || entry.end() <= offset {
@@ -384,6 +399,8 @@ mod tests {
             assert_eq!(read(&log, range.clone()), expected(&events, range));
         }
         assert_eq!(read(&log, 290..400).len(), 10, "reads stop at the end");
+        assert!(read(&log, 300..400).is_empty());
+        assert!(read(&log, 301..400).is_empty());
         assert_eq!(log.stored_end("in", 0).unwrap(), 300);
     }
 
@@ -411,10 +428,16 @@ mod tests {
         let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
         assert_eq!(log.watermarks("in", 0).unwrap(), (130, 200));
         assert_eq!(read(&log, 130..200), expected(&events, 130..200));
+        log.trim("in", 0, 120).unwrap();
+        assert_eq!(log.watermarks("in", 0).unwrap(), (130, 200), "below low");
         log.trim("in", 0, 200).unwrap();
         assert!(keys(&log).is_empty());
+        assert!(read(&log, 200..300).is_empty());
+        drop(log);
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
         assert_eq!(log.watermarks("in", 0).unwrap(), (200, 200));
         assert_eq!(append(&log, vec![ev(7, 10)]), 200..201);
+        assert_eq!(read(&log, 200..201), expected(&[ev(7, 10)], 0..1));
     }
 
     /// A database written before chunks (one key per event) is read, and
@@ -476,5 +499,15 @@ mod tests {
         assert!(err.to_string().contains("offset 2 is missing"), "{err}");
         let err = log.scan_range("in", 0, 2..4, &mut |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("offset 2 is missing"), "{err}");
+        // A partition whose first entries are gone, and the one before it
+        // (whose last entry must not be read as this one's).
+        log.create_input("a", 2).unwrap();
+        let a = db::cf(&log.db, CF_INPUT).unwrap();
+        let mut wb = WriteBatch::default();
+        put_chunks(&mut wb, a, ("a", 0), 0, &[ev(0, 4), ev(1, 4)]).unwrap();
+        put_chunks(&mut wb, a, ("a", 1), 2, &[ev(2, 4)]).unwrap();
+        log.db.write(wb).unwrap();
+        let err = log.scan_range("a", 1, 0..3, &mut |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("offset 0 is missing"), "{err}");
     }
 }
