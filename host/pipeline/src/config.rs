@@ -101,6 +101,18 @@ impl Default for LogConfig {
     }
 }
 
+impl LogConfig {
+    /// Which kind of log this is (what `--log` named), in builds with and
+    /// without the Kafka backend alike.
+    pub fn kind(&self) -> LogKind {
+        match self {
+            LogConfig::Embedded { .. } => LogKind::Embedded,
+            #[cfg(feature = "kafka")]
+            LogConfig::Kafka { .. } => LogKind::Kafka,
+        }
+    }
+}
+
 /// Where a pipeline's logs live, as a user names it: `sluice run --log`,
 /// a server pipeline spec's `"log"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -133,7 +133,7 @@ pub async fn upgrade(
     }
     let dir = data.clone();
     let log = tokio::task::spawn_blocking(move || stored_log_config(&dir, brokers)).await??;
-    if let (Some(store), sluice_pipeline::LogConfig::Kafka { .. }) = (&store, &log) {
+    if let (Some(store), sluice_pipeline::LogKind::Kafka) = (&store, log.kind()) {
         // Where the pipeline's hosts fetch it: one started with the old
         // version follows the change instead of being refused.
         let (store, path) = (store.clone(), component.clone());
