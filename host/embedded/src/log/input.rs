@@ -321,6 +321,10 @@ mod tests {
     use rocksdb::IteratorMode;
     use sluice_storage::{AppendBatch, LogBackend};
 
+    fn open(dir: &std::path::Path) -> EmbeddedLog {
+        EmbeddedLog::open(db::open(dir).unwrap()).unwrap()
+    }
+
     fn ev(i: usize, len: usize) -> Event {
         let mut value = format!("{i}:").into_bytes();
         value.resize(len.max(value.len()), b'x');
@@ -375,7 +379,7 @@ mod tests {
     #[test]
     fn appends_are_stored_in_chunks_and_read_from_any_offset() {
         let dir = tempfile::tempdir().unwrap();
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         log.create_input("in", 1).unwrap();
         let mut events: Vec<Event> = (0..300).map(|i| ev(i, 1000)).collect();
         events[150] = ev(150, 3 * CHUNK_BYTES);
@@ -411,7 +415,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let events: Vec<Event> = (0..200).map(|i| ev(i, 1000)).collect();
         {
-            let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+            let log = open(dir.path());
             log.create_input("in", 1).unwrap();
             append(&log, events.clone());
             assert_eq!(keys(&log).len(), 4);
@@ -425,7 +429,7 @@ mod tests {
             log.trim("in", 0, 130).unwrap();
             assert_eq!(keys(&log).len(), 2, "a chunk ending at the trim goes");
         }
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         assert_eq!(log.watermarks("in", 0).unwrap(), (130, 200));
         assert_eq!(read(&log, 130..200), expected(&events, 130..200));
         log.trim("in", 0, 120).unwrap();
@@ -434,7 +438,7 @@ mod tests {
         assert!(keys(&log).is_empty());
         assert!(read(&log, 200..300).is_empty());
         drop(log);
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         assert_eq!(log.watermarks("in", 0).unwrap(), (200, 200));
         assert_eq!(append(&log, vec![ev(7, 10)]), 200..201);
         assert_eq!(read(&log, 200..201), expected(&[ev(7, 10)], 0..1));
@@ -447,7 +451,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let events: Vec<Event> = (0..120).map(|i| ev(i, 1000)).collect();
         {
-            let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+            let log = open(dir.path());
             log.create_input("in", 2).unwrap();
             let cf = db::cf(&log.db, CF_INPUT).unwrap();
             // As the version before chunks wrote them, in partition 0 and
@@ -461,7 +465,7 @@ mod tests {
             let value = postcard::to_allocvec(&ev(99, 5)).unwrap();
             log.db.put_cf(cf, input_key("in", 1, 0), value).unwrap();
         }
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         assert_eq!(log.watermarks("in", 0).unwrap(), (0, 10));
         assert_eq!(log.watermarks("in", 1).unwrap(), (0, 1));
         assert_eq!(read(&log, 3..7), expected(&events, 3..7));
@@ -478,7 +482,7 @@ mod tests {
         log.trim("in", 0, 11).unwrap();
         assert_eq!(keys(&log).len(), 2 + 1);
         drop(log);
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         assert_eq!(log.watermarks("in", 0).unwrap(), (11, 120));
         assert_eq!(read(&log, 11..120), expected(&events, 11..120));
     }
@@ -487,7 +491,7 @@ mod tests {
     #[test]
     fn a_gap_between_entries_is_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        let log = open(dir.path());
         log.create_input("in", 1).unwrap();
         let cf = db::cf(&log.db, CF_INPUT).unwrap();
         for (first, events) in [(0, vec![ev(0, 4), ev(1, 4)]), (3, vec![ev(3, 4)])] {
