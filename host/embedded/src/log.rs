@@ -53,7 +53,9 @@ pub struct EmbeddedLog {
     ingest_output_at: usize,
 }
 
-/// The key of an input event (for tools and tests that inspect the database).
+/// The key of an input event as databases written before chunks hold it,
+/// and the start of a partition's range of keys at `offset` (a chunk's key
+/// is this one and a tag byte: see the `input` module).
 pub fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(name.len() + 13);
     db::push_name(&mut k, name);

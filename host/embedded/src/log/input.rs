@@ -7,7 +7,8 @@
 //! chunks hold: `[name][partition][offset]` → postcard [`Event`]) cost a
 //! memtable insertion, a log record and a table entry per event, then an
 //! iterator step per event to read it back. Both kinds are read, in one
-//! partition too (a database appended to by both versions): a key's length
+//! partition too (a database written before chunks and appended to since):
+//! a key's length
 //! tells them apart, and a chunk's key sorts after the single event of its
 //! first offset and before the next offset's.
 
@@ -97,7 +98,8 @@ impl EmbeddedLog {
         let start = chunk_key(input, partition, range.start);
         let prefix = &start[..start.len() - 9];
         it.seek_for_prev(&start);
-        if !matches!(Entry::at(&it, prefix)?, Some(e) if e.end() > range.start) {
+        let place = (input, partition);
+        if !matches!(Entry::at(&it, prefix, place)?, Some(e) if e.end() > range.start) {
             // No entry holds the start: read on from the first entry past
             // it, which starts later (a gap) or is none (the end).
             it.seek(input_key(input, partition, range.start));
@@ -110,15 +112,20 @@ impl EmbeddedLog {
                 from: offset,
                 low,
             },
-            _ => Error::Corrupt {
-                what: format!("input `{input}` partition {partition}"),
-                message: format!("offset {offset} is missing"),
-            },
+            _ => corrupt(place, format!("offset {offset} is missing")),
+        };
+        let bad = |offset: u64| {
+            move |e: postcard::Error| {
+                corrupt(
+                    place,
+                    format!("the event at offset {offset} does not decode: {e}"),
+                )
+            }
         };
         // Embedded offsets are dense: a gap is corruption.
         let mut offset = range.start;
         while offset < range.end {
-            let Some(entry) = Entry::at(&it, prefix)? else {
+            let Some(entry) = Entry::at(&it, prefix, place)? else {
                 break;
             };
             if entry.first > offset || entry.end() <= offset {
@@ -126,11 +133,12 @@ impl EmbeddedLog {
             }
             let mut events = entry.events();
             let end = range.end.min(entry.end());
-            for _ in entry.first..offset {
-                events.next().transpose()?;
+            for at in entry.first..offset {
+                events.next().transpose().map_err(bad(at))?;
             }
             while offset < end {
-                let event = events.next().transpose()?.ok_or_else(|| missing(offset))?;
+                let event = (events.next().transpose().map_err(bad(offset))?)
+                    .ok_or_else(|| missing(offset))?;
                 each(match event.weight {
                     0 => RecordRef::Bad(BadRecord {
                         offset,
@@ -159,7 +167,7 @@ impl EmbeddedLog {
         let last = chunk_key(input, partition, u64::MAX);
         let mut it = self.db.raw_iterator_cf(cf);
         it.seek_for_prev(&last);
-        match Entry::at(&it, &last[..last.len() - 9])? {
+        match Entry::at(&it, &last[..last.len() - 9], (input, partition))? {
             Some(entry) => Ok(entry.end()),
             _ => {
                 it.status().map_err(rocks("scanning an input partition"))?;
@@ -177,7 +185,7 @@ impl EmbeddedLog {
         let key = chunk_key(input, partition, below);
         let mut it = self.db.raw_iterator_cf(cf);
         it.seek_for_prev(&key);
-        match Entry::at(&it, &key[..key.len() - 9])? {
+        match Entry::at(&it, &key[..key.len() - 9], (input, partition))? {
             Some(entry) if entry.end() > below => Ok(entry.first),
             _ => {
                 it.status().map_err(rocks("finding where to trim input"))?;
@@ -187,10 +195,19 @@ impl EmbeddedLog {
     }
 }
 
-/// The approximate size of a chunk of input events: a block of the log's
-/// tables (`db::LOG_BLOCK`), so a step that starts inside a chunk skips
-/// at most a block's worth of events, and a chunk rarely spans blocks.
+/// The approximate size of a chunk of input events (its values'): a block
+/// of the log's tables (`db::LOG_BLOCK`), so a step that starts inside a
+/// chunk skips at most a block's worth of events, and a table holds about
+/// one chunk per block.
 pub(super) const CHUNK_BYTES: usize = 64 << 10;
+
+/// Corruption found in a partition (`place`: input and partition).
+fn corrupt((input, partition): (&str, u32), message: String) -> Error {
+    Error::Corrupt {
+        what: format!("input `{input}` partition {partition}"),
+        message,
+    }
+}
 
 /// The last byte of a chunk's key (a single event's key has none).
 const CHUNK_TAG: u8 = 0xFF;
@@ -248,11 +265,13 @@ struct Entry<'a> {
 }
 
 impl<'a> Entry<'a> {
-    /// The entry the iterator is at, if it is one of the partition whose
-    /// keys start with `prefix` (the partition's part of [`input_key`]).
+    /// The entry the iterator is at, if it is one of the partition `place`
+    /// (input and partition) whose keys start with `prefix` (the
+    /// partition's part of [`input_key`]).
     fn at(
         it: &'a DBRawIteratorWithThreadMode<'_, rocksdb::DB>,
         prefix: &[u8],
+        place: (&str, u32),
     ) -> Result<Option<Entry<'a>>> {
         let (Some(key), Some(value)) = (it.key(), it.value()) else {
             return Ok(None);
@@ -262,16 +281,22 @@ impl<'a> Entry<'a> {
         };
         let (first, count, events) = match rest {
             [offset @ .., CHUNK_TAG] if offset.len() == 8 => {
-                let (count, events) = postcard::take_from_bytes::<u64>(value)
-                    .map_err(Error::corrupt("input chunk"))?;
-                (be_u64(offset, "input offset")?, count, events)
+                let first = be_u64(offset, "input offset")?;
+                let (count, events) = postcard::take_from_bytes::<u64>(value).map_err(|e| {
+                    corrupt(
+                        place,
+                        format!("the chunk at offset {first} has no count: {e}"),
+                    )
+                })?;
+                (first, count, events)
             }
             offset if offset.len() == 8 => (be_u64(offset, "input offset")?, 1, value),
             _ => {
-                return Err(Error::Corrupt {
-                    what: "input".into(),
-                    message: format!("a key {} bytes past its partition's", rest.len()),
-                });
+                let message = format!(
+                    "a key with {} bytes after its partition's prefix (8 or 9 expected)",
+                    rest.len()
+                );
+                return Err(corrupt(place, message));
             }
         };
 
@@ -288,7 +313,9 @@ impl<'a> Entry<'a> {
     }
 
     /// Its events, decoded one by one.
-    fn events(&self) -> impl Iterator<Item = Result<StoredEvent<'a>>> + 'a {
+    fn events(
+        &self,
+    ) -> impl Iterator<Item = std::result::Result<StoredEvent<'a>, postcard::Error>> + 'a {
         let mut rest = self.events;
         let mut left = self.count;
         std::iter::from_fn(move || {
@@ -301,7 +328,7 @@ impl<'a> Entry<'a> {
                     rest = r;
                     Ok(event)
                 }
-                Err(e) => Err(Error::corrupt("input event")(e)),
+                Err(e) => Err(e),
             })
         })
     }
