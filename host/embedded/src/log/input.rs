@@ -8,9 +8,8 @@
 //! memtable insertion, a log record and a table entry per event, then an
 //! iterator step per event to read it back. Both kinds are read, in one
 //! partition too (a database written before chunks and appended to since):
-//! a key's length
-//! tells them apart, and a chunk's key sorts after the single event of its
-//! first offset and before the next offset's.
+//! a key's length tells them apart, and a chunk's key sorts after the
+//! single event of its first offset and before the next offset's.
 
 use super::{EmbeddedLog, be_u64, input_key};
 use crate::db::{self, CF_INPUT, rocks};
@@ -307,9 +306,10 @@ impl<'a> Entry<'a> {
         }))
     }
 
-    /// The offset after its last event.
+    /// The offset after its last event (saturating: a corrupt count is
+    /// then found short of events, not an overflow).
     fn end(&self) -> u64 {
-        self.first + self.count
+        self.first.saturating_add(self.count)
     }
 
     /// Its events, decoded one by one.
