@@ -162,17 +162,8 @@ impl EmbeddedLog {
     /// The end of a partition's stored events (its high watermark as the
     /// database holds it; 0 without any).
     pub(super) fn stored_end(&self, input: &str, partition: u32) -> Result<u64> {
-        let cf = db::cf(&self.db, CF_INPUT)?;
-        let last = chunk_key(input, partition, u64::MAX);
-        let mut it = self.db.raw_iterator_cf(cf);
-        it.seek_for_prev(&last);
-        match Entry::at(&it, &last[..last.len() - 9], (input, partition))? {
-            Some(entry) => Ok(entry.end()),
-            _ => {
-                it.status().map_err(rocks("scanning an input partition"))?;
-                Ok(0)
-            }
-        }
+        let last = self.entry_before(input, partition, u64::MAX, "scanning an input partition")?;
+        Ok(last.map_or(0, |(_, end)| end))
     }
 
     /// Where a trim of a partition below `below` may delete up to: the
@@ -180,15 +171,31 @@ impl EmbeddedLog {
     /// whole, once all of it is below), or `below` itself when no entry
     /// holds it.
     pub(super) fn trim_cut(&self, input: &str, partition: u32, below: u64) -> Result<u64> {
+        match self.entry_before(input, partition, below, "finding where to trim input")? {
+            Some((first, end)) if end > below => Ok(first),
+            _ => Ok(below),
+        }
+    }
+
+    /// The first offset and the end of a partition's last entry starting
+    /// at or before `offset` (a chunk or a single event), or `None` when
+    /// none does; `doing` names the work in a RocksDB error.
+    fn entry_before(
+        &self,
+        input: &str,
+        partition: u32,
+        offset: u64,
+        doing: &str,
+    ) -> Result<Option<(u64, u64)>> {
         let cf = db::cf(&self.db, CF_INPUT)?;
-        let key = chunk_key(input, partition, below);
+        let key = chunk_key(input, partition, offset);
         let mut it = self.db.raw_iterator_cf(cf);
         it.seek_for_prev(&key);
         match Entry::at(&it, &key[..key.len() - 9], (input, partition))? {
-            Some(entry) if entry.end() > below => Ok(entry.first),
-            _ => {
-                it.status().map_err(rocks("finding where to trim input"))?;
-                Ok(below)
+            Some(entry) => Ok(Some((entry.first, entry.end()))),
+            None => {
+                it.status().map_err(rocks(doing))?;
+                Ok(None)
             }
         }
     }
