@@ -352,6 +352,7 @@ struct StoredEvent<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use rocksdb::IteratorMode;
     use sluice_storage::{AppendBatch, LogBackend};
 
@@ -547,5 +548,144 @@ mod tests {
         log.db.write(wb).unwrap();
         let err = log.scan_range("a", 1, 0..3, &mut |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("offset 0 is missing"), "{err}");
+    }
+
+    /// The first offsets of a partition's entries, in order.
+    fn firsts(log: &EmbeddedLog, partition: u32) -> Vec<u64> {
+        let key = input_key("in", partition, 0);
+        let prefix = &key[..key.len() - 8];
+        keys(log)
+            .iter()
+            .filter_map(|k| k.strip_prefix(prefix))
+            .map(|rest| be_u64(&rest[..8], "offset").unwrap())
+            .collect()
+    }
+
+    /// One step of [`behaves_like_a_vector`]: fractions pick offsets
+    /// within what the partition holds.
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Append events of these lengths to a partition.
+        Append(u32, Vec<usize>),
+        /// Trim a partition below a fraction of its events.
+        Trim(u32, f64),
+        /// Close and open the database.
+        Reopen,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Mostly small events (many per chunk), some near a chunk's size,
+        // a few larger than one.
+        let len = prop_oneof![
+            8 => 1usize..3_000,
+            1 => CHUNK_BYTES - 100..CHUNK_BYTES + 100,
+            1 => CHUNK_BYTES + 1..3 * CHUNK_BYTES,
+        ];
+        prop_oneof![
+            4 => (0u32..2, prop::collection::vec(len, 1..120)).prop_map(|(p, l)| Op::Append(p, l)),
+            2 => (0u32..2, 0.0f64..1.2).prop_map(|(p, f)| Op::Trim(p, f)),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Appends (after a prefix stored one event per key, as before
+        /// chunks), trims and reopens of two partitions agree with a
+        /// vector of events and a low watermark per partition: every
+        /// range reads back its events, or `Trimmed` below the low, or
+        /// stops at the end; and a trim leaves no entry wholly below it.
+        #[test]
+        fn behaves_like_a_vector(
+            single in 0usize..20,
+            ops in prop::collection::vec(op(), 1..25),
+            reads in prop::collection::vec((0.0f64..1.1, 0.0f64..1.1), 8),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut log = open(dir.path());
+            log.create_input("in", 2).unwrap();
+            let mut model: [(u64, Vec<Event>); 2] = Default::default();
+            let cf = db::cf(&log.db, CF_INPUT).unwrap();
+            for i in 0..single {
+                let event = ev(i, 100 + i * 50);
+                let value = postcard::to_allocvec(&event).unwrap();
+                log.db.put_cf(cf, input_key("in", 1, i as u64), value).unwrap();
+                model[1].1.push(event);
+            }
+            let mut next = single;
+            for op in ops {
+                match op {
+                    Op::Append(p, lens) => {
+                        let events: Vec<Event> = lens.iter().map(|&l| {
+                            next += 1;
+                            ev(next, l)
+                        }).collect();
+                        let events_of = &mut model[p as usize].1;
+                        let start = events_of.len() as u64;
+                        let batch = AppendBatch {
+                            appends: vec![("in".into(), p, events.clone())],
+                            mark: None,
+                            producer: None,
+                        };
+                        let ranges = log.append(batch).unwrap();
+                        prop_assert_eq!(ranges.len(), 1);
+                        prop_assert_eq!(ranges[0].clone(), start..start + events.len() as u64);
+                        events_of.extend(events);
+                    }
+                    Op::Trim(p, f) => {
+                        let (low, events) = &mut model[p as usize];
+                        let below = (events.len() as f64 * f) as u64;
+                        log.trim("in", p, below).unwrap();
+                        *low = (*low).max(below.min(events.len() as u64));
+                    }
+                    Op::Reopen => {
+                        drop(log);
+                        log = open(dir.path());
+                    }
+                }
+                for (p, (low, events)) in model.iter().enumerate() {
+                    let (p, end) = (p as u32, events.len() as u64);
+                    prop_assert_eq!(log.watermarks("in", p).unwrap(), (*low, end));
+                    // (All trimmed, nothing is stored: the low says where
+                    // the partition ends.)
+                    let stored = if *low < end { end } else { 0 };
+                    prop_assert_eq!(log.stored_end("in", p).unwrap(), stored);
+                    // No entry wholly below the low: the first one holds
+                    // it, the second starts above it.
+                    let firsts = firsts(&log, p);
+                    if *low < end {
+                        prop_assert!(firsts[0] <= *low, "{:?} low {}", firsts, low);
+                        prop_assert!(firsts.get(1).is_none_or(|f| *f > *low), "{:?} low {}", firsts, low);
+                    } else {
+                        prop_assert!(firsts.is_empty(), "{:?} with nothing to read", firsts);
+                    }
+                    for &(a, b) in &reads {
+                        let (a, b) = ((end as f64 * a) as u64, (end as f64 * b) as u64);
+                        let range = a.min(b)..a.max(b);
+                        let mut seen = Vec::new();
+                        let result = log.scan_range("in", p, range.clone(), &mut |r| {
+                            if let RecordRef::Event { value, weight } = r {
+                                seen.push((value.to_vec(), weight));
+                            } else if let RecordRef::Bad(bad) = r {
+                                seen.push((bad.value.unwrap_or_default(), 0));
+                            }
+                            Ok(())
+                        });
+                        if range.start < *low && !range.is_empty() {
+                            prop_assert!(matches!(result, Err(Error::Trimmed { .. })), "{:?}", result);
+                        } else {
+                            let upto = range.end.min(end).max(range.start);
+                            prop_assert_eq!(result.unwrap(), upto - range.start);
+                            if range.start < end {
+                                prop_assert!(seen == expected(events, range.start..upto));
+                            } else {
+                                prop_assert!(seen.is_empty());
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
