@@ -17,7 +17,7 @@
 //! - ingest: `[source]` → mark
 
 use crate::db::{self, CF_INGEST, CF_INPUT, CF_META, CF_OUTPUT, CF_STEPS, rocks};
-use rocksdb::{Direction, IteratorMode, WriteBatch};
+use rocksdb::{IteratorMode, WriteBatch};
 use sluice_core::{ConfigError, Event, OutputEntry, StepCommit, StepRecord, validate_name};
 use sluice_storage::records::events_only;
 use sluice_storage::{
@@ -302,53 +302,6 @@ impl EmbeddedLog {
             None => true,
         };
         Ok(if complete { last + 1 } else { last })
-    }
-
-    /// Like [`LogBackend::scan_output`], also passing the step and worker
-    /// that each entry's key says it belongs to.
-    pub fn scan_output_keyed(
-        &self,
-        output: &str,
-        from_step: u64,
-        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<std::ops::ControlFlow<()>>,
-    ) -> Result<()> {
-        let cf = db::cf(&self.db, CF_OUTPUT)?;
-        let mut prefix = Vec::new();
-        db::push_name(&mut prefix, output);
-        let start = output_key(output, from_step, 0);
-        // A divided step's shares are visible once all are.
-        let end = self.visible_end()?;
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
-        {
-            let (k, v) = item.map_err(rocks("reading output"))?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            let rest = &k[prefix.len()..];
-            let (step, worker) = match (rest.get(..8), rest.get(8..12)) {
-                (Some(s), Some(w)) if rest.len() == 12 => (
-                    be_u64(s, "output key")?,
-                    u32::from_be_bytes(w.try_into().expect("4 bytes")),
-                ),
-                _ => {
-                    return Err(Error::Corrupt {
-                        what: format!("output log `{output}`"),
-                        message: "malformed key".into(),
-                    });
-                }
-            };
-            if step >= end {
-                break;
-            }
-            let entry = postcard::from_bytes(&v)
-                .map_err(Error::corrupt(format!("entry of output log `{output}`")))?;
-            if f(step, worker, entry)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
     }
 
     /// Reads `(low, high)` of a partition from the database.
@@ -662,7 +615,7 @@ impl LogBackend for EmbeddedLog {
         let mut wb;
         if ingest {
             wb = WriteBatch::with_capacity_bytes(record.len() + 64);
-            self.ingest_output(step, entries, sizes)?;
+            self.ingest_output(step, entries)?;
         } else {
             wb = WriteBatch::with_capacity_bytes(capacity);
             for ((key, entry), size) in entries.into_iter().zip(sizes) {

@@ -11,10 +11,22 @@
 //! reader sees them early, and whatever lies past the last recorded step
 //! (a crash, or a failed record, between the two writes) is deleted before
 //! the next commit, whole or divided, writes anything.
+//!
+//! An ingested entry larger than [`PIECE_BYTES`] is stored as pieces: its
+//! encoding cut into values of that size under keys
+//! `[log][step][worker][piece][pieces]` (two big-endian `u32`s after the
+//! entry's own key), which sort in order right after where the entry's key
+//! would be. One 20 MB value had RocksDB's table builder grow a block to
+//! 32 MiB and copy it again to finish it, in memory first touched for each
+//! step (a third of a q0 run's page faults); pieces fill blocks of the
+//! log's own size, and the encoding is never one buffer either. A reader
+//! joins an entry's pieces and checks that none is missing; the pieces are
+//! ingested in one table file with the entry's step, atomically. A binary
+//! from before pieces stops at such a key, as a malformed one.
 
-use super::EmbeddedLog;
+use super::{EmbeddedLog, be_u64, output_key};
 use crate::db::{self, CF_OUTPUT, CF_STEPS, rocks};
-use rocksdb::{IteratorMode, WriteBatch};
+use rocksdb::{Direction, IteratorMode, WriteBatch};
 use sluice_core::OutputEntry;
 use sluice_storage::{Result, StorageError as Error};
 use std::sync::atomic::Ordering;
@@ -55,41 +67,49 @@ thread_local! {
 }
 
 impl EmbeddedLog {
-    /// Writes a step's output entries (keys and their entries, with their
-    /// encodings' sizes) as table files, one per log so that none spans
-    /// another log's keys, and ingests them together (see the module's
-    /// docs), having marked the output unsettled: until the step's record
-    /// commits, the entries count as past the last step.
+    /// Writes a step's output entries (keys and their entries) as table
+    /// files, one per log so that none spans another log's keys, an entry
+    /// larger than a piece as pieces, and ingests them together (see the
+    /// module's docs), having marked the output unsettled: until the step's
+    /// record commits, the entries count as past the last step.
     pub(super) fn ingest_output(
         &self,
         step: u64,
-        entries: Vec<(Vec<u8>, &OutputEntry)>,
-        sizes: Vec<usize>,
+        mut entries: Vec<(Vec<u8>, &OutputEntry)>,
     ) -> Result<()> {
         self.unsettled_output.store(true, Ordering::Release);
-        let mut encoded = Vec::with_capacity(entries.len());
         // Latest first, sorted stably: the first of equal keys is the last
         // given (as a batch keeps the last put).
-        for ((key, entry), size) in entries.into_iter().zip(sizes).rev() {
-            let value = postcard::to_io(entry, Vec::with_capacity(size))
+        entries.reverse();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|later, kept| later.0 == kept.0);
+        // One table per log; a log's keys are its length-prefixed name and
+        // 12 bytes. An entry's pieces sort right after its key, before the
+        // next entry's.
+        let mut tables: Vec<(&[u8], Vec<Row>)> = Vec::new();
+        for (key, entry) in &entries {
+            let mut pieces = postcard::serialize_with_flavor(*entry, Pieces(Vec::new()))
                 .map_err(Error::corrupt("output entry"))?;
-            encoded.push((key, value));
-        }
-        encoded.sort_by(|a, b| a.0.cmp(&b.0));
-        encoded.dedup_by(|later, kept| later.0 == kept.0);
-        // A log's keys are its length-prefixed name and 12 bytes.
-        let mut tables: Vec<Vec<(Vec<u8>, Vec<u8>)>> = Vec::new();
-        fn log(key: &[u8]) -> &[u8] {
-            &key[..key.len().saturating_sub(12)]
-        }
-        for (key, value) in encoded {
+            let rows = if pieces.len() <= 1 {
+                vec![(key.clone(), pieces.pop().unwrap_or_default())]
+            } else {
+                let count = u32::try_from(pieces.len()).map_err(|_| Error::Corrupt {
+                    what: format!("the output of step {step}"),
+                    message: format!("an entry of {} pieces", pieces.len()),
+                })?;
+                (0..count)
+                    .zip(pieces)
+                    .map(|(index, piece)| (piece_key(key, index, count), piece))
+                    .collect()
+            };
+            let log = &key[..key.len().saturating_sub(12)];
             match tables.last_mut() {
-                Some(t) if log(&t[0].0) == log(&key) => t.push((key, value)),
-                _ => tables.push(vec![(key, value)]),
+                Some((l, table)) if *l == log => table.extend(rows),
+                _ => tables.push((log, rows)),
             }
         }
         let tables = (tables.into_iter().enumerate())
-            .map(|(i, table)| (format!("{TABLE_PREFIX}{i}.sst"), table));
+            .map(|(i, (_, table))| (format!("{TABLE_PREFIX}{i}.sst"), table));
         db::ingest_tables(
             &self.db,
             CF_OUTPUT,
@@ -104,6 +124,104 @@ impl EmbeddedLog {
             });
         }
         Ok(())
+    }
+
+    /// Like [`LogBackend::scan_output`], also passing the step and worker
+    /// that each entry's key says it belongs to.
+    pub fn scan_output_keyed(
+        &self,
+        output: &str,
+        from_step: u64,
+        f: &mut dyn FnMut(u64, u32, OutputEntry) -> Result<std::ops::ControlFlow<()>>,
+    ) -> Result<()> {
+        let cf = db::cf(&self.db, CF_OUTPUT)?;
+        let mut prefix = Vec::new();
+        db::push_name(&mut prefix, output);
+        let start = output_key(output, from_step, 0);
+        // A divided step's shares are visible once all are.
+        let end = self.visible_end()?;
+        let place = || format!("output log `{output}`");
+        let decode = |step: u64, value: &[u8]| -> Result<OutputEntry> {
+            postcard::from_bytes(value).map_err(Error::corrupt(format!(
+                "step {step}'s entry of output log `{output}`"
+            )))
+        };
+        // An entry stored as pieces (see `output`), joined so far.
+        let mut joined: Option<Joined> = None;
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(rocks("reading output"))?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let rest = &k[prefix.len()..];
+            let malformed = || Error::Corrupt {
+                what: place(),
+                message: "malformed key".into(),
+            };
+            let be_u32 = |at: usize| rest[at..at + 4].try_into().map(u32::from_be_bytes);
+            if rest.len() != 12 && rest.len() != 20 {
+                return Err(malformed());
+            }
+            let step = be_u64(&rest[..8], "output key")?;
+            let worker = be_u32(8).map_err(|_| malformed())?;
+            if step >= end {
+                break;
+            }
+            let entry = if rest.len() == 12 {
+                if let Some(j) = joined {
+                    return Err(j.incomplete(place()));
+                }
+                decode(step, &v)?
+            } else {
+                let index = be_u32(12).map_err(|_| malformed())?;
+                let count = be_u32(16).map_err(|_| malformed())?;
+                if index >= count {
+                    return Err(malformed());
+                }
+                let mut j = match joined.take() {
+                    None if index == 0 => Joined {
+                        step,
+                        worker,
+                        count,
+                        next: 0,
+                        bytes: Vec::with_capacity(v.len().saturating_mul(count as usize)),
+                    },
+                    Some(j)
+                        if (j.step, j.worker, j.count, j.next) == (step, worker, count, index) =>
+                    {
+                        j
+                    }
+                    Some(j) => return Err(j.incomplete(place())),
+                    None => {
+                        let j = Joined {
+                            step,
+                            worker,
+                            count,
+                            next: 0,
+                            bytes: Vec::new(),
+                        };
+                        return Err(j.incomplete(place()));
+                    }
+                };
+                j.bytes.extend_from_slice(&v);
+                j.next += 1;
+                if j.next < j.count {
+                    joined = Some(j);
+                    continue;
+                }
+                decode(step, &j.bytes)?
+            };
+            if f(step, worker, entry)?.is_break() {
+                break;
+            }
+        }
+        match joined {
+            Some(j) => Err(j.incomplete(place())),
+            None => Ok(()),
+        }
     }
 
     /// If output may lie past the last recorded step (since the log was
@@ -152,6 +270,77 @@ impl EmbeddedLog {
         }
         self.unsettled_output.store(false, Ordering::Release);
         Ok(())
+    }
+}
+
+/// An output entry stored as pieces (see `output`), joined up to piece
+/// `next` of `count`.
+struct Joined {
+    step: u64,
+    worker: u32,
+    count: u32,
+    next: u32,
+    bytes: Vec<u8>,
+}
+
+impl Joined {
+    /// The entry lacks a piece: the log (`what`) is corrupt.
+    fn incomplete(&self, what: String) -> Error {
+        Error::Corrupt {
+            what,
+            message: format!(
+                "step {}'s entry of worker {} lacks piece {} of its {}",
+                self.step, self.worker, self.next, self.count
+            ),
+        }
+    }
+}
+
+/// A key and its value, as a table file holds them.
+type Row = (Vec<u8>, Vec<u8>);
+
+/// The size of an ingested entry's pieces (see the module's docs): a block
+/// of the log's tables.
+pub(super) const PIECE_BYTES: usize = 64 << 10;
+
+/// The key of piece `index` of `count` of the entry whose key is `key`.
+fn piece_key(key: &[u8], index: u32, count: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 8);
+    k.extend_from_slice(key);
+    k.extend_from_slice(&index.to_be_bytes());
+    k.extend_from_slice(&count.to_be_bytes());
+    k
+}
+
+/// A postcard flavor that writes an encoding as pieces of [`PIECE_BYTES`]
+/// (the last one shorter), so no buffer is as large as the entry. Pieces
+/// are small enough for the allocator to take from memory freed before
+/// rather than map fresh pages for.
+struct Pieces(Vec<Vec<u8>>);
+
+impl postcard::ser_flavors::Flavor for Pieces {
+    type Output = Vec<Vec<u8>>;
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.try_extend(&[byte])
+    }
+
+    fn try_extend(&mut self, mut data: &[u8]) -> postcard::Result<()> {
+        while !data.is_empty() {
+            match self.0.last_mut() {
+                Some(piece) if piece.len() < PIECE_BYTES => {
+                    let n = (PIECE_BYTES - piece.len()).min(data.len());
+                    piece.extend_from_slice(&data[..n]);
+                    data = &data[n..];
+                }
+                _ => self.0.push(Vec::with_capacity(PIECE_BYTES)),
+            }
+        }
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<Vec<u8>>> {
+        Ok(self.0)
     }
 }
 
@@ -274,6 +463,82 @@ mod tests {
         assert_eq!(tables.len(), 2, "one table a log");
         for (start, end) in tables {
             assert_eq!(start[..start.len() - 12], end[..end.len() - 12]);
+        }
+    }
+
+    /// An entry larger than a piece is stored as pieces, under keys of
+    /// its own, beside entries that are not, and reads back whole, after a
+    /// reopen too; a missing piece is corruption, not a shorter entry.
+    #[test]
+    fn a_large_entry_is_stored_as_pieces_and_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut commit = wide(0);
+        // Worker 1's entry: some 3.5 pieces of events of many lengths.
+        commit.outputs[0].1[1].events = (0..380)
+            .map(|i| sluice_core::Event {
+                value: vec![b'a' + (i % 26) as u8; 1 + i * 3],
+                weight: i as i64 - 7,
+            })
+            .collect();
+        let size = postcard::to_allocvec(&commit.outputs[0].1[1])
+            .unwrap()
+            .len();
+        assert!((3 * PIECE_BYTES..4 * PIECE_BYTES).contains(&size), "{size}");
+        let read = |log: &EmbeddedLog| {
+            let mut seen = Vec::new();
+            log.scan_output_keyed("out", 0, &mut |step, worker, entry| {
+                seen.push((step, worker, entry));
+                Ok(std::ops::ControlFlow::Continue(()))
+            })
+            .map(|()| seen)
+        };
+        {
+            let log = open(dir.path());
+            log.fence().unwrap();
+            log.commit_step(&commit).unwrap();
+            log.commit_step(&wide(1)).unwrap();
+            let seen = read(&log).unwrap();
+            let expected: Vec<_> = (commit.outputs[0].1.iter())
+                .chain(&wide(1).outputs[0].1)
+                .map(|e| (e.step, e.worker, e.clone()))
+                .collect();
+            assert_eq!(seen, expected);
+            // Two single entries and four pieces of step 0, a dead letter,
+            // then step 1's four.
+            assert_eq!(raw_keys(&log), 2 + 4 + 1 + 4);
+        }
+        let log = EmbeddedLog::open(db::open(dir.path()).unwrap()).unwrap();
+        assert_eq!(read(&log).unwrap().len(), 6);
+        assert_eq!(read(&log).unwrap()[1].2, commit.outputs[0].1[1]);
+        // A piece gone, in the middle or at the end.
+        let out = db::cf(&log.db, CF_OUTPUT).unwrap();
+        let key = output_key("out", 0, 1);
+        for (index, lacks) in [(3, "lacks piece 3 of its 4"), (1, "lacks piece 1 of its 4")] {
+            log.db.delete_cf(out, piece_key(&key, index, 4)).unwrap();
+            let err = read(&log).unwrap_err().to_string();
+            assert!(err.contains(lacks) && err.contains("worker 1"), "{err}");
+        }
+        // From step 1 on, what is left reads.
+        let mut later = 0;
+        log.scan_output_keyed("out", 1, &mut |_, _, _| {
+            later += 1;
+            Ok(std::ops::ControlFlow::Continue(()))
+        })
+        .unwrap();
+        assert_eq!(later, 3);
+    }
+
+    /// An encoding is cut into pieces of exactly `PIECE_BYTES` (the last
+    /// shorter) that join to postcard's own bytes.
+    #[test]
+    fn pieces_join_to_the_encoding() {
+        for len in [0, 1, PIECE_BYTES - 3, PIECE_BYTES, 5 * PIECE_BYTES / 2] {
+            let value = (vec![7u8; len], len as u64);
+            let pieces = postcard::serialize_with_flavor(&value, Pieces(Vec::new())).unwrap();
+            let (last, full) = pieces.split_last().unwrap();
+            assert!(full.iter().all(|p| p.len() == PIECE_BYTES));
+            assert!((1..=PIECE_BYTES).contains(&last.len()));
+            assert_eq!(pieces.concat(), postcard::to_allocvec(&value).unwrap());
         }
     }
 }
