@@ -8,7 +8,10 @@
 //!   `[name][partition u32][offset u64]` → postcard [`Event`] (see the
 //!   `input` module)
 //! - output: `[name][step u64][worker u32]` → postcard [`OutputEntry`] (a
-//!   dead-letter log `<input>.dead-letter` too)
+//!   dead-letter log `<input>.dead-letter` too); an ingested entry larger
+//!   than 64 KiB as pieces of its encoding,
+//!   `[name][step u64][worker u32][piece u32][pieces u32]` (see the
+//!   `output` module)
 //! - steps:  `[step u64]` → postcard [`StepRecord`]
 //! - meta:   `log.input.[name]` → partitions (u32), `log.low.[name][partition]` → low watermark,
 //!   `log.done.[step u64][worker u32]` → a divided step's done record (the
@@ -64,7 +67,9 @@ pub fn input_key(name: &str, partition: u32, offset: u64) -> Vec<u8> {
     k
 }
 
-/// The key of an output entry (for tools and tests that inspect the database).
+/// The key of an output entry (for tools and tests that inspect the
+/// database). An entry written as pieces has none: its pieces' keys start
+/// with it (see the `output` module).
 pub fn output_key(name: &str, step: u64, worker: u32) -> Vec<u8> {
     let mut k = Vec::with_capacity(name.len() + 13);
     db::push_name(&mut k, name);

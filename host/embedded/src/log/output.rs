@@ -18,8 +18,8 @@
 //! entry's own key), which sort in order right after where the entry's key
 //! would be. One 20 MB value had RocksDB's table builder grow a block to
 //! 32 MiB and copy it again to finish it, in memory first touched for each
-//! step (a third of a q0 run's page faults); pieces fill blocks of the
-//! log's own size, and the encoding is never one buffer either. A reader
+//! step (a third of a q0 run's page faults); a piece is a block of its own,
+//! and the encoding is never one buffer either. A reader
 //! joins an entry's pieces and checks that none is missing; the pieces are
 //! ingested in one table file with the entry's step, atomically. A binary
 //! from before pieces stops at such a key, as a malformed one.
@@ -148,6 +148,8 @@ impl EmbeddedLog {
         };
         // An entry stored as pieces (see `output`), joined so far.
         let mut joined: Option<Joined> = None;
+        // The last entry's (step, worker): a log holds one entry of each.
+        let mut last = None;
         for item in self
             .db
             .iterator_cf(cf, IteratorMode::From(&start, Direction::Forward))
@@ -187,7 +189,11 @@ impl EmbeddedLog {
                         worker,
                         count,
                         next: 0,
-                        bytes: Vec::with_capacity(v.len().saturating_mul(count as usize)),
+                        // At most 64 MiB ahead: a corrupt count is found
+                        // short of pieces, not as an allocation failure.
+                        bytes: Vec::with_capacity(
+                            v.len().saturating_mul(count as usize).min(64 << 20),
+                        ),
                     },
                     Some(j)
                         if (j.step, j.worker, j.count, j.next) == (step, worker, count, index) =>
@@ -214,6 +220,12 @@ impl EmbeddedLog {
                 }
                 decode(step, &j.bytes)?
             };
+            if last.replace((step, worker)) == Some((step, worker)) {
+                return Err(Error::Corrupt {
+                    what: place(),
+                    message: format!("step {step} holds two entries of worker {worker}"),
+                });
+            }
             if f(step, worker, entry)?.is_break() {
                 break;
             }
@@ -245,8 +257,9 @@ impl EmbeddedLog {
         let mut wb = WriteBatch::default();
         let mut it = self.db.raw_iterator_cf(out);
         it.seek_to_first();
-        // Each log's keys are its length-prefixed name and 12 bytes (step,
-        // worker): one seek to past the last step, one past the log.
+        // Each log's keys are its length-prefixed name, 12 bytes (step,
+        // worker) and, for a piece, 8 more: one seek to past the last step,
+        // one past the log.
         while let Some(key) = it.key() {
             let malformed = || Error::Corrupt {
                 what: "output logs".into(),
@@ -526,6 +539,51 @@ mod tests {
         })
         .unwrap();
         assert_eq!(later, 3);
+    }
+
+    /// Pieces a failed record left are deleted before the step is written
+    /// again with fewer of them; a trim deletes pieces with their step; an
+    /// entry stored both whole and as pieces is corruption.
+    #[test]
+    fn pieces_are_settled_and_trimmed_with_their_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        log.fence().unwrap();
+        // A commit of `step` whose one entry holds `n` KB of events.
+        let big = |step: u64, n: usize| {
+            let mut c = conformance::sample_commit(step, 2 + 3 * step);
+            c.outputs[0].1[0].events = (0..n)
+                .map(|i| sluice_core::Event {
+                    value: vec![b'x'; 1000],
+                    weight: 1 + i as i64,
+                })
+                .collect();
+            c
+        };
+        let events = |log: &EmbeddedLog| {
+            let mut seen = Vec::new();
+            log.scan_output_keyed("out", 0, &mut |step, _, entry| {
+                seen.push((step, entry.events.len()));
+                Ok(std::ops::ControlFlow::Continue(()))
+            })
+            .map(|()| seen)
+        };
+        log.commit_step(&big(0, 300)).unwrap();
+        FAIL_RECORD.with(|f| f.set(true));
+        assert!(log.commit_step(&big(1, 300)).is_err());
+        assert_eq!(raw_keys(&log), 5 + 5, "step 1's pieces are left");
+        log.commit_step(&big(1, 150)).unwrap();
+        assert_eq!(events(&log).unwrap(), [(0, 300), (1, 150)]);
+        assert_eq!(raw_keys(&log), 5 + 3);
+        log.trim_output("out", 1).unwrap();
+        assert_eq!(raw_keys(&log), 3);
+        assert_eq!(events(&log).unwrap(), [(1, 150)]);
+        // Step 1's entry written whole beside its pieces.
+        let out = db::cf(&log.db, CF_OUTPUT).unwrap();
+        let whole = postcard::to_allocvec(&big(1, 1).outputs[0].1[0]).unwrap();
+        log.db.put_cf(out, output_key("out", 1, 0), whole).unwrap();
+        let err = events(&log).unwrap_err().to_string();
+        assert!(err.contains("two entries of worker 0"), "{err}");
     }
 
     /// An encoding is cut into pieces of exactly `PIECE_BYTES` (the last
