@@ -19,10 +19,10 @@
 //! would be. One 20 MB value had RocksDB's table builder grow a block to
 //! 32 MiB and copy it again to finish it, in memory first touched for each
 //! step (a third of a q0 run's page faults); a piece is a block of its own,
-//! and the encoding is never one buffer either. A reader
-//! joins an entry's pieces and checks that none is missing; the pieces are
-//! ingested in one table file with the entry's step, atomically. A binary
-//! from before pieces stops at such a key, as a malformed one.
+//! and the encoding is never one buffer either. A reader joins an entry's
+//! pieces and checks that none is missing; the pieces are ingested in one
+//! table file with the entry's step, atomically. A binary from before
+//! pieces stops at such a key, as a malformed one.
 
 use super::{EmbeddedLog, be_u64, output_key};
 use crate::db::{self, CF_OUTPUT, CF_STEPS, rocks};
