@@ -674,6 +674,7 @@ mod tests {
                         });
                         if range.start < *low && !range.is_empty() {
                             prop_assert!(matches!(result, Err(Error::Trimmed { .. })), "{:?}", result);
+                            prop_assert!(seen.is_empty(), "{} records before `Trimmed`", seen.len());
                         } else {
                             let upto = range.end.min(end).max(range.start);
                             prop_assert_eq!(result.unwrap(), upto - range.start);

@@ -126,8 +126,9 @@ impl EmbeddedLog {
         Ok(())
     }
 
-    /// Like [`LogBackend::scan_output`], also passing the step and worker
-    /// that each entry's key says it belongs to.
+    /// Like [`LogBackend::scan_output`](sluice_storage::LogBackend::scan_output),
+    /// also passing the step and worker that each entry's key says it
+    /// belongs to.
     pub fn scan_output_keyed(
         &self,
         output: &str,
