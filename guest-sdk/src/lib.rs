@@ -36,6 +36,8 @@ pub mod codec;
 mod error;
 pub mod exchange;
 mod identity;
+#[cfg(any(all(target_arch = "wasm32", target_os = "wasi"), test))]
+mod mem;
 pub mod operator;
 pub mod state;
 // The WIT glue exists in the WebAssembly build only (wit-bindgen is a
