@@ -15,6 +15,7 @@ use sluice_core::{
     BadRecordPolicy, DeadLetter, Event, Frontier, PartitionId, dead_letter_log, hash_outputs,
 };
 use sluice_storage::RecordRef;
+use std::sync::{Arc, Mutex};
 
 /// One partition's part of a worker's input for one step: offsets
 /// `start..end` of partition `id` of input log `name`, and what a record
@@ -95,6 +96,63 @@ pub(crate) struct StepRead {
     pub(crate) dead_letters: DeadLetters,
 }
 
+/// Input batches kept from one step for the reads of the next.
+///
+/// A worker's batch of a step holds megabytes (q2's ~8 MB per step at
+/// W = 1); the allocator maps a block that large alone and unmaps it when
+/// freed ([`memory`](crate::memory)), so a batch built anew each step
+/// faulted in every page again: 44 % of a q2 run's page faults. The
+/// coordinator gives a step's batches back here once its workers ran, and
+/// the reads of later steps fill them again. What is kept is bounded
+/// ([`SPARE_BYTES`], [`SPARE_BATCHES`]) and goes with the pool's last
+/// handle (the coordinator's).
+#[derive(Clone, Default)]
+pub(crate) struct Spare(Arc<Mutex<Vec<Batch>>>);
+
+/// The most a [`Spare`] keeps: bytes of capacity in all, and batches.
+const SPARE_BYTES: usize = 64 << 20;
+const SPARE_BATCHES: usize = 16;
+
+impl Spare {
+    /// An empty batch for `port`, with a kept batch's buffers if any.
+    fn take(&self, port: u32) -> Batch {
+        let kept = self.0.lock().map(|mut kept| kept.pop()).unwrap_or(None);
+        match kept {
+            Some(mut batch) => {
+                batch.port = port;
+                batch.values.clear();
+                batch.ends.clear();
+                batch.weights.clear();
+                batch
+            }
+            None => Batch {
+                port,
+                values: Vec::new(),
+                ends: Vec::new(),
+                weights: Vec::new(),
+            },
+        }
+    }
+
+    /// Keeps the buffers of `batches` for later reads, as far as the bounds
+    /// allow; the rest are freed.
+    pub(crate) fn keep(&self, batches: Vec<Batch>) {
+        let Ok(mut kept) = self.0.lock() else {
+            return;
+        };
+        // An event takes its value's bytes, an end (4) and a weight (8).
+        let bytes = |b: &Batch| b.values.capacity() + 12 * b.ends.capacity();
+        let mut total: usize = kept.iter().map(bytes).sum();
+        for batch in batches {
+            let size = bytes(&batch);
+            if kept.len() < SPARE_BATCHES && total + size <= SPARE_BYTES {
+                total += size;
+                kept.push(batch);
+            }
+        }
+    }
+}
+
 /// Reads `ranges` from `log` into one batch per input port (in the order
 /// the ranges name them): what a worker steps on — built the same way
 /// wherever it is read, so a worker's host reading its own input gives the
@@ -105,13 +163,14 @@ pub(crate) struct StepRead {
 /// range's policy `fail` ([`StorageError::BadRecord`], naming its
 /// position), and is skipped into [`StepRead::dead_letters`] under
 /// `dead-letter` — the same records, read from the same offsets, on every
-/// run of the step.
+/// run of the step. The batches take their buffers from `spare`.
 ///
 /// [`StorageError::BadRecord`]: sluice_storage::StorageError::BadRecord
 pub(crate) fn read_batches(
     log: &dyn sluice_storage::LogBackend,
     ranges: &[InputRange],
     strict: bool,
+    spare: &Spare,
 ) -> Result<StepRead> {
     let mut batches: Vec<Batch> = Vec::new();
     let mut dead_letters = DeadLetters::default();
@@ -120,12 +179,7 @@ pub(crate) fn read_batches(
         let i = match batches.iter().position(|b| b.port == r.id.input) {
             Some(i) => i,
             None => {
-                batches.push(Batch {
-                    port: r.id.input,
-                    values: Vec::new(),
-                    ends: Vec::new(),
-                    weights: Vec::new(),
-                });
+                batches.push(spare.take(r.id.input));
                 batches.len() - 1
             }
         };
@@ -301,4 +355,60 @@ where
         .await
         .map_err(Error::task("a storage task"))?
         .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SPARE_BATCHES, SPARE_BYTES, Spare};
+    use crate::bindings::Batch;
+
+    fn batch(port: u32, bytes: usize) -> Batch {
+        Batch {
+            port,
+            values: vec![7; bytes],
+            ends: vec![bytes as u32],
+            weights: vec![1],
+        }
+    }
+
+    /// How many batches with buffers `spare` holds (taking them all).
+    fn kept(spare: &Spare) -> usize {
+        std::iter::from_fn(|| Some(spare.take(0)))
+            .take_while(|b| b.values.capacity() > 0)
+            .count()
+    }
+
+    #[test]
+    fn a_kept_batch_comes_back_empty_with_its_buffers() {
+        let spare = Spare::default();
+        spare.keep(vec![batch(3, 1000)]);
+        let b = spare.take(5);
+        assert_eq!(b.port, 5);
+        assert!(b.values.is_empty() && b.ends.is_empty() && b.weights.is_empty());
+        assert!(b.values.capacity() >= 1000 && b.ends.capacity() >= 1);
+        // Nothing is kept any more: a new batch.
+        assert_eq!(spare.take(0).values.capacity(), 0);
+        // A clone is the same pool.
+        spare.clone().keep(vec![batch(0, 10)]);
+        assert_eq!(kept(&spare), 1);
+    }
+
+    #[test]
+    fn what_is_kept_is_bounded() {
+        let spare = Spare::default();
+        spare.keep(
+            (0..SPARE_BATCHES as u32 + 4)
+                .map(|p| batch(p, 10))
+                .collect(),
+        );
+        assert_eq!(kept(&spare), SPARE_BATCHES);
+        // One too large alone; of two halves, the second would pass the
+        // bound with the first.
+        spare.keep(vec![
+            batch(0, SPARE_BYTES + 1),
+            batch(1, SPARE_BYTES / 2),
+            batch(2, SPARE_BYTES / 2),
+        ]);
+        assert_eq!(kept(&spare), 1);
+    }
 }

@@ -219,7 +219,7 @@ impl Worker {
         &mut self,
         step: u64,
         time_ms: u64,
-        inputs: Vec<Batch>,
+        inputs: &[Batch],
     ) -> Result<Vec<Batch>> {
         self.arm();
         self.store.data_mut().step = step;
@@ -228,7 +228,7 @@ impl Worker {
         let r = self
             .bindings
             .sluice_circuit_circuit()
-            .call_step(&mut self.store, &inputs)
+            .call_step(&mut self.store, inputs)
             .await;
         let left = self.store.get_fuel().unwrap_or(0);
         self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
@@ -454,13 +454,13 @@ impl Worker {
         time_ms: u64,
         inputs: Vec<Vec<sluice_core::Event>>,
     ) -> Result<Vec<Vec<sluice_core::Event>>> {
-        let batches = inputs
+        let batches: Vec<Batch> = inputs
             .iter()
             .enumerate()
             .map(|(port, events)| pack_batch(port as u32, events))
             .collect();
         let mut out: Vec<Vec<sluice_core::Event>> = Vec::new();
-        for batch in self.step(step, time_ms, batches).await? {
+        for batch in self.step(step, time_ms, &batches).await? {
             let port = batch.port as usize;
             if out.len() <= port {
                 out.resize_with(port + 1, Vec::new);

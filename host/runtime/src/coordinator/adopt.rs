@@ -242,6 +242,7 @@ impl Coordinator {
                 ..Stats::default()
             },
             read_ahead: None,
+            spare: Default::default(),
             commit: None,
         };
         // What was kept and not adopted goes (a step left running that

@@ -84,6 +84,8 @@ pub struct Coordinator {
     /// The next step's input, read while the last step ran (a step of this
     /// process's own workers, committed whole, only).
     read_ahead: Option<step::ReadAhead>,
+    /// Input batches its local workers stepped on, kept for the next reads.
+    spare: crate::step_io::Spare,
     /// The last step's commit, still being written
     /// ([`Coordinator::step_overlapped`]).
     commit: Option<step::PendingCommit>,

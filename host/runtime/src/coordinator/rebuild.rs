@@ -22,7 +22,7 @@ use super::Coordinator;
 use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
 use crate::exchange::Exchange;
-use crate::step_io::{OutputChecks, blocking, convert_output, input_ranges, read_batches};
+use crate::step_io::{OutputChecks, Spare, blocking, convert_output, input_ranges, read_batches};
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::{BadRecordPolicy, Event, Frontier, PartitionId};
 use sluice_storage::Guarded;
@@ -216,8 +216,9 @@ async fn rebuild_run(i: RebuildInputs, upto: u64) -> Result<Rebuilt> {
         .pop()
         .unwrap_or_default();
         let s = i.storage.clone();
-        let read = blocking(move || read_batches(s.log(), &ranges, false)).await?;
-        let batches = worker.step(step, record.time_ms, read.batches).await?;
+        let read =
+            blocking(move || read_batches(s.log(), &ranges, false, &Spare::default())).await?;
+        let batches = worker.step(step, record.time_ms, &read.batches).await?;
         let out = convert_output(&checks, 0, step, batches)?;
         for (port, events) in out.ports.into_iter().enumerate() {
             integrate(&mut outputs[port], events);

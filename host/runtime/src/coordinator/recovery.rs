@@ -257,6 +257,7 @@ impl Coordinator {
             checkpoints: CheckpointState::none(),
             stats: Stats::default(),
             read_ahead: None,
+            spare: Default::default(),
             commit: None,
         };
         // The steps up to an upgrade's checkpoint ran the component before

@@ -19,7 +19,7 @@ use super::workers::{AnyWorker, coordinator_exchange, start_worker};
 use crate::error::{Error, ExchangeError, Result};
 use crate::hosts::placement::replica_slot;
 use crate::hosts::{ShareSpec, Stepped};
-use crate::step_io::{InputRange, StepRead, WorkerOutput, blocking, read_batches};
+use crate::step_io::{InputRange, Spare, StepRead, WorkerOutput, blocking, read_batches};
 
 /// A replica of a worker beside its primary: it steps on the same input,
 /// exchanges the same events, and its output's hash is checked against the
@@ -258,7 +258,8 @@ impl Coordinator {
                 true => StepRead::default(),
                 false => {
                     let (storage, ranges) = (self.storage.clone(), ranges[w].clone());
-                    blocking(move || read_batches(storage.log(), &ranges, false)).await?
+                    blocking(move || read_batches(storage.log(), &ranges, false, &Spare::default()))
+                        .await?
                 }
             };
             inputs.push((w, i, reads, read));
@@ -287,7 +288,7 @@ impl Coordinator {
                 tokio::spawn(async move {
                     let r = match &mut worker {
                         AnyWorker::Local(local) => {
-                            let r = local.step(step, time_ms, read.batches).await;
+                            let r = local.step(step, time_ms, &read.batches).await;
                             exchange.worker_finished(w as u32);
                             r.map(|outputs| Stepped {
                                 outputs,

@@ -362,6 +362,7 @@ impl Coordinator {
             None => {
                 let storage = self.storage.clone();
                 let host_reads = host_reads.clone();
+                let spare = self.spare.clone();
                 blocking(move || {
                     ranges
                         .into_iter()
@@ -371,7 +372,12 @@ impl Coordinator {
                             Ok(if there {
                                 StepInput::Read(ranges, share)
                             } else {
-                                StepInput::Batches(read_batches(storage.log(), &ranges, false)?)
+                                StepInput::Batches(read_batches(
+                                    storage.log(),
+                                    &ranges,
+                                    false,
+                                    &spare,
+                                )?)
                             })
                         })
                         .collect::<Result<Vec<_>>>()
@@ -406,12 +412,13 @@ impl Coordinator {
             let lose = (!local && replicated).then_some(self.placement.slots[w]);
             // A local worker's output is checked and hashed on its task.
             let checks = local.then(|| self.output_checks());
+            let spare = self.spare.clone();
             tasks.push(tokio::spawn(async move {
                 let r = match input {
                     StepInput::Batches(read) => {
                         let events = read.batches.iter().map(|b| b.weights.len() as u64).sum();
                         worker
-                            .step(step, time_ms, read.batches)
+                            .step(step, time_ms, read.batches, &spare)
                             .await
                             .map(|outputs| Stepped {
                                 outputs,
@@ -543,6 +550,7 @@ impl Coordinator {
         let from = from.to_vec();
         let max = self.options.max_batch.max(1);
         let policies = self.options.bad_records.clone();
+        let spare = self.spare.clone();
         tokio::task::spawn_blocking(move || {
             let mut to = from.clone();
             for (w, parts) in owned.iter().enumerate() {
@@ -559,7 +567,7 @@ impl Coordinator {
             let policy = |input: &str| policies.get(input).copied().unwrap_or_default();
             let ranges = input_ranges(&owned, &from, &to, &policy);
             let reads = (ranges.iter())
-                .map(|r| read_batches(storage.log(), r, false))
+                .map(|r| read_batches(storage.log(), r, false, &spare))
                 .collect::<Result<Vec<_>>>()?;
             Ok(Some((ranges, reads)))
         })

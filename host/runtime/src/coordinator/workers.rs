@@ -9,6 +9,7 @@ use crate::engine::{LoadedComponent, SluiceEngine};
 use crate::error::{Error, Result};
 use crate::exchange::{Exchange, Placement};
 use crate::hosts::{MeshPlan, RemoteHost, RemoteWorker};
+use crate::step_io::Spare;
 use crate::worker::{Snapshot, Worker, WorkerInfo};
 use sluice_core::{Layout, StepLimits};
 use std::sync::Arc;
@@ -29,9 +30,14 @@ impl AnyWorker {
         step: u64,
         time_ms: u64,
         inputs: Vec<Batch>,
+        spare: &Spare,
     ) -> Result<Vec<Batch>> {
         match self {
-            AnyWorker::Local(w) => w.step(step, time_ms, inputs).await,
+            AnyWorker::Local(w) => {
+                let r = w.step(step, time_ms, &inputs).await;
+                spare.keep(inputs);
+                r
+            }
             AnyWorker::Remote(w) => w.step(step, time_ms, inputs).await,
         }
     }

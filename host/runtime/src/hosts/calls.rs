@@ -10,7 +10,7 @@ use super::wire::{Answer, Call, CallError, FromHost, ShareDone, ShareSpec, from_
 use crate::bindings::Batch;
 use crate::error::{Error, Result};
 use crate::step_io::{
-    DeadLetters, InputRange, StepRead, convert_output, read_batches, share_error,
+    DeadLetters, InputRange, Spare, StepRead, convert_output, read_batches, share_error,
 };
 use crate::worker::{Worker, WorkerInfo};
 use sluice_core::StepLimits;
@@ -192,7 +192,7 @@ impl WorkerHost {
                 let stepped = match read_failed {
                     // The exchange learns of it below, like a step failure.
                     Some(e) => Err(e),
-                    None => w.step(step, time_ms, batches).await,
+                    None => w.step(step, time_ms, &batches).await,
                 };
                 let stepped = match stepped {
                     Ok(mut out) if self.alter_output.load(Ordering::Relaxed) => {
@@ -433,7 +433,7 @@ impl WorkerHost {
     /// Reads a worker's input ranges from the pipeline's logs.
     async fn read_input(&self, read: Vec<InputRange>) -> Result<StepRead> {
         let log = self.log()?;
-        tokio::task::spawn_blocking(move || read_batches(&*log, &read, true))
+        tokio::task::spawn_blocking(move || read_batches(&*log, &read, true, &Spare::default()))
             .await
             .map_err(Error::task("reading input"))?
     }
