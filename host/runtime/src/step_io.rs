@@ -15,7 +15,7 @@ use sluice_core::{
     BadRecordPolicy, DeadLetter, Event, Frontier, PartitionId, dead_letter_log, hash_outputs,
 };
 use sluice_storage::RecordRef;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// One partition's part of a worker's input for one step: offsets
 /// `start..end` of partition `id` of input log `name`, and what a record
@@ -102,10 +102,11 @@ pub(crate) struct StepRead {
 /// W = 1); the allocator maps a block that large alone and unmaps it when
 /// freed ([`memory`](crate::memory)), so a batch built anew each step
 /// faulted in every page again: 44 % of a q2 run's page faults. The
-/// coordinator gives a step's batches back here once its workers ran, and
-/// the reads of later steps fill them again. What is kept is bounded
-/// ([`SPARE_BYTES`], [`SPARE_BATCHES`]) and goes with the pool's last
-/// handle (the coordinator's).
+/// coordinator gives the batches of its local workers back here once they
+/// stepped on them (and a read-ahead's it did not use), and the reads of
+/// later steps fill them again. What is kept is bounded ([`SPARE_BYTES`],
+/// [`SPARE_BATCHES`]) and goes with the pool's last handle (normally the
+/// coordinator's).
 #[derive(Clone, Default)]
 pub(crate) struct Spare(Arc<Mutex<Vec<Batch>>>);
 
@@ -114,9 +115,16 @@ const SPARE_BYTES: usize = 64 << 20;
 const SPARE_BATCHES: usize = 16;
 
 impl Spare {
-    /// An empty batch for `port`, with a kept batch's buffers if any.
+    /// An empty batch for `port`, with the largest kept batch's buffers if
+    /// any.
     fn take(&self, port: u32) -> Batch {
-        let kept = self.0.lock().map(|mut kept| kept.pop()).unwrap_or(None);
+        let kept = {
+            let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let largest = (kept.iter().enumerate())
+                .max_by_key(|(_, b)| b.values.capacity())
+                .map(|(i, _)| i);
+            largest.map(|i| kept.swap_remove(i))
+        };
         match kept {
             Some(mut batch) => {
                 batch.port = port;
@@ -137,11 +145,9 @@ impl Spare {
     /// Keeps the buffers of `batches` for later reads, as far as the bounds
     /// allow; the rest are freed.
     pub(crate) fn keep(&self, batches: Vec<Batch>) {
-        let Ok(mut kept) = self.0.lock() else {
-            return;
-        };
-        // An event takes its value's bytes, an end (4) and a weight (8).
-        let bytes = |b: &Batch| b.values.capacity() + 12 * b.ends.capacity();
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes =
+            |b: &Batch| b.values.capacity() + 4 * b.ends.capacity() + 8 * b.weights.capacity();
         let mut total: usize = kept.iter().map(bytes).sum();
         for batch in batches {
             let size = bytes(&batch);
@@ -391,6 +397,10 @@ mod tests {
         // A clone is the same pool.
         spare.clone().keep(vec![batch(0, 10)]);
         assert_eq!(kept(&spare), 1);
+        // The largest is taken first.
+        spare.keep(vec![batch(0, 10), batch(1, 1000), batch(2, 100)]);
+        assert!(spare.take(0).values.capacity() >= 1000);
+        assert!(spare.take(0).values.capacity() >= 100);
     }
 
     #[test]

@@ -348,8 +348,13 @@ impl Coordinator {
             && !host_reads.iter().any(|there| *there);
         let ahead = match self.read_ahead.take() {
             Some((read, reads)) if own && read == ranges => Some(reads),
-            // Another division (more input came, a rescale): read here.
-            _ => None,
+            // Another division (more input came, a rescale): read here,
+            // into the buffers of what was read ahead.
+            Some((_, reads)) => {
+                (self.spare).keep(reads.into_iter().flat_map(|r| r.batches).collect());
+                None
+            }
+            None => None,
         };
         let inputs: Vec<StepInput> = match ahead {
             Some(reads) => {
