@@ -27,6 +27,11 @@
 //!
 //! Values cross the ports as JSON (serde); inside the circuit, exchange and
 //! snapshots use postcard.
+//!
+//! A `wasm32-wasip2` build links the SDK's own `memcmp` (eight bytes at a
+//! time) in place of the C library's, which compares a byte at a time:
+//! every comparison of strings in a circuit ends there. A crate that
+//! defines `memcmp` itself cannot be linked beside it.
 
 extern crate self as sluice_guest;
 
