@@ -2,16 +2,16 @@
 //! with the window's highest price, as `(window start, auction, price,
 //! bidder, date_time)`.
 
-use nexmark_model::Bid;
+use nexmark_model::BidNumbers;
 use sluice_guest::Circuit;
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     let windowed = c
-        .input::<Bid>("bid")
-        // Only what the result names: the window's group and the join keep
-        // every bid, and a bid's channel, URL and padding are most of its
-        // bytes.
+        // Read as the bid's numbers: the decoder skips its channel, URL and
+        // padding (most of its bytes), which the result does not name and
+        // the window's group and the join would keep for every bid.
+        .input::<BidNumbers>("bid")
         .map(|b| (b.auction, b.price, b.bidder, b.date_time))
         .tumbling(|(.., at)| *at as i64, 10_000);
     let highest = windowed
