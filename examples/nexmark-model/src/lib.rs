@@ -107,6 +107,22 @@ pub struct BidOnChannel {
     pub date_time: u64,
 }
 
+/// A bid's auction, bidder, price, channel and URL: a bid without its time
+/// and padding (q21's and q22's input; the decoder skips the padding).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BidWithUrl {
+    /// The auction's id.
+    pub auction: u64,
+    /// The bidder's person id.
+    pub bidder: u64,
+    /// Price in cents.
+    pub price: u64,
+    /// Channel the bid came through.
+    pub channel: String,
+    /// Referring URL.
+    pub url: String,
+}
+
 /// Milliseconds in a minute.
 pub const MINUTE_MS: u64 = 60_000;
 

@@ -7,7 +7,7 @@
 //! '0' … ELSE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) END`),
 //! with the regular expression written out as string functions.
 
-use nexmark_model::Bid;
+use nexmark_model::BidWithUrl;
 use sluice_guest::Circuit;
 
 /// The value of the `channel_id` parameter of `url`: after `channel_id=`
@@ -26,7 +26,7 @@ pub fn channel_id_param(url: &str) -> Option<&str> {
 }
 
 /// The channel's id: the four big channels' own, else the URL's.
-pub fn channel_id(b: &Bid) -> Option<String> {
+pub fn channel_id(b: &BidWithUrl) -> Option<String> {
     let id = match b.channel.to_lowercase().as_str() {
         "apple" => "0",
         "google" => "1",
@@ -39,7 +39,8 @@ pub fn channel_id(b: &Bid) -> Option<String> {
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
-    c.input::<Bid>("bid")
+    // Read without the time and padding: the decoder skips them.
+    c.input::<BidWithUrl>("bid")
         .filter_map(|b| {
             channel_id(b).map(|id| (b.auction, b.bidder, b.price, b.channel.clone(), id))
         })

@@ -5,7 +5,7 @@
 //!
 //! Follows the Flink nexmark SQL (`SPLIT_INDEX(url, '/', 3)` … `5`).
 
-use nexmark_model::Bid;
+use nexmark_model::BidWithUrl;
 use sluice_guest::Circuit;
 
 /// Output row: `(auction, bidder, price, channel, dir1, dir2, dir3)`.
@@ -21,7 +21,8 @@ pub type Row = (
 
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
-    c.input::<Bid>("bid")
+    // Read without the time and padding: the decoder skips them.
+    c.input::<BidWithUrl>("bid")
         .map(|b| -> Row {
             let part = |n: usize| b.url.split('/').nth(n).map(str::to_owned);
             (
