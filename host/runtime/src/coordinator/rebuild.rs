@@ -189,6 +189,8 @@ async fn rebuild_run(i: RebuildInputs, upto: u64) -> Result<Rebuilt> {
     };
     let mut outputs = vec![BTreeMap::new(); i.outputs];
     let mut from = Frontier::new();
+    // Each step reads into the buffers of the step before.
+    let spare = Spare::default();
     for step in 0..=upto {
         let s = i.storage.clone();
         let record = blocking(move || s.log().step_record(step))
@@ -215,10 +217,10 @@ async fn rebuild_run(i: RebuildInputs, upto: u64) -> Result<Rebuilt> {
         )
         .pop()
         .unwrap_or_default();
-        let s = i.storage.clone();
-        let read =
-            blocking(move || read_batches(s.log(), &ranges, false, &Spare::default())).await?;
+        let (s, into) = (i.storage.clone(), spare.clone());
+        let read = blocking(move || read_batches(s.log(), &ranges, false, &into)).await?;
         let batches = worker.step(step, record.time_ms, &read.batches).await?;
+        spare.keep(read.batches);
         let out = convert_output(&checks, 0, step, batches)?;
         for (port, events) in out.ports.into_iter().enumerate() {
             integrate(&mut outputs[port], events);

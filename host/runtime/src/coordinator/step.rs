@@ -351,7 +351,8 @@ impl Coordinator {
             // Another division (more input came, a rescale): read here,
             // into the buffers of what was read ahead.
             Some((_, reads)) => {
-                (self.spare).keep(reads.into_iter().flat_map(|r| r.batches).collect());
+                self.spare
+                    .keep(reads.into_iter().flat_map(|r| r.batches).collect());
                 None
             }
             None => None,
