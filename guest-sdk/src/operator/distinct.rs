@@ -1,6 +1,6 @@
 //! `distinct`: each record once, while its weight is positive.
 
-use crate::circuit::{Data, Operator, StepContext, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput, input};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::state::{self, Shards};
@@ -8,10 +8,58 @@ use crate::zset::{Weight, consolidate};
 use crate::{Stream, ZSet, codec};
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 struct Distinct<T> {
     channel: u32,
     weights: BTreeMap<T, Weight>,
+}
+
+impl<T: Data> Distinct<T> {
+    /// Integrates this step's records (this worker's, not yet
+    /// consolidated) into the weights, after the exchange, and returns the
+    /// records whose weight crossed zero: +1 for one that became positive,
+    /// −1 for one that stopped being.
+    fn apply(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        mut local: ZSet<(T, ())>,
+    ) -> Result<Box<dyn Any>> {
+        consolidate(&mut local);
+        let mut out: ZSet<T> = Vec::new();
+        for ((t, ()), w) in shuffle_keyed(cx.exchange, self.channel, local)? {
+            // One lookup a record; the record is cloned only for an output
+            // that also stays in the map.
+            match self.weights.entry(t) {
+                Entry::Vacant(_) if w == 0 => {}
+                Entry::Vacant(slot) => {
+                    if w > 0 {
+                        out.push((slot.key().clone(), 1));
+                    }
+                    slot.insert(w);
+                }
+                Entry::Occupied(mut slot) => {
+                    let old = *slot.get();
+                    let new = old + w;
+                    if new == 0 {
+                        let (t, _) = slot.remove_entry();
+                        if old > 0 {
+                            out.push((t, -1));
+                        }
+                        continue;
+                    }
+                    *slot.get_mut() = new;
+                    match (old > 0, new > 0) {
+                        (false, true) => out.push((slot.key().clone(), 1)),
+                        (true, false) => out.push((slot.key().clone(), -1)),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        consolidate(&mut out);
+        Ok(Box::new(out))
+    }
 }
 
 impl<T: Data> Operator for Distinct<T> {
@@ -24,28 +72,28 @@ impl<T: Data> Operator for Distinct<T> {
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let mut local: ZSet<(T, ())> = input::<T>(inputs, 0)
+        let local = input::<T>(inputs, 0)
             .iter()
             .map(|(t, w)| ((t.clone(), ()), *w))
             .collect();
-        consolidate(&mut local);
-        let mut out: ZSet<T> = Vec::new();
-        for ((t, ()), w) in shuffle_keyed(cx.exchange, self.channel, local)? {
-            let old = self.weights.get(&t).copied().unwrap_or(0);
-            let new = old + w;
-            if new == 0 {
-                self.weights.remove(&t);
-            } else {
-                self.weights.insert(t.clone(), new);
-            }
-            match (old > 0, new > 0) {
-                (false, true) => out.push((t, 1)),
-                (true, false) => out.push((t, -1)),
-                _ => {}
-            }
-        }
-        consolidate(&mut out);
-        Ok(Box::new(out))
+        self.apply(cx, local)
+    }
+
+    fn eval_owned(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        mut inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
+        let given = inputs.pop().expect("distinct has one input");
+        let local = if matches!(given, StepInput::Owned(_)) {
+            // Given its input, it moves the records instead of cloning them.
+            let records = given.into_owned::<T>().expect("an input not lent is given");
+            records.into_iter().map(|(t, w)| ((t, ()), w)).collect()
+        } else {
+            let records = given.zset::<T>();
+            records.iter().map(|(t, w)| ((t.clone(), ()), *w)).collect()
+        };
+        self.apply(cx, local)
     }
 
     fn stateful(&self) -> bool {
@@ -99,6 +147,20 @@ mod tests {
         #[test]
         fn equals_recomputation(steps in batches(0u8..12)) {
             check(|c| c.input::<u8>("in").distinct().output("out"), &steps, |input| {
+                zset(input.iter().filter(|(_, w)| **w > 0).map(|(v, _)| (*v, 1)))
+            })?;
+        }
+
+        #[test]
+        fn equals_recomputation_when_its_input_is_shared(steps in batches(0u8..12)) {
+            // The filter reads the input after `distinct`, so `distinct`
+            // is lent it (clones) rather than given it (moves).
+            let build = |c: &mut crate::Circuit| {
+                let input = c.input::<u8>("in");
+                let distinct = input.distinct();
+                distinct.union(&input.filter(|_| false)).output("out");
+            };
+            check(build, &steps, |input| {
                 zset(input.iter().filter(|(_, w)| **w > 0).map(|(v, _)| (*v, 1)))
             })?;
         }
