@@ -934,6 +934,17 @@ impl StepInput<'_> {
             .expect("the builder connects streams of matching types")
     }
 
+    /// The input as a Z-set of its own: moved if this operator was given
+    /// it, cloned if lent.
+    pub(crate) fn into_zset<T: Clone + 'static>(self) -> crate::ZSet<T> {
+        match self {
+            StepInput::Shared(_) => self.zset::<T>().clone(),
+            StepInput::Owned(v) => *v
+                .downcast::<crate::ZSet<T>>()
+                .expect("the builder connects streams of matching types"),
+        }
+    }
+
     /// The input itself, if this operator was given it.
     pub(crate) fn into_owned<T: 'static>(self) -> Option<crate::ZSet<T>> {
         match self {

@@ -8,7 +8,7 @@
 //! with the right side).
 
 use super::group::{Groups, apply, restore_groups};
-use crate::circuit::{Data, Operator, StepContext, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput, input};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::state::{self, Shards};
@@ -21,11 +21,34 @@ use std::marker::PhantomData;
 fn shuffle_side<K: Data, V: Data>(
     cx: &mut StepContext<'_>,
     channel: u32,
-    delta: &ZSet<(K, V)>,
+    mut local: ZSet<(K, V)>,
 ) -> Result<Vec<((K, V), Weight)>> {
-    let mut local = delta.clone();
     consolidate(&mut local);
     shuffle_keyed(cx.exchange, channel, local)
+}
+
+/// The `eval`s of an operator whose step is `join_step(cx, a, b)` over its
+/// two inputs, each a Z-set of its own: the inputs it is given are moved
+/// into it, the ones lent are cloned (both joins).
+macro_rules! two_sided_eval {
+    ($k:ty, $a:ty, $b:ty) => {
+        fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+            let a = input::<($k, $a)>(inputs, 0).clone();
+            let b = input::<($k, $b)>(inputs, 1).clone();
+            self.join_step(cx, a, b)
+        }
+
+        fn eval_owned(
+            &mut self,
+            cx: &mut StepContext<'_>,
+            inputs: Vec<StepInput<'_>>,
+        ) -> Result<Box<dyn Any>> {
+            let mut inputs = inputs.into_iter();
+            let a = inputs.next().expect("a join has two inputs");
+            let b = inputs.next().expect("a join has two inputs");
+            self.join_step(cx, a.into_zset(), b.into_zset())
+        }
+    };
 }
 
 /// Both sides of a join, integrated per key.
@@ -135,20 +158,16 @@ struct Join<K, A, B, O, F> {
     _types: PhantomData<fn() -> O>,
 }
 
-impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Operator
-    for Join<K, A, B, O, F>
-{
-    fn name(&self) -> &'static str {
-        "join"
-    }
-
-    fn state_types(&self) -> String {
-        self.sides.types()
-    }
-
-    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let da = shuffle_side(cx, self.channel, input::<(K, A)>(inputs, 0))?;
-        let db = shuffle_side(cx, self.channel + 1, input::<(K, B)>(inputs, 1))?;
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Join<K, A, B, O, F> {
+    /// One step: ΔA ⋈ B + A' ⋈ ΔB, and both sides integrated.
+    fn join_step(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        a: ZSet<(K, A)>,
+        b: ZSet<(K, B)>,
+    ) -> Result<Box<dyn Any>> {
+        let da = shuffle_side(cx, self.channel, a)?;
+        let db = shuffle_side(cx, self.channel + 1, b)?;
         let mut out: ZSet<O> = Vec::new();
         // ΔA ⋈ B, then A' = A + ΔA.
         for ((k, a), wa) in &da {
@@ -173,6 +192,20 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Opera
         consolidate(&mut out);
         Ok(Box::new(out))
     }
+}
+
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Operator
+    for Join<K, A, B, O, F>
+{
+    fn name(&self) -> &'static str {
+        "join"
+    }
+
+    fn state_types(&self) -> String {
+        self.sides.types()
+    }
+
+    two_sided_eval!(K, A, B);
 
     sides_state!("join");
 }
@@ -210,22 +243,17 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
             None => out.extend(left.iter().map(|(a, wa)| ((self.f)(k, a, None), sign * wa))),
         }
     }
-}
 
-impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'static> Operator
-    for LeftJoin<K, A, B, O, F>
-{
-    fn name(&self) -> &'static str {
-        "left_join"
-    }
-
-    fn state_types(&self) -> String {
-        self.sides.types()
-    }
-
-    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let da = shuffle_side(cx, self.channel, input::<(K, A)>(inputs, 0))?;
-        let db = shuffle_side(cx, self.channel + 1, input::<(K, B)>(inputs, 1))?;
+    /// One step: the touched keys' rows retracted, both sides
+    /// integrated, the rows emitted again.
+    fn join_step(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        a: ZSet<(K, A)>,
+        b: ZSet<(K, B)>,
+    ) -> Result<Box<dyn Any>> {
+        let da = shuffle_side(cx, self.channel, a)?;
+        let db = shuffle_side(cx, self.channel + 1, b)?;
         let touched: BTreeSet<K> = da
             .iter()
             .map(|((k, _), _)| k.clone())
@@ -249,6 +277,20 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
         consolidate(&mut out);
         Ok(Box::new(out))
     }
+}
+
+impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'static> Operator
+    for LeftJoin<K, A, B, O, F>
+{
+    fn name(&self) -> &'static str {
+        "left_join"
+    }
+
+    fn state_types(&self) -> String {
+        self.sides.types()
+    }
+
+    two_sided_eval!(K, A, B);
 
     sides_state!("left_join");
 }
@@ -338,15 +380,37 @@ mod tests {
             .output("out");
     }
 
+    /// [`build_join`] with its left input also read after the join: the
+    /// join is lent that input (clones it) and given the other (moves it).
+    fn build_join_shared(c: &mut crate::Circuit) {
+        let a = c.input::<(u8, u8)>("a");
+        let b = c.input::<(u8, char)>("b");
+        a.join(&b, |k, x, y| (*k, *x, *y)).output("out");
+        a.output("a");
+    }
+
+    fn expect_join(
+        a: &BTreeMap<(u8, u8), i64>,
+        b: &BTreeMap<(u8, char), i64>,
+    ) -> BTreeMap<(u8, u8, char), i64> {
+        zset(a.iter().flat_map(|((ka, x), wa)| {
+            b.iter()
+                .filter(move |((kb, _), _)| kb == ka)
+                .map(move |((_, y), wb)| ((*ka, *x, *y), wa * wb))
+        }))
+    }
+
     proptest! {
+        #[test]
+        fn join_with_a_shared_input_equals_recomputation(a in batches((0u8..4, 0u8..5)), b in batches((0u8..4, prop::char::range('a', 'd')))) {
+            let steps: Vec<_> = a.into_iter().zip(b).collect();
+            check2(build_join_shared, &steps, expect_join)?;
+        }
+
         #[test]
         fn join_equals_recomputation(a in batches((0u8..4, 0u8..5)), b in batches((0u8..4, prop::char::range('a', 'd')))) {
             let steps: Vec<_> = a.into_iter().zip(b).collect();
-            check2(build_join, &steps, |a, b| {
-                zset(a.iter().flat_map(|((ka, x), wa)| {
-                    b.iter().filter(move |((kb, _), _)| kb == ka).map(move |((_, y), wb)| ((*ka, *x, *y), wa * wb))
-                }))
-            })?;
+            check2(build_join, &steps, expect_join)?;
         }
 
         #[test]
