@@ -229,7 +229,7 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
             .sides
             .right
             .get(k)
-            .filter(|r| r.values().any(|w| *w > 0))
+            .filter(|r| r.iter().any(|(_, w)| *w > 0))
         {
             Some(right) => {
                 for (a, wa) in left {
@@ -440,10 +440,12 @@ mod tests {
         use crate::{codec, state};
         let mut sides = Sides::<u32, String, u8>::new();
         for k in 0..3000u32 {
-            let group = sides.left.entry(k).or_default();
-            group.insert(format!("value {k}"), 1);
+            super::apply(&mut sides.left, &k, format!("value {k}"), 1);
+            if k % 5 == 0 {
+                super::apply(&mut sides.left, &k, format!("more {k}"), 2);
+            }
             if k % 3 == 0 {
-                sides.right.entry(k).or_default().insert((k % 7) as u8, -2);
+                super::apply(&mut sides.right, &k, (k % 7) as u8, -2);
             }
         }
         let pieces = sides.snapshot(None).unwrap();

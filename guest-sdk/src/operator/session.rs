@@ -1,10 +1,10 @@
 //! `session_by`: session windows per key.
 
+use super::group::Multiset;
 use crate::Stream;
 use crate::circuit::Data;
 use crate::types::Window;
 use crate::zset::Weight;
-use std::collections::BTreeMap;
 
 impl<T: Data> Stream<T> {
     /// Pairs every record with its session window. Per `key`, the records
@@ -52,7 +52,7 @@ impl<T: Data> Stream<T> {
 }
 
 /// Every record of `group` (ordered by time) with its session's window.
-fn sessions<T: Data>(group: &BTreeMap<(i64, T), Weight>, gap: i64) -> Vec<((Window, T), Weight)> {
+fn sessions<T: Data>(group: &Multiset<(i64, T)>, gap: i64) -> Vec<((Window, T), Weight)> {
     let live: Vec<(&(i64, T), Weight)> = group
         .iter()
         .filter(|(_, w)| **w > 0)
