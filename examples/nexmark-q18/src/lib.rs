@@ -13,7 +13,7 @@ use sluice_guest::Circuit;
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
         .top_k_by(|b| (b.bidder, b.auction), |b| (b.date_time, b.clone()), 1)
-        .map(|(_, (_, b))| b.clone())
+        .map_owned(|(_, (_, b))| b)
         .output("last_bids");
 }
 

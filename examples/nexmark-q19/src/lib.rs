@@ -15,7 +15,7 @@ use sluice_guest::Circuit;
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
         .top_k_by(|b| b.auction, |b| (b.price, b.clone()), 10)
-        .map(|(_, (_, b))| b.clone())
+        .map_owned(|(_, (_, b))| b)
         .output("top_bids");
 }
 
