@@ -27,15 +27,16 @@ fn shuffle_side<K: Data, V: Data>(
     shuffle_keyed(cx.exchange, channel, local)
 }
 
-/// The `eval`s of an operator whose step is `join_step(cx, a, b)` over its
-/// two inputs, each a Z-set of its own: the inputs it is given are moved
-/// into it, the ones lent are cloned (both joins).
+/// The `eval`s of an operator whose step is `join_step(da, db)` over its
+/// two inputs' deltas, each consolidated and re-sharded by key (its
+/// channel and the next): the inputs it is given are moved into them, the
+/// ones lent are cloned (both joins).
 macro_rules! two_sided_eval {
     ($k:ty, $a:ty, $b:ty) => {
         fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-            let a = input::<($k, $a)>(inputs, 0).clone();
-            let b = input::<($k, $b)>(inputs, 1).clone();
-            self.join_step(cx, a, b)
+            let da = shuffle_side(cx, self.channel, input::<($k, $a)>(inputs, 0).clone())?;
+            let db = shuffle_side(cx, self.channel + 1, input::<($k, $b)>(inputs, 1).clone())?;
+            self.join_step(da, db)
         }
 
         fn eval_owned(
@@ -46,7 +47,9 @@ macro_rules! two_sided_eval {
             let mut inputs = inputs.into_iter();
             let a = inputs.next().expect("a join has two inputs");
             let b = inputs.next().expect("a join has two inputs");
-            self.join_step(cx, a.into_zset(), b.into_zset())
+            let da = shuffle_side(cx, self.channel, a.into_zset())?;
+            let db = shuffle_side(cx, self.channel + 1, b.into_zset())?;
+            self.join_step(da, db)
         }
     };
 }
@@ -122,9 +125,20 @@ impl<K: Data, A: Data, B: Data> Sides<K, A, B> {
     }
 }
 
-/// The state methods of an operator whose state is its `sides` (both joins).
+/// The methods of an operator whose state is its `sides` and whose step
+/// is its `join_step` (both joins): its name, state, and `eval`s.
 macro_rules! sides_state {
     ($name:literal) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn state_types(&self) -> String {
+            self.sides.types()
+        }
+
+        two_sided_eval!(K, A, B);
+
         fn stateful(&self) -> bool {
             true
         }
@@ -162,12 +176,9 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Join<
     /// One step: ΔA ⋈ B + A' ⋈ ΔB, and both sides integrated.
     fn join_step(
         &mut self,
-        cx: &mut StepContext<'_>,
-        a: ZSet<(K, A)>,
-        b: ZSet<(K, B)>,
+        da: Vec<((K, A), Weight)>,
+        db: Vec<((K, B), Weight)>,
     ) -> Result<Box<dyn Any>> {
-        let da = shuffle_side(cx, self.channel, a)?;
-        let db = shuffle_side(cx, self.channel + 1, b)?;
         let mut out: ZSet<O> = Vec::new();
         // ΔA ⋈ B, then A' = A + ΔA.
         for ((k, a), wa) in &da {
@@ -197,16 +208,6 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Join<
 impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, &B) -> O + 'static> Operator
     for Join<K, A, B, O, F>
 {
-    fn name(&self) -> &'static str {
-        "join"
-    }
-
-    fn state_types(&self) -> String {
-        self.sides.types()
-    }
-
-    two_sided_eval!(K, A, B);
-
     sides_state!("join");
 }
 
@@ -248,12 +249,9 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
     /// integrated, the rows emitted again.
     fn join_step(
         &mut self,
-        cx: &mut StepContext<'_>,
-        a: ZSet<(K, A)>,
-        b: ZSet<(K, B)>,
+        da: Vec<((K, A), Weight)>,
+        db: Vec<((K, B), Weight)>,
     ) -> Result<Box<dyn Any>> {
-        let da = shuffle_side(cx, self.channel, a)?;
-        let db = shuffle_side(cx, self.channel + 1, b)?;
         let touched: BTreeSet<K> = da
             .iter()
             .map(|((k, _), _)| k.clone())
@@ -282,16 +280,6 @@ impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'stati
 impl<K: Data, A: Data, B: Data, O: Data, F: Fn(&K, &A, Option<&B>) -> O + 'static> Operator
     for LeftJoin<K, A, B, O, F>
 {
-    fn name(&self) -> &'static str {
-        "left_join"
-    }
-
-    fn state_types(&self) -> String {
-        self.sides.types()
-    }
-
-    two_sided_eval!(K, A, B);
-
     sides_state!("left_join");
 }
 
