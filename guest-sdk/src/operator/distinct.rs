@@ -1,6 +1,6 @@
 //! `distinct`: each record once, while its weight is positive.
 
-use crate::circuit::{Data, Operator, StepContext, StepInput, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::state::{self, Shards};
@@ -72,11 +72,7 @@ impl<T: Data> Operator for Distinct<T> {
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let local = input::<T>(inputs, 0)
-            .iter()
-            .map(|(t, w)| ((t.clone(), ()), *w))
-            .collect();
-        self.apply(cx, local)
+        self.eval_owned(cx, vec![StepInput::Shared(inputs[0])])
     }
 
     fn eval_owned(

@@ -8,16 +8,8 @@ use std::marker::PhantomData;
 
 struct FlatMap<T, U, F> {
     f: F,
-    /// Records out per record in at the last step, rounded up (at least
-    /// 1, at most [`MAX_RESERVED_PER_RECORD`]): what the next step's output
-    /// is sized for.
-    per_record: usize,
     _types: PhantomData<fn(T) -> U>,
 }
-
-/// The most records out per record in that a step's output is sized for
-/// before its records are seen.
-const MAX_RESERVED_PER_RECORD: usize = 64;
 
 impl<T, U, I, F> Operator for FlatMap<T, U, F>
 where
@@ -33,18 +25,11 @@ where
     fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let records = input::<T>(inputs, 0);
         // At least one record out per record in is the common case (words
-        // of lines, windows of records), and a step's ratio is much like
-        // the last one's: grown from empty, or from one per record, the
-        // output would be copied over and over on the way.
-        let mut out: ZSet<U> = Vec::with_capacity(records.len().saturating_mul(self.per_record));
+        // of lines, windows of records): grown from empty, the output
+        // would be copied a dozen times on the way.
+        let mut out: ZSet<U> = Vec::with_capacity(records.len());
         for (v, w) in records {
             out.extend((self.f)(v).into_iter().map(|u| (u, *w)));
-        }
-        if !records.is_empty() {
-            self.per_record = out
-                .len()
-                .div_ceil(records.len())
-                .clamp(1, MAX_RESERVED_PER_RECORD);
         }
         Ok(Box::new(out))
     }
@@ -69,7 +54,6 @@ impl<T: Data> Stream<T> {
     ) -> Stream<U> {
         self.unary(FlatMap {
             f,
-            per_record: 1,
             _types: PhantomData,
         })
     }

@@ -123,7 +123,9 @@ impl<V: Serialize + Ord> Serialize for Multiset<V> {
 /// An iterator over a [`Multiset`]'s values and weights, in value order
 /// (either way).
 pub(crate) enum Iter<'a, V> {
+    /// A [`Multiset::One`]'s value, until taken (from either end).
     One(Option<(&'a V, &'a Weight)>),
+    /// A [`Multiset::Many`]'s map's iterator.
     Many(std::collections::btree_map::Iter<'a, V, Weight>),
 }
 
@@ -339,6 +341,51 @@ mod tests {
                     prop_assert_eq!(g.iter().rev().count(), g.iter().count());
                 }
                 prop_assert_eq!(codec::to_bytes(&groups).unwrap(), codec::to_bytes(&model).unwrap());
+            }
+        }
+    }
+
+    proptest! {
+        /// Pieces in the maps' encoding restore into empty groups and merge
+        /// into groups already there, as the maps did: the same contents,
+        /// no zero weights or empty groups, inline exactly with one value.
+        #[test]
+        fn pieces_restore_as_maps_of_maps(
+            there in prop::collection::vec((0u8..4, 0u8..4, -2i64..3), 0..20),
+            piece in prop::collection::btree_map(0u8..4, prop::collection::btree_map(0u8..4, -2i64..3, 0..3), 0..4),
+        ) {
+            let mut model: BTreeMap<u8, BTreeMap<u8, Weight>> = BTreeMap::new();
+            for (k, v, w) in &there {
+                *model.entry(*k).or_default().entry(*v).or_default() += w;
+            }
+            let encoded = codec::to_bytes(&piece).unwrap();
+            for start_empty in [true, false] {
+                let mut groups: Groups<u8, u8> = BTreeMap::new();
+                let mut expected: BTreeMap<u8, BTreeMap<u8, Weight>> = BTreeMap::new();
+                if !start_empty {
+                    for (k, v, w) in &there {
+                        apply(&mut groups, k, *v, *w);
+                    }
+                    expected = model.clone();
+                }
+                super::restore_groups(&mut groups, "test", &encoded).unwrap();
+                for (k, g) in &piece {
+                    for (v, w) in g {
+                        *expected.entry(*k).or_default().entry(*v).or_default() += w;
+                    }
+                }
+                for g in expected.values_mut() {
+                    g.retain(|_, w| *w != 0);
+                }
+                expected.retain(|_, g| !g.is_empty());
+                let seen: BTreeMap<u8, BTreeMap<u8, Weight>> = groups
+                    .iter()
+                    .map(|(k, g)| (*k, g.iter().map(|(v, w)| (*v, *w)).collect()))
+                    .collect();
+                prop_assert_eq!(&seen, &expected, "restored into empty groups: {}", start_empty);
+                for g in groups.values() {
+                    prop_assert_eq!(matches!(g, Multiset::One(..)), g.iter().count() == 1);
+                }
             }
         }
     }

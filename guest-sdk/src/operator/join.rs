@@ -8,7 +8,7 @@
 //! with the right side).
 
 use super::group::{Groups, apply, restore_groups};
-use crate::circuit::{Data, Operator, StepContext, StepInput, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::state::{self, Shards};
@@ -32,11 +32,10 @@ fn shuffle_side<K: Data, V: Data>(
 /// channel and the next): the inputs it is given are moved into them, the
 /// ones lent are cloned (both joins).
 macro_rules! two_sided_eval {
-    ($k:ty, $a:ty, $b:ty) => {
+    () => {
         fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-            let da = shuffle_side(cx, self.channel, input::<($k, $a)>(inputs, 0).clone())?;
-            let db = shuffle_side(cx, self.channel + 1, input::<($k, $b)>(inputs, 1).clone())?;
-            self.join_step(da, db)
+            let lent = inputs.iter().map(|i| StepInput::Shared(*i)).collect();
+            self.eval_owned(cx, lent)
         }
 
         fn eval_owned(
@@ -137,7 +136,7 @@ macro_rules! sides_state {
             self.sides.types()
         }
 
-        two_sided_eval!(K, A, B);
+        two_sided_eval!();
 
         fn stateful(&self) -> bool {
             true

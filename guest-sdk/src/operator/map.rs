@@ -35,12 +35,8 @@ impl<T: Data, U: Data, F: Fn(T) -> U + 'static> Operator for MapOwned<T, U, F> {
         "map_owned"
     }
 
-    fn eval(&mut self, _: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let out: ZSet<U> = input::<T>(inputs, 0)
-            .iter()
-            .map(|(v, w)| ((self.f)(v.clone()), *w))
-            .collect();
-        Ok(Box::new(out))
+    fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
+        self.eval_owned(cx, vec![StepInput::Shared(inputs[0])])
     }
 
     fn eval_owned(

@@ -1,9 +1,9 @@
 //! The operators, one per file, each with its tests. Stateless operators
-//! (`map`, `filter`, `filter_map`, `flat_map`, `union`, `minus`, `negate`,
-//! `key_by`, windows) work on each worker's share as it is and never touch
-//! the exchange; keyed operators (aggregates, `distinct`, joins, `top_k_by`)
-//! re-shard by key through the exchange first, so each key's state lives on
-//! exactly one worker. `session_by` is a window but keyed: a session is
+//! (`map`, `map_owned`, `filter`, `filter_map`, `flat_map`, `union`,
+//! `minus`, `negate`, `key_by`, windows) work on each worker's share as it
+//! is and never touch the exchange; keyed operators (aggregates,
+//! `distinct`, joins, `top_k_by`) re-shard by key through the exchange
+//! first, so each key's state lives on exactly one worker. `session_by` is a window but keyed: a session is
 //! per key, so it re-shards too.
 
 pub mod aggregate;
