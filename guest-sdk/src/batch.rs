@@ -96,6 +96,85 @@ impl EventBatch {
         Ok(())
     }
 
+    /// Consolidates the events from `first` on by their values' bytes:
+    /// events with the same value are merged into the first of them (their
+    /// weights added), and those whose weight is then zero are dropped. The
+    /// events before `first`, and the order of those kept, are unchanged.
+    ///
+    /// `index` is scratch space (an open-addressing table of event
+    /// positions), passed in so that a caller stepping again reuses it.
+    /// One hash of each value and about one comparison per value with an
+    /// equal hash: a step's output is consolidated in time linear in its
+    /// bytes, where sorting the records compared them O(n log n) times.
+    pub(crate) fn consolidate_from(&mut self, first: usize, index: &mut Vec<u32>) {
+        let n = self.weights.len();
+        if first >= n {
+            return;
+        }
+        let start = |ends: &[u32], i: usize| if i == 0 { 0 } else { ends[i - 1] as usize };
+        // At most half full: probes stay short.
+        let slots = ((n - first) * 2).next_power_of_two();
+        let mask = slots - 1;
+        index.clear();
+        index.resize(slots, u32::MAX);
+        let mut changed = false;
+        for i in first..n {
+            let value = &self.values[start(&self.ends, i)..self.ends[i] as usize];
+            let mut slot = sluice_shard::hash(value) as usize & mask;
+            loop {
+                if index[slot] == u32::MAX {
+                    // Positions fit: 2^32 events' weights alone would be
+                    // 32 GiB, past what an instance can address.
+                    index[slot] = i as u32;
+                    break;
+                }
+                let j = index[slot] as usize;
+                if &self.values[start(&self.ends, j)..self.ends[j] as usize] == value {
+                    let weight = self.weights[i];
+                    self.weights[j] += weight;
+                    self.weights[i] = 0;
+                    changed = true;
+                    break;
+                }
+                slot = (slot + 1) & mask;
+            }
+            changed |= self.weights[i] == 0;
+        }
+        if changed {
+            self.compact_from(first);
+        }
+    }
+
+    /// Drops the events from `first` on whose weight is zero, moving the
+    /// values of those after them down.
+    fn compact_from(&mut self, first: usize) {
+        let mut read = if first == 0 {
+            0
+        } else {
+            self.ends[first - 1] as usize
+        };
+        let mut write = read;
+        let mut kept = first;
+        for i in first..self.weights.len() {
+            let end = self.ends[i] as usize;
+            let weight = self.weights[i];
+            if weight != 0 {
+                if write != read {
+                    self.values.copy_within(read..end, write);
+                }
+                write += end - read;
+                // Below the end read here: fits in a `u32` too.
+                self.ends[kept] = write as u32;
+                self.weights[kept] = weight;
+                kept += 1;
+            }
+            read = end;
+        }
+        self.values.truncate(write);
+        self.ends.truncate(kept);
+        self.weights.truncate(kept);
+    }
+
     /// The events in order, as (value, weight).
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], Weight)> + '_ {
         let mut start = 0;
@@ -353,5 +432,77 @@ mod tests {
             .is_err()
         );
         assert!(KeyedBatch::from_parts(keys, key_ends, values, ends, vec![1, 1]).is_err());
+    }
+
+    /// A batch of `(value, weight)` pairs.
+    fn batch_of(events: &[(&[u8], Weight)]) -> EventBatch {
+        let mut batch = EventBatch::new();
+        for (value, weight) in events {
+            batch.push(value, *weight).unwrap();
+        }
+        batch
+    }
+
+    #[test]
+    fn consolidation_merges_equal_values_in_first_place_and_drops_zeros() {
+        let mut batch = batch_of(&[
+            (b"kept", 1),
+            (b"b", 2),
+            (b"a", 1),
+            (b"b", 3),
+            (b"gone", 0),
+            (b"a", -1),
+            (b"kept", 4),
+            (b"c", -2),
+        ]);
+        let mut index = Vec::new();
+        // The first event is before `first`: left alone, not merged.
+        batch.consolidate_from(1, &mut index);
+        let got: Vec<(&[u8], Weight)> = batch.iter().collect();
+        let want: Vec<(&[u8], Weight)> = vec![(b"kept", 1), (b"b", 5), (b"kept", 4), (b"c", -2)];
+        assert_eq!(got, want);
+        // Nothing to merge: unchanged.
+        let before = batch.clone();
+        batch.consolidate_from(0, &mut index);
+        assert_ne!(batch, before, "the two `kept` merge from 0");
+        assert_eq!(
+            batch.iter().collect::<Vec<_>>(),
+            [(&b"kept"[..], 5), (b"b", 5), (b"c", -2)]
+        );
+        let before = batch.clone();
+        batch.consolidate_from(0, &mut index);
+        assert_eq!(batch, before);
+        batch.consolidate_from(9, &mut index);
+        assert_eq!(batch, before);
+    }
+
+    proptest::proptest! {
+        /// Consolidation agrees with adding up weights by value: every
+        /// value once, at its first place, with its non-zero total.
+        #[test]
+        fn consolidation_adds_up_weights_by_value(
+            events in proptest::collection::vec((0u8..6, 0usize..3, -3i64..4), 0..60),
+            first in 0usize..8,
+        ) {
+            let values: Vec<Vec<u8>> = events
+                .iter()
+                .map(|(v, len, _)| vec![b'a' + v; *len + 1])
+                .collect();
+            let pairs: Vec<(&[u8], Weight)> =
+                values.iter().zip(&events).map(|(v, e)| (&v[..], e.2)).collect();
+            let mut batch = batch_of(&pairs);
+            batch.consolidate_from(first, &mut Vec::new());
+            let first = first.min(pairs.len());
+            let mut want: Vec<(&[u8], Weight)> = pairs[..first].to_vec();
+            let mut totals: Vec<(&[u8], Weight)> = Vec::new();
+            for (v, w) in &pairs[first..] {
+                match totals.iter_mut().find(|(u, _)| u == v) {
+                    Some((_, total)) => *total += w,
+                    None => totals.push((v, *w)),
+                }
+            }
+            want.extend(totals.into_iter().filter(|(_, w)| *w != 0));
+            proptest::prop_assert_eq!(batch.iter().collect::<Vec<_>>(), want);
+        }
     }
 }

@@ -526,7 +526,8 @@ mod tests {
         assert_eq!(info.migrates_from.len(), 1);
         assert_ne!(info.migrates_from[0], info.fingerprint);
         new.upgrade(&pieces, &[]).unwrap();
-        let counts: Vec<((String, i64), i64)> = decode(&run(&mut new, &["tHe", "Cat"])[0]);
+        let mut counts: Vec<((String, i64), i64)> = decode(&run(&mut new, &["tHe", "Cat"])[0]);
+        counts.sort();
         assert_eq!(
             counts,
             [
