@@ -13,13 +13,14 @@ use sluice_guest::Circuit;
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
-        .map(|b| {
+        // By value: each bid's padding moves into its row, not copied.
+        .map_owned(|b| {
             (
                 b.auction,
                 b.bidder,
                 b.price,
                 b.date_time,
-                b.extra.clone(),
+                b.extra,
                 day(b.date_time),
                 hour_minute(b.date_time),
             )

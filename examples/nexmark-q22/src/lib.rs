@@ -23,13 +23,14 @@ pub type Row = (
 pub fn build(c: &mut Circuit) {
     // Read without the time and padding: the decoder skips them.
     c.input::<BidWithUrl>("bid")
-        .map(|b| -> Row {
+        // By value: each bid's channel moves into its row, not copied.
+        .map_owned(|b| -> Row {
             let part = |n: usize| b.url.split('/').nth(n).map(str::to_owned);
             (
                 b.auction,
                 b.bidder,
                 b.price,
-                b.channel.clone(),
+                b.channel,
                 part(3),
                 part(4),
                 part(5),
