@@ -102,6 +102,11 @@ impl SluiceEngine {
             .relaxed_simd_deterministic(true)
             .consume_fuel(true)
             .epoch_interruption(true);
+        if std::env::var_os("SLUICE_PERFMAP").is_some_and(|v| v != "0") {
+            // For profiling: names the guests' compiled functions in
+            // `/tmp/perf-PID.map`, which `perf report` reads.
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if let Some(n) = pooling {
             // A Rust component instantiates a handful of core modules (its
             // own, the WASI adapter, shims), each with a memory or a table;
