@@ -1,16 +1,13 @@
-//! Output ports: encode a step's delta as JSON and consolidate it by its
-//! encodings.
+//! Output ports: consolidate a step's delta and encode it as JSON.
 
-use crate::circuit::{Data, Operator, StepContext, input};
-use crate::codec;
+use crate::circuit::{Data, Operator, StepContext, StepInput, input};
 use crate::error::Result;
+use crate::{codec, zset};
 use std::any::Any;
 use std::marker::PhantomData;
 
 pub(crate) struct Output<T> {
     port: usize,
-    /// Scratch space of the consolidation, kept from step to step.
-    index: Vec<u32>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -18,7 +15,6 @@ impl<T> Output<T> {
     pub(crate) fn new(port: usize) -> Self {
         Output {
             port,
-            index: Vec::new(),
             _type: PhantomData,
         }
     }
@@ -32,17 +28,30 @@ impl<T: Data> Operator for Output<T> {
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
         let delta = input::<T>(inputs, 0);
         let port = &mut cx.outputs[self.port];
-        let first = port.len();
-        for (value, weight) in delta {
-            if *weight != 0 {
-                port.push_with(*weight, |bytes| codec::write_json(bytes, value))?;
-            }
+        // Consolidated by sorting positions, not records: the delta is
+        // borrowed, and a copy of it would be as large as the step.
+        for (index, weight) in zset::consolidated_order(delta) {
+            port.push_with(weight, |bytes| codec::write_json(bytes, &delta[index].0))?;
         }
-        // Consolidated by encoding, not by sorting the records: what the
-        // log holds is the encodings, and sorting compared records
-        // O(n log n) times (a step's output order is not part of its
-        // meaning; the host compares outputs as multisets).
-        port.consolidate_from(first, &mut self.index);
+        Ok(Box::new(()))
+    }
+
+    fn eval_owned(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        mut inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
+        let input = inputs.pop().expect("an output has one input");
+        if let StepInput::Shared(delta) = input {
+            return self.eval(cx, &[delta]);
+        }
+        let mut delta = input.into_owned::<T>().expect("an input not lent is given");
+        // Given the delta: consolidated in place.
+        zset::consolidate(&mut delta);
+        let port = &mut cx.outputs[self.port];
+        for (value, weight) in &delta {
+            port.push_with(*weight, |bytes| codec::write_json(bytes, value))?;
+        }
         Ok(Box::new(()))
     }
 }

@@ -1,6 +1,6 @@
 //! A circuit written against the `sluice:circuit` bindings directly, as a
 //! component in another language would be, without the SDK (whose `output`
-//! operator consolidates every delta): each step counts its input values in a
+//! operator sorts every delta): each step counts its input values in a
 //! fresh `HashMap` and emits the counts in the map's iteration order.
 //!
 //! Rust gives every new `HashMap` other hash keys (a counter on top of a
