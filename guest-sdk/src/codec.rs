@@ -12,7 +12,9 @@ pub fn write_json<T: Serialize>(out: &mut Vec<u8>, value: &T) -> Result<()> {
 
 /// Encodes a port value as JSON.
 pub fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| Error::Failed(format!("encoding output as JSON: {e}")))
+    let mut out = Vec::new();
+    write_json(&mut out, value)?;
+    Ok(out)
 }
 
 /// Decodes a port value from JSON.
