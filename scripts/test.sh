@@ -77,9 +77,11 @@ if [ $# -eq 0 ]; then
   # The fault campaign (tests/e2e/campaign.rs) measures how long recoveries
   # take: it runs alone, after the rest, not beside other tests on 2 cores.
   # The rest runs one test more than there are cores: the end-to-end tests
-  # across hosts spend much of their time waiting on timeouts (on 2 cores
-  # the end-to-end suite took 25.6 min two at a time, the CPU ~45 % idle,
-  # and 15.4 min four at a time). RUST_TEST_THREADS overrides it.
+  # across hosts spend much of their time waiting on timeouts. On 2 cores
+  # the end-to-end suite took 25.6 min two at a time (the CPU ~45 % idle)
+  # and 15.4 min four at a time, when two tests across hosts missed their
+  # bounds; in cold CI runs, 27.3 min two at a time and 21.7 three at a
+  # time. RUST_TEST_THREADS overrides it.
   threads=${RUST_TEST_THREADS:-$(($(nproc) + 1))}
   cargo test --workspace -- --skip campaign:: --test-threads="$threads" 2>&1 | tee "$log" || status=$?
   cargo test -p sluice --test e2e -- campaign:: --test-threads=1 2>&1 | tee -a "$log" || status=$?
