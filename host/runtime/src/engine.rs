@@ -1,5 +1,5 @@
 //! The WebAssembly engine: configuration (component model, async, NaN
-//! canonicalization, fuel and epoch interruption, no threads), the linker
+//! canonicalization, fuel, no threads), the linker
 //! with the host's imports, and components: validated against the world and
 //! precompiled into a cache keyed by content hash.
 
@@ -10,15 +10,9 @@ use crate::instance::WorkerState;
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
-
-/// How often the epoch advances; the granularity of wall-clock deadlines and
-/// of a long guest call yielding to other tasks.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Resource limits of every instance (invariant I6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,17 +44,6 @@ pub struct SluiceEngine {
     linker: Linker<WorkerState>,
     cache_dir: Option<PathBuf>,
     limits: Limits,
-    /// Stops the epoch thread when the last engine sharing it is dropped.
-    _ticker: Arc<Ticker>,
-}
-
-/// Owns the epoch thread's stop flag.
-struct Ticker(Arc<AtomicBool>);
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// A validated component, ready to instantiate.
@@ -100,8 +83,10 @@ impl SluiceEngine {
             .wasm_component_model(true)
             .cranelift_nan_canonicalization(true)
             .relaxed_simd_deterministic(true)
-            .consume_fuel(true)
-            .epoch_interruption(true);
+            // Fuel bounds a call's CPU deterministically (I6) and slices it
+            // for yields, at which a call past its wall-clock deadline is
+            // stopped (`worker::timed`); no epoch checks on top of it.
+            .consume_fuel(true);
         if std::env::var_os("SLUICE_PERFMAP").is_some_and(|v| v != "0") {
             // For profiling: names the guests' compiled functions in
             // `/tmp/perf-PID.map`, which `perf report` reads.
@@ -149,34 +134,16 @@ impl SluiceEngine {
         PipelineWorker::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(Error::engine("linking the sluice:circuit world"))?;
 
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (weak, stop) = (engine.weak(), ticker_stop.clone());
-        std::thread::Builder::new()
-            .name("sluice-epoch".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    match weak.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
-                    }
-                }
-            })
-            .map_err(|e| Error::Engine {
-                what: "starting the epoch thread".into(),
-                source: e.into(),
-            })?;
         Ok(SluiceEngine {
             engine,
             pool: pooling,
             linker,
             cache_dir,
             limits,
-            _ticker: Arc::new(Ticker(ticker_stop)),
         })
     }
 
-    /// The same engine (compiled components, pool, epoch thread) with other
+    /// The same engine (compiled components, pool) with other
     /// per-instance limits: one per pipeline on a multi-tenant host.
     pub fn with_limits(&self, limits: Limits) -> SluiceEngine {
         SluiceEngine {
@@ -185,7 +152,6 @@ impl SluiceEngine {
             linker: self.linker.clone(),
             cache_dir: self.cache_dir.clone(),
             limits,
-            _ticker: self._ticker.clone(),
         }
     }
 

@@ -8,7 +8,6 @@ use crate::determinism::{StepClock, StepClockView};
 use crate::error::ExchangeError;
 use crate::exchange::Exchange;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
 
@@ -102,9 +101,6 @@ pub struct WorkerState {
     pub(crate) worker: u32,
     /// The step being run (rounds of the exchange are per step).
     pub(crate) step: u64,
-    pub(crate) call_started: Instant,
-    pub(crate) deadline: Duration,
-    pub(crate) deadline_hit: bool,
     pub(crate) exchange_error: Option<ExchangeError>,
     /// The clock the guest sees (its timers follow it).
     pub(crate) clock: StepClock,

@@ -12,8 +12,9 @@ use crate::packed::{pack_batch, slices};
 use sluice_core::CircuitPorts;
 use sluice_core::layout::SHARDS;
 use std::sync::Arc;
-use std::time::Instant;
-use wasmtime::{Store, Trap, UpdateDeadline};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use wasmtime::{Store, Trap};
 use wasmtime_wasi::{ResourceTable, WasiCtxBuilder};
 
 /// Who an instance is within its pipeline; fixed for its life.
@@ -113,16 +114,13 @@ impl Worker {
             exchange,
             worker: info.worker,
             step: OUTSIDE_STEP,
-            call_started: Instant::now(),
-            deadline: limits.deadline,
-            deadline_hit: false,
             exchange_error: None,
             clock: environment.clock.clone(),
         };
         let mut store = new_store(engine, state);
         let index = info.worker;
         arm(&mut store, &limits);
-        let bindings = match component.pre.instantiate_async(&mut store).await {
+        let bindings = match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
             Ok(b) => b,
             Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
         };
@@ -137,11 +135,12 @@ impl Worker {
             fuel_used: 0,
         };
         worker.arm();
-        let r = worker
+        let info = info.into();
+        let call = worker
             .bindings
             .sluice_circuit_circuit()
-            .call_init(&mut worker.store, &info.into())
-            .await;
+            .call_init(&mut worker.store, &info);
+        let r = timed(worker.limits.deadline, call).await;
         worker.check("init", r)?;
         Ok(worker)
     }
@@ -187,11 +186,8 @@ impl Worker {
     /// Asks the circuit for its ports.
     pub async fn describe(&mut self) -> Result<CircuitPorts> {
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_describe(&mut self.store)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_describe(&mut self.store);
+        let r = timed(self.limits.deadline, call).await;
         let info = r.map_err(|e| self.classify("describe", e))?;
         Ok(CircuitPorts {
             inputs: info.inputs,
@@ -225,11 +221,8 @@ impl Worker {
         self.store.data_mut().step = step;
         self.environment
             .enter_step(&self.pipeline, self.index, step, time_ms);
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_step(&mut self.store, inputs)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_step(&mut self.store, inputs);
+        let r = timed(self.limits.deadline, call).await;
         let left = self.store.get_fuel().unwrap_or(0);
         self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
         self.check("step", r)
@@ -256,11 +249,8 @@ impl Worker {
     /// adds to the pieces before.
     pub async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_snapshot(&mut self.store, changed_only)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_snapshot(&mut self.store, changed_only);
+        let r = timed(self.limits.deadline, call).await;
         let snap = self.check("snapshot", r)?;
         let refuse = |message: String| -> Error {
             GuestError::Failed {
@@ -331,11 +321,8 @@ impl Worker {
 
     async fn restore_batch(&mut self, pieces: Vec<ShardState>) -> Result<()> {
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_restore(&mut self.store, &pieces)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_restore(&mut self.store, &pieces);
+        let r = timed(self.limits.deadline, call).await;
         self.check("restore", r)
     }
 
@@ -354,22 +341,16 @@ impl Worker {
             .map(|(shard, state)| ShardState { shard, state })
             .collect();
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_upgrade(&mut self.store, &pieces, &start_empty)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_upgrade(&mut self.store, &pieces, &start_empty);
+        let r = timed(self.limits.deadline, call).await;
         self.check("upgrade", r)
     }
 
     /// Hands shards off: the circuit returns their pieces and forgets them.
     pub async fn export_shards(&mut self, shards: &[u32]) -> Result<Vec<(u32, Vec<u8>)>> {
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_export_shards(&mut self.store, shards)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_export_shards(&mut self.store, shards);
+        let r = timed(self.limits.deadline, call).await;
         Ok(self
             .check("export-shards", r)?
             .into_iter()
@@ -393,11 +374,8 @@ impl Worker {
     pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
         self.store.data_mut().exchange = Some(exchange);
         self.arm();
-        let r = self
-            .bindings
-            .sluice_circuit_circuit()
-            .call_set_workers(&mut self.store, workers)
-            .await;
+        let call = self.bindings.sluice_circuit_circuit().call_set_workers(&mut self.store, workers);
+        let r = timed(self.limits.deadline, call).await;
         r.map_err(|e| self.classify("set-workers", e))
     }
 
@@ -415,15 +393,12 @@ impl Worker {
             exchange: None,
             worker: 0,
             step: OUTSIDE_STEP,
-            call_started: Instant::now(),
-            deadline: limits.deadline,
-            deadline_hit: false,
             exchange_error: None,
             clock: StepClock::default(),
         };
         let mut store = new_store(engine, state);
         arm(&mut store, &limits);
-        match component.pre.instantiate_async(&mut store).await {
+        match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
             Ok(_) => Ok(()),
             Err(e) => Err(instantiate_error(engine, &mut store, 0, &limits, e)),
         }
@@ -496,10 +471,10 @@ fn guest_message(e: CircuitError) -> String {
     format!("{what}{}", sluice_core::text::guest_message(&m))
 }
 
-/// A store with the instance limits: the memory limiter, and an epoch
-/// callback that yields to other tasks at every tick and traps once the
-/// call's wall-clock deadline has passed. Every store needs the callback:
-/// without it the first epoch tick would trap.
+/// A store with the instance limits: the memory limiter, and fuel handed
+/// to the guest in slices of [`YIELD_FUEL`], so that a long call yields to
+/// other tasks between slices (and [`timed`] can stop it at its deadline);
+/// the slices add up to the call's fuel, so where it runs out does not move.
 fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limiter);
@@ -507,15 +482,49 @@ fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
     // which a worker's snapshot outgrows; the instance's memory limit is
     // the natural cap (a guest cannot hand over more than it holds).
     store.set_hostcall_fuel(engine.limits().memory);
-    store.epoch_deadline_callback(|mut cx| {
-        let s = cx.data_mut();
-        if s.call_started.elapsed() > s.deadline {
-            s.deadline_hit = true;
-            return Err(wasmtime::format_err!("wall-clock deadline exceeded"));
-        }
-        Ok(UpdateDeadline::Yield(1))
-    });
+    // Fuel is enabled on every engine `SluiceEngine` builds and the
+    // interval is not zero, so this cannot fail.
+    let _ = store.fuel_async_yield_interval(Some(YIELD_FUEL));
     store
+}
+
+/// How much fuel a guest burns between two yields to the executor: about
+/// 5–20 ms of guest code on current CPUs. It sets how often a long call
+/// lets other tasks run and how late past its deadline a spinning guest is
+/// stopped.
+pub const YIELD_FUEL: u64 = 10_000_000;
+
+/// The guest's call did not finish within the call's wall-clock deadline.
+#[derive(Debug)]
+struct DeadlinePassed;
+
+impl std::fmt::Display for DeadlinePassed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("wall-clock deadline exceeded")
+    }
+}
+
+impl std::error::Error for DeadlinePassed {}
+
+/// Runs `call`, a call into the guest, under `deadline` (I6): at each of
+/// its yields (every [`YIELD_FUEL`] of fuel, or a wait in a host call) past
+/// the deadline the call is dropped, which unwinds the guest's stack, and
+/// fails with [`DeadlinePassed`]. Wall-clock deadlines used to be epoch
+/// checks compiled into every loop of the guest, which cost about 9 % of a
+/// run's instructions; fuel is checked there anyway.
+async fn timed<T>(
+    deadline: Duration,
+    call: impl Future<Output = wasmtime::Result<T>>,
+) -> wasmtime::Result<T> {
+    let started = Instant::now();
+    let mut call = std::pin::pin!(call);
+    std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+        Poll::Pending if started.elapsed() > deadline => {
+            Poll::Ready(Err(wasmtime::Error::new(DeadlinePassed)))
+        }
+        other => other,
+    })
+    .await
 }
 
 /// A failed instantiation: a full instance pool is a capacity error, not a
@@ -535,15 +544,11 @@ fn instantiate_error(
     classify(store, worker, "instantiate", limits, e)
 }
 
-/// Resets fuel and deadline before a call into the guest.
+/// Resets fuel before a call into the guest (its deadline is [`timed`]'s).
 fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
     // Fuel is enabled on every engine `SluiceEngine` builds, so this cannot fail.
     let _ = store.set_fuel(limits.fuel_per_call);
-    store.set_epoch_deadline(1);
-    let s = store.data_mut();
-    s.call_started = Instant::now();
-    s.deadline_hit = false;
-    s.exchange_error = None;
+    store.data_mut().exchange_error = None;
 }
 
 /// Turns a failed call into the error that names its cause.
@@ -562,7 +567,7 @@ fn classify(
             requested,
             limit: limits.memory,
         }
-    } else if s.deadline_hit {
+    } else if e.downcast_ref::<DeadlinePassed>().is_some() {
         GuestError::DeadlineExceeded {
             worker,
             call,
@@ -580,11 +585,6 @@ fn classify(
                 worker,
                 call,
                 limit: limits.fuel_per_call,
-            },
-            Some(Trap::Interrupt) => GuestError::DeadlineExceeded {
-                worker,
-                call,
-                deadline: limits.deadline,
             },
             // A trap's text names the guest's functions: bounded too.
             _ => GuestError::Trap {
