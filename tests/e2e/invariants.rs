@@ -390,6 +390,26 @@ async fn fuel_and_memory_limits_stop_a_guest_with_a_named_error() {
         matches!(err, Error::Guest(GuestError::DeadlineExceeded { .. })),
         "{err}"
     );
+
+    // A guest looping over host calls burns almost no fuel between them,
+    // so it seldom yields: the deadline is also checked as each returns.
+    // Without that check this step would run for minutes (one yield per
+    // ten million fuel, thousands of 1 MiB random reads).
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &wasm, 1, limits).await;
+    h.append("in", 0, &["hostspin"]);
+    let mut c = h.coordinator(PipelineOptionsExt::batch(10)).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = c.step().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Guest(GuestError::DeadlineExceeded { .. })),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "a 300 ms deadline stopped the guest only after {:?}",
+        started.elapsed()
+    );
 }
 
 struct PipelineOptionsExt;

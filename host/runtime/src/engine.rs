@@ -10,9 +10,48 @@ use crate::instance::WorkerState;
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
+
+/// How often [`ticks`] advances: the granularity of the deadline checked
+/// after each host call.
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// Ticks of [`TICK`] since the first engine of the process started its
+/// ticker thread. The deadline check after every host call (and libcall) a
+/// guest makes reads this, one atomic load, rather than the clock.
+static TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// The current tick (see [`TICK`]).
+pub(crate) fn ticks() -> u64 {
+    TICKS.load(Ordering::Relaxed)
+}
+
+/// Starts the process's ticker thread, once; it runs as long as the process.
+fn start_ticker() -> Result<()> {
+    static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    STARTED
+        .get_or_init(|| {
+            std::thread::Builder::new()
+                .name("sluice-ticks".into())
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(TICK);
+                        TICKS.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| Error::Engine {
+            what: "starting the ticker thread".into(),
+            source: e.into(),
+        })
+}
 
 /// Resource limits of every instance (invariant I6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +173,7 @@ impl SluiceEngine {
         PipelineWorker::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(Error::engine("linking the sluice:circuit world"))?;
 
+        start_ticker()?;
         Ok(SluiceEngine {
             engine,
             pool: pooling,

@@ -102,6 +102,9 @@ pub struct WorkerState {
     /// The step being run (rounds of the exchange are per step).
     pub(crate) step: u64,
     pub(crate) exchange_error: Option<ExchangeError>,
+    /// The [`ticks`](crate::engine::ticks) after which a host call returning
+    /// to the guest fails the call (its wall-clock deadline).
+    pub(crate) deadline_tick: u64,
     /// The clock the guest sees (its timers follow it).
     pub(crate) clock: StepClock,
 }

@@ -4,7 +4,7 @@
 
 use crate::bindings::{self, Batch, CircuitError, PipelineWorker, ShardState};
 use crate::determinism::{GuestEnvironment, StepClock, seed};
-use crate::engine::{Limits, LoadedComponent, SluiceEngine};
+use crate::engine::{Limits, LoadedComponent, SluiceEngine, TICK, ticks};
 use crate::error::{Error, GuestError, Result};
 use crate::exchange::Exchange;
 use crate::instance::{InstanceLimiter, WorkerState};
@@ -14,7 +14,7 @@ use sluice_core::layout::SHARDS;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use wasmtime::{Store, Trap};
+use wasmtime::{CallHook, Store, Trap};
 use wasmtime_wasi::{ResourceTable, WasiCtxBuilder};
 
 /// Who an instance is within its pipeline; fixed for its life.
@@ -115,15 +115,17 @@ impl Worker {
             worker: info.worker,
             step: OUTSIDE_STEP,
             exchange_error: None,
+            deadline_tick: u64::MAX,
             clock: environment.clock.clone(),
         };
         let mut store = new_store(engine, state);
         let index = info.worker;
         arm(&mut store, &limits);
-        let bindings = match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
-            Ok(b) => b,
-            Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
-        };
+        let bindings =
+            match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
+                Ok(b) => b,
+                Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
+            };
         let pipeline = info.pipeline.clone();
         let mut worker = Worker {
             index,
@@ -186,7 +188,10 @@ impl Worker {
     /// Asks the circuit for its ports.
     pub async fn describe(&mut self) -> Result<CircuitPorts> {
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_describe(&mut self.store);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_describe(&mut self.store);
         let r = timed(self.limits.deadline, call).await;
         let info = r.map_err(|e| self.classify("describe", e))?;
         Ok(CircuitPorts {
@@ -221,7 +226,10 @@ impl Worker {
         self.store.data_mut().step = step;
         self.environment
             .enter_step(&self.pipeline, self.index, step, time_ms);
-        let call = self.bindings.sluice_circuit_circuit().call_step(&mut self.store, inputs);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_step(&mut self.store, inputs);
         let r = timed(self.limits.deadline, call).await;
         let left = self.store.get_fuel().unwrap_or(0);
         self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
@@ -249,7 +257,10 @@ impl Worker {
     /// adds to the pieces before.
     pub async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_snapshot(&mut self.store, changed_only);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_snapshot(&mut self.store, changed_only);
         let r = timed(self.limits.deadline, call).await;
         let snap = self.check("snapshot", r)?;
         let refuse = |message: String| -> Error {
@@ -321,7 +332,10 @@ impl Worker {
 
     async fn restore_batch(&mut self, pieces: Vec<ShardState>) -> Result<()> {
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_restore(&mut self.store, &pieces);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_restore(&mut self.store, &pieces);
         let r = timed(self.limits.deadline, call).await;
         self.check("restore", r)
     }
@@ -341,7 +355,11 @@ impl Worker {
             .map(|(shard, state)| ShardState { shard, state })
             .collect();
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_upgrade(&mut self.store, &pieces, &start_empty);
+        let call = self.bindings.sluice_circuit_circuit().call_upgrade(
+            &mut self.store,
+            &pieces,
+            &start_empty,
+        );
         let r = timed(self.limits.deadline, call).await;
         self.check("upgrade", r)
     }
@@ -349,7 +367,10 @@ impl Worker {
     /// Hands shards off: the circuit returns their pieces and forgets them.
     pub async fn export_shards(&mut self, shards: &[u32]) -> Result<Vec<(u32, Vec<u8>)>> {
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_export_shards(&mut self.store, shards);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_export_shards(&mut self.store, shards);
         let r = timed(self.limits.deadline, call).await;
         Ok(self
             .check("export-shards", r)?
@@ -374,7 +395,10 @@ impl Worker {
     pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
         self.store.data_mut().exchange = Some(exchange);
         self.arm();
-        let call = self.bindings.sluice_circuit_circuit().call_set_workers(&mut self.store, workers);
+        let call = self
+            .bindings
+            .sluice_circuit_circuit()
+            .call_set_workers(&mut self.store, workers);
         let r = timed(self.limits.deadline, call).await;
         r.map_err(|e| self.classify("set-workers", e))
     }
@@ -394,6 +418,7 @@ impl Worker {
             worker: 0,
             step: OUTSIDE_STEP,
             exchange_error: None,
+            deadline_tick: u64::MAX,
             clock: StepClock::default(),
         };
         let mut store = new_store(engine, state);
@@ -471,10 +496,11 @@ fn guest_message(e: CircuitError) -> String {
     format!("{what}{}", sluice_core::text::guest_message(&m))
 }
 
-/// A store with the instance limits: the memory limiter, and fuel handed
-/// to the guest in slices of [`YIELD_FUEL`], so that a long call yields to
-/// other tasks between slices (and [`timed`] can stop it at its deadline);
-/// the slices add up to the call's fuel, so where it runs out does not move.
+/// A store with the instance limits: the memory limiter; fuel handed to
+/// the guest in slices of [`YIELD_FUEL`], so that a long call yields to
+/// other tasks between slices (and [`timed`] can stop it at its deadline;
+/// the slices add up to the call's fuel, so where it runs out does not
+/// move); and the deadline checked after each host call.
 fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limiter);
@@ -485,6 +511,15 @@ fn new_store(engine: &SluiceEngine, state: WorkerState) -> Store<WorkerState> {
     // Fuel is enabled on every engine `SluiceEngine` builds and the
     // interval is not zero, so this cannot fail.
     let _ = store.fuel_async_yield_interval(Some(YIELD_FUEL));
+    // A host call burns no fuel, so a guest looping over slow ones (a
+    // large `get-random-bytes`) would not yield: its deadline is also
+    // checked each time a host call or libcall returns to it.
+    store.call_hook(|cx, hook| {
+        if matches!(hook, CallHook::ReturningFromHost) && ticks() > cx.data().deadline_tick {
+            return Err(wasmtime::Error::new(DeadlinePassed));
+        }
+        Ok(())
+    });
     store
 }
 
@@ -509,9 +544,10 @@ impl std::error::Error for DeadlinePassed {}
 /// Runs `call`, a call into the guest, under `deadline` (I6): at each of
 /// its yields (every [`YIELD_FUEL`] of fuel, or a wait in a host call) past
 /// the deadline the call is dropped, which unwinds the guest's stack, and
-/// fails with [`DeadlinePassed`]. Wall-clock deadlines used to be epoch
-/// checks compiled into every loop of the guest, which cost about 9 % of a
-/// run's instructions; fuel is checked there anyway.
+/// fails with [`DeadlinePassed`]; the store's call hook (see `new_store`)
+/// checks it after each host call too. Wall-clock deadlines used to be
+/// epoch checks compiled into every loop of the guest, which cost about
+/// 9 % of a run's instructions; fuel is checked there anyway.
 async fn timed<T>(
     deadline: Duration,
     call: impl Future<Output = wasmtime::Result<T>>,
@@ -548,7 +584,11 @@ fn instantiate_error(
 fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
     // Fuel is enabled on every engine `SluiceEngine` builds, so this cannot fail.
     let _ = store.set_fuel(limits.fuel_per_call);
-    store.data_mut().exchange_error = None;
+    let s = store.data_mut();
+    s.exchange_error = None;
+    // The tick after which a host call returning to the guest fails it.
+    let ticks_allowed = limits.deadline.as_millis() / TICK.as_millis() + 1;
+    s.deadline_tick = ticks().saturating_add(u64::try_from(ticks_allowed).unwrap_or(u64::MAX));
 }
 
 /// Turns a failed call into the error that names its cause.

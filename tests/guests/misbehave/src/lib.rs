@@ -2,6 +2,8 @@
 //! echoes them to `out`, except:
 //! - `"trap"` panics (a trap);
 //! - `"spin"` loops forever (stopped by fuel or the deadline);
+//! - `"hostspin"` loops forever over 1 MiB WASI random reads, host calls
+//!   that burn almost no fuel (stopped by the deadline);
 //! - `"grow"` allocates until the memory limit stops it;
 //! - values starting with `"nondet"` get a suffix from a counter kept in a
 //!   static, outside the snapshot: a replay after a restore differs;
@@ -34,6 +36,13 @@ fn misbehave(s: &String) -> String {
                 x = std::hint::black_box(x.wrapping_add(1));
             }
         }
+        "hostspin" => loop {
+            // One host call making 1 MiB, a few hundred fuel around it.
+            #[cfg(target_arch = "wasm32")]
+            std::hint::black_box(wasip2::random::random::get_random_bytes(1 << 20));
+            #[cfg(not(target_arch = "wasm32"))]
+            std::hint::black_box(0);
+        },
         "grow" => {
             let mut hog: Vec<Vec<u8>> = Vec::new();
             loop {
