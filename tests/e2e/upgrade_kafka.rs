@@ -9,7 +9,7 @@
 #![cfg(feature = "kafka")]
 
 use crate::kafka::{brokers, fresh_name};
-use crate::support::crash::{env_count, seeded};
+use crate::support::crash::{aborted_at, env_count, seeded};
 use crate::support::{component, recount, sluice_cmd, stderr};
 use crate::upgrade_switch::{
     assert_verified, input, integrate_pairs, kill_upgrade, recount_lengths, run_cmd,
@@ -95,7 +95,11 @@ fn an_upgrade_on_kafka_is_followed_by_every_host_that_opens_the_pipeline() {
                 .env("SLUICE_CRASH_AT", "after-upgrade-record")
                 .output()
                 .unwrap();
-            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+            assert!(
+                aborted_at(&stderr(&out), "after-upgrade-record"),
+                "{}",
+                stderr(&out)
+            );
             (out.status, true)
         } else {
             kill_upgrade(&mut rng, first, false, 1500)

@@ -5,7 +5,7 @@
 //! new operator started empty, a changed one refused by name — exactly
 //! once through SIGKILLs before, during and after the switch.
 
-use crate::support::crash::{Rng, env_count, seeded};
+use crate::support::crash::{Rng, aborted_at, env_count, seeded};
 use crate::support::{component, python_component, recount, sluice_cmd, stderr};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -91,7 +91,7 @@ pub(crate) fn run_with_kills(
     if let Some(point) = first_crash {
         let out = cmd().env("SLUICE_CRASH_AT", point).output().unwrap();
         assert!(
-            !out.status.success() && stderr(&out).contains("crash point"),
+            !out.status.success() && aborted_at(&stderr(&out), point),
             "the first run should have aborted at {point}: {}",
             stderr(&out)
         );
@@ -165,7 +165,11 @@ pub(crate) fn kill_upgrade(
             .env("SLUICE_CRASH_AT", "after-upgrade")
             .output()
             .unwrap();
-        assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+        assert!(
+            aborted_at(&stderr(&out), "after-upgrade"),
+            "{}",
+            stderr(&out)
+        );
         return (out.status, true);
     }
     let mut child = cmd.stderr(Stdio::null()).spawn().unwrap();
@@ -362,7 +366,11 @@ fn an_upgrade_carries_the_state_exactly_once_through_kills_before_during_and_aft
                 .env("SLUICE_CRASH_AT", "after-commit:2")
                 .output()
                 .unwrap();
-            assert!(stderr(&out).contains("crash point"), "{}", stderr(&out));
+            assert!(
+                aborted_at(&stderr(&out), "after-commit:2"),
+                "{}",
+                stderr(&out)
+            );
             let out = upgrade(&v2, &data, &[]);
             assert!(!out.status.success());
             assert!(

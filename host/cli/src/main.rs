@@ -12,6 +12,10 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = sluice::cli::Cli::parse();
+    if let Err(e) = sluice_core::crash::check_env() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

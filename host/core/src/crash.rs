@@ -94,14 +94,19 @@ impl CrashPoint {
         }
     }
 
-    /// The point named `name`.
-    pub fn from_name(name: &str) -> Option<CrashPoint> {
+    /// Every point there is: [`ALL`](Self::ALL), then those only a
+    /// backend, a layout change or an upgrade reaches.
+    pub fn every() -> impl Iterator<Item = CrashPoint> {
         CrashPoint::ALL
             .into_iter()
             .chain(CrashPoint::BACKEND)
             .chain(CrashPoint::RESCALE)
             .chain(CrashPoint::UPGRADE)
-            .find(|p| p.name() == name)
+    }
+
+    /// The point named `name`.
+    pub fn from_name(name: &str) -> Option<CrashPoint> {
+        CrashPoint::every().find(|p| p.name() == name)
     }
 }
 
@@ -111,19 +116,48 @@ struct Armed {
     seen: AtomicU64,
 }
 
+/// Parses `SLUICE_CRASH_AT`'s value, `POINT` or `POINT:N` (N from 1).
+fn parse(spec: &str) -> Result<(CrashPoint, u64), String> {
+    let (name, n) = spec.split_once(':').unwrap_or((spec, "1"));
+    let point = CrashPoint::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = CrashPoint::every().map(CrashPoint::name).collect();
+        format!(
+            "SLUICE_CRASH_AT={spec}: {name:?} names no point of the protocol (they are: {})",
+            known.join(", ")
+        )
+    })?;
+    match n.parse::<u64>() {
+        Ok(at) if at >= 1 => Ok((point, at)),
+        _ => Err(format!(
+            "SLUICE_CRASH_AT={spec}: {n:?} is not a count from 1 (POINT:N aborts at the N-th reach)"
+        )),
+    }
+}
+
+/// Checks `SLUICE_CRASH_AT`, if set: a misspelt point or count would
+/// otherwise arm nothing, and a crash test would pass without its crash.
+/// The CLI calls it before any command.
+pub fn check_env() -> Result<(), String> {
+    match std::env::var("SLUICE_CRASH_AT") {
+        Ok(spec) => parse(&spec).map(|_| ()),
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err("SLUICE_CRASH_AT: not valid UTF-8".to_owned())
+        }
+    }
+}
+
 fn armed() -> Option<&'static Armed> {
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
     ARMED
         .get_or_init(|| {
             let spec = std::env::var("SLUICE_CRASH_AT").ok()?;
-            let (name, n) = spec.split_once(':').unwrap_or((spec.as_str(), "1"));
-            let point = CrashPoint::from_name(name).or_else(|| {
-                eprintln!("sluice: ignoring SLUICE_CRASH_AT={spec}: unknown crash point");
-                None
-            })?;
+            let (point, at) = parse(&spec)
+                .map_err(|e| eprintln!("sluice: ignoring {e}"))
+                .ok()?;
             Some(Armed {
                 point,
-                at: n.parse().unwrap_or(1).max(1),
+                at,
                 seen: AtomicU64::new(0),
             })
         })
@@ -139,5 +173,39 @@ pub fn crash_point(point: CrashPoint) {
     {
         eprintln!("sluice: crash point {} #{}", point.name(), a.at);
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CrashPoint, parse};
+
+    #[test]
+    fn every_point_parses_by_its_name_with_and_without_a_count() {
+        for point in CrashPoint::every() {
+            assert_eq!(parse(point.name()), Ok((point, 1)));
+            assert_eq!(parse(&format!("{}:7", point.name())), Ok((point, 7)));
+        }
+    }
+
+    #[test]
+    fn a_misspelt_point_or_a_bad_count_is_refused_by_name() {
+        let e = parse("after-comit:5").unwrap_err();
+        assert!(e.contains("\"after-comit\" names no point"), "{e}");
+        // Not the words a harness looks for in an abort's line.
+        assert!(!e.contains("crash point"), "{e}");
+        assert!(
+            e.contains("after-commit"),
+            "the known points are listed: {e}"
+        );
+        for bad in [
+            "after-commit:0",
+            "after-commit:x",
+            "after-commit:",
+            "after-commit:-1",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("not a count from 1"), "{bad}: {e}");
+        }
     }
 }

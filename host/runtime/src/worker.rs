@@ -120,12 +120,11 @@ impl Worker {
         };
         let mut store = new_store(engine, state);
         let index = info.worker;
-        arm(&mut store, &limits);
-        let bindings =
-            match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
-                Ok(b) => b,
-                Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
-            };
+        let deadline = arm(&mut store, &limits);
+        let bindings = match timed(deadline, component.pre.instantiate_async(&mut store)).await {
+            Ok(b) => b,
+            Err(e) => return Err(instantiate_error(engine, &mut store, index, &limits, e)),
+        };
         let pipeline = info.pipeline.clone();
         let mut worker = Worker {
             index,
@@ -136,21 +135,24 @@ impl Worker {
             pipeline,
             fuel_used: 0,
         };
-        worker.arm();
+        let deadline = worker.arm();
         let info = info.into();
         let call = worker
             .bindings
             .sluice_circuit_circuit()
             .call_init(&mut worker.store, &info);
-        let r = timed(worker.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         worker.check("init", r)?;
         Ok(worker)
     }
 
-    fn arm(&mut self) {
-        arm(&mut self.store, &self.limits);
+    /// Readies the store for a call into the guest; returns the call's
+    /// deadline.
+    fn arm(&mut self) -> Instant {
+        let deadline = arm(&mut self.store, &self.limits);
         self.environment
             .enter_step(&self.pipeline, self.index, OUTSIDE_STEP, 0);
+        deadline
     }
 
     fn classify(&mut self, call: &'static str, e: wasmtime::Error) -> Error {
@@ -187,12 +189,12 @@ impl Worker {
 
     /// Asks the circuit for its ports.
     pub async fn describe(&mut self) -> Result<CircuitPorts> {
-        self.arm();
+        let deadline = self.arm();
         let call = self
             .bindings
             .sluice_circuit_circuit()
             .call_describe(&mut self.store);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         let info = r.map_err(|e| self.classify("describe", e))?;
         Ok(CircuitPorts {
             inputs: info.inputs,
@@ -222,7 +224,7 @@ impl Worker {
         time_ms: u64,
         inputs: &[Batch],
     ) -> Result<Vec<Batch>> {
-        self.arm();
+        let deadline = self.arm();
         self.store.data_mut().step = step;
         self.environment
             .enter_step(&self.pipeline, self.index, step, time_ms);
@@ -230,7 +232,7 @@ impl Worker {
             .bindings
             .sluice_circuit_circuit()
             .call_step(&mut self.store, inputs);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         let left = self.store.get_fuel().unwrap_or(0);
         self.fuel_used += self.limits.fuel_per_call.saturating_sub(left);
         self.check("step", r)
@@ -256,12 +258,12 @@ impl Worker {
     /// pieces before), and a piece of a shard not listed is a delta that
     /// adds to the pieces before.
     pub async fn snapshot(&mut self, changed_only: bool) -> Result<Snapshot> {
-        self.arm();
+        let deadline = self.arm();
         let call = self
             .bindings
             .sluice_circuit_circuit()
             .call_snapshot(&mut self.store, changed_only);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         let snap = self.check("snapshot", r)?;
         let refuse = |message: String| -> Error {
             GuestError::Failed {
@@ -331,12 +333,12 @@ impl Worker {
     }
 
     async fn restore_batch(&mut self, pieces: Vec<ShardState>) -> Result<()> {
-        self.arm();
+        let deadline = self.arm();
         let call = self
             .bindings
             .sluice_circuit_circuit()
             .call_restore(&mut self.store, &pieces);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         self.check("restore", r)
     }
 
@@ -354,24 +356,24 @@ impl Worker {
             .into_iter()
             .map(|(shard, state)| ShardState { shard, state })
             .collect();
-        self.arm();
+        let deadline = self.arm();
         let call = self.bindings.sluice_circuit_circuit().call_upgrade(
             &mut self.store,
             &pieces,
             &start_empty,
         );
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         self.check("upgrade", r)
     }
 
     /// Hands shards off: the circuit returns their pieces and forgets them.
     pub async fn export_shards(&mut self, shards: &[u32]) -> Result<Vec<(u32, Vec<u8>)>> {
-        self.arm();
+        let deadline = self.arm();
         let call = self
             .bindings
             .sluice_circuit_circuit()
             .call_export_shards(&mut self.store, shards);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         Ok(self
             .check("export-shards", r)?
             .into_iter()
@@ -394,12 +396,12 @@ impl Worker {
     /// from now on is `exchange`, and the circuit is told W.
     pub async fn relayout(&mut self, workers: u32, exchange: Arc<Exchange>) -> Result<()> {
         self.store.data_mut().exchange = Some(exchange);
-        self.arm();
+        let deadline = self.arm();
         let call = self
             .bindings
             .sluice_circuit_circuit()
             .call_set_workers(&mut self.store, workers);
-        let r = timed(self.limits.deadline, call).await;
+        let r = timed(deadline, call).await;
         r.map_err(|e| self.classify("set-workers", e))
     }
 
@@ -422,8 +424,8 @@ impl Worker {
             clock: StepClock::default(),
         };
         let mut store = new_store(engine, state);
-        arm(&mut store, &limits);
-        match timed(limits.deadline, component.pre.instantiate_async(&mut store)).await {
+        let deadline = arm(&mut store, &limits);
+        match timed(deadline, component.pre.instantiate_async(&mut store)).await {
             Ok(_) => Ok(()),
             Err(e) => Err(instantiate_error(engine, &mut store, 0, &limits, e)),
         }
@@ -549,13 +551,12 @@ impl std::error::Error for DeadlinePassed {}
 /// epoch checks compiled into every loop of the guest, which cost about
 /// 9 % of a run's instructions; fuel is checked there anyway.
 async fn timed<T>(
-    deadline: Duration,
+    deadline: Instant,
     call: impl Future<Output = wasmtime::Result<T>>,
 ) -> wasmtime::Result<T> {
-    let started = Instant::now();
     let mut call = std::pin::pin!(call);
     std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
-        Poll::Pending if started.elapsed() > deadline => {
+        Poll::Pending if Instant::now() > deadline => {
             Poll::Ready(Err(wasmtime::Error::new(DeadlinePassed)))
         }
         other => other,
@@ -580,8 +581,10 @@ fn instantiate_error(
     classify(store, worker, "instantiate", limits, e)
 }
 
-/// Resets fuel before a call into the guest (its deadline is [`timed`]'s).
-fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
+/// Resets fuel before a call into the guest and returns the call's
+/// wall-clock deadline, which [`timed`] enforces at the call's yields and
+/// the store's call hook, by [`ticks`], after each host call.
+fn arm(store: &mut Store<WorkerState>, limits: &Limits) -> Instant {
     // Fuel is enabled on every engine `SluiceEngine` builds, so this cannot fail.
     let _ = store.set_fuel(limits.fuel_per_call);
     let s = store.data_mut();
@@ -589,6 +592,10 @@ fn arm(store: &mut Store<WorkerState>, limits: &Limits) {
     // The tick after which a host call returning to the guest fails it.
     let ticks_allowed = limits.deadline.as_millis() / TICK.as_millis() + 1;
     s.deadline_tick = ticks().saturating_add(u64::try_from(ticks_allowed).unwrap_or(u64::MAX));
+    // A limit too large to add to now is no limit: a year stands for it.
+    let now = Instant::now();
+    now.checked_add(limits.deadline)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// Turns a failed call into the error that names its cause.

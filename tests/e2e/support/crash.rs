@@ -47,6 +47,14 @@ pub fn seeded(var: &str, what: &str) -> Rng {
     Rng(seed)
 }
 
+/// Whether `stderr` shows the abort at `spec` (`SLUICE_CRASH_AT`'s value,
+/// `POINT` or `POINT:N`): the line the process prints before aborting,
+/// not just any mention of a crash point (a refused spec names points too).
+pub fn aborted_at(stderr: &str, spec: &str) -> bool {
+    let (point, n) = spec.split_once(':').unwrap_or((spec, "1"));
+    stderr.contains(&format!("sluice: crash point {point} #{n}"))
+}
+
 /// The number the variable `var` holds, else `default` (a campaign's
 /// trials).
 pub fn env_count(var: &str, default: u32) -> u32 {
@@ -187,7 +195,7 @@ pub fn campaign_of(
         attempts += 1;
         let out = command().env("SLUICE_CRASH_AT", point).output().unwrap();
         assert!(
-            !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("crash point"),
+            !out.status.success() && aborted_at(&String::from_utf8_lossy(&out.stderr), point),
             "the first run should have aborted at crash point {point}: {}",
             String::from_utf8_lossy(&out.stderr)
         );

@@ -127,11 +127,19 @@ fn producer(headers: &HeaderMap) -> ApiResult<Option<(ProducerSeq, Option<String
 /// `max_push_bytes` (413 `body_too_large`) and `max_push_events` (413
 /// `too_many_events`).
 #[utoipa::path(post, path = "/pipelines/{name}/input/{port}",
-    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port")),
+    params(("name" = String, Path, description = "pipeline name"), ("port" = String, Path, description = "input port"),
+        ("Sluice-Producer-Id" = Option<String>, Header,
+            description = "the producer: 1-128 visible ASCII characters (with Sluice-Producer-Seq)"),
+        ("Sluice-Producer-Seq" = Option<u64>, Header,
+            description = "the push's sequence number for this producer and port, from 1 (with Sluice-Producer-Id)"),
+        ("Sluice-Producer-Epoch" = Option<u64>, Header,
+            description = "the producer's session, 0 by default: a higher one fences the older"),
+        ("Sluice-Producer-Mark" = Option<String>, Header,
+            description = "up to 4096 bytes of visible ASCII stored with the append, returned by GET /pipelines/{name}/input/{port}/producers/{id}")),
     request_body(content = String, content_type = "application/x-ndjson"),
     responses((status = 200, body = PushAck), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 408, body = ErrorBody), (status = 413, body = ErrorBody), (status = 429, body = ErrorBody),
-        (status = 507, body = ErrorBody)))]
+        (status = 408, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 507, body = ErrorBody)))]
 pub(super) async fn push(
     State(state): Shared,
     headers: HeaderMap,

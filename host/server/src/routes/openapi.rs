@@ -72,8 +72,9 @@ pub struct ApiDoc;
 /// - 401 (no or an unknown token) and 403 (the other kind of token) on
 ///   every operation; 400 (a malformed name, query or body) on every one;
 ///   404 where the path names a resource; 408 and 413 where there is a
-///   body; 503 where the host's budgets admit the request; each with the
-///   error body;
+///   body; 503 where the host's budgets admit the request, and on every
+///   route of one pipeline (it may be in the middle of an upgrade); each
+///   with the error body;
 /// - the bodies' media types: a component upload is `application/wasm`
 ///   bytes, a push `application/x-ndjson` lines or an `application/json`
 ///   array of events;
@@ -147,6 +148,12 @@ pub fn document() -> serde_json::Value {
                     "The host's memory budget or instance pool cannot admit it",
                 );
                 add("422", "A tenant limit refuses it");
+            }
+            if path.starts_with("/pipelines/{name}") {
+                add(
+                    "503",
+                    "The pipeline is being upgraded (`upgrading`): ask again once it runs the new version",
+                );
             }
         }
     }
