@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 mod counters;
+mod shared;
 pub use counters::{BidStats, COUNTERS, CountedBid, Counters, bid_counters};
+pub use shared::SharedStr;
 
 /// Someone who sells or bids.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -92,7 +94,9 @@ pub struct BidNumbers {
     pub date_time: u64,
 }
 
-/// [`BidNumbers`] and the channel (q16's input).
+/// [`BidNumbers`] and the channel (q16's input). The channel is a
+/// [`SharedStr`]: q16 copies it into the key of every one of its
+/// aggregates.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct BidOnChannel {
     /// The auction's id.
@@ -102,7 +106,7 @@ pub struct BidOnChannel {
     /// Price in cents.
     pub price: u64,
     /// Channel the bid came through.
-    pub channel: String,
+    pub channel: SharedStr,
     /// When the bid was placed.
     pub date_time: u64,
 }

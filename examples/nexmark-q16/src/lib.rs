@@ -32,7 +32,8 @@ pub struct Report {
 pub fn build(c: &mut Circuit) {
     // Read without the URL and padding: the decoder skips them.
     let bids = c.input::<BidOnChannel>("bid");
-    // The channel's fingerprint before its text: see `fingerprint`.
+    // The channel's fingerprint before its text: see `fingerprint`. The
+    // text is shared, not copied, into each aggregate's key.
     let group = |b: &BidOnChannel| {
         (
             b.date_time / DAY_MS,
@@ -45,7 +46,7 @@ pub fn build(c: &mut Circuit) {
     let latest = bids.max_by(group, |b| b.date_time / MINUTE_MS % 1_440);
     bid_counters(&bids, group)
         .join(&latest, |(d, _, channel), c, minute| Report {
-            channel: channel.clone(),
+            channel: channel.to_string(),
             day: day(d * DAY_MS),
             minute: hour_minute(minute * MINUTE_MS),
             stats: c.into(),
