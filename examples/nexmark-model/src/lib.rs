@@ -95,8 +95,8 @@ pub struct BidNumbers {
 }
 
 /// [`BidNumbers`] and the channel (q16's input). The channel is a
-/// [`SharedStr`]: q16 copies it into the key of every one of its
-/// aggregates.
+/// [`SharedStr`]: q16 copies it into the keys of its operators, about a
+/// dozen times per bid.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct BidOnChannel {
     /// The auction's id.

@@ -7,11 +7,14 @@ use std::sync::Arc;
 
 /// A string its clones share: a clone counts a reference instead of
 /// copying the text. For a field that a circuit copies into many
-/// operators' keys (q16 groups a dozen aggregates by the bid's channel,
-/// and copying it was the largest share of its time). Encoded as a plain
-/// string, in JSON and in operator state alike: a `String` field can
-/// become one without changing a byte of either. Decoding allocates it
-/// once, from the text the decoder lends.
+/// operators' keys (q16 copies the bid's channel about a dozen times per
+/// bid, and those copies were the largest share of its time). Encoded as
+/// a plain string, in JSON and in operator state alike: a `String` field
+/// that becomes one keeps every byte of both. The state's fingerprint
+/// changes, though: it names the state's types, so a checkpoint taken with
+/// a `String` there is refused by the new circuit, naming each operator;
+/// an upgrade starts those operators empty or rebuilds them from retained
+/// input. Decoding allocates it once, from the text the decoder lends.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SharedStr(Arc<str>);
 
