@@ -44,6 +44,7 @@ mod identity;
 #[cfg(any(all(target_arch = "wasm32", target_os = "wasi"), test))]
 mod mem;
 pub mod operator;
+mod shared;
 pub mod state;
 // The WIT glue exists in the WebAssembly build only (wit-bindgen is a
 // wasm32-only dependency): native builds use circuits through
@@ -62,12 +63,13 @@ pub use circuit::{Circuit, CircuitInstance, Data, Pieces, Stream};
 pub use error::{Error, Result};
 pub use identity::OperatorInfo;
 pub use operator::Sum;
+pub use shared::SharedStr;
 pub use types::{OrdF64, Window};
 pub use zset::{Weight, ZSet};
 
 /// What circuit code usually needs.
 pub mod prelude {
-    pub use crate::{Circuit, Data, OrdF64, Stream, Weight, Window, ZSet};
+    pub use crate::{Circuit, Data, OrdF64, SharedStr, Stream, Weight, Window, ZSet};
     pub use serde::{Deserialize, Serialize};
 }
 

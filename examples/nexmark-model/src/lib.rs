@@ -5,9 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 mod counters;
-mod shared;
 pub use counters::{BidStats, COUNTERS, CountedBid, Counters, bid_counters};
-pub use shared::SharedStr;
+pub use sluice_guest::SharedStr;
 
 /// Someone who sells or bids.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
