@@ -12,7 +12,7 @@ use sluice_guest::Circuit;
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
-        .top_k_by(|b| (b.bidder, b.auction), |b| (b.date_time, b.clone()), 1)
+        .top_k_by_owned(|b| (b.bidder, b.auction), |b| (b.date_time, b), 1)
         .map_owned(|(_, (_, b))| b)
         .output("last_bids");
 }

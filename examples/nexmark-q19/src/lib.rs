@@ -14,7 +14,7 @@ use sluice_guest::Circuit;
 /// Builds the circuit.
 pub fn build(c: &mut Circuit) {
     c.input::<Bid>("bid")
-        .top_k_by(|b| b.auction, |b| (b.price, b.clone()), 10)
+        .top_k_by_owned(|b| b.auction, |b| (b.price, b), 10)
         .map_owned(|(_, (_, b))| b)
         .output("top_bids");
 }

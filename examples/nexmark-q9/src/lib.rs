@@ -25,9 +25,9 @@ pub fn build(c: &mut Circuit) {
             (a.id, open, b.clone())
         })
         .filter(|(_, open, _)| *open)
-        .top_k_by(
+        .top_k_by_owned(
             |(id, ..)| *id,
-            |(.., b)| (b.price, Reverse((b.date_time, b.clone()))),
+            |(.., b)| (b.price, Reverse((b.date_time, b))),
             1,
         )
         .key_by(|(id, _)| *id);

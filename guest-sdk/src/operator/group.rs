@@ -5,7 +5,7 @@
 //! under any mix of inserts and deletes (min and max keep the whole
 //! multiset), at O(group size) per touched key.
 
-use crate::circuit::{Data, Operator, StepContext, input};
+use crate::circuit::{Data, Operator, StepContext, StepInput};
 use crate::error::Result;
 use crate::exchange::shuffle_keyed;
 use crate::state::{self, Shards};
@@ -205,6 +205,40 @@ pub(crate) fn restore_groups<K: Data, V: Data>(
     Ok(())
 }
 
+/// How a group operator takes a record's value: from a record it is lent,
+/// or from one it is given.
+pub(crate) trait ValueOf<T, V>: 'static {
+    /// The value of a record another operator reads after this one.
+    fn lent(&self, record: &T) -> V;
+    /// The value of a record this operator is the last to read.
+    fn given(&self, record: T) -> V;
+}
+
+/// A value function that reads the record (`min_by`, `top_k_by`, ...).
+pub(crate) struct Reading<F>(pub(crate) F);
+
+impl<T, V, F: Fn(&T) -> V + 'static> ValueOf<T, V> for Reading<F> {
+    fn lent(&self, record: &T) -> V {
+        (self.0)(record)
+    }
+    fn given(&self, record: T) -> V {
+        (self.0)(&record)
+    }
+}
+
+/// A value function that takes the record (`top_k_by_owned`): a record it
+/// is given moves into it, a record it is lent is cloned for it.
+pub(crate) struct Taking<F>(pub(crate) F);
+
+impl<T: Clone, V, F: Fn(T) -> V + 'static> ValueOf<T, V> for Taking<F> {
+    fn lent(&self, record: &T) -> V {
+        (self.0)(record.clone())
+    }
+    fn given(&self, record: T) -> V {
+        (self.0)(record)
+    }
+}
+
 struct Group<T, K, V, O, KF, VF, F> {
     name: &'static str,
     channel: u32,
@@ -222,7 +256,7 @@ where
     V: Data,
     O: Data,
     KF: Fn(&T) -> K + 'static,
-    VF: Fn(&T) -> V + 'static,
+    VF: ValueOf<T, V>,
     F: Fn(&K, &Multiset<V>) -> Vec<(O, Weight)> + 'static,
 {
     fn name(&self) -> &'static str {
@@ -234,10 +268,32 @@ where
     }
 
     fn eval(&mut self, cx: &mut StepContext<'_>, inputs: &[&dyn Any]) -> Result<Box<dyn Any>> {
-        let mut local: ZSet<(K, V)> = input::<T>(inputs, 0)
-            .iter()
-            .map(|(t, w)| (((self.key)(t), (self.value)(t)), *w))
-            .collect();
+        self.eval_owned(cx, vec![StepInput::Shared(inputs[0])])
+    }
+
+    fn eval_owned(
+        &mut self,
+        cx: &mut StepContext<'_>,
+        mut inputs: Vec<StepInput<'_>>,
+    ) -> Result<Box<dyn Any>> {
+        let given = inputs.pop().expect("a group has one input");
+        let mut local: ZSet<(K, V)> = if matches!(given, StepInput::Owned(_)) {
+            // Given its input, it hands each record to the value function.
+            let records = given.into_owned::<T>().expect("an input not lent is given");
+            records
+                .into_iter()
+                .map(|(t, w)| {
+                    let k = (self.key)(&t);
+                    ((k, self.value.given(t)), w)
+                })
+                .collect()
+        } else {
+            given
+                .zset::<T>()
+                .iter()
+                .map(|(t, w)| (((self.key)(t), self.value.lent(t)), *w))
+                .collect()
+        };
         consolidate(&mut local);
         let received = shuffle_keyed(cx.exchange, self.channel, local)?;
         let mut by_key: BTreeMap<K, Vec<(V, Weight)>> = BTreeMap::new();
@@ -294,6 +350,29 @@ impl<T: Data> Stream<T> {
         name: &'static str,
         key: impl Fn(&T) -> K + 'static,
         value: impl Fn(&T) -> V + 'static,
+        reduce: impl Fn(&K, &Multiset<V>) -> Vec<(O, Weight)> + 'static,
+    ) -> Stream<(K, O)> {
+        self.group_with(name, key, Reading(value), reduce)
+    }
+
+    /// [`group_reduce`](Self::group_reduce) with `value` taking each record
+    /// (moved when this operator is the stream's last reader, cloned
+    /// otherwise). The state, and so its fingerprint, is the same.
+    pub(crate) fn group_reduce_owned<K: Data, V: Data, O: Data>(
+        &self,
+        name: &'static str,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl Fn(T) -> V + 'static,
+        reduce: impl Fn(&K, &Multiset<V>) -> Vec<(O, Weight)> + 'static,
+    ) -> Stream<(K, O)> {
+        self.group_with(name, key, Taking(value), reduce)
+    }
+
+    fn group_with<K: Data, V: Data, O: Data>(
+        &self,
+        name: &'static str,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl ValueOf<T, V>,
         reduce: impl Fn(&K, &Multiset<V>) -> Vec<(O, Weight)> + 'static,
     ) -> Stream<(K, O)> {
         let channel = self.next_channel();

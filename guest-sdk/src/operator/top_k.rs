@@ -1,7 +1,8 @@
 //! `top_k_by`: the k largest values per key.
 
-use crate::Stream;
 use crate::circuit::Data;
+use crate::operator::group::Multiset;
+use crate::{Stream, Weight};
 
 impl<T: Data> Stream<T> {
     /// Emits `(key, value)` for the `k` largest values of each key (by the
@@ -23,43 +24,134 @@ impl<T: Data> Stream<T> {
         value: impl Fn(&T) -> V + 'static,
         k: usize,
     ) -> Stream<(K, V)> {
-        self.group_reduce("top_k_by", key, value, move |_, group| {
-            let mut left = k as i64;
-            let mut out = Vec::new();
-            for (v, w) in group.iter().rev().filter(|(_, w)| **w > 0) {
-                if left == 0 {
-                    break;
-                }
-                let n = (*w).min(left);
-                out.push((v.clone(), n));
-                left -= n;
-            }
-            out
-        })
+        self.group_reduce("top_k_by", key, value, move |_, group| top(group, k))
     }
+
+    /// [`top_k_by`](Self::top_k_by) with `value` taking each record by
+    /// value, as [`map_owned`](Self::map_owned) does: a record moves into
+    /// `value` when this stream has no other reader after this operator (a
+    /// `top_k_by_owned` right after an input or a join, nearly always), and
+    /// is cloned for it otherwise. For a value that keeps most of its
+    /// record (the whole bid, ranked by its time), which `top_k_by` would
+    /// have to clone. The state is `top_k_by`'s, under the same name: a
+    /// circuit can switch between the two and keep its checkpoints.
+    ///
+    /// ```
+    /// # use sluice_guest::{Circuit, CircuitInstance};
+    /// CircuitInstance::build(|c: &mut Circuit| {
+    ///     c.input::<(String, i64)>("scores")
+    ///         .top_k_by_owned(|(game, _)| game.clone(), |(game, s)| (s, game), 3)
+    ///         .output("podium");
+    /// }).unwrap();
+    /// ```
+    pub fn top_k_by_owned<K: Data, V: Data>(
+        &self,
+        key: impl Fn(&T) -> K + 'static,
+        value: impl Fn(T) -> V + 'static,
+        k: usize,
+    ) -> Stream<(K, V)> {
+        self.group_reduce_owned("top_k_by", key, value, move |_, group| top(group, k))
+    }
+}
+
+/// The `k` largest values of a group, each with how many of its copies are
+/// among them.
+fn top<V: Data>(group: &Multiset<V>, k: usize) -> Vec<(V, Weight)> {
+    let mut left = k as i64;
+    let mut out = Vec::new();
+    for (v, w) in group.iter().rev().filter(|(_, w)| **w > 0) {
+        if left == 0 {
+            break;
+        }
+        let n = (*w).min(left);
+        out.push((v.clone(), n));
+        left -= n;
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::Weight;
     use crate::operator::testing::{batches, check, zset};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// The 3 largest values per key of the integrated input.
+    fn top_3(input: &BTreeMap<(u8, u8), Weight>) -> BTreeMap<(u8, u8), Weight> {
+        let mut copies: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+        for ((k, v), w) in input {
+            for _ in 0..(*w).max(0) {
+                copies.entry(*k).or_default().push(*v);
+            }
+        }
+        zset(copies.into_iter().flat_map(|(k, mut vs)| {
+            vs.sort_unstable_by(|a, b| b.cmp(a));
+            vs.into_iter().take(3).map(move |v| ((k, v), 1))
+        }))
+    }
+
     proptest! {
         #[test]
         fn equals_recomputation(steps in batches((0u8..3, 0u8..12))) {
-            check(|c| c.input::<(u8, u8)>("in").top_k_by(|(k, _)| *k, |(_, v)| *v, 3).output("out"), &steps, |input| {
-                let mut copies: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
-                for ((k, v), w) in input {
-                    for _ in 0..(*w).max(0) {
-                        copies.entry(*k).or_default().push(*v);
-                    }
-                }
-                zset(copies.into_iter().flat_map(|(k, mut vs)| {
-                    vs.sort_unstable_by(|a, b| b.cmp(a));
-                    vs.into_iter().take(3).map(move |v| ((k, v), 1))
-                }))
-            })?;
+            check(|c| c.input::<(u8, u8)>("in").top_k_by(|(k, _)| *k, |(_, v)| *v, 3).output("out"), &steps, top_3)?;
+        }
+
+        /// Given its input (nothing reads it after), and lent it (a filter
+        /// reads it after): the same as `top_k_by`.
+        #[test]
+        fn owned_equals_recomputation(steps in batches((0u8..3, 0u8..12))) {
+            let given = |c: &mut crate::Circuit| {
+                c.input::<(u8, u8)>("in").top_k_by_owned(|(k, _)| *k, |(_, v)| v, 3).output("out");
+            };
+            let lent = |c: &mut crate::Circuit| {
+                let input = c.input::<(u8, u8)>("in");
+                let top = input.top_k_by_owned(|(k, _)| *k, |(_, v)| v, 3);
+                top.union(&input.filter(|_| false)).output("out");
+            };
+            for build in [given as fn(&mut crate::Circuit), lent] {
+                check(build, &steps, top_3)?;
+            }
+        }
+    }
+
+    /// A snapshot of `top_k_by` restores into `top_k_by_owned` and the
+    /// other way round: the same state under the same name.
+    #[test]
+    fn owned_reads_the_same_snapshots() {
+        use crate::exchange::LocalExchange;
+        use crate::operator::testing::{decode, events};
+        use crate::{Circuit, CircuitInstance};
+        let lending = |c: &mut Circuit| {
+            c.input::<(u8, u8)>("in")
+                .top_k_by(|(k, _)| *k, |(_, v)| *v, 1)
+                .output("out");
+        };
+        let taking = |c: &mut Circuit| {
+            c.input::<(u8, u8)>("in")
+                .top_k_by_owned(|(k, _)| *k, |(_, v)| v, 1)
+                .output("out");
+        };
+        for (from, into) in [
+            (lending as fn(&mut Circuit), taking as fn(&mut Circuit)),
+            (taking, lending),
+        ] {
+            let mut before = CircuitInstance::build(from).unwrap();
+            before
+                .step(
+                    vec![events(&[((1u8, 5u8), 1i64), ((1, 7), 1)])],
+                    &mut LocalExchange,
+                )
+                .unwrap();
+            let pieces = before.snapshot().unwrap();
+            let mut after = CircuitInstance::build(into).unwrap();
+            after.restore(&pieces).unwrap();
+            // Deleting the top value brings the one kept below it back.
+            let out = after
+                .step(vec![events(&[((1u8, 7u8), -1i64)])], &mut LocalExchange)
+                .unwrap();
+            let out: Vec<((u8, u8), i64)> = decode(&out[0]);
+            assert_eq!(out, vec![((1, 5), 1), ((1, 7), -1)]);
         }
     }
 }
