@@ -37,7 +37,11 @@ for peer in "${peers[@]}"; do
             if [ -z "$src" ]; then
                 src="$out/feldera"
                 if [ ! -d "$src/.git" ]; then
-                    git clone --filter=blob:none --no-checkout https://github.com/feldera/feldera "$src"
+                    git clone --filter=blob:none --no-checkout https://github.com/feldera/feldera "$src" || {
+                        rm -rf "$src"
+                        echo "could not clone feldera: set FELDERA_SRC to a feldera checkout of commit $feldera_commit" >&2
+                        exit 1
+                    }
                 fi
                 git -C "$src" checkout -q "$feldera_commit" -- crates/nexmark
             fi
