@@ -131,6 +131,11 @@ mod tests {
         let a = SharedStr::from("b");
         assert!(std::ptr::eq(a.as_str(), a.clone().as_str()));
         assert!(SharedStr::from("a") < a && a == SharedStr::from(String::from("b")));
+        // It is looked up by its text.
+        let map = std::collections::BTreeMap::from([(SharedStr::from("x"), 1)]);
+        assert_eq!(map.get("x"), Some(&1));
+        let set = std::collections::HashSet::from([SharedStr::from("x")]);
+        assert!(set.contains("x") && !set.contains("y"));
         // It prints as its text does.
         let text = "a \"quoted\" line\n";
         assert_eq!(format!("{:?}", SharedStr::from(text)), format!("{text:?}"));

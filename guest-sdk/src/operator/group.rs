@@ -1,5 +1,5 @@
-//! The keyed group operator behind `min_by`, `max_by`, `fold_by` and
-//! `top_k_by`: it keeps each key's records as an integrated multiset and,
+//! The keyed group operator behind `min_by`, `max_by`, `fold_by`,
+//! `top_k_by`, `top_k_by_owned` and `session_by`: it keeps each key's records as an integrated multiset and,
 //! for every key a step touches, recomputes the key's output from the
 //! multiset before and after the change and emits the difference. Exact
 //! under any mix of inserts and deletes (min and max keep the whole

@@ -41,13 +41,15 @@ impl<T: Data> Stream<T> {
             self.build_error(format!("the session gap ({gap}) must be positive"));
         }
         let gap = gap.max(1);
-        self.group_reduce(
+        // Each record moves into the group when the operator is given its
+        // input, and the pair it emits moves out of the key's.
+        self.group_reduce_owned(
             "session_by",
             key,
-            move |t| (ts(t), t.clone()),
+            move |t| (ts(&t), t),
             move |_, group| sessions(group, gap),
         )
-        .map(|(_, in_session)| in_session.clone())
+        .map_owned(|(_, in_session)| in_session)
     }
 }
 

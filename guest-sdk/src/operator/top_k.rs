@@ -1,4 +1,4 @@
-//! `top_k_by`: the k largest values per key.
+//! `top_k_by` and `top_k_by_owned`: the k largest values per key.
 
 use crate::circuit::Data;
 use crate::operator::group::Multiset;
@@ -30,10 +30,10 @@ impl<T: Data> Stream<T> {
     /// [`top_k_by`](Self::top_k_by) with `value` taking each record by
     /// value, as [`map_owned`](Self::map_owned) does: a record moves into
     /// `value` when this stream has no other reader after this operator (a
-    /// `top_k_by_owned` right after an input or a join, nearly always), and
-    /// is cloned for it otherwise. For a value that keeps most of its
-    /// record (the whole bid, ranked by its time), which `top_k_by` would
-    /// have to clone. The state is `top_k_by`'s, under the same name: a
+    /// `top_k_by_owned` right after an input, a join or a filter, nearly
+    /// always), and is cloned for it otherwise. For a value that keeps
+    /// most of its record (the whole bid, ranked by its time), which
+    /// `top_k_by` would have to clone. The state is `top_k_by`'s, under the same name: a
     /// circuit can switch between the two and keep its checkpoints.
     ///
     /// ```
@@ -153,5 +153,74 @@ mod tests {
             let out: Vec<((u8, u8), i64)> = decode(&out[0]);
             assert_eq!(out, vec![((1, 5), 1), ((1, 7), -1)]);
         }
+    }
+
+    thread_local! {
+        static CLONES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A record that counts its clones.
+    #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+    struct Counted(u8, u8);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            CLONES.with(|c| c.set(c.get() + 1));
+            Counted(self.0, self.1)
+        }
+    }
+
+    /// Clones made while `build`'s circuit steps through `steps`.
+    fn clones(build: fn(&mut crate::Circuit), steps: &[Vec<((u8, u8), Weight)>]) -> usize {
+        use crate::exchange::LocalExchange;
+        use crate::operator::testing::events;
+        let mut circuit = crate::CircuitInstance::build(build).unwrap();
+        CLONES.with(|c| c.set(0));
+        for step in steps {
+            let step: Vec<(Counted, Weight)> = step
+                .iter()
+                .map(|((k, v), w)| (Counted(*k, *v), *w))
+                .collect();
+            circuit
+                .step(vec![events(&step)], &mut LocalExchange)
+                .unwrap();
+        }
+        CLONES.with(|c| c.get())
+    }
+
+    /// Given its input, `top_k_by_owned` clones no record for its value
+    /// (`top_k_by` clones each one); lent it, it clones each as
+    /// `top_k_by` does.
+    #[test]
+    fn owned_moves_what_it_is_given() {
+        let steps = vec![
+            vec![((1, 5), 1), ((1, 7), 1), ((2, 3), 1)],
+            vec![((1, 7), -1), ((2, 4), 1)],
+        ];
+        let records = 5;
+        let reading = |c: &mut crate::Circuit| {
+            c.input::<Counted>("in")
+                .top_k_by(|r| r.0, |r| r.clone(), 1)
+                .output("out");
+        };
+        let taking = |c: &mut crate::Circuit| {
+            c.input::<Counted>("in")
+                .top_k_by_owned(|r| r.0, |r| r, 1)
+                .output("out");
+        };
+        let reading_lent = |c: &mut crate::Circuit| {
+            let input = c.input::<Counted>("in");
+            let top = input.top_k_by(|r| r.0, |r| r.clone(), 1);
+            top.output("out");
+            input.filter(|_| false).output("none");
+        };
+        let taking_lent = |c: &mut crate::Circuit| {
+            let input = c.input::<Counted>("in");
+            let top = input.top_k_by_owned(|r| r.0, |r| r, 1);
+            top.output("out");
+            input.filter(|_| false).output("none");
+        };
+        assert_eq!(clones(reading, &steps), clones(taking, &steps) + records);
+        assert_eq!(clones(reading_lent, &steps), clones(taking_lent, &steps));
     }
 }
