@@ -945,6 +945,26 @@ impl StepInput<'_> {
         }
     }
 
+    /// Each record and its weight through `given` when this operator was
+    /// given the input (the records move), through `lent` when it was lent
+    /// it: how an operator that keeps or passes on its records takes them
+    /// without cloning what it was given.
+    pub(crate) fn map_records<T: 'static, U>(
+        self,
+        given: impl FnMut((T, crate::Weight)) -> U,
+        lent: impl FnMut(&(T, crate::Weight)) -> U,
+    ) -> Vec<U> {
+        match self {
+            StepInput::Shared(_) => self.zset::<T>().iter().map(lent).collect(),
+            StepInput::Owned(_) => self
+                .into_owned::<T>()
+                .expect("an input not lent is given")
+                .into_iter()
+                .map(given)
+                .collect(),
+        }
+    }
+
     /// The input itself, if this operator was given it.
     pub(crate) fn into_owned<T: 'static>(self) -> Option<crate::ZSet<T>> {
         match self {

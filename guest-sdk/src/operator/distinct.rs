@@ -80,15 +80,11 @@ impl<T: Data> Operator for Distinct<T> {
         cx: &mut StepContext<'_>,
         mut inputs: Vec<StepInput<'_>>,
     ) -> Result<Box<dyn Any>> {
-        let given = inputs.pop().expect("distinct has one input");
-        let local = if matches!(given, StepInput::Owned(_)) {
-            // Given its input, it moves the records instead of cloning them.
-            let records = given.into_owned::<T>().expect("an input not lent is given");
-            records.into_iter().map(|(t, w)| ((t, ()), w)).collect()
-        } else {
-            let records = given.zset::<T>();
-            records.iter().map(|(t, w)| ((t.clone(), ()), *w)).collect()
-        };
+        // Given its input, it moves the records instead of cloning them.
+        let local = inputs
+            .pop()
+            .expect("distinct has one input")
+            .map_records::<T, _>(|(t, w)| ((t, ()), w), |(t, w)| ((t.clone(), ()), *w));
         self.apply(cx, local)
     }
 

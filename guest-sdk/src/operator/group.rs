@@ -276,24 +276,14 @@ where
         cx: &mut StepContext<'_>,
         mut inputs: Vec<StepInput<'_>>,
     ) -> Result<Box<dyn Any>> {
-        let given = inputs.pop().expect("a group has one input");
-        let mut local: ZSet<(K, V)> = if matches!(given, StepInput::Owned(_)) {
-            // Given its input, it hands each record to the value function.
-            let records = given.into_owned::<T>().expect("an input not lent is given");
-            records
-                .into_iter()
-                .map(|(t, w)| {
-                    let k = (self.key)(&t);
-                    ((k, self.value.given(t)), w)
-                })
-                .collect()
-        } else {
-            given
-                .zset::<T>()
-                .iter()
-                .map(|(t, w)| (((self.key)(t), self.value.lent(t)), *w))
-                .collect()
-        };
+        // Given its input, it hands each record to the value function.
+        let mut local: ZSet<(K, V)> = inputs.pop().expect("a group has one input").map_records(
+            |(t, w)| {
+                let k = (self.key)(&t);
+                ((k, self.value.given(t)), w)
+            },
+            |(t, w)| (((self.key)(t), self.value.lent(t)), *w),
+        );
         consolidate(&mut local);
         let received = shuffle_keyed(cx.exchange, self.channel, local)?;
         let mut by_key: BTreeMap<K, Vec<(V, Weight)>> = BTreeMap::new();
