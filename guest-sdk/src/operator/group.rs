@@ -1,9 +1,10 @@
 //! The keyed group operator behind `min_by`, `max_by`, `fold_by`,
-//! `top_k_by`, `top_k_by_owned` and `session_by`: it keeps each key's records as an integrated multiset and,
-//! for every key a step touches, recomputes the key's output from the
-//! multiset before and after the change and emits the difference. Exact
-//! under any mix of inserts and deletes (min and max keep the whole
-//! multiset), at O(group size) per touched key.
+//! `top_k_by`, `top_k_by_owned` and `session_by`: it keeps each key's
+//! records as an integrated multiset and, for every key a step touches,
+//! recomputes the key's output from the multiset before and after the
+//! change and emits the difference. Exact under any mix of inserts and
+//! deletes (min and max keep the whole multiset), at O(group size) per
+//! touched key.
 
 use crate::circuit::{Data, Operator, StepContext, StepInput};
 use crate::error::Result;
