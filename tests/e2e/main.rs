@@ -18,6 +18,7 @@ mod examples;
 mod faults;
 mod hardening;
 mod hosts;
+mod in_place;
 mod incremental;
 mod invariants;
 mod kafka;

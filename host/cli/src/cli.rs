@@ -439,6 +439,13 @@ pub struct RunArgs {
     /// `INPUT.dead-letter` writes input INPUT's dead-letter log).
     #[arg(long = "output", value_parser = port_file)]
     pub outputs: Vec<(String, PathBuf)>,
+    /// Read each --input file where it is, as its input's log, instead of
+    /// copying it into the log (embedded log; one file per input, one
+    /// event per line): no copy to write, but the file must stay as it is
+    /// (appending lines is fine) for as long as the pipeline may replay it,
+    /// and its bad lines are found when a step reads them.
+    #[arg(long)]
+    pub read_in_place: bool,
     /// Steps and checkpoints.
     #[command(flatten)]
     pub steps: StepArgs,

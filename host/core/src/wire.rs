@@ -13,6 +13,7 @@
 use crate::event::Event;
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::cell::Cell;
 
 /// Why a line is not an event.
@@ -22,6 +23,21 @@ pub struct LineError(pub String);
 
 /// Parses one input line. Returns `Ok(None)` for a blank line.
 pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
+    Ok(parse_input_line_ref(line)?.map(|(value, weight)| Event {
+        value: value.into_owned(),
+        weight,
+    }))
+}
+
+/// An input line's event as [`parse_input_line_ref`] gives it: its value,
+/// lent from the line where it is the line itself, and its weight.
+pub type EventRef<'a> = (Cow<'a, [u8]>, i64);
+
+/// [`parse_input_line`], lending the event's value where it is the line
+/// itself (trimmed): `(value, weight)`, or `Ok(None)` for a blank line.
+/// What a reader that copies each value once (an input read in place)
+/// uses.
+pub fn parse_input_line_ref(line: &str) -> Result<Option<EventRef<'_>>, LineError> {
     let line = line.trim();
     if line.is_empty() {
         return Ok(None);
@@ -41,12 +57,9 @@ pub fn parse_input_line(line: &str) -> Result<Option<Event>, LineError> {
     .deserialize(&mut de)
     .and_then(|()| de.end());
     if checked.is_ok() && !found.escaped.get() && !found.envelope.get() {
-        return Ok(Some(Event {
-            value: line.as_bytes().to_vec(),
-            weight: 1,
-        }));
+        return Ok(Some((Cow::Borrowed(line.as_bytes()), 1)));
     }
-    parse_built(line)
+    Ok(parse_built(line)?.map(|e| (Cow::Owned(e.value), e.weight)))
 }
 
 /// [`parse_input_line`] of a trimmed, non-blank line, through a

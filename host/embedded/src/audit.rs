@@ -33,7 +33,13 @@ pub fn audit_embedded_with(
             "the logs of this pipeline are in Kafka (pipeline `{pipeline}`): audit it with --brokers"
         )));
     }
-    let log = EmbeddedLog::open(database.clone())?;
+    let log = Arc::new(EmbeddedLog::open(database.clone())?);
+    // Inputs read in place are read from their files, checked as a run
+    // checks them.
+    let inputs: Vec<(String, u32)> = (meta.shape.inputs.iter())
+        .map(|i| (i.name.clone(), i.partitions))
+        .collect();
+    let read = sluice_storage::in_place::InPlaceLog::open(log.clone(), &inputs)?;
     let removed: Vec<String> = (meta.upgrades.iter())
         .flat_map(|u| &u.outputs_before)
         .filter(|o| !meta.shape.outputs.contains(o))
@@ -42,7 +48,7 @@ pub fn audit_embedded_with(
     if let Some(v) = misplaced_entry(&log, &meta.shape, &removed)? {
         return Ok(Verdict::Violation(v));
     }
-    audit_upgraded(&log, checkpoints, &meta.shape, &outputs_before(&meta))
+    audit_upgraded(&read, checkpoints, &meta.shape, &outputs_before(&meta))
 }
 
 /// Per change of the pipeline's component, the last step before it and

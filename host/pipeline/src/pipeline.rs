@@ -179,6 +179,38 @@ impl Pipeline {
         .map_err(Error::task("ingesting a file"))??)
     }
 
+    /// Reads the JSON lines of `file` in place as input `port`'s records
+    /// from now on, instead of appending them to its log (see
+    /// [`sluice_storage::in_place`]): registers the file, or the lines
+    /// appended to it since it was; `progress` gets (bytes checked, file
+    /// size). Refused on Kafka logs, for an input whose log holds events
+    /// or that is read from another file, and for a file whose registered
+    /// part changed or that holds a blank line.
+    pub async fn read_in_place(
+        &self,
+        port: &str,
+        file: &Path,
+        mut progress: impl FnMut(u64, u64) + Send + 'static,
+    ) -> Result<IngestReport> {
+        self.ports.input(port)?;
+        let Some(in_place) = self.storage.in_place().cloned() else {
+            return Err(sluice_core::ConfigError::Invalid(format!(
+                "--read-in-place reads files as the embedded log's inputs; on {} logs, \
+                 files are appended",
+                self.storage.meta.log
+            ))
+            .into());
+        };
+        let (port, file) = (port.to_owned(), file.to_owned());
+        Ok(
+            tokio::task::spawn_blocking(move || {
+                in_place.read_in_place(&port, &file, &mut progress)
+            })
+            .await
+            .map_err(Error::task("reading a file in place"))??,
+        )
+    }
+
     /// The engine the workers run on.
     pub fn engine(&self) -> &Arc<SluiceEngine> {
         &self.engine

@@ -1,8 +1,9 @@
 //! `sluice run` as a library call: open (or create) a pipeline, append the
-//! input files exactly once, recover, run until all input is consumed and
-//! committed, checkpoint, and write the output logs as JSON lines. The
-//! steps run while the files are appended, each held back until it can
-//! take the batches it would take with the files appended first.
+//! input files exactly once (or register them to be read in place),
+//! recover, run until all input is consumed and committed, checkpoint, and
+//! write the output logs as JSON lines. The steps run while the files are
+//! appended (or registered), each held back until it can take the batches
+//! it would take with the files appended first.
 
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
@@ -30,6 +31,10 @@ pub struct RunRequest {
     pub pipeline: PipelineConfig,
     /// `(input port, JSON-lines file)` to append.
     pub inputs: Vec<(String, PathBuf)>,
+    /// Read the input files where they are instead of appending them
+    /// (`--read-in-place`, embedded log only; one file per port; see
+    /// [`sluice_storage::in_place`]).
+    pub read_in_place: bool,
     /// `(output port, file)` to write the output log to.
     pub outputs: Vec<(String, PathBuf)>,
     /// Per-instance limits.
@@ -112,6 +117,16 @@ pub async fn run(
             None => ports.output(port).map(|_| ())?,
         }
     }
+    if req.read_in_place {
+        for (i, (port, _)) in req.inputs.iter().enumerate() {
+            if req.inputs[..i].iter().any(|(p, _)| p == port) {
+                return Err(sluice_core::ConfigError::Invalid(format!(
+                    "--read-in-place reads one file per input, and input `{port}` is given two"
+                ))
+                .into());
+            }
+        }
+    }
     let pipeline = Pipeline::open_described(engine, component, ports, req.pipeline.clone()).await?;
 
     // The files are appended while the steps run, so that the append and
@@ -138,7 +153,23 @@ pub async fn run(
             ports.push(port);
         }
     }
+    // A port whose input is read in place from the file given reads it in
+    // place again, with --read-in-place or not (its log takes no appends).
+    let in_place_ports: Vec<&str> = (ports.iter().copied())
+        .filter(|port| {
+            req.read_in_place
+                || req.inputs.iter().any(|(p, file)| {
+                    p == port
+                        && pipeline.storage().in_place().is_some_and(|log| {
+                            log.file_of(port).is_some_and(|registered| {
+                                file.canonicalize().is_ok_and(|f| f == registered)
+                            })
+                        })
+                })
+        })
+        .collect();
     let per_port = ports.into_iter().map(|port| {
+        let read_in_place = in_place_ports.contains(&port);
         let (progress, appending, pipeline) = (&progress, &appending, &pipeline);
         let files = req
             .inputs
@@ -150,18 +181,20 @@ pub async fn run(
             for (i, (_, file)) in files {
                 let (p, port2, file2) = (progress.clone(), port.to_owned(), file.clone());
                 let tell = appending.clone();
-                let report = pipeline
-                    .ingest_file(port, file, move |done, size| {
-                        p(RunEvent::Ingest {
-                            port: port2.clone(),
-                            file: file2.clone(),
-                            done,
-                            size,
-                        });
-                        // A chunk was appended: wake the gate.
-                        tell.send_modify(|_| {});
-                    })
-                    .await;
+                let tell_progress = move |done, size| {
+                    p(RunEvent::Ingest {
+                        port: port2.clone(),
+                        file: file2.clone(),
+                        done,
+                        size,
+                    });
+                    // A chunk was appended: wake the gate.
+                    tell.send_modify(|_| {});
+                };
+                let report = match read_in_place {
+                    true => pipeline.read_in_place(port, file, tell_progress).await,
+                    false => pipeline.ingest_file(port, file, tell_progress).await,
+                };
                 match report {
                     Ok(report) => reports.push((i, report)),
                     Err(e) => {

@@ -6,6 +6,7 @@ use crate::config::{LogConfig, PipelineConfig};
 use sluice_core::{CircuitPorts, PipelineShape};
 use sluice_embedded::meta::{self, LogMeta, Upgrade};
 use sluice_embedded::{EmbeddedLog, PipelineMeta, RocksCheckpointStore, db};
+use sluice_storage::in_place::InPlaceLog;
 use sluice_storage::{CheckpointLedger, CheckpointStore, Guarded, LogBackend, Result};
 use std::sync::Arc;
 
@@ -25,6 +26,9 @@ pub struct Storage {
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Its identity, component and shape, as stored.
     pub meta: PipelineMeta,
+    /// The embedded log's inputs read in place from files, beneath `log`'s
+    /// wrappers (`None` on Kafka, which reads none in place).
+    in_place: Option<Arc<InPlaceLog>>,
     /// The database: keeps the directory's lock for as long as the storage
     /// lives.
     _db: Arc<db::PipelineDb>,
@@ -95,11 +99,14 @@ impl Storage {
         for input in &meta.shape.inputs {
             log.create_input(&input.name, input.partitions)?;
         }
+        let in_place = in_place_log(&log, &meta)?;
+        let log = in_place.clone().map_or(log, |l| l as Arc<dyn LogBackend>);
         let checkpoints = open_checkpoints(config, &database, ledger)?;
         Ok(Storage {
             log,
             checkpoints,
             meta,
+            in_place,
             _db: database,
         })
     }
@@ -269,10 +276,13 @@ impl Storage {
             snapshot_version: ports.snapshot_version,
             ..stored.shape
         };
+        let in_place = in_place_log(&log, &meta)?;
+        let log = in_place.clone().map_or(log, |l| l as Arc<dyn LogBackend>);
         let storage = Storage {
             log,
             checkpoints,
             meta,
+            in_place,
             _db: database,
         };
         Ok((storage, upgrade))
@@ -296,6 +306,12 @@ impl Storage {
     /// The pipeline's shape.
     pub fn shape(&self) -> &PipelineShape {
         &self.meta.shape
+    }
+
+    /// Where the pipeline's inputs read in place are registered: `None` on
+    /// Kafka logs, which read no file in place.
+    pub fn in_place(&self) -> Option<&Arc<InPlaceLog>> {
+        self.in_place.as_ref()
     }
 
     /// The logs and checkpoints behind the host's invariant checks: what a
@@ -365,6 +381,29 @@ impl Storage {
         }
         Ok(total)
     }
+}
+
+/// `log` with the inputs of the pipeline of `meta` that are read in place
+/// served from their files (checked and indexed now), on the embedded log;
+/// a Kafka log as it is.
+pub fn read_in_place(log: Arc<dyn LogBackend>, meta: &PipelineMeta) -> Result<Arc<dyn LogBackend>> {
+    Ok(match in_place_log(&log, meta)? {
+        Some(in_place) => in_place,
+        None => log,
+    })
+}
+
+/// The embedded `log` of the pipeline of `meta` wrapped to read its inputs
+/// read in place from their files (see [`read_in_place`]); `None` on
+/// Kafka.
+fn in_place_log(log: &Arc<dyn LogBackend>, meta: &PipelineMeta) -> Result<Option<Arc<InPlaceLog>>> {
+    if !matches!(meta.log, LogMeta::Embedded) {
+        return Ok(None);
+    }
+    let inputs: Vec<(String, u32)> = (meta.shape.inputs.iter())
+        .map(|i| (i.name.clone(), i.partitions))
+        .collect();
+    Ok(Some(Arc::new(InPlaceLog::open(log.clone(), &inputs)?)))
 }
 
 /// The component (SHA-256) the pipeline in data directory `data` runs, as

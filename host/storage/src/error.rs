@@ -226,6 +226,23 @@ pub enum StorageError {
         message: String,
     },
 
+    /// An input read in place ([`crate::in_place`]) whose file no longer
+    /// holds the lines the pipeline took from it: deleted, truncated or
+    /// rewritten. Its steps cannot be replayed from it.
+    #[error(
+        "input `{input}` is read in place from {path}, which {message}: the pipeline's steps \
+         were taken from the file as it was; restore it (appending lines to it is fine), or \
+         run the pipeline again in a new --data directory"
+    )]
+    InPlaceChanged {
+        /// The input log.
+        input: String,
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        message: String,
+    },
+
     /// Stored data could not be decoded, or contradicts itself.
     #[error("corrupt {what}: {message}")]
     Corrupt {

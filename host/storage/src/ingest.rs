@@ -89,7 +89,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IngestError + '_ {
 /// Lines per append (and per mark).
 const CHUNK_LINES: usize = 8192;
 /// Consecutive lines that go to one partition.
-const LINES_PER_PARTITION_BLOCK: u64 = 1024;
+pub(crate) const LINES_PER_PARTITION_BLOCK: u64 = 1024;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct FileMark {
@@ -171,6 +171,9 @@ pub struct IngestReport {
     /// Lines that are not events, appended now as marked records (under
     /// the policy `dead-letter`), for the steps to dead-letter.
     pub bad_lines: u64,
+    /// Whether the file is read in place ([`crate::in_place`]): its new
+    /// lines were registered (counted in `appended`), not copied.
+    pub in_place: bool,
 }
 
 /// Appends the JSON lines of `path` to input log `input` (with `partitions`
@@ -214,6 +217,7 @@ pub fn ingest_file(
         appended: 0,
         already: mark.lines,
         bad_lines: 0,
+        in_place: false,
     };
     let reader = Chunks {
         reader: BufReader::with_capacity(1 << 20, file),

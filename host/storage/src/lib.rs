@@ -13,7 +13,8 @@
 //!   ([`Guarded::trim`]); the runtime talks to storage only through it.
 //! - [`audit`]: the offline check behind `sluice verify`, from what any
 //!   backend stores.
-//! - [`ingest`]: appending JSON-lines files to input logs exactly once.
+//! - [`ingest`]: appending JSON-lines files to input logs exactly once;
+//!   [`in_place`]: reading them as input logs where they are instead.
 //! - [`read_output`] ([`read`]): output events after a position.
 //! - [`records`]: input records as a step reads them — events, and
 //!   records that are not events ([`BadRecord`]).
@@ -34,6 +35,7 @@ pub mod conformance;
 pub mod error;
 pub mod faults;
 pub mod guarded;
+pub mod in_place;
 pub mod ingest;
 pub mod log;
 pub mod read;

@@ -76,6 +76,7 @@ pub async fn demo(
                 ..PipelineConfig::new(data, opts.workers)
             },
             inputs: vec![("lines".into(), input)],
+            read_in_place: false,
             outputs: vec![("counts".into(), output.clone())],
             limits: Limits::default(),
         },

@@ -42,6 +42,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
                 ..PipelineConfig::new(a.data, a.workers.unwrap_or(1))
             },
             inputs: a.inputs,
+            read_in_place: a.read_in_place,
             outputs: a.outputs,
             limits: Limits {
                 memory: a.memory_mib << 20,
@@ -65,8 +66,17 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
             }
             None => "started fresh".to_owned(),
         };
+        let read: u64 = (report.ingested.iter())
+            .filter(|i| i.in_place)
+            .map(|i| i.appended)
+            .sum();
+        let appended = match (appended - read, read) {
+            (_, 0) => format!("appended {appended} events"),
+            (0, read) => format!("read {read} new lines in place"),
+            (appended, read) => format!("appended {appended} events, read {read} in place"),
+        };
         eprintln!(
-            "appended {appended} events; {recovered}; committed {} steps ({} in total) and {} checkpoints; \
+            "{appended}; {recovered}; committed {} steps ({} in total) and {} checkpoints; \
              {} events in, {} out; {:.0} events/s",
             s.steps,
             report.total_steps,
@@ -398,7 +408,10 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
     let mut ledger: Option<Arc<dyn sluice_storage::CheckpointLedger>> = None;
     let log: Arc<dyn LogBackend> = match &meta.log {
-        LogMeta::Embedded => Arc::new(EmbeddedLog::open(database.clone())?),
+        LogMeta::Embedded => {
+            let log = Arc::new(EmbeddedLog::open(database.clone())?);
+            sluice_pipeline::storage::read_in_place(log, &meta)?
+        }
         #[cfg(feature = "kafka")]
         LogMeta::Kafka { .. } => {
             let log = Arc::new(sluice_kafka::KafkaLog::open(kafka_config(

@@ -1,5 +1,6 @@
 //! **Nexmark against DBSP's own**: every Nexmark query as a whole `sluice
-//! run` (durable, sandboxed, exactly once) of its example circuit
+//! run --read-in-place` (durable, sandboxed, exactly once; the event files
+//! are its input logs) of its example circuit
 //! (`examples/nexmark-qN`) against Feldera's native DBSP Nexmark
 //! (`dbsp_nexmark`, its bench command) on the same number of events and
 //! cores, in the same run: events per second of each process's wall time,
@@ -146,7 +147,11 @@ pub(super) async fn nexmark(
             let run_sluice = || {
                 let _ = std::fs::remove_dir_all(&run_dir);
                 let mut cmd = Command::new(&exe);
-                cmd.args(["run", "-q", "--workers", &workers.to_string(), "--data"])
+                // The event files are the input logs, read in place: no
+                // copy of them is written (the peer keeps its generated
+                // events in memory).
+                cmd.args(["run", "-q", "--read-in-place"])
+                    .args(["--workers", &workers.to_string(), "--data"])
                     .arg(&run_dir);
                 for input in query.inputs {
                     let file = match *input {
@@ -181,7 +186,7 @@ pub(super) async fn nexmark(
                 Ok(ran)
             };
             let case = format!(
-                "q{} ({events} events, W={workers}): sluice run (durable, sandboxed) vs dbsp_nexmark native, in memory",
+                "q{} ({events} events, W={workers}): sluice run --read-in-place (durable, sandboxed) vs dbsp_nexmark native, in memory",
                 query.n
             );
             let peer_missing = (!peer.is_file())
