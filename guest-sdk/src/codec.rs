@@ -166,7 +166,9 @@ mod tests {
     #[test]
     fn postcard_through_the_appender_is_postcard() {
         use std::collections::BTreeMap;
-        let words: Vec<String> = (0..40).map(|n| "é".repeat(n % 7) + &"x".repeat(n)).collect();
+        let words: Vec<String> = (0..40)
+            .map(|n| "é".repeat(n % 7) + &"x".repeat(n))
+            .collect();
         let value: (Vec<String>, BTreeMap<u64, (i64, String)>, Option<f64>) = (
             words.clone(),
             (0..300u64)
