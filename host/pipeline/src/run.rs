@@ -46,16 +46,20 @@ pub struct RunRequest {
 pub enum RunEvent {
     /// Loading (compiling, or reading from the cache) the component.
     Loading(PathBuf),
-    /// Appending a file: bytes done of its size.
+    /// Appending a file (or registering it to be read in place): bytes
+    /// done of its size.
     Ingest {
         /// The input port.
         port: String,
         /// The file.
         file: PathBuf,
-        /// Bytes appended so far (durable once the file is in).
+        /// Bytes appended (or registered) so far (durable once the file is
+        /// in).
         done: u64,
         /// The file's size.
         size: u64,
+        /// Whether the file is read in place (registered, not copied).
+        in_place: bool,
     },
     /// Running steps: input events consumed of those appended.
     Steps {
@@ -187,6 +191,7 @@ pub async fn run(
                         file: file2.clone(),
                         done,
                         size,
+                        in_place: read_in_place,
                     });
                     // A chunk was appended: wake the gate.
                     tell.send_modify(|_| {});

@@ -86,12 +86,16 @@ pub fn run_progress(show: bool) -> Arc<dyn Fn(RunEvent) + Send + Sync> {
                 file,
                 done,
                 size,
+                in_place,
             } => {
                 let label = format!("{} → {port}", file.display());
                 let at = match bars.ingest.iter().position(|(l, _)| *l == label) {
                     Some(at) => at,
                     None => {
-                        let b = bars.add("appending {msg} {wide_bar} {bytes}/{total_bytes}");
+                        let b = bars.add(match in_place {
+                            true => "reading in place {msg} {wide_bar} {bytes}/{total_bytes}",
+                            false => "appending {msg} {wide_bar} {bytes}/{total_bytes}",
+                        });
                         b.set_message(label.clone());
                         bars.ingest.push((label, b));
                         bars.ingest.len() - 1
