@@ -169,7 +169,8 @@ mod tests {
         let words: Vec<String> = (0..40)
             .map(|n| "é".repeat(n % 7) + &"x".repeat(n))
             .collect();
-        let value: (Vec<String>, BTreeMap<u64, (i64, String)>, Option<f64>) = (
+        type Value = (Vec<String>, BTreeMap<u64, (i64, String)>, Option<f64>);
+        let value: Value = (
             words.clone(),
             (0..300u64)
                 .map(|k| (k * 977, (-(k as i64), words[k as usize % 40].clone())))
