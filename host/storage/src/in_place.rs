@@ -483,13 +483,7 @@ impl LogBackend for InPlaceLog {
         };
         let mut records = Vec::new();
         Self::each_in_file(&f, input, partition, range, exact, &mut |r| {
-            records.push(match r {
-                RecordRef::Event { value, weight } => InputRecord::Event(Event {
-                    value: value.to_vec(),
-                    weight,
-                }),
-                RecordRef::Bad(bad) => InputRecord::Bad(bad),
-            });
+            records.push(r.into_record());
             Ok(())
         })?;
         Ok(records)

@@ -60,6 +60,19 @@ pub enum RecordRef<'a> {
     Bad(BadRecord),
 }
 
+impl RecordRef<'_> {
+    /// The record, owned (its value copied).
+    pub fn into_record(self) -> InputRecord {
+        match self {
+            RecordRef::Event { value, weight } => InputRecord::Event(Event {
+                value: value.to_vec(),
+                weight,
+            }),
+            RecordRef::Bad(bad) => InputRecord::Bad(bad),
+        }
+    }
+}
+
 /// The events of `records`, failing on the first that is not one (what
 /// [`LogBackend::read`](crate::LogBackend::read) returns).
 pub fn events_only(records: Vec<InputRecord>) -> Result<Vec<Event>, StorageError> {

@@ -54,13 +54,7 @@ impl EmbeddedLog {
         let expected = range.end.saturating_sub(range.start);
         let mut records = Vec::with_capacity(expected.min(1 << 20) as usize);
         self.scan_range(input, partition, range, &mut |record| {
-            records.push(match record {
-                RecordRef::Event { value, weight } => InputRecord::Event(Event {
-                    value: value.to_vec(),
-                    weight,
-                }),
-                RecordRef::Bad(bad) => InputRecord::Bad(bad),
-            });
+            records.push(record.into_record());
             Ok(())
         })?;
         Ok(records)
