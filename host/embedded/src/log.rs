@@ -32,6 +32,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+#[cfg(test)]
+mod in_place_tests;
 mod input;
 mod output;
 
