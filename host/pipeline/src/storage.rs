@@ -383,18 +383,8 @@ impl Storage {
     }
 }
 
-/// `log` with the inputs of the pipeline of `meta` that are read in place
-/// served from their files (checked and indexed now), on the embedded log;
-/// a Kafka log as it is.
-pub fn read_in_place(log: Arc<dyn LogBackend>, meta: &PipelineMeta) -> Result<Arc<dyn LogBackend>> {
-    Ok(match in_place_log(&log, meta)? {
-        Some(in_place) => in_place,
-        None => log,
-    })
-}
-
 /// The embedded `log` of the pipeline of `meta` wrapped to read its inputs
-/// read in place from their files (see [`read_in_place`]); `None` on
+/// read in place from their files (checked and indexed now); `None` on
 /// Kafka.
 fn in_place_log(log: &Arc<dyn LogBackend>, meta: &PipelineMeta) -> Result<Option<Arc<InPlaceLog>>> {
     if !matches!(meta.log, LogMeta::Embedded) {

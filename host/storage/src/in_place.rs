@@ -26,7 +26,9 @@
 //! place takes no appends from elsewhere (a producer, another file). A
 //! line that is not an event is found when a step reads it, not before:
 //! the step then fails on it, or dead-letters it, by the input's policy,
-//! as it does a record kept by an ingest under `dead-letter`. A blank line
+//! as it does a record kept by an ingest under `dead-letter` (so does a
+//! line that is not UTF-8, which an ingest refuses with its whole file:
+//! the one place the two differ). A blank line
 //! is refused when the file is registered (a copy skips blank lines, which
 //! would shift every offset after one).
 
@@ -131,8 +133,8 @@ impl InPlaceLog {
     /// before this returns. `progress` gets (bytes checked, bytes to
     /// check). Refused, with nothing changed, when the input holds events
     /// appended otherwise or is read from another file, or the file's
-    /// registered part changed; a blank line stops it (the lines before it
-    /// stay registered).
+    /// registered part changed; a blank line stops it (the whole chunks of 16
+    /// blocks of lines before it stay registered).
     pub fn read_in_place(
         &self,
         input: &str,
@@ -182,7 +184,7 @@ impl InPlaceLog {
             None => {
                 let f = Arc::new(InPlaceFile {
                     path: canonical.clone(),
-                    file: std::fs::File::open(&canonical).map_err(io)?,
+                    file: file.try_clone().map_err(io)?,
                     partitions,
                     index: RwLock::new(Index {
                         starts: vec![0],
@@ -228,7 +230,18 @@ impl InPlaceLog {
                 if before.is_none() && indexed.index().lines == 0 {
                     self.write().remove(input);
                 }
-                return Err(e);
+                return Err(match e {
+                    // The ingest's wording speaks of appends; this file
+                    // was registered to be read where it is.
+                    IngestError::Changed { bytes, .. } => {
+                        IngestError::Storage(StorageError::InPlaceChanged {
+                            input: input.to_owned(),
+                            path: canonical,
+                            message: format!("no longer starts with the {bytes} bytes registered"),
+                        })
+                    }
+                    e => e,
+                });
             }
         };
         self.inner.sync_appends()?;
@@ -338,7 +351,12 @@ impl InPlaceLog {
                             value: &value,
                             weight,
                         })?,
-                        Ok(None) => return Err(changed(format!("holds a blank line at {at}"))),
+                        Ok(None) => {
+                            return Err(changed(format!(
+                                "line {} is blank",
+                                first_line + within + i as u64 + 1
+                            )));
+                        }
                         Err(e) => each(bad(e.0))?,
                     },
                 }
@@ -403,7 +421,7 @@ fn open_registered(input: &str, partitions: u32, reg: Registration) -> Result<In
             return Err(changed(format!("cannot be read: {source}")));
         }
         Err(IngestError::BadLine { line, .. }) => {
-            return Err(changed(format!("holds a blank line ({line})")));
+            return Err(changed(format!("line {line} is blank")));
         }
         Err(IngestError::Storage(e)) => return Err(e),
     };

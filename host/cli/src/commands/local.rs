@@ -408,10 +408,9 @@ fn open_offline(data: &std::path::Path, brokers: Option<String>) -> anyhow::Resu
     #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
     let mut ledger: Option<Arc<dyn sluice_storage::CheckpointLedger>> = None;
     let log: Arc<dyn LogBackend> = match &meta.log {
-        LogMeta::Embedded => {
-            let log = Arc::new(EmbeddedLog::open(database.clone())?);
-            sluice_pipeline::storage::read_in_place(log, &meta)?
-        }
+        // Reading outputs takes no input: inputs read in place are not
+        // opened here (the embedded audit opens them itself).
+        LogMeta::Embedded => Arc::new(EmbeddedLog::open(database.clone())?),
         #[cfg(feature = "kafka")]
         LogMeta::Kafka { .. } => {
             let log = Arc::new(sluice_kafka::KafkaLog::open(kafka_config(

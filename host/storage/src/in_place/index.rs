@@ -57,7 +57,9 @@ pub(super) struct Expect<'a> {
 fn blank(line: &[u8]) -> bool {
     match line.first() {
         None => true,
-        Some(b) if b.is_ascii() && !b.is_ascii_whitespace() => false,
+        // `str::trim` also strips the vertical tab, which
+        // `is_ascii_whitespace` does not count.
+        Some(b) if b.is_ascii() && !b.is_ascii_whitespace() && *b != 0x0b => false,
         _ => std::str::from_utf8(line).is_ok_and(|s| s.trim().is_empty()),
     }
 }
@@ -324,10 +326,30 @@ mod tests {
             matches!(shorter, Err(IngestError::Changed { .. })),
             "{shorter:?}"
         );
-        let blank = scan_of(b"1\n \r\n3\n", NONE);
-        assert!(
-            matches!(blank, Err(IngestError::BadLine { line: 2, .. })),
-            "{blank:?}"
+        for line in [&b" \r"[..], b"\x0b", b"\t\x0c \xc2\xa0"] {
+            let file = [&b"1\n"[..], line, b"\n3\n"].concat();
+            let blank = scan_of(&file, NONE);
+            assert!(
+                matches!(blank, Err(IngestError::BadLine { line: 2, .. })),
+                "{line:?}: {blank:?}"
+            );
+        }
+    }
+
+    /// A line is blank to the scan exactly when the parser skips it: a
+    /// line the scan let through and the parser skipped would shift every
+    /// later offset against a copy.
+    #[test]
+    fn blank_is_the_parsers_blank() {
+        let mut lines: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        lines.extend((0..128u8).map(|b| vec![b' ', b]));
+        lines.extend(
+            [&b""[..], b"\xc2\xa0", b"\xe3\x80\x80 x", b"\xe2\x80\xa8"].map(<[u8]>::to_vec),
         );
+        for line in lines {
+            let parsed = std::str::from_utf8(&line)
+                .is_ok_and(|s| matches!(sluice_core::wire::parse_input_line(s), Ok(None)));
+            assert_eq!(blank(&line), parsed, "{line:?}");
+        }
     }
 }
