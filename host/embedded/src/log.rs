@@ -337,11 +337,9 @@ impl EmbeddedLog {
         }
         let partitions = self.partitions(input)?;
         if partition >= partitions {
-            return Err(Error::Unknown {
-                kind: "partition",
-                name: format!("{input}[{partition}]"),
-                hint: format!(" (input `{input}` has {partitions} partitions)"),
-            });
+            return Err(sluice_storage::log::unknown_partition(
+                input, partition, partitions,
+            ));
         }
         let m = self.load_marks(input, partition)?;
         cache.insert((input.to_owned(), partition), m);

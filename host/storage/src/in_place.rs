@@ -36,7 +36,7 @@ mod index;
 
 use crate::error::{Result, StorageError};
 use crate::ingest::{IngestError, IngestReport};
-use crate::log::not_visible;
+use crate::log::{not_visible, unknown_partition};
 use crate::{
     AppendBatch, BadRecord, IngestMark, InputRecord, LogBackend, ProducerState, RecordRef,
     WorkerCommitter,
@@ -287,6 +287,9 @@ impl InPlaceLog {
         exact: bool,
         each: &mut dyn FnMut(RecordRef<'_>) -> Result<()>,
     ) -> Result<u64> {
+        if partition >= f.partitions {
+            return Err(unknown_partition(input, partition, f.partitions));
+        }
         let lines = f.index().lines;
         let len = partition_len(lines, f.partitions, partition);
         if exact && range.end > len {
@@ -466,16 +469,10 @@ impl LogBackend for InPlaceLog {
 
     fn watermarks(&self, input: &str, partition: u32) -> Result<(u64, u64)> {
         match self.file(input) {
-            Some(f) => {
-                self.inner.partitions(input).and_then(|n| {
-                    (partition < n).then_some(()).ok_or(StorageError::Unknown {
-                        kind: "partition",
-                        name: partition.to_string(),
-                        hint: format!(" of input `{input}` ({n} partitions)"),
-                    })
-                })?;
-                Ok((0, f.partition_len(partition)))
+            Some(f) if partition >= f.partitions => {
+                Err(unknown_partition(input, partition, f.partitions))
             }
+            Some(f) => Ok((0, f.partition_len(partition))),
             None => self.inner.watermarks(input, partition),
         }
     }

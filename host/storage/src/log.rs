@@ -157,6 +157,16 @@ pub fn not_visible(input: &str, partition: u32, end: u64, high: u64) -> StorageE
     )
 }
 
+/// The error for partition `partition` of input `input`, which has
+/// `partitions` partitions.
+pub fn unknown_partition(input: &str, partition: u32, partitions: u32) -> StorageError {
+    StorageError::Unknown {
+        kind: "partition",
+        name: format!("{input}[{partition}]"),
+        hint: format!(" (input `{input}` has {partitions} partitions)"),
+    }
+}
+
 /// One worker's share of a *divided* step: its entry in every output log
 /// (in the pipeline's output order) and the hash of its output, committed
 /// with the worker's done record by whoever holds the worker

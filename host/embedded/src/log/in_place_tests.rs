@@ -72,6 +72,15 @@ fn a_registered_file_is_read_back_until_it_changes() {
         ("\"l0\"", "\"l2048\"")
     );
     assert_eq!(one[0], "\"l1024\"");
+    // A partition the input does not have is refused, not served from
+    // another partition's blocks.
+    for refused in [
+        log.read("in", 2, 0..10).map(|_| ()),
+        log.watermarks("in", 2).map(|_| ()),
+    ] {
+        let err = refused.unwrap_err().to_string();
+        assert!(err.contains("has 2 partitions"), "{err}");
+    }
     // The log beneath holds none of them, and the wrapper takes no
     // appends to the input.
     assert_eq!(embedded.watermarks("in", 0).unwrap(), (0, 0));
