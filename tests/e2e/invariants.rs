@@ -664,3 +664,27 @@ async fn malformed_output_is_refused_and_non_json_when_checked() {
     let (r, _dir) = run("garbage", false).await;
     assert_eq!(r.unwrap(), BTreeMap::from([("{oops".to_owned(), 1)]));
 }
+
+/// A step whose commit is written while the next step runs has its output
+/// checked on the write's thread: output that is not JSON fails the call
+/// that awaits the commit, nothing of the step is committed, and the
+/// coordinator is back before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_json_output_of_an_overlapped_step_fails_its_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(dir.path(), &component(MISBEHAVE), 1, Limits::default()).await;
+    h.append("in", 0, &["garbage"]);
+    let mut c = h
+        .coordinator(sluice_runtime::PipelineOptions {
+            check_output_json: true,
+            ..manual_checkpoints()
+        })
+        .await
+        .unwrap();
+    assert!(c.step_overlapped().await.unwrap(), "the step ran");
+    let err = c.step().await.unwrap_err().to_string();
+    assert!(err.contains("not JSON"), "{err}");
+    assert_eq!(c.stats().steps, 0, "no step counts as committed");
+    assert_eq!(c.next_step(), 0, "back to before the step");
+    assert!(h.integrated("out").is_empty(), "{:?}", h.integrated("out"));
+}

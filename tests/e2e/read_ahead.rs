@@ -64,3 +64,50 @@ async fn the_next_steps_input_is_read_ahead_and_used_only_when_it_matches() {
     );
     h.audit();
 }
+
+/// The tail of an input, shorter than a whole batch, is read ahead when the
+/// input has not grown since the step's division (a finished input's last
+/// step), and left unused when more input came before the next step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_is_read_ahead_when_its_input_stopped_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::open(
+        dir.path(),
+        &component("examples/wordcount"),
+        1,
+        Limits::default(),
+    )
+    .await;
+    let mut lines: Vec<String> = Vec::new();
+    let mut append = |h: &Harness, n: usize| {
+        let new: Vec<String> = (0..n)
+            .map(|i| format!("w{} n{}", i % 3, lines.len() + i))
+            .collect();
+        let values: Vec<&str> = new.iter().map(String::as_str).collect();
+        h.append("lines", 0, &values);
+        lines.extend(new);
+    };
+    let options = manual_checkpoints();
+    assert_eq!(options.max_batch, 2);
+    // Two whole batches and a tail of one.
+    append(&h, 5);
+    let mut c = h.coordinator(options).await.unwrap();
+    assert!(c.step().await.unwrap());
+    assert!(c.step().await.unwrap());
+    assert_eq!(c.stats().events_read_ahead, 2, "the second batch");
+    assert!(c.step().await.unwrap());
+    assert_eq!(c.stats().events_read_ahead, 3, "the tail was read ahead");
+    // A whole batch and a tail; more input comes after the tail was read
+    // ahead: the next step takes a whole batch, reading it itself.
+    append(&h, 3);
+    assert!(c.step().await.unwrap());
+    append(&h, 2);
+    assert!(c.step().await.unwrap());
+    assert_eq!(c.stats().events_read_ahead, 3, "a stale tail was used");
+    while c.step().await.unwrap() {}
+    assert_eq!(
+        h.word_counts(),
+        recount(lines.iter().map(|l| (l.as_str(), 1)))
+    );
+    h.audit();
+}

@@ -257,6 +257,49 @@ pub(crate) struct WorkerOutput {
     pub dead_letters: DeadLetters,
     /// How many it skipped (its host's count when the host committed).
     pub dead_count: u64,
+    /// Batches still to check and hash: then `ports` is empty and `hash`
+    /// 0 until [`check`](Self::check) converts them. A whole step whose
+    /// commit is written while the next step runs checks its output on the
+    /// write's thread, not between the two steps.
+    pub unchecked: Option<Unchecked>,
+}
+
+/// A worker's output batches as the guest returned them, with what they
+/// are to be checked against ([`convert_output`]).
+pub(crate) struct Unchecked {
+    /// The checks.
+    pub checks: OutputChecks,
+    /// The worker.
+    pub worker: u32,
+    /// The step.
+    pub step: u64,
+    /// The batches.
+    pub batches: Vec<Batch>,
+}
+
+impl WorkerOutput {
+    /// Output to be checked later ([`check`](Self::check)).
+    pub(crate) fn unchecked(unchecked: Unchecked) -> Self {
+        WorkerOutput {
+            ports: Vec::new(),
+            hash: 0,
+            shared: None,
+            dead_letters: DeadLetters::default(),
+            dead_count: 0,
+            unchecked: Some(unchecked),
+        }
+    }
+
+    /// Checks and hashes this output's batches, if they were not yet
+    /// ([`convert_output`]); its dead letters are kept.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        if let Some(u) = self.unchecked.take() {
+            let converted = convert_output(&u.checks, u.worker, u.step, u.batches)?;
+            self.ports = converted.ports;
+            self.hash = converted.hash;
+        }
+        Ok(())
+    }
 }
 
 /// Checks a worker's output batches (well-formed, within the limits) and
@@ -329,6 +372,7 @@ pub(crate) fn convert_output(
         shared: None,
         dead_letters: DeadLetters::default(),
         dead_count: 0,
+        unchecked: None,
     })
 }
 

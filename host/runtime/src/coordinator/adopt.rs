@@ -216,6 +216,7 @@ impl Coordinator {
                 events_read: 0,
                 events_read_by_hosts: 0,
                 switch_output: None,
+                input_ends: Vec::new(),
             },
             placement: WorkerPlacement {
                 layout: o.layout.clone(),

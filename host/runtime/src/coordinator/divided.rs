@@ -118,7 +118,7 @@ impl Coordinator {
             return Err(e);
         }
         let outputs = self
-            .execute(&target, step, time_ms, Commit::Hold, None)
+            .execute(&target, step, time_ms, Commit::Hold, None, false)
             .await?;
         crash_point(CrashPoint::MidStep);
         self.commit_record(StepCommit::division(record)).await?;

@@ -110,6 +110,10 @@ struct StepPosition {
     /// switch's output (the first after the upgrade's checkpoint) and what
     /// it adds to each output port ([`rebuild`]).
     switch_output: Option<(u64, Vec<Vec<sluice_core::Event>>)>,
+    /// Each worker's input ends as the last division saw them: a read
+    /// ahead takes a batch shorter than a whole one only where its input
+    /// has not grown since (most likely the tail of a finished input).
+    input_ends: Vec<Frontier>,
 }
 
 impl StepPosition {
@@ -123,6 +127,7 @@ impl StepPosition {
             events_read: 0,
             events_read_by_hosts: 0,
             switch_output: None,
+            input_ends: Vec::new(),
         }
     }
 }

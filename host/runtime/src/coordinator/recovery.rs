@@ -538,6 +538,7 @@ impl Coordinator {
                         record.time_ms,
                         Commit::Now,
                         Some(record.epoch),
+                        false,
                     )
                     .await?;
                 self.commit_shares(step, &record.frontiers, outputs, Commit::Now)
@@ -555,6 +556,7 @@ impl Coordinator {
                     record.time_ms,
                     Commit::Whole,
                     Some(record.epoch),
+                    false,
                 )
                 .await?;
             for (w, (out, committed)) in outputs.iter().zip(&record.output_hashes).enumerate() {

@@ -10,11 +10,12 @@ use crate::bindings::Batch;
 use crate::error::{Error, ExchangeError, Result};
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{
-    InputRange, OutputChecks, StepRead, WorkerOutput, blocking, convert_output, input_ranges,
-    read_batches,
+    InputRange, OutputChecks, StepRead, Unchecked, WorkerOutput, blocking, convert_output,
+    input_ranges, read_batches,
 };
 use sluice_core::crash::{CrashPoint, crash_point};
 use sluice_core::{BadRecordPolicy, Frontier, OutputEntry, StepCommit, StepLimits, StepRecord};
+use sluice_storage::Guarded;
 
 /// What a worker steps on.
 enum StepInput {
@@ -34,20 +35,41 @@ pub(super) type ReadAhead = (Vec<Vec<InputRange>>, Vec<StepRead>);
 type ReadingAhead = tokio::task::JoinHandle<Result<Option<ReadAhead>>>;
 
 /// A whole step's commit still being written while the next step runs
-/// ([`Coordinator::step_overlapped`]): the write, and the step's figures,
-/// counted once it is durable.
+/// ([`Coordinator::step_overlapped`]): the write (which first checks and
+/// hashes the step's output), and the step's figures, counted once it is
+/// durable.
 pub(super) struct PendingCommit {
-    /// The write (`commit_step` on a blocking thread).
-    write: tokio::task::JoinHandle<Result<()>>,
+    /// The check and the write (`commit_step` on a blocking thread).
+    write: tokio::task::JoinHandle<Result<Written>>,
     /// The step.
     step: u64,
-    /// Input events it read, of them read by the workers' hosts, output
-    /// events it wrote, and input records it skipped into dead-letter logs.
-    events: (u64, u64, u64, u64),
-    /// The position before the step (its frontiers, the time of the step
-    /// before and the chain hash it links to): where the pipeline is
-    /// again if the commit fails.
-    before: (Vec<Frontier>, u64, u128),
+    /// Input events it read, and of them read by the workers' hosts.
+    events: (u64, u64),
+    /// The position before the step (its frontiers and the time of the
+    /// step before): where the pipeline is again if the commit fails.
+    before: (Vec<Frontier>, u64),
+}
+
+/// A whole step's commit, once its output is checked: what is written and
+/// the figures counted for it.
+struct Sealed {
+    /// The commit.
+    commit: StepCommit,
+    /// Output events it writes.
+    events_out: u64,
+    /// Input records it skipped into dead-letter logs.
+    skipped: u64,
+}
+
+/// A written [`Sealed`] commit: the chain hash of its record, which the
+/// next record links to, and its figures.
+struct Written {
+    /// The chain hash of its record.
+    link: u128,
+    /// Output events it wrote.
+    events_out: u64,
+    /// Input records it skipped into dead-letter logs.
+    skipped: u64,
 }
 
 /// How a step commits its workers' output.
@@ -150,22 +172,32 @@ impl Coordinator {
             .await
             .map_err(Error::task("a step's commit"))
             .and_then(|r| r);
-        if let Err(e) = written {
-            self.placement.drop_instances();
-            // The step is not in the log: the position goes back to before
-            // it (a later call fails for want of instances rather than
-            // taking the pipeline for idle past input it never committed).
-            let (frontiers, last_time_ms, prev) = p.before;
-            self.position.frontiers = frontiers;
-            self.position.last_time_ms = last_time_ms;
-            self.position.prev = prev;
-            self.position.next_step = p.step;
-            // Nor does a checkpoint write go on behind the failure.
-            let _ = self.await_checkpoint().await;
-            return Err(e);
-        }
-        let (events_in, by_hosts, events_out, skipped) = p.events;
-        self.count_committed(p.step, events_in, by_hosts, events_out, skipped);
+        let written = match written {
+            Ok(written) => written,
+            Err(e) => {
+                self.placement.drop_instances();
+                // The step is not in the log: the position goes back to
+                // before it (a later call fails for want of instances
+                // rather than taking the pipeline for idle past input it
+                // never committed).
+                let (frontiers, last_time_ms) = p.before;
+                self.position.frontiers = frontiers;
+                self.position.last_time_ms = last_time_ms;
+                self.position.next_step = p.step;
+                // Nor does a checkpoint write go on behind the failure.
+                let _ = self.await_checkpoint().await;
+                return Err(e);
+            }
+        };
+        self.position.prev = written.link;
+        let (events_in, by_hosts) = p.events;
+        self.count_committed(
+            p.step,
+            events_in,
+            by_hosts,
+            written.events_out,
+            written.skipped,
+        );
         Ok(())
     }
 
@@ -186,74 +218,77 @@ impl Coordinator {
             self.settle_commit().await?;
             return self.step_divided(target, step, time_ms).await;
         }
-        let mut outputs = self
-            .execute(&target, step, time_ms, Commit::Whole, None)
+        // The first step after an upgrade that rebuilt operators adds the
+        // switch's output to worker 0's, checked here.
+        let switches = matches!(&self.position.switch_output, Some((at, _)) if *at == step);
+        let outputs = self
+            .execute(
+                &target,
+                step,
+                time_ms,
+                Commit::Whole,
+                None,
+                overlap && !switches,
+            )
             .await?;
         crash_point(CrashPoint::MidStep);
         // Events, not offsets: Kafka's offsets include transaction markers.
         let events_in = self.position.events_read;
-        let mut events_out = 0;
-        let mut logs = Vec::with_capacity(self.shape.outputs.len());
-        for (port, name) in self.shape.outputs.iter().enumerate() {
-            let entries: Vec<OutputEntry> = outputs
-                .iter_mut()
-                .enumerate()
-                .map(|(w, out)| {
-                    let events = std::mem::take(&mut out.ports[port]);
-                    events_out += events.len() as u64;
-                    OutputEntry {
-                        step,
-                        worker: w as u32,
-                        frontier: target[w].clone(),
-                        events,
-                    }
-                })
-                .collect();
-            logs.push((name.clone(), entries));
-        }
-        let dead_letters = dead_letter_entries(step, &target, &mut outputs);
-        let skipped = outputs.iter().map(|o| o.dead_count).sum();
-        let commit = StepCommit {
-            record: StepRecord {
-                step,
-                epoch: self.epoch,
-                time_ms,
-                frontiers: target.clone(),
-                output_hashes: outputs.iter().map(|o| o.hash).collect(),
-                limits: self.limits,
-                prev: self.position.prev,
-                layout: self
-                    .placement
-                    .relayout_pending
-                    .then(|| self.placement.layout.clone()),
-            },
-            outputs: logs,
-            dead_letters,
-        };
-        // The step before, written while this one ran, is durable first.
+        // The step before, written while this one ran, is durable first:
+        // its record is the one this one's links to.
         self.settle_commit().await?;
+        let record = StepRecord {
+            step,
+            epoch: self.epoch,
+            time_ms,
+            frontiers: target.clone(),
+            // Filled in by `seal`, once the output is checked.
+            output_hashes: Vec::new(),
+            limits: self.limits,
+            prev: self.position.prev,
+            layout: self
+                .placement
+                .relayout_pending
+                .then(|| self.placement.layout.clone()),
+        };
+        let ports = self.shape.outputs.clone();
         if overlap {
-            let link = commit.record.chain_hash();
-            let write = tokio::task::spawn_blocking(self.commit_write(commit));
+            let storage = self.storage.clone();
+            let write = tokio::task::spawn_blocking(move || {
+                let sealed = seal(record, &ports, outputs)?;
+                write_commit(&storage, &sealed.commit)?;
+                Ok(Written {
+                    link: sealed.commit.record.chain_hash(),
+                    events_out: sealed.events_out,
+                    skipped: sealed.skipped,
+                })
+            });
             let by_hosts = self.position.events_read_by_hosts;
-            let before = (
-                self.position.frontiers.clone(),
-                self.position.last_time_ms,
-                self.position.prev,
-            );
             self.commit = Some(PendingCommit {
                 write,
                 step,
-                events: (events_in, by_hosts, events_out, skipped),
-                before,
+                events: (events_in, by_hosts),
+                before: (self.position.frontiers.clone(), self.position.last_time_ms),
             });
-            self.position.prev = link;
             self.advance(target, time_ms);
             return Ok(true);
         }
-        self.commit_record(commit).await?;
-        self.committed(target, time_ms, events_in, events_out, skipped)
-            .await
+        let sealed = match seal(record, &ports, outputs) {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                self.placement.drop_instances();
+                return Err(e);
+            }
+        };
+        self.commit_record(sealed.commit).await?;
+        self.committed(
+            target,
+            time_ms,
+            events_in,
+            sealed.events_out,
+            sealed.skipped,
+        )
+        .await
     }
 
     /// Fixes the next step's division: each worker's end offsets. An input
@@ -266,10 +301,12 @@ impl Coordinator {
             self.position.frontiers.clone(),
         );
         let max = self.options.max_batch.max(1);
-        blocking(move || {
+        let (target, ends) = blocking(move || {
+            let mut ends = vec![Frontier::new(); owned.len()];
             for (w, parts) in owned.iter().enumerate() {
                 for (id, name) in parts {
                     let (_, high) = storage.log().watermarks(name, id.partition)?;
+                    ends[w].insert(*id, high);
                     let at = target[w].entry(*id).or_insert(0);
                     if high < *at {
                         return Err(sluice_storage::StorageError::InputShrank {
@@ -283,9 +320,11 @@ impl Coordinator {
                     *at = high.min(*at + max);
                 }
             }
-            Ok::<_, Error>(target)
+            Ok::<_, Error>((target, ends))
         })
-        .await
+        .await?;
+        self.position.input_ends = ends;
+        Ok(target)
     }
 
     /// Runs one step on every worker: the input between the current
@@ -295,7 +334,9 @@ impl Coordinator {
     /// skipped it when it ran (under `fail` it would not have been
     /// recorded), and its replay must read what it read. (The hosts note
     /// the epoch a step is recorded in with its share: see
-    /// [`ShareSpec::epoch`].)
+    /// [`ShareSpec::epoch`].) With `defer`, a local worker's output comes
+    /// back [unchecked](WorkerOutput::check), for the step's commit to
+    /// check and hash on its write's thread.
     pub(super) async fn execute(
         &mut self,
         target: &[Frontier],
@@ -303,6 +344,7 @@ impl Coordinator {
         time_ms: u64,
         commit: Commit,
         replay: Option<u64>,
+        defer: bool,
     ) -> Result<Vec<WorkerOutput>> {
         // A worker whose host reads this pipeline's logs reads its own
         // input (only the offsets travel); the others' is read here.
@@ -456,11 +498,23 @@ impl Coordinator {
                 }
                 let r = match (r, checks) {
                     (Ok(mut stepped), Some(checks)) if stepped.shared.is_none() => {
-                        let outputs = std::mem::take(&mut stepped.outputs);
-                        convert_output(&checks, w as u32, step, outputs).map(|o| {
-                            stepped.checked = Some(o);
-                            stepped
-                        })
+                        let batches = std::mem::take(&mut stepped.outputs);
+                        let worker = w as u32;
+                        match defer {
+                            true => {
+                                stepped.checked = Some(WorkerOutput::unchecked(Unchecked {
+                                    checks,
+                                    worker,
+                                    step,
+                                    batches,
+                                }));
+                                Ok(stepped)
+                            }
+                            false => convert_output(&checks, worker, step, batches).map(|o| {
+                                stepped.checked = Some(o);
+                                stepped
+                            }),
+                        }
                     }
                     (r, _) => r,
                 };
@@ -530,6 +584,9 @@ impl Coordinator {
                 if first.shared.is_some() {
                     return Err(Error::UpgradeAcrossHosts);
                 }
+                // (A step that adds the switch's output checks its own
+                // first: `step_inner` does not defer it.)
+                first.check()?;
                 for (port, events) in switch.iter().enumerate() {
                     if let Some(out) = first.ports.get_mut(port) {
                         out.extend(events.iter().cloned());
@@ -545,15 +602,17 @@ impl Coordinator {
     /// Starts reading, in the background, the input the next step reads if
     /// it divides from `from` (this step's target) as this one did: every
     /// partition a whole batch further, or left where it is when it has no
-    /// new input. When a partition has part of a batch, nothing is read:
-    /// the next step may take more. The next step uses the read only when
-    /// its own division asks for exactly these ranges; input below a
-    /// partition's end never changes, so what was read is what it would
-    /// read.
+    /// new input. A partition with part of a batch is read to its end only
+    /// if it has not grown since this step's division (the tail of an
+    /// input that may be finished); otherwise nothing is read: the next
+    /// step may take more. The next step uses the read only when its own
+    /// division asks for exactly these ranges; input below a partition's
+    /// end never changes, so what was read is what it would read.
     fn start_read_ahead(&self, from: &[Frontier]) -> ReadingAhead {
         let storage = self.storage.clone();
         let owned = self.placement.owned.clone();
         let from = from.to_vec();
+        let seen = self.position.input_ends.clone();
         let max = self.options.max_batch.max(1);
         let policies = self.options.bad_records.clone();
         let spare = self.spare.clone();
@@ -563,8 +622,11 @@ impl Coordinator {
                 for (id, name) in parts {
                     let (_, high) = storage.log().watermarks(name, id.partition)?;
                     let at = to[w].entry(*id).or_insert(0);
+                    let settled = seen.get(w).and_then(|ends| ends.get(id)) == Some(&high);
                     if high >= *at + max {
                         *at += max;
+                    } else if settled {
+                        *at = high;
                     } else if high != *at {
                         return Ok(None);
                     }
@@ -599,6 +661,7 @@ impl Coordinator {
                 shared: Some(done.events),
                 dead_letters: Default::default(),
                 dead_count: done.dead_letters,
+                unchecked: None,
             }),
             None => self.convert(worker, step, stepped.outputs).map(|mut o| {
                 o.dead_count = stepped.dead_letters.count();
@@ -645,19 +708,11 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The durable write of a step's commit, for a blocking thread: the
-    /// record and every output in one write, between its crash points.
+    /// The durable write of a step's commit, for a blocking thread
+    /// ([`write_commit`]).
     fn commit_write(&self, commit: StepCommit) -> impl FnOnce() -> Result<()> + Send + 'static {
-        let whole = !commit.record.is_division();
         let storage = self.storage.clone();
-        move || {
-            crash_point(CrashPoint::BeforeCommit);
-            storage.commit_step(&commit)?;
-            if whole {
-                crash_point(CrashPoint::AfterCommit);
-            }
-            Ok(())
-        }
+        move || write_commit(&storage, &commit)
     }
 
     /// Moves on past the step just committed (which skipped `skipped`
@@ -773,6 +828,62 @@ pub(super) fn cause_rank(e: &Error) -> u8 {
         (true, false) => 1,
         (true, true) => 0,
     }
+}
+
+/// The durable write of a step's commit: the record and every output in
+/// one write, between its crash points.
+fn write_commit(storage: &Guarded, commit: &StepCommit) -> Result<()> {
+    crash_point(CrashPoint::BeforeCommit);
+    storage.commit_step(commit)?;
+    if !commit.record.is_division() {
+        crash_point(CrashPoint::AfterCommit);
+    }
+    Ok(())
+}
+
+/// A whole step's commit: `record` with the hash of each worker's output,
+/// every output port's log entries and the dead letters. Checks output
+/// that is not yet ([`WorkerOutput::check`]).
+fn seal(
+    mut record: StepRecord,
+    ports: &[String],
+    mut outputs: Vec<WorkerOutput>,
+) -> Result<Sealed> {
+    for out in &mut outputs {
+        out.check()?;
+    }
+    let (step, target) = (record.step, &record.frontiers);
+    let mut events_out = 0;
+    let mut logs = Vec::with_capacity(ports.len());
+    for (port, name) in ports.iter().enumerate() {
+        let entries: Vec<OutputEntry> = outputs
+            .iter_mut()
+            .enumerate()
+            .map(|(w, out)| {
+                let events = std::mem::take(&mut out.ports[port]);
+                events_out += events.len() as u64;
+                OutputEntry {
+                    step,
+                    worker: w as u32,
+                    frontier: target[w].clone(),
+                    events,
+                }
+            })
+            .collect();
+        logs.push((name.clone(), entries));
+    }
+    let dead_letters = dead_letter_entries(step, target, &mut outputs);
+    let skipped = outputs.iter().map(|o| o.dead_count).sum();
+    record.output_hashes = outputs.iter().map(|o| o.hash).collect();
+    Ok(Sealed {
+        commit: StepCommit {
+            record,
+            outputs: logs,
+            dead_letters,
+        },
+        events_out,
+        skipped,
+    })
 }
 
 /// The dead letters of a whole step, taken from its workers' outputs: per
