@@ -229,6 +229,127 @@ pub(crate) fn read_batches(
     })
 }
 
+/// Input events past which a read that steps wait on is split among
+/// threads ([`read_steps`]): below it, a thread's start costs more than it
+/// saves.
+pub(crate) const SPLIT_READ_EVENTS: u64 = 16_384;
+
+/// The threads that read one step's input ([`read_steps`]): the
+/// machine's cores, 4 at most.
+pub(crate) fn read_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// [`read_batches`] of each worker's `ranges` (empty for a worker that
+/// reads nothing here), for a step whose workers wait on the read: a read
+/// of at least `split_at` events is split among up to `threads` threads,
+/// each reading a run of whole ranges, the runs balanced by events. The
+/// pieces are joined in order, so each worker's batches, and the records
+/// it skipped, are those one read would give; an error is the one the
+/// first failing range gives, as in one read.
+pub(crate) fn read_steps(
+    log: &dyn sluice_storage::LogBackend,
+    ranges: &[&[InputRange]],
+    strict: bool,
+    spare: &Spare,
+    (split_at, threads): (u64, usize),
+) -> Result<Vec<StepRead>> {
+    let items: Vec<(usize, &InputRange)> = (ranges.iter().enumerate())
+        .flat_map(|(w, rs)| rs.iter().map(move |r| (w, r)))
+        .collect();
+    let events = |rs: &[(usize, &InputRange)]| -> u64 {
+        rs.iter().map(|(_, r)| r.end.saturating_sub(r.start)).sum()
+    };
+    let total = events(&items);
+    let threads = threads.min(items.len());
+    // Runs of whole ranges, each about `total / threads` events.
+    let mut runs: Vec<&[(usize, &InputRange)]> = Vec::new();
+    match total >= split_at && threads > 1 {
+        false => runs.push(&items),
+        true => {
+            let (mut start, mut sum) = (0, 0);
+            for (i, (_, r)) in items.iter().enumerate() {
+                sum += r.end.saturating_sub(r.start);
+                let due = total * (runs.len() as u64 + 1) / threads as u64;
+                if sum >= due && runs.len() + 1 < threads {
+                    runs.push(&items[start..=i]);
+                    start = i + 1;
+                }
+            }
+            if start < items.len() || runs.is_empty() {
+                runs.push(&items[start..]);
+            }
+        }
+    }
+    // Each run's reads, worker by worker: a run holds whole ranges of
+    // consecutive workers.
+    let read_run = |run: &[(usize, &InputRange)]| -> Result<Vec<(usize, StepRead)>> {
+        let mut reads = Vec::new();
+        for piece in run.chunk_by(|a, b| a.0 == b.0) {
+            let own: Vec<InputRange> = piece.iter().map(|(_, r)| (*r).clone()).collect();
+            reads.push((piece[0].0, read_batches(log, &own, strict, spare)?));
+        }
+        Ok(reads)
+    };
+    let pieces: Vec<Result<Vec<(usize, StepRead)>>> = match runs.split_first() {
+        Some((first, rest)) if !rest.is_empty() => std::thread::scope(|scope| {
+            let others: Vec<_> = (rest.iter())
+                .map(|run| scope.spawn(|| read_run(run)))
+                .collect();
+            let mut all = vec![read_run(first)];
+            for other in others {
+                all.push(
+                    other
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                );
+            }
+            all
+        }),
+        _ => runs.iter().map(|run| read_run(run)).collect(),
+    };
+    let mut out: Vec<StepRead> = ranges.iter().map(|_| StepRead::default()).collect();
+    for piece in pieces {
+        for (w, read) in piece? {
+            out[w].join(read, spare);
+        }
+    }
+    Ok(out)
+}
+
+impl StepRead {
+    /// Appends what `next` read after this: each port's events after this
+    /// one's, its skipped records after these. Its buffers go back to
+    /// `spare`.
+    fn join(&mut self, next: StepRead, spare: &Spare) {
+        let mut emptied = Vec::new();
+        for batch in next.batches {
+            match self.batches.iter_mut().find(|b| b.port == batch.port) {
+                Some(into) => {
+                    let base = into.values.len() as u32;
+                    into.values.extend_from_slice(&batch.values);
+                    into.ends.extend(batch.ends.iter().map(|end| base + end));
+                    into.weights.extend_from_slice(&batch.weights);
+                    emptied.push(batch);
+                }
+                None => self.batches.push(batch),
+            }
+        }
+        spare.keep(emptied);
+        for (log, events) in next.dead_letters.0 {
+            match self
+                .dead_letters
+                .0
+                .iter_mut()
+                .find(|(name, _)| *name == log)
+            {
+                Some((_, into)) => into.extend(events),
+                None => self.dead_letters.0.push((log, events)),
+            }
+        }
+    }
+}
+
 /// What a worker's output is checked against: the circuit's output ports,
 /// [`PipelineOptions::max_output_per_step`](crate::PipelineOptions::max_output_per_step)
 /// and [`PipelineOptions::check_output_json`](crate::PipelineOptions::check_output_json).
@@ -406,6 +527,10 @@ where
         .map_err(Error::task("a storage task"))?
         .map_err(Into::into)
 }
+
+#[cfg(test)]
+#[path = "step_io/read_tests.rs"]
+mod read_tests;
 
 #[cfg(test)]
 mod tests {

@@ -40,6 +40,7 @@ mod rebuild;
 mod recovery;
 mod relayout;
 mod replicas;
+mod seal;
 mod step;
 mod workers;
 

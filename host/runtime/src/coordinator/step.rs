@@ -5,17 +5,17 @@
 
 use super::Coordinator;
 use super::options::COMMITTED_BY_KEPT;
+use super::seal::{WrittenStep, seal, write_commit};
 use super::workers::AnyWorker;
 use crate::bindings::Batch;
 use crate::error::{Error, ExchangeError, Result};
 use crate::hosts::{ShareSpec, Stepped};
 use crate::step_io::{
-    InputRange, OutputChecks, StepRead, Unchecked, WorkerOutput, blocking, convert_output,
-    input_ranges, read_batches,
+    InputRange, OutputChecks, SPLIT_READ_EVENTS, StepRead, Unchecked, WorkerOutput, blocking,
+    convert_output, input_ranges, read_batches, read_steps, read_threads,
 };
 use sluice_core::crash::{CrashPoint, crash_point};
-use sluice_core::{BadRecordPolicy, Frontier, OutputEntry, StepCommit, StepLimits, StepRecord};
-use sluice_storage::Guarded;
+use sluice_core::{BadRecordPolicy, Frontier, StepCommit, StepLimits, StepRecord};
 
 /// What a worker steps on.
 enum StepInput {
@@ -40,7 +40,7 @@ type ReadingAhead = tokio::task::JoinHandle<Result<Option<ReadAhead>>>;
 /// durable.
 pub(super) struct PendingCommit {
     /// The check and the write (`commit_step` on a blocking thread).
-    write: tokio::task::JoinHandle<Result<Written>>,
+    write: tokio::task::JoinHandle<Result<WrittenStep>>,
     /// The step.
     step: u64,
     /// Input events it read, and of them read by the workers' hosts.
@@ -48,28 +48,6 @@ pub(super) struct PendingCommit {
     /// The position before the step (its frontiers and the time of the
     /// step before): where the pipeline is again if the commit fails.
     before: (Vec<Frontier>, u64),
-}
-
-/// A whole step's commit, once its output is checked: what is written and
-/// the figures counted for it.
-struct Sealed {
-    /// The commit.
-    commit: StepCommit,
-    /// Output events it writes.
-    events_out: u64,
-    /// Input records it skipped into dead-letter logs.
-    skipped: u64,
-}
-
-/// A written [`Sealed`] commit: the chain hash of its record, which the
-/// next record links to, and its figures.
-struct Written {
-    /// The chain hash of its record.
-    link: u128,
-    /// Output events it wrote.
-    events_out: u64,
-    /// Input records it skipped into dead-letter logs.
-    skipped: u64,
 }
 
 /// How a step commits its workers' output.
@@ -257,7 +235,7 @@ impl Coordinator {
             let write = tokio::task::spawn_blocking(move || {
                 let sealed = seal(record, &ports, outputs)?;
                 write_commit(&storage, &sealed.commit)?;
-                Ok(Written {
+                Ok(WrittenStep {
                     link: sealed.commit.record.chain_hash(),
                     events_out: sealed.events_out,
                     skipped: sealed.skipped,
@@ -412,23 +390,20 @@ impl Coordinator {
                 let host_reads = host_reads.clone();
                 let spare = self.spare.clone();
                 blocking(move || {
-                    ranges
-                        .into_iter()
-                        .zip(host_reads)
-                        .zip(shares)
-                        .map(|((ranges, there), share)| {
-                            Ok(if there {
-                                StepInput::Read(ranges, share)
-                            } else {
-                                StepInput::Batches(read_batches(
-                                    storage.log(),
-                                    &ranges,
-                                    false,
-                                    &spare,
-                                )?)
+                    // The workers wait on this read: it may take threads.
+                    let here: Vec<&[InputRange]> = (ranges.iter().zip(&host_reads))
+                        .map(|(ranges, there)| if *there { &[][..] } else { ranges })
+                        .collect();
+                    let split = (SPLIT_READ_EVENTS, read_threads());
+                    let reads = read_steps(storage.log(), &here, false, &spare, split)?;
+                    Ok::<_, Error>(
+                        (ranges.into_iter().zip(host_reads).zip(shares).zip(reads))
+                            .map(|(((ranges, there), share), read)| match there {
+                                true => StepInput::Read(ranges, share),
+                                false => StepInput::Batches(read),
                             })
-                        })
-                        .collect::<Result<Vec<_>>>()
+                            .collect::<Vec<_>>(),
+                    )
                 })
                 .await?
             }
@@ -828,86 +803,4 @@ pub(super) fn cause_rank(e: &Error) -> u8 {
         (true, false) => 1,
         (true, true) => 0,
     }
-}
-
-/// The durable write of a step's commit: the record and every output in
-/// one write, between its crash points.
-fn write_commit(storage: &Guarded, commit: &StepCommit) -> Result<()> {
-    crash_point(CrashPoint::BeforeCommit);
-    storage.commit_step(commit)?;
-    if !commit.record.is_division() {
-        crash_point(CrashPoint::AfterCommit);
-    }
-    Ok(())
-}
-
-/// A whole step's commit: `record` with the hash of each worker's output,
-/// every output port's log entries and the dead letters. Checks output
-/// that is not yet ([`WorkerOutput::check`]).
-fn seal(
-    mut record: StepRecord,
-    ports: &[String],
-    mut outputs: Vec<WorkerOutput>,
-) -> Result<Sealed> {
-    for out in &mut outputs {
-        out.check()?;
-    }
-    let (step, target) = (record.step, &record.frontiers);
-    let mut events_out = 0;
-    let mut logs = Vec::with_capacity(ports.len());
-    for (port, name) in ports.iter().enumerate() {
-        let entries: Vec<OutputEntry> = outputs
-            .iter_mut()
-            .enumerate()
-            .map(|(w, out)| {
-                let events = std::mem::take(&mut out.ports[port]);
-                events_out += events.len() as u64;
-                OutputEntry {
-                    step,
-                    worker: w as u32,
-                    frontier: target[w].clone(),
-                    events,
-                }
-            })
-            .collect();
-        logs.push((name.clone(), entries));
-    }
-    let dead_letters = dead_letter_entries(step, target, &mut outputs);
-    let skipped = outputs.iter().map(|o| o.dead_count).sum();
-    record.output_hashes = outputs.iter().map(|o| o.hash).collect();
-    Ok(Sealed {
-        commit: StepCommit {
-            record,
-            outputs: logs,
-            dead_letters,
-        },
-        events_out,
-        skipped,
-    })
-}
-
-/// The dead letters of a whole step, taken from its workers' outputs: per
-/// dead-letter log, an entry for each worker that skipped records (in
-/// worker order), tagged with the step and the worker's frontier.
-fn dead_letter_entries(
-    step: u64,
-    target: &[Frontier],
-    outputs: &mut [WorkerOutput],
-) -> Vec<(String, Vec<OutputEntry>)> {
-    let mut logs: Vec<(String, Vec<OutputEntry>)> = Vec::new();
-    for (w, out) in outputs.iter_mut().enumerate() {
-        for (log, events) in std::mem::take(&mut out.dead_letters.0) {
-            let entry = OutputEntry {
-                step,
-                worker: w as u32,
-                frontier: target[w].clone(),
-                events,
-            };
-            match logs.iter_mut().find(|(name, _)| *name == log) {
-                Some((_, entries)) => entries.push(entry),
-                None => logs.push((log, vec![entry])),
-            }
-        }
-    }
-    logs
 }
