@@ -84,7 +84,10 @@ impl Coordinator {
     /// [`step`](Self::step) does). The commit is awaited before the next
     /// step's commit starts, and by [`checkpoint`](Self::checkpoint),
     /// [`finish`](Self::finish), [`settle`](Self::settle) and every
-    /// [`step`](Self::step); its failure is the error of the call that
+    /// [`step`](Self::step). The step's output is checked (well-formed,
+    /// within the limits, JSON where the options ask) and hashed as part of
+    /// that commit, beside the next step; its failure, or the commit's, is
+    /// the error of the call that
     /// awaits it (the instances are then dropped, as after any failed
     /// commit: recovery restores a state that matches the log). Meanwhile
     /// [`next_step`](Self::next_step) and [`frontiers`](Self::frontiers)
