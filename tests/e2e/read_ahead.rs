@@ -6,27 +6,35 @@
 use crate::support::{Harness, component, manual_checkpoints, recount};
 use sluice_runtime::Limits;
 
+/// The word count with `workers` workers, in `dir`.
+async fn wordcount(dir: &std::path::Path, workers: u32) -> Harness {
+    Harness::open(
+        dir,
+        &component("examples/wordcount"),
+        workers,
+        Limits::default(),
+    )
+    .await
+}
+
+/// Appends `n` new lines to `partition`, keeping them in `lines`.
+fn append(h: &Harness, lines: &mut Vec<String>, partition: u32, n: usize) {
+    let new: Vec<String> = (0..n)
+        .map(|i| format!("w{} p{partition} n{}", i % 5, lines.len() + i))
+        .collect();
+    let values: Vec<&str> = new.iter().map(String::as_str).collect();
+    h.append("lines", partition, &values);
+    lines.extend(new);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_steps_input_is_read_ahead_and_used_only_when_it_matches() {
     let dir = tempfile::tempdir().unwrap();
-    let h = Harness::open(
-        dir.path(),
-        &component("examples/wordcount"),
-        2,
-        Limits::default(),
-    )
-    .await;
+    let h = wordcount(dir.path(), 2).await;
     let partitions = h.pipeline.shape().inputs[0].partitions;
     assert!(partitions >= 3, "{partitions} partitions");
     let mut lines: Vec<String> = Vec::new();
-    let mut append = |h: &Harness, partition: u32, n: usize| {
-        let new: Vec<String> = (0..n)
-            .map(|i| format!("w{} p{partition} n{}", i % 5, lines.len() + i))
-            .collect();
-        let values: Vec<&str> = new.iter().map(String::as_str).collect();
-        h.append("lines", partition, &values);
-        lines.extend(new);
-    };
+    let mut append = |h: &Harness, partition: u32, n: usize| append(h, &mut lines, partition, n);
     // Every partition but the last holds 5 whole batches (of 2).
     for p in 0..partitions - 1 {
         append(&h, p, 10);
@@ -71,26 +79,12 @@ async fn the_next_steps_input_is_read_ahead_and_used_only_when_it_matches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tail_is_read_ahead_when_its_input_stopped_growing() {
     let dir = tempfile::tempdir().unwrap();
-    let h = Harness::open(
-        dir.path(),
-        &component("examples/wordcount"),
-        1,
-        Limits::default(),
-    )
-    .await;
+    let h = wordcount(dir.path(), 1).await;
     let mut lines: Vec<String> = Vec::new();
-    let mut append = |h: &Harness, n: usize| {
-        let new: Vec<String> = (0..n)
-            .map(|i| format!("w{} n{}", i % 3, lines.len() + i))
-            .collect();
-        let values: Vec<&str> = new.iter().map(String::as_str).collect();
-        h.append("lines", 0, &values);
-        lines.extend(new);
-    };
     let options = manual_checkpoints();
     assert_eq!(options.max_batch, 2);
     // Two whole batches and a tail of one.
-    append(&h, 5);
+    append(&h, &mut lines, 0, 5);
     let mut c = h.coordinator(options).await.unwrap();
     assert!(c.step().await.unwrap());
     assert!(c.step().await.unwrap());
@@ -99,9 +93,9 @@ async fn a_tail_is_read_ahead_when_its_input_stopped_growing() {
     assert_eq!(c.stats().events_read_ahead, 3, "the tail was read ahead");
     // A whole batch and a tail; more input comes after the tail was read
     // ahead: the next step takes a whole batch, reading it itself.
-    append(&h, 3);
+    append(&h, &mut lines, 0, 3);
     assert!(c.step().await.unwrap());
-    append(&h, 2);
+    append(&h, &mut lines, 0, 2);
     assert!(c.step().await.unwrap());
     assert_eq!(c.stats().events_read_ahead, 3, "a stale tail was used");
     while c.step().await.unwrap() {}

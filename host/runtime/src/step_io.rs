@@ -237,7 +237,8 @@ pub(crate) const SPLIT_READ_EVENTS: u64 = 16_384;
 /// The threads that read one step's input ([`read_steps`]): the
 /// machine's cores, 4 at most.
 pub(crate) fn read_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
 }
 
 /// [`read_batches`] of each worker's `ranges` (empty for a worker that
@@ -293,16 +294,23 @@ pub(crate) fn read_steps(
     };
     let pieces: Vec<Result<Vec<(usize, StepRead)>>> = match runs.split_first() {
         Some((first, rest)) if !rest.is_empty() => std::thread::scope(|scope| {
+            // A run whose thread cannot start is read here, after the first.
             let others: Vec<_> = (rest.iter())
-                .map(|run| scope.spawn(|| read_run(run)))
+                .map(|run| {
+                    let thread = std::thread::Builder::new().name("sluice-read".into());
+                    thread
+                        .spawn_scoped(scope, || read_run(run))
+                        .map_err(|_| run)
+                })
                 .collect();
             let mut all = vec![read_run(first)];
             for other in others {
-                all.push(
-                    other
+                all.push(match other {
+                    Ok(thread) => thread
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                );
+                    Err(run) => read_run(run),
+                });
             }
             all
         }),
@@ -311,7 +319,7 @@ pub(crate) fn read_steps(
     let mut out: Vec<StepRead> = ranges.iter().map(|_| StepRead::default()).collect();
     for piece in pieces {
         for (w, read) in piece? {
-            out[w].join(read, spare);
+            out[w].join(read, spare)?;
         }
     }
     Ok(out)
@@ -321,12 +329,16 @@ impl StepRead {
     /// Appends what `next` read after this: each port's events after this
     /// one's, its skipped records after these. Its buffers go back to
     /// `spare`.
-    fn join(&mut self, next: StepRead, spare: &Spare) {
+    /// Fails if a port's events would take 4 GiB or more (the ends of a
+    /// batch are `u32`s).
+    fn join(&mut self, next: StepRead, spare: &Spare) -> Result<()> {
         let mut emptied = Vec::new();
         for batch in next.batches {
             match self.batches.iter_mut().find(|b| b.port == batch.port) {
                 Some(into) => {
-                    let base = into.values.len() as u32;
+                    let base = into.values.len();
+                    u32::try_from(base + batch.values.len()).map_err(|_| too_large(batch.port))?;
+                    let base = base as u32;
                     into.values.extend_from_slice(&batch.values);
                     into.ends.extend(batch.ends.iter().map(|end| base + end));
                     into.weights.extend_from_slice(&batch.weights);
@@ -347,7 +359,15 @@ impl StepRead {
                 None => self.dead_letters.0.push((log, events)),
             }
         }
+        Ok(())
     }
+}
+
+/// A worker's input of one step on `port` that does not fit a batch.
+fn too_large(port: u32) -> Error {
+    Error::Config(sluice_core::ConfigError::Invalid(format!(
+        "a worker's input on port {port} in one step reaches 4 GiB: lower --max-batch"
+    )))
 }
 
 /// What a worker's output is checked against: the circuit's output ports,
@@ -448,7 +468,7 @@ pub(crate) fn convert_output(
         GuestError::Failed {
             worker,
             call: "step",
-            message,
+            message: format!("step {step}: {message}"),
         }
         .into()
     };

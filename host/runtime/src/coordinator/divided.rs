@@ -10,7 +10,7 @@ use super::workers::AnyWorker;
 use crate::error::{Error, Result};
 use crate::step_io::{WorkerOutput, blocking, share_error};
 use sluice_core::crash::{CrashPoint, crash_point};
-use sluice_core::{Frontier, StepCommit, StepRecord};
+use sluice_core::{Frontier, StepCommit};
 use sluice_storage::WorkerCommit;
 
 impl Coordinator {
@@ -97,19 +97,7 @@ impl Coordinator {
         step: u64,
         time_ms: u64,
     ) -> Result<bool> {
-        let record = StepRecord {
-            step,
-            epoch: self.epoch,
-            time_ms,
-            frontiers: target.clone(),
-            output_hashes: Vec::new(),
-            limits: self.limits,
-            prev: self.position.prev,
-            layout: self
-                .placement
-                .relayout_pending
-                .then(|| self.placement.layout.clone()),
-        };
+        let record = self.step_record(step, time_ms, &target);
         // Every worker computes its share first (the hosts hold theirs):
         // a step that fails (a guest, a limit, a host) is not recorded, so
         // a recovery never replays a step that cannot run.

@@ -101,7 +101,9 @@ struct StepPosition {
     /// The time of the last step, so step times never go backwards.
     last_time_ms: u64,
     /// The chain hash of the last committed step's record, which the next
-    /// record links to.
+    /// record links to. While a step's commit is still being written (see
+    /// [`Coordinator::step_overlapped`]) it is the record before that one's:
+    /// the next record is built only once that commit is settled.
     prev: u128,
     /// Input events the last executed step read.
     events_read: u64,

@@ -114,11 +114,18 @@ impl Coordinator {
             return Err(e);
         }
         let r = self.step_inner(force, overlap).await;
-        if r.is_err() {
+        if let Err(later) = &r {
             // Leave no write behind a failure: recovery must see the
             // logs, the checkpoint store and the input as they will stay.
-            let _ = self.settle_commit().await;
+            let settled = self.settle_commit().await;
             let _ = self.await_checkpoint().await;
+            // The step before failed too (its commit, or its output's
+            // check): its error is the one to tell — the earlier step,
+            // and where the position now is.
+            if let Err(earlier) = settled {
+                tracing::warn!(pipeline = %self.options.name, error = %later, "the next step failed too");
+                return Err(earlier);
+            }
         }
         r
     }
@@ -190,6 +197,9 @@ impl Coordinator {
         self.heal().await?;
         let target = self.divide().await?;
         if target == self.position.frontiers && !force {
+            // Idle: the step before is committed (and its output checked)
+            // before saying so.
+            self.settle_commit().await?;
             return Ok(false);
         }
         crash_point(CrashPoint::AfterDivide);
@@ -218,20 +228,8 @@ impl Coordinator {
         // The step before, written while this one ran, is durable first:
         // its record is the one this one's links to.
         self.settle_commit().await?;
-        let record = StepRecord {
-            step,
-            epoch: self.epoch,
-            time_ms,
-            frontiers: target.clone(),
-            // Filled in by `seal`, once the output is checked.
-            output_hashes: Vec::new(),
-            limits: self.limits,
-            prev: self.position.prev,
-            layout: self
-                .placement
-                .relayout_pending
-                .then(|| self.placement.layout.clone()),
-        };
+        // Its output hashes are filled in by `seal`, once it is checked.
+        let record = self.step_record(step, time_ms, &target);
         let ports = self.shape.outputs.clone();
         if overlap {
             let storage = self.storage.clone();
@@ -270,6 +268,25 @@ impl Coordinator {
             sealed.skipped,
         )
         .await
+    }
+
+    /// The record of step `step` at `time_ms` to `target`, linked to the
+    /// last committed one, with the layout if it changed; its output hashes
+    /// are left for the commit to fill in.
+    pub(super) fn step_record(&self, step: u64, time_ms: u64, target: &[Frontier]) -> StepRecord {
+        StepRecord {
+            step,
+            epoch: self.epoch,
+            time_ms,
+            frontiers: target.to_vec(),
+            output_hashes: Vec::new(),
+            limits: self.limits,
+            prev: self.position.prev,
+            layout: self
+                .placement
+                .relayout_pending
+                .then(|| self.placement.layout.clone()),
+        }
     }
 
     /// Fixes the next step's division: each worker's end offsets. An input
@@ -436,7 +453,8 @@ impl Coordinator {
             let exchange = self.placement.exchange.clone();
             let local = matches!(worker, AnyWorker::Local(_));
             let lose = (!local && replicated).then_some(self.placement.slots[w]);
-            // A local worker's output is checked and hashed on its task.
+            // A local worker's output is checked and hashed on its task,
+            // or, with `defer`, by the step's commit.
             let checks = local.then(|| self.output_checks());
             let spare = self.spare.clone();
             tasks.push(tokio::spawn(async move {
@@ -620,7 +638,8 @@ impl Coordinator {
     }
 
     /// A worker's step as its output: committed by its host (its hash and
-    /// counts), or returned here (checked and hashed).
+    /// counts), or returned here (checked and hashed, or left for the
+    /// step's commit to check: see [`execute`](Self::execute)'s `defer`).
     pub(super) fn output_of(
         &self,
         worker: u32,
